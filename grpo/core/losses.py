@@ -1,0 +1,178 @@
+"""Token log-probabilities, entropy, the clipped surrogate, KL estimators and loss aggregation.
+
+Dimension letters: B prompts, G group size, N = B*G sequences, T completion tokens, V vocabulary.
+
+All functions are pure: tensors in, settings as keyword-only arguments, tensors out.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
+RATIO_LEVELS = ("token", "sequence")
+
+
+def _check_choice(name: str, value: str, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ValueError(f"unknown {name} {value!r}; valid: {list(valid)}")
+
+
+def _row_chunks(n: int, t: int, chunk: int):
+    """(sequence, token slice) pairs covering [N, T] in pieces of at most ``chunk`` tokens."""
+    step = max(1, min(chunk, t))
+    for i in range(n):
+        for s in range(0, t, step):
+            yield i, slice(s, min(s + step, t))
+
+
+class _LogProbEntropy(torch.autograd.Function):
+    """log p(token) and entropy of softmax(logits / temperature), in chunks of tokens.
+
+    Only a [chunk, V] slice is materialised at a time, in forward and in backward; nothing of size
+    [N, T, V] is saved for backward except the logits themselves (which the model produced anyway).
+    Works on a non-contiguous view of the model's logits (e.g. the completion positions) without
+    copying it. Backward, with z = x / tau, p = softmax(z), H = -sum p log p:
+      d logp_y / dx = (onehot(y) - p) / tau,   dH / dx = -p * (log p + H) / tau.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, tokens: Tensor, temperature: float, chunk: int):  # [N, T, V], [N, T]
+        n, t, _ = logits.shape
+        logp = logits.new_empty(n, t, dtype=torch.float32)  # [N, T]
+        ent = logits.new_empty(n, t, dtype=torch.float32)  # [N, T]
+        lse_all = logits.new_empty(n, t, dtype=torch.float32)  # [N, T]
+        for i, sl in _row_chunks(n, t, chunk):
+            z = logits[i, sl].float() / temperature  # [C, V]
+            lse = torch.logsumexp(z, dim=-1)  # [C]
+            p = (z - lse[:, None]).exp_()  # [C, V]
+            logp[i, sl] = z.gather(1, tokens[i, sl, None]).squeeze(1) - lse
+            ent[i, sl] = lse - torch.linalg.vecdot(p, z)  # sum_v p z without a [C, V] temporary
+            lse_all[i, sl] = lse
+        ctx.save_for_backward(logits, tokens, lse_all, ent)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp: Tensor, g_ent: Tensor):  # [N, T], [N, T]
+        logits, tokens, lse_all, ent = ctx.saved_tensors
+        tau, chunk = ctx.temperature, ctx.chunk
+        n, t, _ = logits.shape
+        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)  # [N, T, V]
+        for i, sl in _row_chunks(n, t, chunk):
+            logp_all = logits[i, sl].float() / tau - lse_all[i, sl, None]  # [C, V]
+            p = logp_all.exp()  # [C, V]
+            gl = g_logp[i, sl, None]  # [C, 1]
+            # g = -p * (gl + ge * (log p + H)), built in place in logp_all's buffer
+            g = logp_all.add_(ent[i, sl, None]).mul_(g_ent[i, sl, None]).add_(gl).mul_(p).neg_()  # [C, V]
+            g.scatter_add_(1, tokens[i, sl, None], gl)
+            grad[i, sl] = g.div_(tau)
+        return grad, None, None, None
+
+
+def token_logprobs_and_entropy(logits: Tensor, tokens: Tensor, *, temperature: float = 1.0,
+                               chunk_size: int = 256) -> dict[str, Tensor]:
+    """Log-probability of each chosen token and the entropy of each next-token distribution.
+
+    logits: [N, T, V] (the logits that predict ``tokens``, already shifted; may be a strided view);
+    tokens: [N, T] (long). Returns {"logp": [N, T], "entropy": [N, T]} in float32 for
+    softmax(logits / temperature), the distribution the tokens were sampled from. Peak extra memory
+    is O(chunk_size * V), not O(N * T * V).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    logp, ent = _LogProbEntropy.apply(logits, tokens, float(temperature), int(chunk_size))
+    return {"logp": logp, "entropy": ent}
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor, *, temperature: float = 1.0,
+                   chunk_size: int = 256) -> Tensor:
+    """log softmax(logits / temperature) gathered at ``tokens``. [N, T, V], [N, T] -> [N, T]."""
+    return token_logprobs_and_entropy(logits, tokens, temperature=temperature, chunk_size=chunk_size)["logp"]
+
+
+def kl_penalty(logp: Tensor, ref_logp: Tensor, *, estimator: str = "k3") -> Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) from samples of pi_theta (Schulman 2020).
+
+    logp, ref_logp: [N, T] -> [N, T].
+      k1 = log pi - log pi_ref                  (unbiased, high variance, can be negative)
+      k2 = (log pi - log pi_ref)^2 / 2          (low variance, biased)
+      k3 = exp(ref - logp) - (ref - logp) - 1   (unbiased, always >= 0; DeepSeekMath eq. 4)
+    """
+    _check_choice("kl_estimator", estimator, KL_ESTIMATORS)
+    diff = ref_logp - logp  # [N, T]
+    if estimator == "k1":
+        return -diff
+    if estimator == "k2":
+        return 0.5 * diff * diff
+    return torch.exp(diff) - diff - 1.0  # [N, T]
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of x over entries where mask is 1 (all of them, or along ``dim``); 0 where none count."""
+    m = mask.to(x.dtype)
+    if dim is None:
+        return (x * m).sum() / m.sum().clamp(min=1)
+    return (x * m).sum(dim) / m.sum(dim).clamp(min=1)
+
+
+def log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, *, level: str = "token") -> Tensor:
+    """log(pi_theta / pi_old) per token. [N, T] -> [N, T].
+
+    ``level="sequence"`` is GSPO (Zheng et al. 2025) in its GSPO-token form: every token carries the
+    sequence's length-normalised log ratio as value, sg[s_i] * pi / sg[pi], so with the
+    seq_mean_token_mean aggregation the gradient equals GSPO's sequence objective.
+    """
+    _check_choice("ratio_level", level, RATIO_LEVELS)
+    lr = logp - old_logp  # [N, T]
+    if level == "token":
+        return lr
+    seq = masked_mean(lr, mask, dim=1)  # [N]
+    return seq.detach()[:, None] + logp - logp.detach()  # [N, T]
+
+
+def clipped_surrogate(ratio: Tensor, advantages: Tensor, *, eps_low: float = 0.2, eps_high: float = 0.2,
+                      dual_clip: float | None = None) -> Tensor:
+    """Per-token PPO clipped surrogate loss, to be minimised. ratio, advantages: [N, T] -> [N, T].
+
+    loss = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A). eps_high > eps_low is DAPO's clip-higher.
+    ``dual_clip`` = c > 1 (Ye et al. 2020) also bounds the loss of negative-advantage tokens by -c A,
+    so a huge ratio on a bad token cannot produce an unbounded update.
+    """
+    unclipped = -advantages * ratio  # [N, T]
+    clipped = -advantages * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)  # [N, T]
+    loss = torch.maximum(unclipped, clipped)  # [N, T]
+    if dual_clip is not None:
+        if dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+        loss = torch.where(advantages < 0, torch.minimum(loss, -advantages * dual_clip), loss)
+    return loss
+
+
+def aggregate(loss_tok: Tensor, mask: Tensor, *, mode: str = "seq_mean_token_mean",
+              norm_length: int | None = None, total: Tensor | float | None = None) -> Tensor:
+    """Reduce a per-token loss [N, T] to a scalar.
+
+    seq_mean_token_mean      1/N sum_i 1/|o_i| sum_t l_it   (DeepSeekMath / GRPO paper)
+    token_mean               sum_it l_it / sum_i |o_i|      (DAPO: every token weighs the same)
+    seq_mean_token_sum_norm  1/N sum_i sum_t l_it / L       (Dr.GRPO: L a fixed length, no length bias)
+
+    ``norm_length`` is L (defaults to T). ``total`` replaces the denominator (N for the sequence
+    modes, the token count for token_mean) with a global one, so micro-batches accumulate exactly to
+    the full-batch loss and multiple processes can share one normalizer.
+    """
+    _check_choice("aggregation", mode, AGGREGATIONS)
+    m = mask.to(loss_tok.dtype)  # [N, T]
+    if mode == "token_mean":
+        num = (loss_tok * m).sum()  # []
+        den = m.sum().clamp(min=1) if total is None else total
+        return num / den
+    if mode == "seq_mean_token_mean":
+        per_seq = (loss_tok * m).sum(1) / m.sum(1).clamp(min=1)  # [N]
+    else:
+        length = loss_tok.shape[1] if norm_length is None else norm_length
+        per_seq = (loss_tok * m).sum(1) / length  # [N]
+    den = per_seq.shape[0] if total is None else total
+    return per_seq.sum() / den
