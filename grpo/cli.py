@@ -2,16 +2,113 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
+from pathlib import Path
+
+USAGE = """usage: grpo <command> [options] [key=value ...]
+
+commands:
+  train   fine-tune a model with GRPO (no arguments: SmolLM2-135M-Instruct on built-in arithmetic)
+  eval    greedy accuracy and pass@k of a model or run folder on a task's held-out prompts
+  toy     GRPO vs REINFORCE on the seeds' target-matching toy (no language model)
+
+Any config key can be set as key=value; `grpo train --help` lists them."""
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"toy": _toy}
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
-        print("usage: grpo {" + ",".join(commands) + "} [options]")
-        return 0 if (not argv or argv[0] in ("-h", "--help")) else 2
-    return commands[argv[0]](argv[1:]) or 0
+    commands = {"train": _train, "eval": _eval, "toy": _toy}
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    if argv[0] not in commands:
+        print(f"grpo: unknown command {argv[0]!r}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    from grpo.config import ConfigError
+    from grpo.data.tasks import DataError
+
+    try:
+        return commands[argv[0]](argv[1:]) or 0
+    except (ConfigError, DataError, FileNotFoundError) as e:
+        print(f"grpo {argv[0]}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    from grpo.config import field_docs
+
+    docs = field_docs()
+    epilog = "config keys (set as key=value):\n" + "\n".join(f"  {k:<28} {v}" for k, v in docs.items())
+    ap = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", help="YAML file of config keys; key=value arguments override it")
+    ap.add_argument("overrides", nargs="*", metavar="key=value")
+    return ap
+
+
+def _train(argv: list[str]) -> int:
+    from grpo.config import load_config
+
+    args = _config_parser("grpo train", "Fine-tune a causal LM with GRPO.").parse_args(argv)
+    cfg = load_config(args.config, args.overrides)
+    from grpo.trainer import Trainer
+
+    trainer = Trainer(cfg)
+    print(f"run folder: {trainer.run_dir}", flush=True)
+    result = trainer.train()
+    _print_summary(result, trainer)
+    return 0
+
+
+def _print_summary(result: dict, trainer) -> None:
+    print(f"\ntrained {trainer.step} steps ({trainer.cfg.prompts_per_step} prompts x "
+          f"{trainer.cfg.num_generations} completions each)")
+    if "before" in result and "after" in result:
+        b, a = result["before"], result["after"]
+        k = b.get("k")
+        print(f"held-out greedy accuracy on {result['n_prompts']} prompts: {b['accuracy']:.1%} -> {a['accuracy']:.1%} "
+              f"({(a['accuracy'] - b['accuracy']) * 100:+.1f} points)")
+        if b.get("pass@k") is not None:
+            print(f"pass@{k} on {b['pass_prompts']} prompts: {b['pass@k']:.1%} -> {a['pass@k']:.1%}")
+    print(f"run files: {trainer.run_dir}/ (config.yaml, metrics.jsonl, samples.jsonl, eval.json, "
+          f"checkpoints/, tensorboard/)")
+
+
+def _eval(argv: list[str]) -> int:
+    from grpo.config import load_config
+
+    ap = _config_parser("grpo eval", "Greedy accuracy and pass@k on a task's held-out prompts.")
+    ap.add_argument("--model", help="hub id, model folder, or run folder (default: the config's model)")
+    ap.add_argument("--task", help="task (default: the run's task, else the config's)")
+    args = ap.parse_args(argv)
+    config_path = args.config
+    if config_path is None and args.model and (Path(args.model) / "config.yaml").is_file():
+        config_path = Path(args.model) / "config.yaml"  # a run folder: evaluate as it was trained
+    overrides = list(args.overrides)
+    if args.model:
+        overrides.append(f"model={args.model}")
+    if args.task:
+        overrides.append(f"task={args.task}")
+    cfg = load_config(config_path, overrides)
+    from grpo.data import load_task
+    from grpo.evaluate import evaluate
+    from grpo.models import load_models
+    from grpo.rewards import resolve_reward
+
+    verifier = resolve_reward(cfg.reward_names[0])
+    task = load_task(cfg.task, eval_size=cfg.eval_prompts, max_operand=cfg.arithmetic_max_operand,
+                     ops=cfg.arithmetic_ops, prompt_field=cfg.prompt_field, answer_field=cfg.answer_field,
+                     split=cfg.task_split)
+    models = load_models(cfg.model, dtype=cfg.dtype, need_reference=False)
+    res = evaluate(models.policy, models.tokenizer, task.eval, verifier, system_prompt=cfg.system_prompt,
+                   max_new_tokens=cfg.eval_max_new_tokens, batch_size=cfg.eval_batch_size, pass_k=cfg.eval_pass_k,
+                   pass_prompts=min(cfg.eval_pass_prompts, len(task.eval)), temperature=cfg.temperature,
+                   top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length)
+    res.pop("examples", None)
+    print(json.dumps({"model": cfg.model, "task": cfg.task, **res}, indent=2))
+    return 0
 
 
 def _toy(argv: list[str]) -> int:

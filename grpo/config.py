@@ -1,0 +1,351 @@
+"""One flat configuration dataclass: every field has a docstring, YAML + key=value overrides.
+
+Where TRL's GRPOConfig has a field for the same thing, the key has TRL's name and meaning
+(``num_generations``, ``beta``, ``epsilon``, ``num_iterations``, ...). Algorithm choices that TRL folds
+into ``loss_type`` are separate fields here (``advantage_estimator``, ``aggregation``, ``kl_estimator``,
+``importance_sampling_level``), each mapping one to one onto a keyword of ``grpo.core``.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import typing
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from grpo.core import AGGREGATIONS, ESTIMATORS, GROUP_ESTIMATORS, KL_ESTIMATORS, RATIO_LEVELS
+
+DEFAULT_MODEL = "embedded:SmolLM2-135M-Instruct"
+SCHEDULES = ("constant", "cosine", "linear")
+DTYPES = ("float32", "bfloat16", "float16")
+REPORT_TO = ("tensorboard", "none")
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message names the key."""
+
+
+@dataclass
+class Config:
+    # ---- what to train, on what ----
+    model: str = DEFAULT_MODEL
+    """Policy to train: a hub id, a local folder, a run folder (its newest checkpoint), or the embedded default."""
+    task: str = "arithmetic"
+    """Prompts and answers: a built-in task (arithmetic, gsm8k), a local .jsonl/.json/.parquet file, or a hub dataset id."""
+    task_split: str = "train"
+    """Split to load when `task` is a hub dataset id."""
+    prompt_field: str = "prompt"
+    """Column holding the prompt text (or chat messages) in a user dataset."""
+    answer_field: str = "answer"
+    """Column holding the gold answer in a user dataset (passed to rewards as sample['answer'])."""
+    system_prompt: str = "Answer briefly."
+    """System message put before every prompt when the chat template is applied ('' for none)."""
+    arithmetic_max_operand: int = 30
+    """Built-in arithmetic task: operands are drawn from 1..this value (the difficulty knob)."""
+    arithmetic_ops: str = "+"
+    """Built-in arithmetic task: operators to draw from, e.g. '+' or '+-*'."""
+    eval_prompts: int = 200
+    """Held-out prompts for the before/after evaluation (never used for training; 0 disables it)."""
+    rewards: str = "numeric"
+    """Comma-separated reward functions: built-ins (numeric, math, format, length) or module:function paths."""
+    reward_weights: list[float] | None = None
+    """Weight of each reward in `rewards` (default: all 1.0)."""
+
+    # ---- sampling ----
+    num_generations: int = 8
+    """G: completions sampled per prompt (the group)."""
+    prompts_per_step: int = 4
+    """B: prompts per optimisation step; a step trains on B * G completions."""
+    max_prompt_length: int = 256
+    """Prompts longer than this many tokens are cut from the left."""
+    max_completion_length: int = 32
+    """Most new tokens sampled per completion; longer ones are truncated (and flagged)."""
+    temperature: float = 0.8
+    """Sampling temperature; log-probs in the loss are computed at the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (1.0 = off)."""
+    top_k: int = 0
+    """Top-k sampling (0 = off)."""
+
+    # ---- the objective ----
+    advantage_estimator: str = "grpo"
+    """How rewards [B, G] become advantages: grpo, dr_grpo, rloo, reinforce, mean_baseline, batch_std."""
+    scale_rewards_unbiased: bool = True
+    """Use Bessel's correction (G - 1) for the group std of the grpo estimator."""
+    std_eps: float = 1e-6
+    """Added to the std in the advantage denominator."""
+    epsilon: float = 0.2
+    """Lower clip range: the ratio is clipped below at 1 - epsilon."""
+    epsilon_high: float | None = None
+    """Upper clip range (DAPO clip-higher); default: equal to epsilon."""
+    dual_clip: float | None = None
+    """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens (Ye et al. 2020); None = off."""
+    importance_sampling_level: str = "token"
+    """Ratio per token (GRPO) or per sequence (GSPO)."""
+    beta: float = 0.04
+    """KL coefficient: weight of the KL-to-reference loss term (0 skips the reference model entirely)."""
+    kl_estimator: str = "k3"
+    """Per-token KL estimator: k1, k2 or k3 (DeepSeekMath uses k3)."""
+    aggregation: str = "seq_mean_token_mean"
+    """Token-loss reduction: seq_mean_token_mean (GRPO), token_mean (DAPO), seq_mean_token_sum_norm (Dr.GRPO)."""
+    entropy_coef: float = 0.0
+    """Weight of an entropy bonus in the loss (0 = off)."""
+    num_iterations: int = 1
+    """mu: optimisation passes over each batch of rollouts (PPO epochs)."""
+    ref_reset_steps: int = 0
+    """Iterative GRPO: every this many steps the reference becomes the current policy (0 = never)."""
+
+    # ---- optimisation ----
+    learning_rate: float = 3e-5
+    """AdamW peak learning rate."""
+    lr_scheduler_type: str = "constant"
+    """Schedule after warmup: constant, cosine or linear (decay to 0 at max_steps)."""
+    warmup_steps: int = 0
+    """Linear warmup steps from 0 to learning_rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.999
+    """AdamW beta2."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm (0 = off)."""
+    per_device_train_batch_size: int = 8
+    """Completions per forward/backward micro-batch; B * G must be a multiple of it."""
+    max_steps: int = 20
+    """Optimisation steps (each: sample, score, mu passes of updates)."""
+    use_peft: bool = False
+    """Train LoRA adapters (PEFT) instead of all weights; the reference is the base model with adapters off."""
+    lora_r: int = 16
+    """LoRA rank."""
+    lora_alpha: int = 32
+    """LoRA alpha."""
+    lora_dropout: float = 0.0
+    """LoRA dropout."""
+    lora_target_modules: str = "all-linear"
+    """Modules that get adapters: 'all-linear' or comma-separated names (q_proj,v_proj)."""
+    dtype: str = "float32"
+    """Parameter dtype: float32, bfloat16 or float16."""
+
+    # ---- run, logging, evaluation ----
+    output_dir: str = ""
+    """Run folder (default: runs/<date>-<time>)."""
+    seed: int = 0
+    """Seeds Python, NumPy and torch; the same seed gives the same run."""
+    save_steps: int = 0
+    """Save a checkpoint every this many steps (0 = only at the end)."""
+    logging_steps: int = 1
+    """Write a metrics line every this many steps."""
+    log_completions_steps: int = 5
+    """Write sample completions to samples.jsonl every this many steps (0 = never)."""
+    report_to: str = "tensorboard"
+    """Extra metric sink beside metrics.jsonl: tensorboard or none."""
+    eval_max_new_tokens: int = 32
+    """Token limit for evaluation completions (greedy)."""
+    eval_batch_size: int = 64
+    """Prompts decoded together during evaluation."""
+    eval_pass_k: int = 4
+    """k of pass@k; n = k samples per prompt on `eval_pass_prompts` prompts (0 = skip pass@k)."""
+    eval_pass_prompts: int = 50
+    """Held-out prompts used for pass@k (a prefix of the evaluation set)."""
+    num_threads: int = 0
+    """torch CPU threads (0 = torch's default)."""
+    progress: bool = True
+    """Show the live progress bar."""
+
+    def __post_init__(self) -> None:
+        _coerce_types(self)
+        _validate(self)
+
+    # ---- derived values ----
+    @property
+    def eps_high(self) -> float:
+        """Upper clip range actually used."""
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    @property
+    def sequences_per_step(self) -> int:
+        """N = B * G completions per step."""
+        return self.prompts_per_step * self.num_generations
+
+    @property
+    def reward_names(self) -> list[str]:
+        return [r.strip() for r in self.rewards.split(",") if r.strip()]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+def _choice(key: str, value: str, valid) -> None:
+    if value not in valid:
+        raise ConfigError(f"{key}: {value!r} is not valid; choose one of {sorted(valid)}")
+
+
+def _validate(c: Config) -> None:
+    _choice("advantage_estimator", c.advantage_estimator, ESTIMATORS)
+    _choice("aggregation", c.aggregation, AGGREGATIONS)
+    _choice("kl_estimator", c.kl_estimator, KL_ESTIMATORS)
+    _choice("importance_sampling_level", c.importance_sampling_level, RATIO_LEVELS)
+    _choice("lr_scheduler_type", c.lr_scheduler_type, SCHEDULES)
+    _choice("dtype", c.dtype, DTYPES)
+    _choice("report_to", c.report_to, REPORT_TO)
+    positive = ["num_generations", "prompts_per_step", "max_prompt_length", "max_completion_length",
+                "num_iterations", "per_device_train_batch_size", "eval_max_new_tokens", "eval_batch_size",
+                "logging_steps", "lora_r"]
+    for key in positive:
+        if getattr(c, key) < 1:
+            raise ConfigError(f"{key}: must be >= 1, got {getattr(c, key)}")
+    non_negative = ["max_steps", "warmup_steps", "save_steps", "ref_reset_steps", "eval_prompts", "beta",
+                    "learning_rate", "weight_decay", "max_grad_norm", "eval_pass_k", "eval_pass_prompts",
+                    "log_completions_steps", "num_threads", "top_k", "std_eps", "entropy_coef",
+                    "arithmetic_max_operand", "lora_dropout"]
+    for key in non_negative:
+        if getattr(c, key) < 0:
+            raise ConfigError(f"{key}: must be >= 0, got {getattr(c, key)}")
+    if c.temperature <= 0:
+        raise ConfigError(f"temperature: must be > 0, got {c.temperature}")
+    if not 0 < c.top_p <= 1:
+        raise ConfigError(f"top_p: must be in (0, 1], got {c.top_p}")
+    if not 0 <= c.epsilon < 1 or c.eps_high < 0:
+        raise ConfigError(f"epsilon/epsilon_high: need 0 <= epsilon < 1 and epsilon_high >= 0, "
+                          f"got {c.epsilon}, {c.epsilon_high}")
+    if c.dual_clip is not None and c.dual_clip <= 1:
+        raise ConfigError(f"dual_clip: must be > 1 (or null), got {c.dual_clip}")
+    if c.num_generations < 2 and c.advantage_estimator in GROUP_ESTIMATORS:
+        raise ConfigError(f"num_generations: {c.advantage_estimator!r} compares completions within a group "
+                          f"and needs num_generations >= 2, got {c.num_generations}")
+    if c.sequences_per_step % c.per_device_train_batch_size:
+        raise ConfigError(f"per_device_train_batch_size: prompts_per_step * num_generations = "
+                          f"{c.sequences_per_step} is not a multiple of {c.per_device_train_batch_size}")
+    if not c.reward_names:
+        raise ConfigError("rewards: name at least one reward function")
+    if c.reward_weights is not None and len(c.reward_weights) != len(c.reward_names):
+        raise ConfigError(f"reward_weights: {len(c.reward_weights)} weights for {len(c.reward_names)} rewards "
+                          f"({c.reward_names})")
+    if not set(c.arithmetic_ops) <= set("+-*") or not c.arithmetic_ops:
+        raise ConfigError(f"arithmetic_ops: use characters from '+-*', got {c.arithmetic_ops!r}")
+    if c.use_peft and c.ref_reset_steps:
+        raise ConfigError("ref_reset_steps: with use_peft the reference is the frozen base model and cannot "
+                          "be reset; use full fine-tuning or ref_reset_steps=0")
+
+
+# ---- types, YAML, key=value ----------------------------------------------------------------------
+
+_HINTS: dict[str, Any] = {}
+
+
+def _hints() -> dict[str, Any]:
+    if not _HINTS:
+        _HINTS.update(typing.get_type_hints(Config))
+    return _HINTS
+
+
+def _parse_value(key: str, raw: Any, hint: Any) -> Any:
+    """Turn a YAML value or a command-line string into the field's type, or fail naming the key."""
+    args = typing.get_args(hint)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), hint) if args else hint
+    if raw is None or (isinstance(raw, str) and raw.lower() in ("none", "null") and optional):
+        if optional:
+            return None
+        raise ConfigError(f"{key}: may not be null")
+    origin = typing.get_origin(base)
+    try:
+        if origin is list:
+            items = raw if isinstance(raw, list) else yaml.safe_load(raw) if str(raw).startswith("[") \
+                else str(raw).split(",")
+            return [float(x) for x in items]
+        if base is bool:
+            if isinstance(raw, bool):
+                return raw
+            if str(raw).lower() in ("true", "1", "yes", "on"):
+                return True
+            if str(raw).lower() in ("false", "0", "no", "off"):
+                return False
+            raise ValueError
+        if base is int:
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError
+            return int(float(raw)) if isinstance(raw, str) and "e" in raw.lower() else int(raw)
+        if base is float:
+            if isinstance(raw, bool):
+                raise ValueError
+            return float(raw)
+        if base is str:
+            return str(raw)
+    except (TypeError, ValueError):
+        pass
+    name = getattr(base, "__name__", str(base))
+    raise ConfigError(f"{key}: expected {name}{' or null' if optional else ''}, got {raw!r}")
+
+
+def _coerce_types(c: Config) -> None:
+    for f in fields(c):
+        setattr(c, f.name, _parse_value(f.name, getattr(c, f.name), _hints()[f.name]))
+
+
+def _check_keys(keys, source: str) -> None:
+    valid = [f.name for f in fields(Config)]
+    for k in keys:
+        if k not in valid:
+            close = difflib.get_close_matches(k, valid, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else f"; valid keys: {', '.join(valid)}"
+            raise ConfigError(f"unknown config key {k!r} in {source}{hint}")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Config from an optional YAML file, then `key=value` overrides, then validation."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {p} must hold a mapping of key: value")
+        _check_keys(loaded, str(p))
+        values.update(loaded)
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        k, v = item.split("=", 1)
+        _check_keys([k], "the command line")
+        values[k] = v
+    return Config(**values)
+
+
+def field_docs() -> dict[str, str]:
+    """Each field's docstring, read from this class's source (the one place they are written)."""
+    tree = ast.parse(inspect.getsource(Config))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    return docs
+
+
+def markdown_table() -> str:
+    """The README's table of config fields, generated from the docstrings above."""
+    docs = field_docs()
+    rows = ["| key | default | meaning |", "| --- | --- | --- |"]
+    for f in fields(Config):
+        default = f.default if f.default is not dataclasses.MISSING else ""
+        rows.append(f"| `{f.name}` | `{default!r}` | {docs.get(f.name, '')} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

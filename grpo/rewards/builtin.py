@@ -1,0 +1,69 @@
+"""Built-in rewards and the lookup of a reward by name or ``module:function`` path."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+from typing import Callable
+
+from grpo.rewards.answers import extract_answer, last_boxed, parse_number
+
+RewardFn = Callable[[str, dict], "float | None"]
+
+
+def numeric_reward(completion: str, sample: dict) -> float:
+    """1.0 when the final answer (last \\boxed{}, else last number) equals sample['answer'] numerically."""
+    gold = parse_number(str(sample["answer"]))
+    got = extract_answer(completion)
+    if gold is None or got is None:
+        return 0.0
+    value = parse_number(got)
+    return float(value is not None and math.isclose(value, gold, rel_tol=1e-9, abs_tol=1e-9))
+
+
+def math_reward(completion: str, sample: dict) -> float:
+    """1.0 when math-verify finds the completion's answer equivalent to sample['answer'] (LaTeX aware)."""
+    from math_verify import parse, verify
+
+    gold = parse(f"${sample['answer']}$") or parse(str(sample["answer"]))
+    pred = parse(completion)
+    return float(bool(gold) and bool(pred) and verify(gold, pred))
+
+
+def format_reward(completion: str, sample: dict) -> float:
+    """1.0 when the completion states one final answer in a recognised form: \\boxed{...},
+    '#### n' or 'answer is n'."""
+    if last_boxed(completion) is not None:
+        return 1.0
+    return float(bool(re.search(r"####\s*-?[\d,.]+|answer is:?\s*\$?-?[\d,.]+", completion, re.IGNORECASE)))
+
+
+def length_reward(completion: str, sample: dict) -> float:
+    """Brevity: 1.0 for an empty completion falling linearly to 0.0 at 400 characters."""
+    return max(0.0, 1.0 - len(completion) / 400)
+
+
+REWARDS: dict[str, RewardFn] = {
+    "numeric": numeric_reward,
+    "math": math_reward,
+    "format": format_reward,
+    "length": length_reward,
+}
+
+
+def resolve_reward(name: str) -> RewardFn:
+    """A built-in by name, or ``package.module:function``; errors list the built-ins."""
+    if name in REWARDS:
+        return REWARDS[name]
+    if ":" not in name:
+        raise ValueError(f"rewards: unknown reward {name!r}; built-ins: {sorted(REWARDS)}, "
+                         f"or give a module:function path")
+    module, func = name.split(":", 1)
+    try:
+        fn = getattr(importlib.import_module(module), func)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"rewards: cannot load {name!r}: {e}") from None
+    if not callable(fn):
+        raise ValueError(f"rewards: {name!r} is not callable")
+    return fn

@@ -1,0 +1,40 @@
+"""The Rollout of one step: prompts, completions, masks, truncation flags and sampling log-probs.
+
+Dimension letters: B prompts, G group size, N = B*G sequences (group by group: sequence n belongs
+to prompt n // G), P prompt tokens (left-padded), T completion tokens (right-padded).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Rollout:
+    prompt_ids: Tensor  # [N, P] left-padded
+    prompt_mask: Tensor  # [N, P] 1 on real prompt tokens
+    completion_ids: Tensor  # [N, T] right-padded
+    completion_mask: Tensor  # [N, T] 1 on completion tokens up to and including the first EOS
+    truncated: Tensor  # [N] bool: no EOS within the token limit
+    sampling_logp: Tensor | None  # [N, T] log-prob of each sampled token under the sampling policy
+    texts: list[str]  # decoded completions, special tokens removed
+    backend: str  # which sampler produced it
+    seconds: float  # wall time of sampling
+
+    @property
+    def lengths(self) -> Tensor:  # [N]
+        return self.completion_mask.sum(1)
+
+
+def completion_mask_from_ids(ids: Tensor, eos_ids: list[int]) -> dict[str, Tensor]:
+    """Mask of tokens up to and including the first EOS, and whether a row never ended.
+
+    ids: [N, T] -> {"mask": [N, T] long, "truncated": [N] bool}.
+    """
+    is_eos = torch.isin(ids, torch.tensor(eos_ids, device=ids.device))  # [N, T]
+    seen_before = (is_eos.long().cumsum(1) - is_eos.long()) > 0  # [N, T]: an EOS strictly earlier
+    mask = (~seen_before).long()  # [N, T]
+    return {"mask": mask, "truncated": ~is_eos.any(1)}

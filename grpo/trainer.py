@@ -1,0 +1,276 @@
+"""The GRPO loop, top to bottom (DeepSeekMath Algorithm 1).
+
+    every ref_reset_steps steps: reference <- policy               (iterative GRPO)
+    each step: sample B prompts -> G completions each -> rewards [B, G] -> advantages
+               -> mu passes of micro-batched updates of the clipped objective + beta * KL
+
+Dimension letters: B prompts, G group size, N = B*G sequences, T completion tokens.
+Only this file knows about the config, devices, the optimizer and the run folder; every formula
+comes from grpo.core.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from grpo import core
+from grpo.checkpoint import save_checkpoint
+from grpo.config import Config
+from grpo.data import PromptSampler, load_task, render_prompt
+from grpo.evaluate import evaluate
+from grpo.logger import RunLogger
+from grpo.models import load_models, reset_reference
+from grpo.policy import completion_logprobs
+from grpo.rewards import resolve_reward, score_completions
+from grpo.rollout import Rollout, generate_rollout
+
+
+@dataclass
+class Batch:
+    """Everything the mu update passes need, computed once per step."""
+
+    rollout: Rollout
+    advantages: torch.Tensor  # [N, T]
+    mask: torch.Tensor  # [N, T] completion tokens that count (failed rewards masked out)
+    old_logp: torch.Tensor | None  # [N, T] when mu > 1, else None (ratio uses detached current logp)
+    ref_logp: torch.Tensor | None  # [N, T] when beta > 0
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def make_run_dir(cfg: Config) -> Path:
+    run_dir = Path(cfg.output_dir or f"runs/{datetime.now():%Y%m%d-%H%M%S}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def lr_lambda(cfg: Config):
+    """Multiplier of learning_rate at a given optimizer step: linear warmup, then the schedule."""
+    total = max(1, cfg.max_steps * cfg.num_iterations)
+
+    def f(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / (cfg.warmup_steps + 1)
+        progress = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
+        if cfg.lr_scheduler_type == "cosine":
+            return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+        if cfg.lr_scheduler_type == "linear":
+            return max(0.0, 1 - progress)
+        return 1.0
+
+    return f
+
+
+class Trainer:
+    def __init__(self, cfg: Config, *, models=None, task=None):
+        self.cfg = cfg
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        seed_everything(cfg.seed)
+        # Everything that can be wrong with the input is checked before the model loads.
+        self.reward_fns = {name: resolve_reward(name) for name in cfg.reward_names}
+        self.task = task or load_task(cfg.task, eval_size=cfg.eval_prompts, max_operand=cfg.arithmetic_max_operand,
+                                      ops=cfg.arithmetic_ops, prompt_field=cfg.prompt_field,
+                                      answer_field=cfg.answer_field, split=cfg.task_split)
+        if not self.task.train:
+            raise ValueError(f"task {cfg.task!r} has no training prompts")
+        self.run_dir = make_run_dir(cfg)
+        cfg.save(self.run_dir / "config.yaml")
+        self.models = models or load_models(cfg.model, dtype=cfg.dtype, need_reference=cfg.beta > 0,
+                                            lora_r=cfg.lora_r if cfg.use_peft else 0, lora_alpha=cfg.lora_alpha,
+                                            lora_dropout=cfg.lora_dropout,
+                                            lora_target_modules=cfg.lora_target_modules)
+        self.policy, self.tok = self.models.policy, self.models.tokenizer
+        self.policy.train()
+        params = [p for p in self.policy.parameters() if p.requires_grad]  # LoRA: adapters only
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                           weight_decay=cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.sampler = PromptSampler(len(self.task.train), seed=cfg.seed)
+        self.step = 0
+        self.skipped_updates = 0
+        self.reward_failures = 0
+        self._logged_failures: set = set()
+
+    # ---- one step -------------------------------------------------------------------------------
+    def sample(self) -> tuple[list[dict], Rollout]:
+        cfg = self.cfg
+        samples = [self.task.train[i] for i in self.sampler.next(cfg.prompts_per_step)]
+        prompts = [render_prompt(self.tok, s["prompt"], cfg.system_prompt) for s in samples]
+        ro = generate_rollout(self.policy, self.tok, prompts, group_size=cfg.num_generations,
+                              max_new_tokens=cfg.max_completion_length, temperature=cfg.temperature,
+                              top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length)
+        return samples, ro
+
+    def score(self, samples: list[dict], ro: Rollout) -> tuple[torch.Tensor, dict]:
+        """Rewards [B, G] (NaN where a reward failed) and the reward metrics."""
+        cfg = self.cfg
+        group_samples = [s for s in samples for _ in range(cfg.num_generations)]
+        res = score_completions(ro.texts, group_samples, self.reward_fns, cfg.reward_weights,
+                                logged=self._logged_failures)
+        for msg in res.messages:
+            self.logger.note(f"[yellow]{msg}")
+        n_failed = int(res.failed.sum())
+        self.reward_failures += n_failed
+        first = res.per_reward[cfg.reward_names[0]]
+        metrics = {f"rewards/{k}": float(torch.nanmean(v)) for k, v in res.per_reward.items()}
+        metrics.update(accuracy=float((first >= 1.0).double().mean()), reward_failures=n_failed,
+                       reward_failures_total=self.reward_failures)
+        return res.total.float().view(cfg.prompts_per_step, cfg.num_generations), metrics
+
+    def prepare(self, ro: Rollout, rewards: torch.Tensor) -> tuple[Batch, dict]:
+        cfg = self.cfg
+        failed = torch.isnan(rewards)  # [B, G]
+        # A failed reward neither rewards nor punishes: it takes its group's mean and leaves the loss.
+        group_mean = torch.nan_to_num(torch.nanmean(rewards, dim=1, keepdim=True), nan=0.0)  # [B, 1]
+        filled = torch.where(failed, group_mean.expand_as(rewards), rewards)  # [B, G]
+        adv = core.compute_advantages(filled, estimator=cfg.advantage_estimator, std_eps=cfg.std_eps,
+                                      unbiased_std=cfg.scale_rewards_unbiased)  # [B, G]
+        mask = ro.completion_mask * (~failed).reshape(-1, 1)  # [N, T]
+        adv_tok = adv.reshape(-1, 1).expand_as(mask).contiguous()  # [N, T]
+        old_logp = self._logps(self.policy, ro) if cfg.num_iterations > 1 else None
+        ref_logp = self._ref_logps(ro) if cfg.beta > 0 else None
+        metrics = {"reward_mean": float(torch.nanmean(rewards)),
+                   "reward_std": float(rewards[~failed].std(correction=0)) if (~failed).sum() > 1 else 0.0,
+                   "zero_variance_share": float(core.zero_variance_share(filled)),
+                   "advantage_variance": float(core.advantage_group_variance(adv))}
+        return Batch(ro, adv_tok, mask, old_logp, ref_logp), metrics
+
+    @torch.no_grad()
+    def _logps(self, model, ro: Rollout) -> torch.Tensor:
+        mb = self.cfg.per_device_train_batch_size
+        parts = []
+        for idx in torch.arange(ro.completion_ids.shape[0]).split(mb):
+            parts.append(completion_logprobs(model, ro.prompt_ids[idx], ro.prompt_mask[idx],
+                                             ro.completion_ids[idx], ro.completion_mask[idx],
+                                             temperature=self.cfg.temperature)["logp"])
+        return torch.cat(parts)  # [N, T]
+
+    def _ref_logps(self, ro: Rollout) -> torch.Tensor:
+        if self.models.reference is not None:
+            return self._logps(self.models.reference, ro)
+        with self.policy.disable_adapter():  # LoRA: the base model is the reference
+            return self._logps(self.policy, ro)
+
+    def update(self, batch: Batch) -> dict:
+        """mu passes; each pass accumulates micro-batch gradients and takes one optimizer step."""
+        cfg, ro = self.cfg, batch.rollout
+        n = ro.completion_ids.shape[0]
+        total = batch.mask.sum() if cfg.aggregation == "token_mean" else n
+        sums: dict[str, float] = {}
+        tokens_seen = 0.0
+        grad_norms = []
+        for _ in range(cfg.num_iterations):
+            self.optimizer.zero_grad(set_to_none=True)
+            for idx in torch.arange(n).split(cfg.per_device_train_batch_size):
+                cur = completion_logprobs(self.policy, ro.prompt_ids[idx], ro.prompt_mask[idx],
+                                          ro.completion_ids[idx], ro.completion_mask[idx],
+                                          temperature=cfg.temperature, with_entropy=cfg.entropy_coef > 0)
+                logp = cur["logp"]  # [n, T]
+                old = batch.old_logp[idx] if batch.old_logp is not None else logp.detach()
+                out = core.policy_loss(
+                    logp, old, batch.advantages[idx], batch.mask[idx],
+                    ref_logp=batch.ref_logp[idx] if batch.ref_logp is not None else None,
+                    eps_low=cfg.epsilon, eps_high=cfg.eps_high, dual_clip=cfg.dual_clip,
+                    ratio_level=cfg.importance_sampling_level, kl_coef=cfg.beta, kl_estimator=cfg.kl_estimator,
+                    aggregation=cfg.aggregation, norm_length=cfg.max_completion_length, total=total,
+                    entropy=cur["entropy"], entropy_coef=cfg.entropy_coef)
+                out["loss"].backward()
+                w = float(batch.mask[idx].sum())  # token weight of this micro-batch's means
+                tokens_seen += w
+                for k in ("kl", "entropy", "ratio_mean", "clip_fraction", "clip_fraction_low", "clip_fraction_high"):
+                    sums[k] = sums.get(k, 0.0) + float(out[k]) * w
+                sums["loss"] = sums.get("loss", 0.0) + float(out["loss"].detach()) / cfg.num_iterations
+                sums["policy_loss"] = sums.get("policy_loss", 0.0) + float(out["policy_loss"]) / cfg.num_iterations
+            grad_norms.append(self._optimizer_step())
+        metrics = {k: v / max(tokens_seen, 1.0) for k, v in sums.items() if k not in ("loss", "policy_loss")}
+        metrics.update(loss=sums["loss"], policy_loss=sums["policy_loss"], grad_norm=grad_norms[-1],
+                       skipped_updates=self.skipped_updates, learning_rate=self.scheduler.get_last_lr()[0])
+        return metrics
+
+    def _optimizer_step(self) -> float:
+        params = [p for p in self.policy.parameters() if p.grad is not None]
+        max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else float("inf")
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        if not math.isfinite(norm):
+            self.skipped_updates += 1  # a non-finite gradient never reaches the weights
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        return norm
+
+    def train_step(self) -> dict:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        if cfg.ref_reset_steps and self.step and self.step % cfg.ref_reset_steps == 0:
+            reset_reference(self.models.reference, self.policy)
+        samples, ro = self.sample()
+        rewards, metrics = self.score(samples, ro)
+        batch, adv_metrics = self.prepare(ro, rewards)
+        metrics.update(adv_metrics)
+        metrics.update(self.update(batch))
+        self.step += 1
+        lengths = ro.lengths.float()
+        metrics.update(completion_length_mean=float(lengths.mean()), completion_length_max=float(lengths.max()),
+                       truncated_share=float(ro.truncated.float().mean()), generation_seconds=ro.seconds,
+                       tokens_per_second=float(lengths.sum()) / max(ro.seconds, 1e-9), rollout_backend=ro.backend,
+                       step_seconds=time.perf_counter() - t0)
+        if cfg.log_completions_steps and self.step % cfg.log_completions_steps == 0:
+            flat = rewards.flatten().tolist()
+            self.logger.log_samples(self.step, [
+                {"prompt": samples[i // cfg.num_generations]["prompt"], "completion": ro.texts[i],
+                 "answer": samples[i // cfg.num_generations]["answer"], "reward": flat[i]}
+                for i in range(0, len(ro.texts), max(1, cfg.num_generations // 2))])
+        return metrics
+
+    # ---- the run --------------------------------------------------------------------------------
+    def evaluate(self) -> dict:
+        cfg = self.cfg
+        return evaluate(self.policy, self.tok, self.task.eval, self.reward_fns[cfg.reward_names[0]],
+                        system_prompt=cfg.system_prompt, max_new_tokens=cfg.eval_max_new_tokens,
+                        batch_size=cfg.eval_batch_size, pass_k=cfg.eval_pass_k,
+                        pass_prompts=min(cfg.eval_pass_prompts, len(self.task.eval)), temperature=cfg.temperature,
+                        top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length)
+
+    def save(self) -> Path:
+        state = {"step": self.step, "sampler": self.sampler.state_dict(), "skipped_updates": self.skipped_updates}
+        return save_checkpoint(self.run_dir, self.step, self.policy, self.tok, state)
+
+    def train(self) -> dict:
+        import json
+
+        cfg = self.cfg
+        self.logger = RunLogger(self.run_dir, total_steps=cfg.max_steps, start_step=self.step,
+                                tensorboard=cfg.report_to == "tensorboard", progress=cfg.progress)
+        result: dict = {"n_prompts": len(self.task.eval)}
+        try:
+            if self.task.eval:
+                self.logger.note(f"evaluating the untrained policy on {len(self.task.eval)} held-out prompts ...")
+                result["before"] = self.evaluate()
+                self.logger.note(f"before: accuracy {result['before']['accuracy']:.3f}")
+            while self.step < cfg.max_steps:
+                metrics = self.train_step()
+                if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps:
+                    self.logger.log_step(self.step, metrics)
+                if cfg.save_steps and self.step % cfg.save_steps == 0 and self.step < cfg.max_steps:
+                    self.save()
+            result["checkpoint"] = str(self.save())
+            if self.task.eval:
+                result["after"] = self.evaluate()
+        finally:
+            self.logger.close()
+        (self.run_dir / "eval.json").write_text(json.dumps(result, indent=2))
+        return result

@@ -1,0 +1,62 @@
+"""Shared fixtures: a tiny randomly initialised Llama and a byte-level tokenizer with a chat template,
+saved to a folder so tests load them through the real ``from_pretrained`` path."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                   pad_token="<|pad|>")
+    fast.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<|pad|>"]})
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny_model(vocab_size: int, seed: int = 0, eos_id: int | None = None, pad_id: int | None = None):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None, tie_word_embeddings=True)
+    return LlamaForCausalLM(cfg)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A folder with a tiny random Llama and its tokenizer, loadable by from_pretrained."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tok = build_tokenizer()
+    model = build_tiny_model(len(tok), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def tiny_dataset(tmp_path):
+    """A JSONL task of 24 arithmetic prompts."""
+    path = tmp_path / "sums.jsonl"
+    rows = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(1, 7) for b in range(1, 5)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path

@@ -1,0 +1,142 @@
+"""The trainer end to end on a tiny random Llama: every estimator and aggregation, mu = 2, failures."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from grpo.config import Config
+from grpo.core import AGGREGATIONS, ESTIMATORS
+from grpo.trainer import Trainer
+
+
+def make_cfg(tmp_path, model_dir, dataset, **kw) -> Config:
+    base = dict(model=str(model_dir), task=str(dataset), output_dir=str(tmp_path / "run"), max_steps=3,
+                num_generations=4, prompts_per_step=2, per_device_train_batch_size=4, max_completion_length=8,
+                eval_prompts=4, eval_max_new_tokens=6, eval_pass_k=2, eval_pass_prompts=2,
+                rewards="tests.rewards_for_tests:digit_share", learning_rate=1e-2, temperature=1.0,
+                progress=False, report_to="none", log_completions_steps=1, seed=0)
+    base.update(kw)
+    return Config(**base)
+
+
+def _params(model):
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def _run(cfg):
+    t = Trainer(cfg)
+    before = _params(t.policy)
+    result = t.train()
+    return t, before, result
+
+
+def _lines(run_dir):
+    return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("estimator", sorted(ESTIMATORS))
+def test_three_steps_every_estimator(tmp_path, tiny_model_dir, tiny_dataset, estimator):
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, advantage_estimator=estimator, eval_prompts=0)
+    t, before, _ = _run(cfg)
+    after = _params(t.policy)
+    assert any(not torch.equal(before[k], after[k]) for k in before), "no parameter changed"
+    lines = _lines(t.run_dir)
+    assert [l["step"] for l in lines] == [1, 2, 3]
+    for line in lines:
+        for key in ("loss", "kl", "reward_mean", "grad_norm", "entropy", "clip_fraction", "zero_variance_share",
+                    "advantage_variance", "completion_length_mean", "step_seconds", "tokens_per_second"):
+            assert line[key] is not None and math.isfinite(line[key]), (key, line)
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_three_steps_every_aggregation_and_checkpoint_reloads(tmp_path, tiny_model_dir, tiny_dataset, aggregation):
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, aggregation=aggregation)
+    t, before, result = _run(cfg)
+    ckpt = t.run_dir / "checkpoints" / "step-3"
+    assert (t.run_dir / "checkpoints" / "latest").read_text().strip() == "step-3"
+    reloaded = AutoModelForCausalLM.from_pretrained(ckpt)
+    for k, v in reloaded.state_dict().items():
+        torch.testing.assert_close(v, t.policy.state_dict()[k])
+    ev = json.loads((t.run_dir / "eval.json").read_text())
+    assert set(ev) >= {"before", "after", "n_prompts"} and ev["n_prompts"] == 4
+    assert 0 <= ev["after"]["accuracy"] <= 1 and ev["after"]["pass@k"] is not None
+    assert (t.run_dir / "config.yaml").is_file() and (t.run_dir / "samples.jsonl").is_file()
+
+
+def test_mu_two_second_pass_moves_ratio_and_clips(tmp_path, tiny_model_dir, tiny_dataset):
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, num_iterations=2, learning_rate=0.5, eval_prompts=0,
+                   max_grad_norm=0.0, epsilon=0.05, beta=0.0)
+    t = Trainer(cfg)
+    t.logger = _Quiet()
+    metrics = t.train_step()
+    # the clip fraction is averaged over both passes; the first has ratio exactly 1, so any clipping
+    # and any ratio away from 1 come from the second pass, after the first update moved the policy
+    assert metrics["clip_fraction"] > 0
+    assert metrics["ratio_mean"] != pytest.approx(1.0, abs=1e-6)
+
+
+def test_reward_that_always_raises_is_counted_not_fatal(tmp_path, tiny_model_dir, tiny_dataset):
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, rewards="tests.rewards_for_tests:always_raises",
+                   eval_prompts=0)
+    t, before, _ = _run(cfg)
+    lines = _lines(t.run_dir)
+    assert len(lines) == 3
+    assert [l["reward_failures"] for l in lines] == [8, 8, 8]
+    assert lines[-1]["reward_failures_total"] == 24
+    after = _params(t.policy)  # every sample left the loss: no update moved the weights
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_bad_reward_values_become_failures(tmp_path, tiny_model_dir, tiny_dataset):
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, rewards="tests.rewards_for_tests:sometimes_bad",
+                   eval_prompts=0, max_steps=2)
+    t, _, _ = _run(cfg)
+    lines = _lines(t.run_dir)
+    # 5 of every 6 calls return None, NaN, inf, a string or a list
+    assert sum(l["reward_failures"] for l in lines) >= 12
+    assert all(math.isfinite(l["loss"]) for l in lines)
+
+
+def test_same_seed_same_rewards(tmp_path, tiny_model_dir, tiny_dataset):
+    a = make_cfg(tmp_path / "a", tiny_model_dir, tiny_dataset, eval_prompts=0)
+    b = make_cfg(tmp_path / "b", tiny_model_dir, tiny_dataset, eval_prompts=0)
+    ta, _, _ = _run(a)
+    tb, _, _ = _run(b)
+    keys = ("reward_mean", "loss", "grad_norm", "completion_length_mean")
+    assert [[l[k] for k in keys] for l in _lines(ta.run_dir)] == [[l[k] for k in keys] for l in _lines(tb.run_dir)]
+
+
+def test_lora_reference_is_base_model(tmp_path, tiny_model_dir, tiny_dataset):
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, use_peft=True, lora_r=4, beta=0.1, eval_prompts=0,
+                   learning_rate=5e-2)
+    t, before, _ = _run(cfg)
+    assert t.models.reference is None  # no second copy in memory
+    trainable = [k for k, p in t.policy.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in k for k in trainable)
+    after = _params(t.policy)
+    assert any(not torch.equal(before[k], after[k]) for k in trainable)
+    assert all(torch.equal(before[k], after[k]) for k in before if "lora_" not in k)
+    assert _lines(t.run_dir)[-1]["kl"] > 0  # the adapted policy has moved away from the base
+
+
+def test_reference_reset_makes_kl_zero(tmp_path, tiny_model_dir, tiny_dataset):
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, beta=0.1, ref_reset_steps=2, eval_prompts=0,
+                   max_steps=3, learning_rate=5e-2)
+    t, _, _ = _run(cfg)
+    kl = [l["kl"] for l in _lines(t.run_dir)]
+    assert kl[0] == pytest.approx(0.0, abs=1e-6)  # step 1: reference == policy
+    assert kl[1] > 1e-6  # step 2: policy moved
+    assert kl[2] == pytest.approx(0.0, abs=1e-6)  # step 3: reference reset to the policy
+
+
+class _Quiet:
+    def note(self, *_):
+        pass
+
+    def log_samples(self, *_):
+        pass
