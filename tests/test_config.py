@@ -1,0 +1,89 @@
+"""Config: YAML + key=value, type coercion, validation that names the key, docs generated once."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grpo.config import Config, ConfigError, field_docs, load_config, markdown_table
+
+
+def test_defaults_are_valid_and_documented():
+    cfg = Config()
+    docs = field_docs()
+    missing = [f.name for f in dataclasses.fields(Config) if not docs.get(f.name)]
+    assert not missing, f"fields without a docstring: {missing}"
+    assert cfg.eps_high == cfg.epsilon and cfg.sequences_per_step == 32
+
+
+def test_trl_names_exist():
+    names = {f.name for f in dataclasses.fields(Config)}
+    for key in ("model", "task", "output_dir", "seed", "max_steps", "num_generations", "prompts_per_step",
+                "max_completion_length", "temperature", "learning_rate", "beta", "num_iterations", "save_steps",
+                "epsilon", "epsilon_high", "importance_sampling_level", "max_grad_norm", "lr_scheduler_type"):
+        assert key in names, key
+
+
+def test_yaml_then_overrides(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump({"beta": 0.1, "num_generations": 4, "reward_weights": [1, 0.5],
+                                 "rewards": "numeric,format"}))
+    cfg = load_config(p, ["beta=0", "epsilon_high=0.28", "use_peft=true", "learning_rate=1e-6"])
+    assert cfg.beta == 0.0 and cfg.num_generations == 4 and cfg.eps_high == 0.28 and cfg.use_peft is True
+    assert cfg.learning_rate == 1e-6 and cfg.reward_weights == [1.0, 0.5]
+    assert load_config(None, ["epsilon_high=null"]).epsilon_high is None
+
+
+@pytest.mark.parametrize("override, key", [
+    ("num_generations=abc", "num_generations"),
+    ("beta=yes", "beta"),
+    ("use_peft=maybe", "use_peft"),
+    ("max_completion_length=-4", "max_completion_length"),
+    ("advantage_estimator=ppo2", "advantage_estimator"),
+    ("aggregation=sum", "aggregation"),
+    ("kl_estimator=k9", "kl_estimator"),
+    ("temperature=0", "temperature"),
+    ("per_device_train_batch_size=5", "per_device_train_batch_size"),
+    ("dual_clip=0.5", "dual_clip"),
+    ("num_generations=1", "num_generations"),
+    ("max_steps=2.5", "max_steps"),
+])
+def test_bad_values_name_the_key(override, key):
+    with pytest.raises(ConfigError, match=key):
+        load_config(None, [override])
+
+
+def test_choices_are_listed():
+    with pytest.raises(ConfigError, match="dr_grpo.*grpo.*rloo"):
+        load_config(None, ["advantage_estimator=ppo2"])
+
+
+def test_unknown_key_suggests_close_match(tmp_path):
+    with pytest.raises(ConfigError, match="num_generation.*did you mean num_generations"):
+        load_config(None, ["num_generation=4"])
+    p = tmp_path / "c.yaml"
+    p.write_text("lernin_rate: 0.1\n")
+    with pytest.raises(ConfigError, match=str(p)):
+        load_config(p)
+
+
+def test_group_of_one_allowed_without_group_estimator():
+    assert load_config(None, ["num_generations=1", "advantage_estimator=reinforce",
+                              "per_device_train_batch_size=4"]).num_generations == 1
+
+
+def test_missing_config_file():
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config("/nonexistent.yaml")
+
+
+def test_saved_config_round_trips(tmp_path):
+    cfg = load_config(None, ["beta=0.2", "epsilon_high=0.3"])
+    cfg.save(tmp_path / "config.yaml")
+    assert load_config(tmp_path / "config.yaml") == cfg
+
+
+def test_readme_table_is_generated_from_docstrings():
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert markdown_table() in readme, "README's config table is stale: run python -m grpo.config"

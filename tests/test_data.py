@@ -1,0 +1,64 @@
+"""Tasks: disjoint held-out splits, user datasets with clear errors, seeded resumable sampling."""
+
+import json
+
+import pytest
+
+from grpo.data import PromptSampler, load_task, render_prompt
+from grpo.data.tasks import DataError
+
+
+def test_arithmetic_split_is_disjoint_and_fixed():
+    t = load_task("arithmetic", eval_size=200, max_operand=30, ops="+")
+    assert len(t.eval) == 200 and len(t.train) == 700
+    assert not {s["prompt"] for s in t.eval} & {s["prompt"] for s in t.train}
+    assert t.eval == load_task("arithmetic", eval_size=200, max_operand=30, ops="+").eval
+    s = t.eval[0]
+    a, op, b = s["prompt"].removeprefix("What is ").rstrip("?").split()
+    assert int(s["answer"]) == int(a) + int(b)
+
+
+def test_gsm8k_local_file():
+    t = load_task("gsm8k", eval_size=50)
+    assert len(t.eval) == 50 and len(t.train) > 7000
+    assert all(s["answer"].lstrip("-").replace(".", "").isdigit() for s in t.train[:100])
+
+
+def test_user_jsonl(tiny_dataset):
+    t = load_task(str(tiny_dataset), eval_size=4)
+    assert len(t.train) == 20 and len(t.eval) == 4
+
+
+def test_user_dataset_errors_name_file_and_row(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text(json.dumps({"prompt": "a", "answer": "1"}) + "\n" + json.dumps({"question": "b"}) + "\n")
+    with pytest.raises(DataError, match=r"d.jsonl: row 2 has no field 'prompt'"):
+        load_task(str(p), eval_size=0)
+    p.write_text("{not json\n")
+    with pytest.raises(DataError, match=r"d.jsonl:1: not valid JSON"):
+        load_task(str(p), eval_size=0)
+    p.write_text("")
+    with pytest.raises(DataError, match="empty"):
+        load_task(str(p), eval_size=0)
+    with pytest.raises(DataError, match="not a built-in task"):
+        load_task("nonexistent_file.jsonl", eval_size=0)
+
+
+def test_sampler_epochs_and_resume():
+    s = PromptSampler(5, seed=3)
+    first = s.next(3)
+    state = s.state_dict()
+    rest = [s.next(3) for _ in range(4)]
+    r = PromptSampler(5, seed=3)
+    r.load_state_dict(state)
+    assert [r.next(3) for _ in range(4)] == rest
+    assert sorted(first + rest[0][:2]) == [0, 1, 2, 3, 4]  # an epoch is a permutation
+
+
+def test_render_prompt_uses_chat_template():
+    from tests.conftest import build_tokenizer
+
+    tok = build_tokenizer()
+    text = render_prompt(tok, "What is 1 + 1?", "Answer briefly.")
+    assert text == ("<|im_start|>system\nAnswer briefly.<|im_end|>\n<|im_start|>user\nWhat is 1 + 1?<|im_end|>\n"
+                    "<|im_start|>assistant\n")

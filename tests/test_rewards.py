@@ -1,0 +1,57 @@
+"""Answer extraction and the built-in rewards."""
+
+import pytest
+
+from grpo.rewards import extract_answer, math_reward, numeric_reward, parse_number, resolve_reward
+from grpo.rewards import score_completions
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("The answer is 72.", "72"),
+    ("12 + 25 = 37.", "37"),
+    ("7,2", "2"),  # not a thousands separator: 7 and 2
+    ("about 1,234 apples", "1,234"),
+    ("\\boxed{42} and later 7", "42"),
+    ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+    ("no number here", None),
+    ("-5 then -3.5", "-3.5"),
+])
+def test_extract_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+@pytest.mark.parametrize("text, value", [("1,234", 1234.0), ("72.00", 72.0), ("$5", 5.0), ("7,2", None),
+                                         ("abc", None), ("-3", -3.0)])
+def test_parse_number(text, value):
+    assert parse_number(text) == value
+
+
+@pytest.mark.parametrize("completion, gold, reward", [
+    ("12 + 25 = 37.", "37", 1.0), ("It is 72.00", "72", 1.0), ("1,234", "1234", 1.0), ("7,2", "72", 0.0),
+    ("37 or maybe 38", "37", 0.0), ("", "3", 0.0),
+])
+def test_numeric_reward(completion, gold, reward):
+    assert numeric_reward(completion, {"answer": gold}) == reward
+
+
+def test_math_reward_equivalence():
+    assert math_reward("so the result is $\\frac{1}{2}$", {"answer": "0.5"}) == 1.0
+    assert math_reward("so the result is $\\frac{1}{3}$", {"answer": "0.5"}) == 0.0
+
+
+def test_resolve_reward_errors_list_builtins():
+    with pytest.raises(ValueError, match="numeric"):
+        resolve_reward("nope")
+    with pytest.raises(ValueError, match="cannot load"):
+        resolve_reward("no.such.module:fn")
+    assert resolve_reward("tests.rewards_for_tests:digit_share")("a1", {}) == 0.5
+
+
+def test_weighted_scores_and_failures():
+    fns = {"numeric": numeric_reward, "bad": resolve_reward("tests.rewards_for_tests:always_raises")}
+    res = score_completions(["3", "4"], [{"answer": "3"}, {"answer": "3"}], {"numeric": numeric_reward},
+                            [2.0])
+    assert res.total.tolist() == [2.0, 0.0]
+    res = score_completions(["3", "4"], [{"answer": "3"}] * 2, fns)
+    assert res.failures == {"numeric": 0, "bad": 2} and res.failed.all()
+    assert len(res.messages) == 1  # logged once per kind, with the sample
