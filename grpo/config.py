@@ -44,9 +44,9 @@ class Config:
     """Column holding the prompt text (or chat messages) in a user dataset."""
     answer_field: str = "answer"
     """Column holding the gold answer in a user dataset (passed to rewards as sample['answer'])."""
-    system_prompt: str = "Answer briefly."
+    system_prompt: str = ""
     """System message put before every prompt when the chat template is applied ('' for none)."""
-    arithmetic_max_operand: int = 30
+    arithmetic_max_operand: int = 20
     """Built-in arithmetic task: operands are drawn from 1..this value (the difficulty knob)."""
     arithmetic_ops: str = "+"
     """Built-in arithmetic task: operators to draw from, e.g. '+' or '+-*'."""
@@ -118,7 +118,7 @@ class Config:
     """Gradient clipping by global norm (0 = off)."""
     per_device_train_batch_size: int = 8
     """Completions per forward/backward micro-batch; B * G must be a multiple of it."""
-    max_steps: int = 20
+    max_steps: int = 25
     """Optimisation steps (each: sample, score, mu passes of updates)."""
     use_peft: bool = False
     """Train LoRA adapters (PEFT) instead of all weights; the reference is the base model with adapters off."""
@@ -132,6 +132,8 @@ class Config:
     """Modules that get adapters: 'all-linear' or comma-separated names (q_proj,v_proj)."""
     dtype: str = "float32"
     """Parameter dtype: float32, bfloat16 or float16."""
+    bf16: bool | None = None
+    """Mixed precision: training forwards under bf16 autocast, LM head and weights kept in dtype (null = on where the hardware has native bf16)."""
 
     # ---- run, logging, evaluation ----
     output_dir: str = ""
@@ -148,7 +150,7 @@ class Config:
     """Extra metric sink beside metrics.jsonl: tensorboard or none."""
     eval_max_new_tokens: int = 32
     """Token limit for evaluation completions (greedy)."""
-    eval_batch_size: int = 64
+    eval_batch_size: int = 200
     """Prompts decoded together during evaluation."""
     eval_pass_k: int = 4
     """k of pass@k; n = k samples per prompt on `eval_pass_prompts` prompts (0 = skip pass@k)."""

@@ -24,12 +24,14 @@ def trim_padding(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor
 
 
 def completion_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
-                        completion_mask: Tensor, *, temperature: float, with_entropy: bool = False) -> dict:
+                        completion_mask: Tensor, *, temperature: float, with_entropy: bool = False,
+                        autocast: bool = False) -> dict:
     """Run the model on prompt + completion and return {"logp": [N, T], "entropy": [N, T] or None}
     for the completion tokens (zero beyond the trimmed length T' <= T, which the caller pads back).
 
     Positions follow the attention mask (left padding does not shift them), as during generation.
-    Only the last T + 1 positions go through the LM head (``logits_to_keep``).
+    Only the last T + 1 positions go through the LM head (``logits_to_keep``). ``autocast`` runs the
+    transformer body in bf16 (see ``models.keep_head_fp32`` for the head).
     """
     n, t_full = completion_ids.shape
     tr = trim_padding(prompt_ids, prompt_mask, completion_ids, completion_mask)
@@ -37,8 +39,9 @@ def completion_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completi
     attn = torch.cat([tr["prompt_mask"], tr["completion_mask"]], 1)  # [N, P' + T']
     pos = (attn.cumsum(1) - 1).clamp(min=0)  # [N, P' + T']
     t = tr["completion_ids"].shape[1]
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
-                   logits_to_keep=t + 1).logits  # [N, T' + 1, V]
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast):
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
+                       logits_to_keep=t + 1).logits  # [N, T' + 1, V]
     out = token_logprobs_and_entropy(logits[:, :-1], tr["completion_ids"], temperature=temperature)
     logp = out["logp"]  # [N, T']
     ent = out["entropy"] if with_entropy else out["entropy"].detach()

@@ -27,7 +27,7 @@ from grpo.config import Config
 from grpo.data import PromptSampler, load_task, render_prompt
 from grpo.evaluate import evaluate
 from grpo.logger import RunLogger
-from grpo.models import load_models, reset_reference
+from grpo.models import keep_head_fp32, load_models, native_bf16, reset_reference
 from grpo.policy import completion_logprobs
 from grpo.rewards import resolve_reward, score_completions
 from grpo.rollout import Rollout, generate_rollout
@@ -94,6 +94,12 @@ class Trainer:
                                             lora_target_modules=cfg.lora_target_modules)
         self.policy, self.tok = self.models.policy, self.models.tokenizer
         self.policy.train()
+        device = next(self.policy.parameters()).device
+        self.amp = cfg.bf16 if cfg.bf16 is not None else (native_bf16(device) and cfg.dtype == "float32")
+        if self.amp:
+            for m in (self.policy, self.models.reference):
+                if m is not None:
+                    keep_head_fp32(m)
         params = [p for p in self.policy.parameters() if p.requires_grad]  # LoRA: adapters only
         self.optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                            weight_decay=cfg.weight_decay)
@@ -155,7 +161,7 @@ class Trainer:
         for idx in torch.arange(ro.completion_ids.shape[0]).split(mb):
             parts.append(completion_logprobs(model, ro.prompt_ids[idx], ro.prompt_mask[idx],
                                              ro.completion_ids[idx], ro.completion_mask[idx],
-                                             temperature=self.cfg.temperature)["logp"])
+                                             temperature=self.cfg.temperature, autocast=self.amp)["logp"])
         return torch.cat(parts)  # [N, T]
 
     def _ref_logps(self, ro: Rollout) -> torch.Tensor:
@@ -177,7 +183,8 @@ class Trainer:
             for idx in torch.arange(n).split(cfg.per_device_train_batch_size):
                 cur = completion_logprobs(self.policy, ro.prompt_ids[idx], ro.prompt_mask[idx],
                                           ro.completion_ids[idx], ro.completion_mask[idx],
-                                          temperature=cfg.temperature, with_entropy=cfg.entropy_coef > 0)
+                                          temperature=cfg.temperature, with_entropy=cfg.entropy_coef > 0,
+                                          autocast=self.amp)
                 logp = cur["logp"]  # [n, T]
                 old = batch.old_logp[idx] if batch.old_logp is not None else logp.detach()
                 out = core.policy_loss(

@@ -10,7 +10,7 @@ from grpo.data.tasks import DataError
 
 def test_arithmetic_split_is_disjoint_and_fixed():
     t = load_task("arithmetic", eval_size=200, max_operand=30, ops="+")
-    assert len(t.eval) == 200 and len(t.train) == 700
+    assert len(t.eval) == 200 and len(t.train) == 700  # 30 * 30 problems
     assert not {s["prompt"] for s in t.eval} & {s["prompt"] for s in t.train}
     assert t.eval == load_task("arithmetic", eval_size=200, max_operand=30, ops="+").eval
     s = t.eval[0]
