@@ -18,7 +18,22 @@ def test_arithmetic_split_is_disjoint_and_fixed():
     assert int(s["answer"]) == int(a) + int(b)
 
 
-def test_gsm8k_local_file():
+def test_gsm8k_local_file(tmp_path, monkeypatch):
+    rows = [{"question": f"Q{i}?", "answer": f"work <<{i}*2={2 * i}>>\n#### {2 * i:,}"} for i in range(600, 700)]
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    monkeypatch.setenv("GRPO_GSM8K", str(path))
+    t = load_task("gsm8k", eval_size=10)
+    assert len(t.eval) == 10 and len(t.train) == 90
+    assert {s["answer"] for s in t.train + t.eval} == {str(2 * i) for i in range(600, 700)}  # "1,200" -> "1200"
+
+
+def test_gsm8k_shared_copy_when_present():
+    from grpo.data.tasks import _find_local_gsm8k
+
+    path = _find_local_gsm8k()
+    if path is None:
+        pytest.skip("no shared/data/gsm8k beside this checkout")
     t = load_task("gsm8k", eval_size=50)
     assert len(t.eval) == 50 and len(t.train) > 7000
     assert all(s["answer"].lstrip("-").replace(".", "").isdigit() for s in t.train[:100])

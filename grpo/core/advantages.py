@@ -24,6 +24,7 @@ Estimator = Callable[..., Tensor]
 
 
 def _check_group(rewards: Tensor, name: str, min_group: int = 1) -> None:
+    """Raise unless rewards is [B, G] with G >= min_group (a shape check, no data inspected)."""
     if rewards.dim() != 2:
         raise ValueError(f"{name}: rewards must have shape [B, G], got {tuple(rewards.shape)}")
     if rewards.shape[1] < min_group:
@@ -31,7 +32,7 @@ def _check_group(rewards: Tensor, name: str, min_group: int = 1) -> None:
 
 
 def _group_centered(rewards: Tensor) -> Tensor:
-    """r - group mean, exactly 0 in a group whose rewards are all equal.
+    """r - group mean, exactly 0 in a group whose rewards are all equal. [B, G] -> [B, G].
 
     Floating-point mean of equal values can differ from them in the last bit; forcing exact zeros
     keeps zero-variance groups out of the gradient instead of amplifying rounding noise by 1/eps.
@@ -112,7 +113,10 @@ GROUP_ESTIMATORS = frozenset({"grpo", "dr_grpo", "rloo", "batch_std"})
 
 
 def get_estimator(name: str) -> Estimator:
-    """Look an estimator up by name; an unknown name lists the valid ones."""
+    """Look an estimator up by name; an unknown name lists the valid ones.
+
+    The estimator maps rewards [B, G] to advantages [B, G] (see the module docstring).
+    """
     try:
         return ESTIMATORS[name]
     except KeyError:

@@ -16,6 +16,7 @@ RATIO_LEVELS = ("token", "sequence")
 
 
 def _check_choice(name: str, value: str, valid: tuple[str, ...]) -> None:
+    """Raise a ValueError listing the valid names unless value is one of them (no tensors: no shapes)."""
     if value not in valid:
         raise ValueError(f"unknown {name} {value!r}; valid: {list(valid)}")
 
@@ -40,6 +41,7 @@ class _LogProbEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: Tensor, tokens: Tensor, temperature: float, chunk: int):  # [N, T, V], [N, T]
+        """logits [N, T, V], tokens [N, T] -> (logp [N, T], entropy [N, T]) in float32."""
         n, t, _ = logits.shape
         logp = logits.new_empty(n, t, dtype=torch.float32)  # [N, T]
         ent = logits.new_empty(n, t, dtype=torch.float32)  # [N, T]
@@ -57,6 +59,7 @@ class _LogProbEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_logp: Tensor, g_ent: Tensor):  # [N, T], [N, T]
+        """Gradients [N, T] of logp and entropy -> gradient of the logits [N, T, V], one chunk at a time."""
         logits, tokens, lse_all, ent = ctx.saved_tensors
         tau, chunk = ctx.temperature, ctx.chunk
         n, t, _ = logits.shape
@@ -111,7 +114,10 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, *, estimator: str = "k3") -> Tens
 
 
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    """Mean of x over entries where mask is 1 (all of them, or along ``dim``); 0 where none count."""
+    """Mean of x over entries where mask is 1 (all of them, or along ``dim``); 0 where none count.
+
+    x, mask: [N, T] (any equal shapes) -> [] or, along ``dim``, the remaining dimensions ([N] for dim=1).
+    """
     m = mask.to(x.dtype)
     if dim is None:
         return (x * m).sum() / m.sum().clamp(min=1)

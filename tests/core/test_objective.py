@@ -104,3 +104,19 @@ def test_entropy_bonus_lowers_loss_and_is_reported():
     out = policy_loss(logp, logp, adv, torch.ones(2, 3), entropy=ent, entropy_coef=0.1)
     assert out["loss"].item() == pytest.approx(-0.2)
     assert out["entropy"].item() == pytest.approx(2.0)
+
+
+def test_every_core_function_documents_shapes():
+    import ast
+    from pathlib import Path
+
+    import grpo.core
+
+    for path in Path(grpo.core.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef):
+                doc = ast.get_docstring(node) or ""
+                assert doc, f"{path.name}:{node.name} has no docstring"
+                assert "[" in doc or "shape" in doc, f"{path.name}:{node.name}: docstring states no shapes"
+        assert len(path.read_text().splitlines()) <= 400, f"{path.name} is over 400 lines"
