@@ -27,11 +27,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"grpo: unknown command {argv[0]!r}\n\n{USAGE}", file=sys.stderr)
         return 2
     from grpo.config import ConfigError
+    from grpo.checkpoint import CheckpointError
     from grpo.data.tasks import DataError
 
     try:
         return commands[argv[0]](argv[1:]) or 0
-    except (ConfigError, DataError, FileNotFoundError) as e:
+    except (ConfigError, DataError, CheckpointError, FileNotFoundError, FloatingPointError) as e:
         print(f"grpo {argv[0]}: error: {e}", file=sys.stderr)
         return 2
 
@@ -51,15 +52,28 @@ def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
 def _train(argv: list[str]) -> int:
     from grpo.config import load_config
 
-    args = _config_parser("grpo train", "Fine-tune a causal LM with GRPO.").parse_args(argv)
-    cfg = load_config(args.config, args.overrides)
+    ap = _config_parser("grpo train", "Fine-tune a causal LM with GRPO.")
+    ap.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR exactly from its latest checkpoint "
+                    "(its config.yaml is the base; key=value may still override, e.g. max_steps)")
+    args = ap.parse_args(argv)
+    config_path, overrides = args.config, list(args.overrides)
+    if args.resume:
+        run = Path(args.resume)
+        if config_path is None:
+            config_path = run / "config.yaml"
+            if not config_path.is_file():
+                raise FileNotFoundError(f"--resume {run}: no config.yaml there (is it a run folder?)")
+        overrides += [f"output_dir={run}", f"resume_from_checkpoint={run}"]
+    cfg = load_config(config_path, overrides)
     from grpo.trainer import Trainer
 
     trainer = Trainer(cfg)
     print(f"run folder: {trainer.run_dir}", flush=True)
+    if getattr(trainer, "resumed_from", None):
+        print(f"resumed from {trainer.resumed_from} at step {trainer.step}", flush=True)
     result = trainer.train()
     _print_summary(result, trainer)
-    return 0
+    return 130 if result.get("interrupted") == "SIGINT" else 143 if result.get("interrupted") else 0
 
 
 def _print_summary(result: dict, trainer) -> None:

@@ -142,6 +142,12 @@ class Config:
     """Seeds Python, NumPy and torch; the same seed gives the same run."""
     save_steps: int = 0
     """Save a checkpoint every this many steps (0 = only at the end)."""
+    save_total_limit: int = 0
+    """Keep only the newest this many checkpoints (0 = keep all)."""
+    resume_from_checkpoint: str | None = None
+    """Continue a run exactly: a run folder, 'auto' (output_dir's latest checkpoint if any), or null."""
+    max_consecutive_skips: int = 3
+    """Abort after this many consecutive updates skipped for a non-finite loss or gradient norm."""
     logging_steps: int = 1
     """Write a metrics line every this many steps."""
     log_completions_steps: int = 5
@@ -208,7 +214,7 @@ def _validate(c: Config) -> None:
             raise ConfigError(f"{key}: must be >= 1, got {getattr(c, key)}")
     non_negative = ["max_steps", "warmup_steps", "save_steps", "ref_reset_steps", "eval_prompts", "beta",
                     "learning_rate", "weight_decay", "max_grad_norm", "eval_pass_k", "eval_pass_prompts",
-                    "log_completions_steps", "num_threads", "top_k", "std_eps", "entropy_coef",
+                    "log_completions_steps", "num_threads", "save_total_limit", "max_consecutive_skips", "top_k", "std_eps", "entropy_coef",
                     "arithmetic_max_operand", "lora_dropout"]
     for key in non_negative:
         if getattr(c, key) < 0:

@@ -11,8 +11,10 @@ comes from grpo.core.
 
 from __future__ import annotations
 
+import json
 import math
 import random
+import signal
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,7 +24,7 @@ import numpy as np
 import torch
 
 from grpo import core
-from grpo.checkpoint import save_checkpoint
+from grpo import checkpoint as ckpt_io
 from grpo.config import Config
 from grpo.data import PromptSampler, load_task, render_prompt
 from grpo.evaluate import evaluate
@@ -107,8 +109,14 @@ class Trainer:
         self.sampler = PromptSampler(len(self.task.train), seed=cfg.seed)
         self.step = 0
         self.skipped_updates = 0
+        self.consecutive_skips = 0
         self.reward_failures = 0
+        self.ref_reset_at = 0  # step at which the reference last became a copy of the policy
         self._logged_failures: set = set()
+        self._stop_signal: str | None = None
+        resume = self._resume_path()
+        if resume is not None:
+            self.restore(resume)
 
     # ---- one step -------------------------------------------------------------------------------
     def sample(self) -> tuple[list[dict], Rollout]:
@@ -213,8 +221,15 @@ class Trainer:
         norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         if not math.isfinite(norm):
             self.skipped_updates += 1  # a non-finite gradient never reaches the weights
+            self.consecutive_skips += 1
             self.optimizer.zero_grad(set_to_none=True)
+            if self.consecutive_skips >= self.cfg.max_consecutive_skips:
+                raise FloatingPointError(
+                    f"{self.consecutive_skips} consecutive updates had a non-finite loss or gradient norm "
+                    f"(step {self.step + 1}); stopping. Lower learning_rate, check rewards, or raise "
+                    f"max_consecutive_skips. The last good checkpoint is in {self.run_dir / 'checkpoints'}")
         else:
+            self.consecutive_skips = 0
             self.optimizer.step()
         self.scheduler.step()
         return norm
@@ -224,6 +239,7 @@ class Trainer:
         t0 = time.perf_counter()
         if cfg.ref_reset_steps and self.step and self.step % cfg.ref_reset_steps == 0:
             reset_reference(self.models.reference, self.policy)
+            self.ref_reset_at = self.step
         samples, ro = self.sample()
         rewards, metrics = self.score(samples, ro)
         batch, adv_metrics = self.prepare(ro, rewards)
@@ -252,32 +268,112 @@ class Trainer:
                         pass_prompts=min(cfg.eval_pass_prompts, len(self.task.eval)), temperature=cfg.temperature,
                         top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length)
 
+    def state(self) -> dict:
+        """Everything besides the policy weights that the next step depends on."""
+        state = {"step": self.step, "sampler": self.sampler.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "scheduler": self.scheduler.state_dict(), "rng": ckpt_io.rng_state(),
+                 "skipped_updates": self.skipped_updates, "consecutive_skips": self.consecutive_skips,
+                 "reward_failures": self.reward_failures, "ref_reset_at": self.ref_reset_at,
+                 "logged_failures": sorted(self._logged_failures), "model": self.cfg.model}
+        if self.ref_reset_at and self.models.reference is not None:
+            # the reference is no longer the initial model: its weights are part of the run's state
+            state["reference"] = self.models.reference.state_dict()
+        return state
+
     def save(self) -> Path:
-        state = {"step": self.step, "sampler": self.sampler.state_dict(), "skipped_updates": self.skipped_updates}
-        return save_checkpoint(self.run_dir, self.step, self.policy, self.tok, state)
+        return ckpt_io.save_checkpoint(self.run_dir, self.step, self.policy, self.tok, self.state(),
+                                       keep=self.cfg.save_total_limit)
+
+    def _resume_path(self) -> Path | None:
+        target = self.cfg.resume_from_checkpoint
+        if target is None:
+            return None
+        if target == "auto":
+            if not (self.run_dir / "checkpoints" / "latest").exists():
+                return None  # nothing to resume yet: a fresh start, by request
+            return ckpt_io.find_latest(self.run_dir)
+        p = Path(target)
+        if (p / ckpt_io.STATE_FILE).is_file():
+            return p
+        return ckpt_io.find_latest(p)
+
+    def restore(self, ckpt: Path) -> None:
+        """Load weights and state from a checkpoint so the next step is the one the uninterrupted
+        run would have taken; metrics lines written after it (by a run that later died) are dropped."""
+        from safetensors.torch import load_file
+
+        state = ckpt_io.load_state(ckpt)
+        if state.get("model") != self.cfg.model:
+            raise ckpt_io.CheckpointError(f"{ckpt}: was trained from model {state.get('model')!r}, "
+                                          f"but this config's model is {self.cfg.model!r}")
+        files = sorted(ckpt.glob("*.safetensors"))
+        if not files:
+            raise ckpt_io.CheckpointError(f"{ckpt}: no *.safetensors weights")
+        weights = {}
+        for f in files:
+            weights.update(load_file(str(f)))
+        if self.cfg.use_peft:
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.policy, weights)
+        else:
+            missing, unexpected = self.policy.load_state_dict(weights, strict=False)
+            if unexpected or [k for k in missing if "lm_head" not in k]:
+                raise ckpt_io.CheckpointError(f"{ckpt}: weights do not match the model "
+                                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+        if "reference" in state:
+            self.models.reference.load_state_dict(state["reference"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.step, self.ref_reset_at = state["step"], state["ref_reset_at"]
+        self.skipped_updates, self.consecutive_skips = state["skipped_updates"], state["consecutive_skips"]
+        self.reward_failures = state["reward_failures"]
+        self._logged_failures = {tuple(k) for k in state["logged_failures"]}
+        ckpt_io.set_rng_state(state["rng"])
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            path = self.run_dir / name
+            if path.is_file():
+                kept = [l for l in path.read_text().splitlines() if json.loads(l)["step"] <= self.step]
+                path.write_text("".join(l + "\n" for l in kept))
+        self.resumed_from = ckpt
+
+    def _on_signal(self, signum, _frame) -> None:
+        self._stop_signal = signal.Signals(signum).name
 
     def train(self) -> dict:
-        import json
-
         cfg = self.cfg
         self.logger = RunLogger(self.run_dir, total_steps=cfg.max_steps, start_step=self.step,
                                 tensorboard=cfg.report_to == "tensorboard", progress=cfg.progress)
+        for p in ckpt_io.partial_folders(self.run_dir):
+            self.logger.note(f"[yellow]ignoring {p}: a checkpoint write that did not finish")
+        eval_path = self.run_dir / "eval.json"
         result: dict = {"n_prompts": len(self.task.eval)}
+        if self.step and eval_path.is_file():
+            result.update({k: v for k, v in json.loads(eval_path.read_text()).items() if k == "before"})
+        handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            if self.task.eval:
+            if self.task.eval and "before" not in result:
                 self.logger.note(f"evaluating the untrained policy on {len(self.task.eval)} held-out prompts ...")
                 result["before"] = self.evaluate()
+                eval_path.write_text(json.dumps(result, indent=2))
                 self.logger.note(f"before: accuracy {result['before']['accuracy']:.3f}")
-            while self.step < cfg.max_steps:
+            while self.step < cfg.max_steps and self._stop_signal is None:
                 metrics = self.train_step()
                 if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps:
                     self.logger.log_step(self.step, metrics)
                 if cfg.save_steps and self.step % cfg.save_steps == 0 and self.step < cfg.max_steps:
                     self.save()
             result["checkpoint"] = str(self.save())
-            if self.task.eval:
+            if self._stop_signal is not None:
+                result["interrupted"] = self._stop_signal
+                self.logger.note(f"{self._stop_signal}: saved {result['checkpoint']}; continue with "
+                                 f"grpo train --resume {self.run_dir}")
+            elif self.task.eval:
                 result["after"] = self.evaluate()
         finally:
+            for s, h in handlers.items():
+                signal.signal(s, h)
             self.logger.close()
-        (self.run_dir / "eval.json").write_text(json.dumps(result, indent=2))
+        eval_path.write_text(json.dumps(result, indent=2))
         return result

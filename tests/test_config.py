@@ -87,3 +87,23 @@ def test_saved_config_round_trips(tmp_path):
 def test_readme_table_is_generated_from_docstrings():
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     assert markdown_table() in readme, "README's config table is stale: run python -m grpo.config"
+
+
+def test_invalid_yaml_and_non_mapping(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("beta: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(p)
+    p.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(p)
+
+
+def test_reward_weights_must_match_rewards():
+    with pytest.raises(ConfigError, match="reward_weights"):
+        load_config(None, ["rewards=numeric,format", "reward_weights=1"])
+
+
+def test_override_without_equals():
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(None, ["beta"])

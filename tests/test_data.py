@@ -77,3 +77,10 @@ def test_render_prompt_uses_chat_template():
     text = render_prompt(tok, "What is 1 + 1?", "Answer briefly.")
     assert text == ("<|im_start|>system\nAnswer briefly.<|im_end|>\n<|im_start|>user\nWhat is 1 + 1?<|im_end|>\n"
                     "<|im_start|>assistant\n")
+
+
+def test_held_out_larger_than_dataset(tiny_dataset):
+    with pytest.raises(DataError, match="eval_prompts"):
+        load_task(str(tiny_dataset), eval_size=24)
+    with pytest.raises(DataError, match="eval_prompts"):
+        load_task("arithmetic", eval_size=400, max_operand=20, ops="+")

@@ -1,0 +1,197 @@
+"""Exact resume, atomic checkpoints, and explicit errors for checkpoints that cannot be resumed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from grpo.checkpoint import CheckpointError, find_latest, list_checkpoints
+from grpo.trainer import Trainer
+from tests.test_trainer import make_cfg
+
+
+def weights_hash(model) -> str:
+    h = hashlib.sha256()
+    for k, v in sorted(model.state_dict().items()):
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def metric_lines(run_dir):
+    out = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        d = json.loads(line)
+        for k in ("step_seconds", "generation_seconds", "tokens_per_second"):  # wall-clock, not state
+            d.pop(k)
+        out.append(d)
+    return out
+
+
+def _cfg(tmp_path, name, model_dir, dataset, **kw):
+    kw = {"eval_prompts": 0, "max_steps": 4, "num_iterations": 2, "beta": 0.05, **kw}
+    return make_cfg(tmp_path / name, model_dir, dataset, **kw)
+
+
+@pytest.mark.parametrize("stop_at, extra", [
+    (2, {}),
+    (1, {"ref_reset_steps": 1}),                          # the reference itself is part of the state
+    (3, {"use_peft": True, "lora_r": 4}),                  # adapters only
+    (2, {"prompts_per_step": 5, "per_device_train_batch_size": 4}),  # 20 train prompts: step 4 ends epoch 1
+])
+def test_resume_is_bit_exact(tmp_path, tiny_model_dir, tiny_dataset, stop_at, extra):
+    full = Trainer(_cfg(tmp_path, "full", tiny_model_dir, tiny_dataset, **extra))
+    full.train()
+    part = Trainer(_cfg(tmp_path, "part", tiny_model_dir, tiny_dataset, max_steps=stop_at, **extra))
+    part.train()
+    resumed = Trainer(_cfg(tmp_path, "part", tiny_model_dir, tiny_dataset,
+                           resume_from_checkpoint=str(part.run_dir), **extra))
+    assert resumed.step == stop_at
+    resumed.train()
+    assert weights_hash(resumed.policy) == weights_hash(full.policy)
+    assert metric_lines(resumed.run_dir) == metric_lines(full.run_dir)
+
+
+def test_resume_at_exact_end_of_epoch_trains_remaining_steps(tmp_path, tiny_model_dir, tiny_dataset):
+    # 20 training prompts, 5 per step: the checkpoint after step 4 sits exactly on the epoch boundary
+    kw = dict(prompts_per_step=5, per_device_train_batch_size=4, num_iterations=1)
+    full = Trainer(_cfg(tmp_path, "full", tiny_model_dir, tiny_dataset, max_steps=6, **kw))
+    full.train()
+    part = Trainer(_cfg(tmp_path, "part", tiny_model_dir, tiny_dataset, max_steps=4, **kw))
+    part.train()
+    assert part.sampler.state_dict()["position"] == 20
+    resumed = Trainer(_cfg(tmp_path, "part", tiny_model_dir, tiny_dataset, max_steps=6,
+                           resume_from_checkpoint="auto", **kw))
+    resumed.train()
+    assert resumed.step == 6 and len(metric_lines(resumed.run_dir)) == 6
+    assert weights_hash(resumed.policy) == weights_hash(full.policy)
+
+
+def test_corrupt_or_missing_latest_is_an_explicit_error(tmp_path, tiny_model_dir, tiny_dataset):
+    t = Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, max_steps=1, num_iterations=1))
+    t.train()
+    latest = t.run_dir / "checkpoints" / "latest"
+    latest.write_text("garbage\x00\n")
+    with pytest.raises(CheckpointError, match="corrupt pointer"):
+        find_latest(t.run_dir)
+    latest.write_text("step-99\n")
+    with pytest.raises(CheckpointError, match="step-99, which does not exist"):
+        Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, resume_from_checkpoint=str(t.run_dir)))
+    latest.unlink()
+    with pytest.raises(CheckpointError, match="pointer file is missing"):
+        Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, resume_from_checkpoint=str(t.run_dir)))
+    latest.write_text("step-1\n")
+    (t.run_dir / "checkpoints" / "step-1" / "trainer_state.pt").write_bytes(b"truncated")
+    with pytest.raises(CheckpointError, match="cannot be read"):
+        Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, resume_from_checkpoint=str(t.run_dir)))
+
+
+def test_keep_newest_k(tmp_path, tiny_model_dir, tiny_dataset):
+    t = Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, max_steps=4, num_iterations=1, save_steps=1,
+                     save_total_limit=2))
+    t.train()
+    assert [p.name for p in list_checkpoints(t.run_dir)] == ["step-3", "step-4"]
+
+
+_KILL_SCRIPT = """
+import os, sys, time
+import grpo.checkpoint as ck
+from tests.test_trainer import make_cfg
+from grpo.trainer import Trainer
+from pathlib import Path
+real_save = ck.torch.save
+def slow_save(obj, path, *a, **k):
+    real_save(obj, path, *a, **k)
+    if "step-2" in str(path):             # the second checkpoint: die halfway through writing it
+        Path(sys.argv[3]).write_text("writing")
+        time.sleep(60)
+ck.torch.save = slow_save
+cfg = make_cfg(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[4]), eval_prompts=0, max_steps=3, save_steps=1)
+Trainer(cfg).train()
+"""
+
+
+def test_sigkill_during_checkpoint_write_keeps_previous(tmp_path, tiny_model_dir, tiny_dataset):
+    flag = tmp_path / "flag"
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen([sys.executable, "-c", _KILL_SCRIPT, str(tmp_path), str(tiny_model_dir), str(flag),
+                             str(tiny_dataset)], env=env)
+    deadline = time.time() + 120
+    while not flag.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert flag.exists(), "the child never reached the second checkpoint write"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    run = tmp_path / "run"
+    assert find_latest(run).name == "step-1"  # the pointer still names the complete checkpoint
+    assert any(p.name.startswith(".tmp-step-2") for p in (run / "checkpoints").iterdir())
+    resumed = Trainer(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, eval_prompts=0, max_steps=3, save_steps=1,
+                               resume_from_checkpoint="auto"))
+    assert resumed.step == 1
+    resumed.train()
+    assert resumed.step == 3 and [l["step"] for l in metric_lines(run)] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_saves_and_exits_cleanly(tmp_path, tiny_model_dir, tiny_dataset, sig):
+    t = Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, max_steps=50, num_iterations=1))
+    real_step = t.train_step
+
+    def step_then_interrupt():
+        out = real_step()
+        if t.step == 2:
+            os.kill(os.getpid(), sig)
+        return out
+
+    t.train_step = step_then_interrupt
+    previous = signal.getsignal(sig)
+    result = t.train()
+    assert result["interrupted"] == sig.name and t.step == 2
+    assert find_latest(t.run_dir).name == "step-2"
+    assert signal.getsignal(sig) is previous  # the caller's handler is restored
+    assert "after" not in result  # no evaluation on the way out
+
+
+def test_non_finite_gradients_skip_then_abort(tmp_path, tiny_model_dir, tiny_dataset, monkeypatch):
+    import grpo.trainer as trainer_mod
+
+    real = trainer_mod.core.policy_loss
+    poison = {"on": False}
+
+    def maybe_nan(*a, **k):  # a loss that goes non-finite from the second step on
+        out = real(*a, **k)
+        if poison["on"]:
+            out["loss"] = out["loss"] * float("nan")
+        return out
+
+    monkeypatch.setattr(trainer_mod.core, "policy_loss", maybe_nan)
+    t = Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, max_steps=10, num_iterations=1,
+                     max_consecutive_skips=2))
+    t.logger = type("Quiet", (), {"note": lambda *a: None, "log_samples": lambda *a: None})()
+    t.train_step()
+    after_good_step = weights_hash(t.policy)
+    poison["on"] = True
+    t.train_step()  # skipped: the weights stay as they were
+    assert t.skipped_updates == 1 and weights_hash(t.policy) == after_good_step
+    with pytest.raises(FloatingPointError, match="2 consecutive updates"):
+        t.train_step()
+    assert t.skipped_updates == 2 and weights_hash(t.policy) == after_good_step
+
+
+def test_resume_with_another_model_is_refused(tmp_path, tiny_model_dir, tiny_dataset):
+    t = Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, max_steps=1, num_iterations=1))
+    t.train()
+    other = tmp_path / "other-model"
+    import shutil
+
+    shutil.copytree(tiny_model_dir, other)
+    with pytest.raises(CheckpointError, match="was trained from model"):
+        Trainer(_cfg(tmp_path, "run", other, tiny_dataset, resume_from_checkpoint=str(t.run_dir)))

@@ -1,0 +1,68 @@
+"""The `grpo` command: errors name the key before any model loads; eval and train run end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from grpo.cli import main
+
+
+def test_unknown_key_fails_before_model_load(capsys):
+    assert main(["train", "model=/does/not/matter", "num_generation=4"]) == 2
+    err = capsys.readouterr().err
+    assert "num_generation" in err and "did you mean num_generations" in err
+
+
+def test_bad_value_lists_choices(capsys):
+    assert main(["train", "aggregation=sum"]) == 2
+    assert "seq_mean_token_mean" in capsys.readouterr().err
+
+
+def test_missing_model_path_is_one_line_error(capsys, tiny_dataset, tmp_path):
+    code = main(["train", "model=./no/such/model", f"task={tiny_dataset}", f"output_dir={tmp_path / 'r'}",
+                 "eval_prompts=0"])
+    assert code == 2 and "does not exist" in capsys.readouterr().err
+
+
+def test_dataset_row_error_names_row(capsys, tmp_path, tiny_model_dir):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\n')
+    assert main(["train", f"model={tiny_model_dir}", f"task={bad}", "eval_prompts=0",
+                 f"output_dir={tmp_path / 'r'}"]) == 2
+    assert "row 2 has no field 'answer'" in capsys.readouterr().err
+
+
+def test_resume_without_run_folder(capsys, tmp_path):
+    assert main(["train", "--resume", str(tmp_path / "nothing")]) == 2
+    assert "no config.yaml" in capsys.readouterr().err
+
+
+def test_train_then_eval_run_folder(capsys, tmp_path, tiny_model_dir, tiny_dataset):
+    run = tmp_path / "run"
+    args = ["train", f"model={tiny_model_dir}", f"task={tiny_dataset}", f"output_dir={run}", "max_steps=2",
+            "num_generations=4", "prompts_per_step=2", "per_device_train_batch_size=4", "max_completion_length=6",
+            "eval_prompts=4", "eval_max_new_tokens=4", "eval_pass_k=2", "eval_pass_prompts=2", "progress=false",
+            "report_to=none", "rewards=tests.rewards_for_tests:digit_share"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "held-out greedy accuracy on 4 prompts" in out and str(run) in out
+    assert main(["eval", "--model", str(run)]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["n_prompts"] == 4 and 0 <= res["accuracy"] <= 1 and res["pass@k"] is not None
+    # the run can be extended exactly where it stopped
+    assert main(["train", "--resume", str(run), "max_steps=3"]) == 0
+    assert [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+def test_toy_prints_table(capsys):
+    assert main(["toy", "--seeds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "reinforce" in out and "grpo" in out and "mean" in out
+
+
+def test_help_lists_config_keys(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "num_generations" in capsys.readouterr().out
