@@ -75,7 +75,7 @@ class Config:
 
     # ---- the objective ----
     advantage_estimator: str = "grpo"
-    """How rewards [B, G] become advantages: grpo, dr_grpo, rloo, reinforce, mean_baseline, batch_std."""
+    """How rewards become advantages: grpo, dr_grpo, rloo, reinforce, mean_baseline, batch_std, or gae (PPO with a learned critic)."""
     scale_rewards_unbiased: bool = True
     """Use Bessel's correction (G - 1) for the group std of the grpo estimator."""
     std_eps: float = 1e-6
@@ -100,6 +100,18 @@ class Config:
     """mu: optimisation passes over each batch of rollouts (PPO epochs)."""
     ref_reset_steps: int = 0
     """Iterative GRPO: every this many steps the reference becomes the current policy (0 = never)."""
+
+    # ---- PPO baseline (advantage_estimator=gae) ----
+    gamma: float = 1.0
+    """GAE discount per token."""
+    lam: float = 0.95
+    """GAE lambda."""
+    critic_learning_rate: float = 1e-4
+    """AdamW learning rate of the value model."""
+    cliprange_value: float | None = 0.2
+    """How far a value may move from its sampling-time value in the clipped value loss (null = no clip)."""
+    critic_divergence_factor: float = 10.0
+    """Flag a critic divergence event when the value loss exceeds this factor times its running minimum."""
 
     # ---- optimisation ----
     learning_rate: float = 3e-5
@@ -199,7 +211,7 @@ def _choice(key: str, value: str, valid) -> None:
 
 
 def _validate(c: Config) -> None:
-    _choice("advantage_estimator", c.advantage_estimator, ESTIMATORS)
+    _choice("advantage_estimator", c.advantage_estimator, [*ESTIMATORS, "gae"])
     _choice("aggregation", c.aggregation, AGGREGATIONS)
     _choice("kl_estimator", c.kl_estimator, KL_ESTIMATORS)
     _choice("importance_sampling_level", c.importance_sampling_level, RATIO_LEVELS)
@@ -241,6 +253,10 @@ def _validate(c: Config) -> None:
                           f"({c.reward_names})")
     if not set(c.arithmetic_ops) <= set("+-*") or not c.arithmetic_ops:
         raise ConfigError(f"arithmetic_ops: use characters from '+-*', got {c.arithmetic_ops!r}")
+    if c.advantage_estimator == "gae" and c.use_peft:
+        raise ConfigError("advantage_estimator: gae trains a full value model; it is not combined with use_peft")
+    if not (0 <= c.gamma <= 1 and 0 <= c.lam <= 1):
+        raise ConfigError(f"gamma/lam: must lie in [0, 1], got {c.gamma}, {c.lam}")
     if c.use_peft and c.ref_reset_steps:
         raise ConfigError("ref_reset_steps: with use_peft the reference is the frozen base model and cannot "
                           "be reset; use full fine-tuning or ref_reset_steps=0")

@@ -26,6 +26,7 @@ import torch
 from grpo import core
 from grpo import checkpoint as ckpt_io
 from grpo.config import Config
+from grpo.critic import Critic
 from grpo.data import PromptSampler, load_task, render_prompt
 from grpo.evaluate import evaluate
 from grpo.logger import RunLogger
@@ -44,6 +45,9 @@ class Batch:
     mask: torch.Tensor  # [N, T] completion tokens that count (failed rewards masked out)
     old_logp: torch.Tensor | None  # [N, T] when mu > 1, else None (ratio uses detached current logp)
     ref_logp: torch.Tensor | None  # [N, T] when beta > 0
+    kl_in_loss: bool = True  # GRPO: KL is its own loss term; PPO: it is already in the reward
+    values: torch.Tensor | None = None  # [N, T] critic values at sampling time (PPO)
+    returns: torch.Tensor | None = None  # [N, T] GAE returns, the critic's targets (PPO)
 
 
 def seed_everything(seed: int) -> None:
@@ -106,6 +110,12 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                            weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.critic = None
+        if cfg.advantage_estimator == "gae":  # the PPO baseline: a learned value model
+            self.critic = Critic(self.models.path, dtype=getattr(torch, cfg.dtype),
+                                 learning_rate=cfg.critic_learning_rate, clip_range=cfg.cliprange_value,
+                                 max_grad_norm=cfg.max_grad_norm, divergence_factor=cfg.critic_divergence_factor,
+                                 autocast=self.amp)
         self.sampler = PromptSampler(len(self.task.train), seed=cfg.seed)
         self.step = 0
         self.skipped_updates = 0
@@ -150,17 +160,33 @@ class Trainer:
         # A failed reward neither rewards nor punishes: it takes its group's mean and leaves the loss.
         group_mean = torch.nan_to_num(torch.nanmean(rewards, dim=1, keepdim=True), nan=0.0)  # [B, 1]
         filled = torch.where(failed, group_mean.expand_as(rewards), rewards)  # [B, G]
-        adv = core.compute_advantages(filled, estimator=cfg.advantage_estimator, std_eps=cfg.std_eps,
-                                      unbiased_std=cfg.scale_rewards_unbiased)  # [B, G]
         mask = ro.completion_mask * (~failed).reshape(-1, 1)  # [N, T]
-        adv_tok = adv.reshape(-1, 1).expand_as(mask).contiguous()  # [N, T]
         old_logp = self._logps(self.policy, ro) if cfg.num_iterations > 1 else None
         ref_logp = self._ref_logps(ro) if cfg.beta > 0 else None
         metrics = {"reward_mean": float(torch.nanmean(rewards)),
                    "reward_std": float(rewards[~failed].std(correction=0)) if (~failed).sum() > 1 else 0.0,
-                   "zero_variance_share": float(core.zero_variance_share(filled)),
-                   "advantage_variance": float(core.advantage_group_variance(adv))}
-        return Batch(ro, adv_tok, mask, old_logp, ref_logp), metrics
+                   "zero_variance_share": float(core.zero_variance_share(filled))}
+        if self.critic is None:
+            adv = core.compute_advantages(filled, estimator=cfg.advantage_estimator, std_eps=cfg.std_eps,
+                                          unbiased_std=cfg.scale_rewards_unbiased)  # [B, G]
+            adv_tok = adv.reshape(-1, 1).expand_as(mask).contiguous()  # [N, T]
+            metrics["advantage_variance"] = float(core.advantage_group_variance(adv))
+            return Batch(ro, adv_tok, mask, old_logp, ref_logp), metrics
+        # PPO (DeepSeekMath eq. 2): KL penalty in the per-token reward, GAE on critic values, whitened.
+        values = self.critic.values(ro, cfg.per_device_train_batch_size)  # [N, T]
+        # the KL in the reward compares pi_old and pi_ref computed the same way (same kernels, same
+        # precision), so it is exactly 0 while the policy still equals the reference
+        behaviour = old_logp if old_logp is not None or ref_logp is None else self._logps(self.policy, ro)
+        rewards_tok = core.kl_shaped_rewards(filled.flatten(), behaviour if behaviour is not None else
+                                             torch.zeros_like(values), ref_logp, mask, kl_coef=cfg.beta)  # [N, T]
+        est = core.gae(rewards_tok, values, mask, gamma=cfg.gamma, lam=cfg.lam)
+        adv_tok = core.whiten(est["advantages"], mask)  # [N, T]
+        seq_adv = core.masked_mean(adv_tok, mask, dim=1).view_as(filled)  # [B, G]
+        metrics.update(advantage_variance=float(core.advantage_group_variance(seq_adv)),
+                       value_mean=float(core.masked_mean(values, mask)),
+                       explained_variance=float(core.explained_variance(values, est["returns"], mask)))
+        return Batch(ro, adv_tok, mask, old_logp, ref_logp, kl_in_loss=False, values=values,
+                     returns=est["returns"]), metrics
 
     @torch.no_grad()
     def _logps(self, model, ro: Rollout) -> torch.Tensor:
@@ -199,7 +225,8 @@ class Trainer:
                     logp, old, batch.advantages[idx], batch.mask[idx],
                     ref_logp=batch.ref_logp[idx] if batch.ref_logp is not None else None,
                     eps_low=cfg.epsilon, eps_high=cfg.eps_high, dual_clip=cfg.dual_clip,
-                    ratio_level=cfg.importance_sampling_level, kl_coef=cfg.beta, kl_estimator=cfg.kl_estimator,
+                    ratio_level=cfg.importance_sampling_level, kl_coef=cfg.beta if batch.kl_in_loss else 0.0,
+                    kl_estimator=cfg.kl_estimator,
                     aggregation=cfg.aggregation, norm_length=cfg.max_completion_length, total=total,
                     entropy=cur["entropy"], entropy_coef=cfg.entropy_coef)
                 out["loss"].backward()
@@ -210,9 +237,14 @@ class Trainer:
                 sums["loss"] = sums.get("loss", 0.0) + float(out["loss"].detach()) / cfg.num_iterations
                 sums["policy_loss"] = sums.get("policy_loss", 0.0) + float(out["policy_loss"]) / cfg.num_iterations
             grad_norms.append(self._optimizer_step())
+            if self.critic is not None:  # PPO epochs train the critic on the same batch
+                critic_metrics = self.critic.update(ro, batch.values, batch.returns, batch.mask,
+                                                    micro_batch=cfg.per_device_train_batch_size)
         metrics = {k: v / max(tokens_seen, 1.0) for k, v in sums.items() if k not in ("loss", "policy_loss")}
         metrics.update(loss=sums["loss"], policy_loss=sums["policy_loss"], grad_norm=grad_norms[-1],
                        skipped_updates=self.skipped_updates, learning_rate=self.scheduler.get_last_lr()[0])
+        if self.critic is not None:
+            metrics.update(critic_metrics)
         return metrics
 
     def _optimizer_step(self) -> float:
@@ -275,6 +307,8 @@ class Trainer:
                  "skipped_updates": self.skipped_updates, "consecutive_skips": self.consecutive_skips,
                  "reward_failures": self.reward_failures, "ref_reset_at": self.ref_reset_at,
                  "logged_failures": sorted(self._logged_failures), "model": self.cfg.model}
+        if self.critic is not None:
+            state["critic"] = self.critic.state_dict()
         if self.ref_reset_at and self.models.reference is not None:
             # the reference is no longer the initial model: its weights are part of the run's state
             state["reference"] = self.models.reference.state_dict()
@@ -323,6 +357,8 @@ class Trainer:
                                               f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
         if "reference" in state:
             self.models.reference.load_state_dict(state["reference"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])

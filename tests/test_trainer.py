@@ -140,3 +140,29 @@ class _Quiet:
 
     def log_samples(self, *_):
         pass
+
+
+def test_ppo_three_steps_policy_and_critic_change(tmp_path, tiny_model_dir, tiny_dataset):
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, advantage_estimator="gae", beta=0.05, eval_prompts=0,
+                   critic_learning_rate=1e-2)
+    t = Trainer(cfg)
+    before = _params(t.policy)
+    v_before = {k: v.detach().clone() for k, v in t.critic.model.named_parameters()}
+    t.train()
+    assert any(not torch.equal(before[k], v) for k, v in _params(t.policy).items())
+    assert any(not torch.equal(v_before[k], v) for k, v in t.critic.model.named_parameters())
+    lines = _lines(t.run_dir)
+    assert len(lines) == 3
+    for line in lines:
+        for key in ("value_loss", "explained_variance", "value_mean", "critic_divergence_events", "kl"):
+            assert line[key] is not None and math.isfinite(line[key]), key
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "reinforce", "mean_baseline"])
+def test_baselines_log_the_same_metrics_as_grpo(tmp_path, tiny_model_dir, tiny_dataset, estimator):
+    grpo_run = Trainer(make_cfg(tmp_path / "g", tiny_model_dir, tiny_dataset, eval_prompts=0, max_steps=1))
+    grpo_run.train()
+    other = Trainer(make_cfg(tmp_path / "o", tiny_model_dir, tiny_dataset, eval_prompts=0, max_steps=1,
+                             advantage_estimator=estimator))
+    other.train()
+    assert set(_lines(grpo_run.run_dir)[0]) == set(_lines(other.run_dir)[0])

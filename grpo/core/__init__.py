@@ -1,17 +1,19 @@
 """Pure tensor mathematics of GRPO and its variants: no config objects, I/O, devices or processes."""
 
 from grpo.core.advantages import (ESTIMATORS, GROUP_ESTIMATORS, compute_advantages, gae, get_estimator,
-                                  process_advantages, whiten)
+                                  kl_shaped_rewards, process_advantages, whiten)
 from grpo.core.losses import (AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS, aggregate, clipped_surrogate,
+                              clipped_value_loss,
                               kl_penalty, log_ratio, masked_mean, token_logprobs,
                               token_logprobs_and_entropy)
-from grpo.core.metrics import (advantage_group_variance, clip_fractions, mean_entropy, mean_kl,
+from grpo.core.metrics import (advantage_group_variance, clip_fractions, explained_variance, mean_entropy, mean_kl,
                                reward_stats, zero_variance_share)
 from grpo.core.objective import grpo_loss, policy_loss
 
 __all__ = [
     "AGGREGATIONS", "ESTIMATORS", "GROUP_ESTIMATORS", "KL_ESTIMATORS", "RATIO_LEVELS",
-    "advantage_group_variance", "aggregate", "clip_fractions", "clipped_surrogate", "compute_advantages",
+    "advantage_group_variance", "aggregate", "clip_fractions", "clipped_surrogate", "clipped_value_loss",
+    "compute_advantages", "explained_variance", "kl_shaped_rewards",
     "gae", "get_estimator", "grpo_loss", "kl_penalty", "log_ratio", "masked_mean", "mean_entropy",
     "mean_kl", "policy_loss", "process_advantages", "reward_stats", "token_logprobs",
     "token_logprobs_and_entropy", "whiten", "zero_variance_share",

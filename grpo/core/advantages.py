@@ -199,3 +199,20 @@ def whiten(x: Tensor, mask: Tensor, *, shift_mean: bool = True, eps: float = 1e-
     if not shift_mean:
         out = out + mean
     return out * m  # [N, T]
+
+
+def kl_shaped_rewards(scores: Tensor, logp: Tensor, ref_logp: Tensor | None, mask: Tensor, *,
+                      kl_coef: float) -> Tensor:
+    """Per-token rewards of PPO with a KL penalty in the reward (DeepSeekMath equation (2)).
+
+    scores: [N] outcome reward of each completion; logp, ref_logp, mask: [N, T].
+    r_t = -kl_coef * (log pi_old(o_t) - log pi_ref(o_t)) on every completion token, plus the outcome
+    score on the last one. Returns [N, T].
+    """
+    m = mask.to(logp.dtype)  # [N, T]
+    rewards = torch.zeros_like(logp)  # [N, T]
+    if ref_logp is not None and kl_coef:
+        rewards = -kl_coef * (logp - ref_logp) * m  # [N, T]
+    last = (m.sum(1).long() - 1).clamp(min=0)  # [N] index of each completion's last token
+    has_tokens = (m.sum(1) > 0).to(logp.dtype)  # [N]
+    return rewards.scatter_add(1, last[:, None], (scores.to(logp.dtype) * has_tokens)[:, None])  # [N, T]

@@ -182,3 +182,21 @@ def aggregate(loss_tok: Tensor, mask: Tensor, *, mode: str = "seq_mean_token_mea
         per_seq = (loss_tok * m).sum(1) / length  # [N]
     den = per_seq.shape[0] if total is None else total
     return per_seq.sum() / den
+
+
+def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *,
+                       clip_range: float | None = 0.2) -> dict[str, Tensor]:
+    """PPO's clipped value loss (Schulman et al. 2017; as in OpenAI's baselines), token mean.
+
+    values, old_values, returns, mask: [N, T]. The new value may move at most ``clip_range`` from the
+    value at sampling time; the loss is the larger of the clipped and unclipped squared errors, so
+    clipping can only slow the critic down. Returns {"loss": [] differentiable, "clip_fraction": []}.
+    """
+    unclipped = (values - returns) ** 2  # [N, T]
+    if clip_range is None:
+        return {"loss": 0.5 * masked_mean(unclipped, mask), "clip_fraction": values.new_zeros(())}
+    v_clipped = old_values + (values - old_values).clamp(-clip_range, clip_range)  # [N, T]
+    clipped = (v_clipped - returns) ** 2  # [N, T]
+    loss = 0.5 * masked_mean(torch.maximum(unclipped, clipped), mask)  # []
+    frac = masked_mean((clipped > unclipped).to(values.dtype), mask)  # []
+    return {"loss": loss, "clip_fraction": frac.detach()}

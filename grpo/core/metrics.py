@@ -59,3 +59,14 @@ def mean_kl(kl_tok: Tensor, mask: Tensor) -> Tensor:
 def mean_entropy(entropy: Tensor, mask: Tensor) -> Tensor:
     """Token-mean of per-token policy entropy. [N, T], [N, T] -> []."""
     return masked_mean(entropy, mask)
+
+
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
+    """1 - Var[returns - values] / Var[returns] over masked tokens: 1 is a perfect critic, 0 no better
+    than a constant, negative worse. values, returns, mask: [N, T] -> []."""
+    m = mask.to(values.dtype)  # [N, T]
+    count = m.sum().clamp(min=1)
+    def var(x):
+        mean = (x * m).sum() / count
+        return (((x - mean) * m) ** 2).sum() / count
+    return 1 - var(returns - values) / var(returns).clamp(min=1e-12)
