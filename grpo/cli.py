@@ -12,6 +12,7 @@ USAGE = """usage: grpo <command> [options] [key=value ...]
 commands:
   train   fine-tune a model with GRPO (no arguments: SmolLM2-135M-Instruct on built-in arithmetic)
   eval    greedy accuracy and pass@k of a model or run folder on a task's held-out prompts
+  compare GRPO vs RLOO vs REINFORCE vs PPO with a critic: memory, step time, accuracy (own subprocesses)
   toy     GRPO vs REINFORCE on the seeds' target-matching toy (no language model)
 
 Any config key can be set as key=value; `grpo train --help` lists them."""
@@ -19,7 +20,7 @@ Any config key can be set as key=value; `grpo train --help` lists them."""
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"train": _train, "eval": _eval, "toy": _toy}
+    commands = {"train": _train, "eval": _eval, "compare": _compare, "toy": _toy}
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
@@ -123,6 +124,12 @@ def _eval(argv: list[str]) -> int:
     res.pop("examples", None)
     print(json.dumps({"model": cfg.model, "task": cfg.task, **res}, indent=2))
     return 0
+
+
+def _compare(argv: list[str]) -> int:
+    from grpo.compare import main as compare_main
+
+    return compare_main(argv)
 
 
 def _toy(argv: list[str]) -> int:
