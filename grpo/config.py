@@ -56,6 +56,10 @@ class Config:
     """Comma-separated reward functions: built-ins (numeric, math, format, length) or module:function paths."""
     reward_weights: list[float] | None = None
     """Weight of each reward in `rewards` (default: all 1.0)."""
+    reward_timeout: float = 10.0
+    """Wall-clock deadline in seconds for one reward call, run in a worker process; a call past it scores None (0 = run rewards in-process, no deadline)."""
+    reward_workers: int = 1
+    """Worker processes that run reward calls when reward_timeout > 0."""
 
     # ---- sampling ----
     num_generations: int = 8
@@ -218,13 +222,13 @@ def _validate(c: Config) -> None:
     _choice("lr_scheduler_type", c.lr_scheduler_type, SCHEDULES)
     _choice("dtype", c.dtype, DTYPES)
     _choice("report_to", c.report_to, REPORT_TO)
-    positive = ["num_generations", "prompts_per_step", "max_prompt_length", "max_completion_length",
+    positive = ["reward_workers", "num_generations", "prompts_per_step", "max_prompt_length", "max_completion_length",
                 "num_iterations", "per_device_train_batch_size", "eval_max_new_tokens", "eval_batch_size",
                 "logging_steps", "lora_r"]
     for key in positive:
         if getattr(c, key) < 1:
             raise ConfigError(f"{key}: must be >= 1, got {getattr(c, key)}")
-    non_negative = ["max_steps", "warmup_steps", "save_steps", "ref_reset_steps", "eval_prompts", "beta",
+    non_negative = ["reward_timeout", "max_steps", "warmup_steps", "save_steps", "ref_reset_steps", "eval_prompts", "beta",
                     "learning_rate", "weight_decay", "max_grad_norm", "eval_pass_k", "eval_pass_prompts",
                     "log_completions_steps", "num_threads", "save_total_limit", "max_consecutive_skips", "top_k", "std_eps", "entropy_coef",
                     "arithmetic_max_operand", "lora_dropout"]
@@ -317,6 +321,10 @@ def _coerce_types(c: Config) -> None:
         setattr(c, f.name, _parse_value(f.name, getattr(c, f.name), _hints()[f.name]))
 
 
+# Short names accepted on input for keys whose canonical (TRL) name is long; saved configs use the latter.
+ALIASES = {"resume": "resume_from_checkpoint"}
+
+
 def _check_keys(keys, source: str) -> None:
     valid = [f.name for f in fields(Config)]
     for k in keys:
@@ -339,12 +347,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {p} must hold a mapping of key: value")
+        loaded = {ALIASES.get(k, k): v for k, v in loaded.items()}
         _check_keys(loaded, str(p))
         values.update(loaded)
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
         k, v = item.split("=", 1)
+        k = ALIASES.get(k, k)
         _check_keys([k], "the command line")
         values[k] = v
     return Config(**values)
@@ -371,5 +381,18 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
+def update_readme(path: str | Path) -> None:
+    """Replace the table that starts at the README's '| key | default | meaning |' line (to the end)."""
+    p = Path(path)
+    text = p.read_text()
+    start = text.index("| key | default | meaning |")
+    p.write_text(text[:start] + markdown_table() + "\n")
+
+
 if __name__ == "__main__":
-    print(markdown_table())
+    import sys
+
+    if sys.argv[1:2] == ["--update-readme"]:
+        update_readme(sys.argv[2] if len(sys.argv) > 2 else "README.md")
+    else:
+        print(markdown_table())

@@ -25,14 +25,15 @@ import torch
 
 from grpo import core
 from grpo import checkpoint as ckpt_io
-from grpo.config import Config
+from grpo.config import Config, ConfigError
 from grpo.critic import Critic
 from grpo.data import PromptSampler, load_task, render_prompt
 from grpo.evaluate import evaluate
 from grpo.logger import RunLogger
 from grpo.models import keep_head_fp32, load_models, native_bf16, reset_reference
 from grpo.policy import completion_logprobs
-from grpo.rewards import resolve_reward, score_completions
+from grpo.rewards import resolve_reward
+from grpo.rewards.runner import RewardRunner
 from grpo.rollout import Rollout, generate_rollout
 
 
@@ -57,7 +58,14 @@ def seed_everything(seed: int) -> None:
 
 
 def make_run_dir(cfg: Config) -> Path:
+    """The run folder. A fresh run never writes into another run's folder: appending to its
+    metrics or overwriting its checkpoints would lose what is already there."""
     run_dir = Path(cfg.output_dir or f"runs/{datetime.now():%Y%m%d-%H%M%S}")
+    fresh = cfg.resume_from_checkpoint is None or (
+        cfg.resume_from_checkpoint == "auto" and not (run_dir / "checkpoints" / "latest").exists())
+    if fresh and ((run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists()):
+        raise ConfigError(f"output_dir: {run_dir} already holds a run; continue it with "
+                          f"grpo train --resume {run_dir}, or choose another output_dir")
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 
@@ -86,7 +94,8 @@ class Trainer:
             torch.set_num_threads(cfg.num_threads)
         seed_everything(cfg.seed)
         # Everything that can be wrong with the input is checked before the model loads.
-        self.reward_fns = {name: resolve_reward(name) for name in cfg.reward_names}
+        self.rewards = RewardRunner(cfg.reward_names, cfg.reward_weights, timeout=cfg.reward_timeout,
+                                    workers=cfg.reward_workers)
         self.task = task or load_task(cfg.task, eval_size=cfg.eval_prompts, max_operand=cfg.arithmetic_max_operand,
                                       ops=cfg.arithmetic_ops, prompt_field=cfg.prompt_field,
                                       answer_field=cfg.answer_field, split=cfg.task_split)
@@ -122,7 +131,6 @@ class Trainer:
         self.consecutive_skips = 0
         self.reward_failures = 0
         self.ref_reset_at = 0  # step at which the reference last became a copy of the policy
-        self._logged_failures: set = set()
         self._stop_signal: str | None = None
         resume = self._resume_path()
         if resume is not None:
@@ -142,8 +150,7 @@ class Trainer:
         """Rewards [B, G] (NaN where a reward failed) and the reward metrics."""
         cfg = self.cfg
         group_samples = [s for s in samples for _ in range(cfg.num_generations)]
-        res = score_completions(ro.texts, group_samples, self.reward_fns, cfg.reward_weights,
-                                logged=self._logged_failures)
+        res = self.rewards.score(ro.texts, group_samples)
         for msg in res.messages:
             self.logger.note(f"[yellow]{msg}")
         n_failed = int(res.failed.sum())
@@ -151,7 +158,7 @@ class Trainer:
         first = res.per_reward[cfg.reward_names[0]]
         metrics = {f"rewards/{k}": float(torch.nanmean(v)) for k, v in res.per_reward.items()}
         metrics.update(accuracy=float((first >= 1.0).double().mean()), reward_failures=n_failed,
-                       reward_failures_total=self.reward_failures)
+                       reward_failures_total=self.reward_failures, reward_timeouts_total=self.rewards.timeouts)
         return res.total.float().view(cfg.prompts_per_step, cfg.num_generations), metrics
 
     def prepare(self, ro: Rollout, rewards: torch.Tensor) -> tuple[Batch, dict]:
@@ -294,7 +301,7 @@ class Trainer:
     # ---- the run --------------------------------------------------------------------------------
     def evaluate(self) -> dict:
         cfg = self.cfg
-        return evaluate(self.policy, self.tok, self.task.eval, self.reward_fns[cfg.reward_names[0]],
+        return evaluate(self.policy, self.tok, self.task.eval, self.rewards.fns[cfg.reward_names[0]],
                         system_prompt=cfg.system_prompt, max_new_tokens=cfg.eval_max_new_tokens,
                         batch_size=cfg.eval_batch_size, pass_k=cfg.eval_pass_k,
                         pass_prompts=min(cfg.eval_pass_prompts, len(self.task.eval)), temperature=cfg.temperature,
@@ -306,7 +313,8 @@ class Trainer:
                  "scheduler": self.scheduler.state_dict(), "rng": ckpt_io.rng_state(),
                  "skipped_updates": self.skipped_updates, "consecutive_skips": self.consecutive_skips,
                  "reward_failures": self.reward_failures, "ref_reset_at": self.ref_reset_at,
-                 "logged_failures": sorted(self._logged_failures), "model": self.cfg.model}
+                 "logged_failures": sorted(self.rewards.logged), "reward_timeouts": self.rewards.timeouts,
+                 "model": self.cfg.model}
         if self.critic is not None:
             state["critic"] = self.critic.state_dict()
         if self.ref_reset_at and self.models.reference is not None:
@@ -365,7 +373,8 @@ class Trainer:
         self.step, self.ref_reset_at = state["step"], state["ref_reset_at"]
         self.skipped_updates, self.consecutive_skips = state["skipped_updates"], state["consecutive_skips"]
         self.reward_failures = state["reward_failures"]
-        self._logged_failures = {tuple(k) for k in state["logged_failures"]}
+        self.rewards.logged = {tuple(k) for k in state["logged_failures"]}
+        self.rewards.timeouts = state["reward_timeouts"]
         ckpt_io.set_rng_state(state["rng"])
         for name in ("metrics.jsonl", "samples.jsonl"):
             path = self.run_dir / name
@@ -411,5 +420,6 @@ class Trainer:
             for s, h in handlers.items():
                 signal.signal(s, h)
             self.logger.close()
+            self.rewards.close()
         eval_path.write_text(json.dumps(result, indent=2))
         return result

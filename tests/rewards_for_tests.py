@@ -1,4 +1,6 @@
 """Reward functions that tests load by module:function path, as a user would."""
+import os
+import time
 
 
 def digit_share(completion: str, sample: dict) -> float:
@@ -19,3 +21,32 @@ def sometimes_bad(completion: str, sample: dict):
     bad = [None, float("nan"), float("inf"), "0.5", [1.0]]
     k = calls["n"] % (len(bad) + 1)
     return 0.5 if k == len(bad) else bad[k]
+
+
+def hangs_on_hang(completion: str, sample: dict) -> float:
+    """Hangs forever on the completion 'hang'; otherwise 1.0."""
+    if completion == "hang":
+        while True:
+            time.sleep(1)
+    return 1.0
+
+
+def exits_on_exit(completion: str, sample: dict) -> float:
+    """Kills its own process on 'exit', raises on 'raise'; otherwise 1.0."""
+    if completion == "exit":
+        os._exit(0)
+    if completion == "raise":
+        raise ValueError("bad sample")
+    return 1.0
+
+
+_per_process = {"n": 0}
+
+
+def hangs_every_third(completion: str, sample: dict) -> float:
+    """Hangs on every third call in its process (a fresh worker starts counting again)."""
+    _per_process["n"] += 1
+    if _per_process["n"] % 3 == 0:
+        while True:
+            time.sleep(1)
+    return digit_share(completion, sample)

@@ -196,3 +196,14 @@ def test_resume_with_another_model_is_refused(tmp_path, tiny_model_dir, tiny_dat
     shutil.copytree(tiny_model_dir, other)
     with pytest.raises(CheckpointError, match="was trained from model"):
         Trainer(_cfg(tmp_path, "run", other, tiny_dataset, resume_from_checkpoint=str(t.run_dir)))
+
+
+def test_fresh_run_refuses_an_existing_run_folder(tmp_path, tiny_model_dir, tiny_dataset):
+    from grpo.config import ConfigError
+
+    t = Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, max_steps=1, num_iterations=1))
+    t.train()
+    before = (t.run_dir / "metrics.jsonl").read_text()
+    with pytest.raises(ConfigError, match="already holds a run"):
+        Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, max_steps=1, num_iterations=1))
+    assert (t.run_dir / "metrics.jsonl").read_text() == before  # nothing already written is lost

@@ -86,7 +86,7 @@ def test_saved_config_round_trips(tmp_path):
 
 def test_readme_table_is_generated_from_docstrings():
     readme = (Path(__file__).parent.parent / "README.md").read_text()
-    assert markdown_table() in readme, "README's config table is stale: run python -m grpo.config"
+    assert markdown_table() in readme, "README's config table is stale: run python -m grpo.config --update-readme"
 
 
 def test_invalid_yaml_and_non_mapping(tmp_path):

@@ -19,7 +19,7 @@ def make_cfg(tmp_path, model_dir, dataset, **kw) -> Config:
                 num_generations=4, prompts_per_step=2, per_device_train_batch_size=4, max_completion_length=8,
                 eval_prompts=4, eval_max_new_tokens=6, eval_pass_k=2, eval_pass_prompts=2,
                 rewards="tests.rewards_for_tests:digit_share", learning_rate=1e-2, temperature=1.0,
-                progress=False, report_to="none", log_completions_steps=1, seed=0)
+                progress=False, report_to="none", log_completions_steps=1, seed=0, reward_timeout=0.0)
     base.update(kw)
     return Config(**base)
 
@@ -166,3 +166,12 @@ def test_baselines_log_the_same_metrics_as_grpo(tmp_path, tiny_model_dir, tiny_d
                              advantage_estimator=estimator))
     other.train()
     assert set(_lines(grpo_run.run_dir)[0]) == set(_lines(other.run_dir)[0])
+
+
+def test_reward_that_hangs_is_cut_at_its_deadline(tmp_path, tiny_model_dir, tiny_dataset):
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, rewards="tests.rewards_for_tests:hangs_every_third",
+                   reward_timeout=1.0, eval_prompts=0, max_steps=2)
+    t, _, _ = _run(cfg)
+    lines = _lines(t.run_dir)
+    assert len(lines) == 2 and lines[-1]["reward_timeouts_total"] >= 2
+    assert all(l["reward_failures"] >= 1 for l in lines) and all(math.isfinite(l["loss"]) for l in lines)

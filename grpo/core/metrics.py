@@ -64,9 +64,13 @@ def mean_entropy(entropy: Tensor, mask: Tensor) -> Tensor:
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
     """1 - Var[returns - values] / Var[returns] over masked tokens: 1 is a perfect critic, 0 no better
     than a constant, negative worse. values, returns, mask: [N, T] -> []."""
-    m = mask.to(values.dtype)  # [N, T]
-    count = m.sum().clamp(min=1)
-    def var(x):
-        mean = (x * m).sum() / count
-        return (((x - mean) * m) ** 2).sum() / count
-    return 1 - var(returns - values) / var(returns).clamp(min=1e-12)
+    resid_var = _masked_var(returns - values, mask)  # []
+    return 1 - resid_var / _masked_var(returns, mask).clamp(min=1e-12)
+
+
+def _masked_var(x: Tensor, mask: Tensor) -> Tensor:
+    """Population variance of x over masked entries. [N, T], [N, T] -> []."""
+    m = mask.to(x.dtype)  # [N, T]
+    count = m.sum().clamp(min=1)  # []
+    mean = (x * m).sum() / count  # []
+    return (((x - mean) * m) ** 2).sum() / count

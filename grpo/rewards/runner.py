@@ -1,0 +1,99 @@
+"""Rewards under a wall-clock deadline, in worker processes.
+
+A reward is user code: it can hang (a regex blow-up, a verifier stuck in simplification) as easily as
+it can raise. With ``timeout > 0`` every call runs in a small pool of spawned worker processes; a
+call that passes its deadline is a failure for that sample (counted, logged), and the stuck worker
+is killed and the pool replaced, so the next sample is graded as usual. Only the name of the reward
+and the (completion, sample) pair cross the process boundary; the value comes back pickled and is
+validated in the trainer's process.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing as mp
+
+from grpo.rewards.builtin import resolve_reward
+from grpo.rewards.scoring import RewardResult, score_completions
+
+
+def _call(name: str, completion: str, sample: dict):
+    return resolve_reward(name)(completion, sample)
+
+
+class _Replay:
+    """Stands in for a reward inside score_completions, which calls it once per completion in order:
+    returns the worker's answer for that call, or raises what went wrong with it."""
+
+    def __init__(self, outcomes: list):
+        self.outcomes, self.i = outcomes, 0
+
+    def __call__(self, completion: str, sample: dict):
+        outcome = self.outcomes[self.i]
+        self.i += 1
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+
+class RewardRunner:
+    """Scores completions with named rewards, in-process (timeout 0) or in workers with a deadline."""
+
+    def __init__(self, names: list[str], weights: list[float] | None, *, timeout: float = 0.0, workers: int = 1):
+        self.names, self.weights, self.timeout, self.workers = names, weights, timeout, workers
+        self.fns = {n: resolve_reward(n) for n in names}  # fail early, in this process, on a bad name
+        self.logged: set = set()
+        self.timeouts = 0
+        self._pool: cf.ProcessPoolExecutor | None = None
+
+    def _new_pool(self) -> cf.ProcessPoolExecutor:
+        # spawn, not fork: the trainer's process holds torch's thread pools, which a fork can deadlock
+        return cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+
+    def _kill_pool(self) -> None:
+        if self._pool is not None:
+            for p in list(getattr(self._pool, "_processes", {}).values()):
+                p.kill()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def _run_in_workers(self, completions: list[str], samples: list[dict]) -> list:
+        calls = [(n, c, s) for n in self.names for c, s in zip(completions, samples)]
+        results: list = [None] * len(calls)
+        i = 0
+        while i < len(calls):
+            self._pool = self._pool or self._new_pool()
+            futures = [self._pool.submit(_call, *call) for call in calls[i:]]
+            for j, fut in enumerate(futures):
+                key = i + j
+                try:
+                    results[key] = fut.result(timeout=self.timeout)
+                except cf.TimeoutError:
+                    results[key] = TimeoutError(f"did not return within its {self.timeout:g} s deadline")
+                    self.timeouts += 1
+                    self._kill_pool()  # the stuck worker dies; the rest are resubmitted to a fresh pool
+                    i += j + 1
+                    break
+                except cf.process.BrokenProcessPool as e:  # a reward killed its worker (os._exit, a signal)
+                    results[key] = RuntimeError(f"its worker process died ({e})")
+                    self._kill_pool()
+                    i += j + 1
+                    break
+                except Exception as e:  # raised inside the reward
+                    results[key] = e
+            else:
+                i = len(calls)
+        return results
+
+    def score(self, completions: list[str], samples: list[dict]) -> RewardResult:
+        if self.timeout <= 0:
+            return score_completions(completions, samples, self.fns, self.weights, logged=self.logged)
+        results = self._run_in_workers(completions, samples)
+        n = len(completions)
+        proxies = {name: _Replay(results[k * n:(k + 1) * n]) for k, name in enumerate(self.names)}
+        return score_completions(completions, samples, proxies, self.weights, logged=self.logged)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None

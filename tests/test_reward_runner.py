@@ -1,0 +1,45 @@
+"""Rewards under a deadline in worker processes: hangs, crashes and exits become counted failures."""
+
+import time
+
+from grpo.rewards.runner import RewardRunner
+
+H = "tests.rewards_for_tests:"
+
+
+def test_hang_past_deadline_is_a_failure_and_the_next_sample_is_graded():
+    r = RewardRunner([H + "hangs_on_hang"], None, timeout=2.0)
+    try:
+        start = time.monotonic()
+        res = r.score(["ok 1", "hang", "ok 22"], [{"answer": "1"}] * 3)
+        assert time.monotonic() - start < 30
+        vals = res.per_reward[H + "hangs_on_hang"].tolist()
+        assert vals[0] == 1.0 and vals[2] == 1.0 and vals[1] != vals[1]  # NaN for the hung call
+        assert r.timeouts == 1 and res.failures[H + "hangs_on_hang"] == 1
+        assert any("deadline" in m for m in res.messages)
+    finally:
+        r.close()
+
+
+def test_worker_that_exits_or_raises_is_a_failure():
+    r = RewardRunner([H + "exits_on_exit"], None, timeout=5.0)
+    try:
+        res = r.score(["fine", "exit", "raise", "fine"], [{}] * 4)
+        vals = res.per_reward[H + "exits_on_exit"].tolist()
+        assert vals[0] == 1.0 and vals[3] == 1.0
+        assert vals[1] != vals[1] and vals[2] != vals[2]
+        assert res.failures[H + "exits_on_exit"] == 2
+    finally:
+        r.close()
+
+
+def test_in_process_mode_matches_worker_mode():
+    names = ["numeric", H + "digit_share"]
+    comps, samples = ["12 + 3 = 15", "it is 7", "x"], [{"answer": "15"}, {"answer": "8"}, {"answer": "1"}]
+    a = RewardRunner(names, [1.0, 0.5], timeout=0).score(comps, samples)
+    w = RewardRunner(names, [1.0, 0.5], timeout=5.0)
+    try:
+        b = w.score(comps, samples)
+    finally:
+        w.close()
+    assert a.total.tolist() == b.total.tolist()
