@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from grpo import core
-from grpo.policy import trim_padding
+from grpo.policy import model_inputs
 
 
 def load_value_model(path: str, dtype: torch.dtype) -> nn.Module:
@@ -46,14 +46,11 @@ class Critic:
         self.divergence_events = 0
 
     def _values(self, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
-        n, t_full = completion_ids.shape
-        tr = trim_padding(prompt_ids, prompt_mask, completion_ids, completion_mask)
-        ids = torch.cat([tr["prompt_ids"], tr["completion_ids"]], 1)  # [N, P' + T']
-        attn = torch.cat([tr["prompt_mask"], tr["completion_mask"]], 1)  # [N, P' + T']
-        pos = (attn.cumsum(1) - 1).clamp(min=0)  # [N, P' + T']
-        t = tr["completion_ids"].shape[1]
-        with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos).logits  # [N, L, 1]
+        t_full = completion_ids.shape[1]
+        inp = model_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
+        t = inp.pop("completion_ids").shape[1]
+        with torch.autocast(completion_ids.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            out = self.model(**inp).logits  # [N, P' + T', 1]
         # the value of the state before completion token j sits at position P' - 1 + j
         values = out[:, -t - 1:-1, 0].float()  # [N, T']
         return torch.nn.functional.pad(values, (0, t_full - t))  # [N, T]

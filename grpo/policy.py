@@ -23,6 +23,18 @@ def trim_padding(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor
             "completion_ids": completion_ids[:, :t1], "completion_mask": completion_mask[:, :t1]}
 
 
+def model_inputs(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
+                 completion_mask: Tensor) -> dict[str, Tensor]:
+    """Prompt + completion as one padded-trimmed batch: input ids, attention mask and positions
+    [N, P' + T'] that follow the mask (left padding does not shift them, as during generation), plus
+    the trimmed completion ids [N, T']."""
+    tr = trim_padding(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    ids = torch.cat([tr["prompt_ids"], tr["completion_ids"]], 1)  # [N, P' + T']
+    attn = torch.cat([tr["prompt_mask"], tr["completion_mask"]], 1)  # [N, P' + T']
+    pos = (attn.cumsum(1) - 1).clamp(min=0)  # [N, P' + T']
+    return {"input_ids": ids, "attention_mask": attn, "position_ids": pos, "completion_ids": tr["completion_ids"]}
+
+
 def completion_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
                         completion_mask: Tensor, *, temperature: float, with_entropy: bool = False,
                         autocast: bool = False) -> dict:
@@ -34,15 +46,12 @@ def completion_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completi
     transformer body in bf16 (see ``models.keep_head_fp32`` for the head).
     """
     n, t_full = completion_ids.shape
-    tr = trim_padding(prompt_ids, prompt_mask, completion_ids, completion_mask)
-    ids = torch.cat([tr["prompt_ids"], tr["completion_ids"]], 1)  # [N, P' + T']
-    attn = torch.cat([tr["prompt_mask"], tr["completion_mask"]], 1)  # [N, P' + T']
-    pos = (attn.cumsum(1) - 1).clamp(min=0)  # [N, P' + T']
-    t = tr["completion_ids"].shape[1]
-    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast):
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False,
-                       logits_to_keep=t + 1).logits  # [N, T' + 1, V]
-    out = token_logprobs_and_entropy(logits[:, :-1], tr["completion_ids"], temperature=temperature)
+    inp = model_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    comp = inp.pop("completion_ids")  # [N, T']
+    t = comp.shape[1]
+    with torch.autocast(comp.device.type, dtype=torch.bfloat16, enabled=autocast):
+        logits = model(**inp, use_cache=False, logits_to_keep=t + 1).logits  # [N, T' + 1, V]
+    out = token_logprobs_and_entropy(logits[:, :-1], comp, temperature=temperature)
     logp = out["logp"]  # [N, T']
     ent = out["entropy"] if with_entropy else out["entropy"].detach()
     pad = t_full - t
