@@ -13,28 +13,25 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import signal
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from grpo import core
 from grpo import checkpoint as ckpt_io
-from grpo.config import Config, ConfigError
+from grpo.config import Config
 from grpo.critic import Critic
 from grpo.data import PromptSampler, load_task, render_prompt
 from grpo.evaluate import evaluate
 from grpo.logger import RunLogger
 from grpo.models import keep_head_fp32, load_models, native_bf16, reset_reference
 from grpo.policy import completion_logprobs
-from grpo.rewards import resolve_reward
 from grpo.rewards.runner import RewardRunner
 from grpo.rollout import Rollout, generate_rollout
+from grpo.runtime import lr_lambda, make_run_dir, seed_everything
 
 
 @dataclass
@@ -49,42 +46,6 @@ class Batch:
     kl_in_loss: bool = True  # GRPO: KL is its own loss term; PPO: it is already in the reward
     values: torch.Tensor | None = None  # [N, T] critic values at sampling time (PPO)
     returns: torch.Tensor | None = None  # [N, T] GAE returns, the critic's targets (PPO)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def make_run_dir(cfg: Config) -> Path:
-    """The run folder. A fresh run never writes into another run's folder: appending to its
-    metrics or overwriting its checkpoints would lose what is already there."""
-    run_dir = Path(cfg.output_dir or f"runs/{datetime.now():%Y%m%d-%H%M%S}")
-    fresh = cfg.resume_from_checkpoint is None or (
-        cfg.resume_from_checkpoint == "auto" and not (run_dir / "checkpoints" / "latest").exists())
-    if fresh and ((run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists()):
-        raise ConfigError(f"output_dir: {run_dir} already holds a run; continue it with "
-                          f"grpo train --resume {run_dir}, or choose another output_dir")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
-
-
-def lr_lambda(cfg: Config):
-    """Multiplier of learning_rate at a given optimizer step: linear warmup, then the schedule."""
-    total = max(1, cfg.max_steps * cfg.num_iterations)
-
-    def f(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / (cfg.warmup_steps + 1)
-        progress = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
-        if cfg.lr_scheduler_type == "cosine":
-            return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-        if cfg.lr_scheduler_type == "linear":
-            return max(0.0, 1 - progress)
-        return 1.0
-
-    return f
 
 
 class Trainer:

@@ -11,7 +11,6 @@ import sys
 import time
 
 import pytest
-import torch
 
 from grpo.checkpoint import CheckpointError, find_latest, list_checkpoints
 from grpo.trainer import Trainer

@@ -81,7 +81,7 @@ def test_all_estimators_share_one_signature():
 # ---- a slow per-element reference for every estimator ---------------------------------------
 
 def _reference(name, rewards, std_eps, unbiased):
-    b, g = len(rewards), len(rewards[0])
+    g = len(rewards[0])
     flat = [x for row in rewards for x in row]
     out = []
     for row in rewards:

@@ -1,0 +1,49 @@
+"""Run set-up the trainer needs before its first step: seeds, the run folder, the LR schedule."""
+
+from __future__ import annotations
+
+import math
+import random
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from grpo.config import Config, ConfigError
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def make_run_dir(cfg: Config) -> Path:
+    """The run folder. A fresh run never writes into another run's folder: appending to its
+    metrics or overwriting its checkpoints would lose what is already there."""
+    run_dir = Path(cfg.output_dir or f"runs/{datetime.now():%Y%m%d-%H%M%S}")
+    fresh = cfg.resume_from_checkpoint is None or (
+        cfg.resume_from_checkpoint == "auto" and not (run_dir / "checkpoints" / "latest").exists())
+    if fresh and ((run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists()):
+        raise ConfigError(f"output_dir: {run_dir} already holds a run; continue it with "
+                          f"grpo train --resume {run_dir}, or choose another output_dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def lr_lambda(cfg: Config):
+    """Multiplier of learning_rate at a given optimizer step: linear warmup, then the schedule."""
+    total = max(1, cfg.max_steps * cfg.num_iterations)
+
+    def f(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / (cfg.warmup_steps + 1)
+        progress = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
+        if cfg.lr_scheduler_type == "cosine":
+            return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+        if cfg.lr_scheduler_type == "linear":
+            return max(0.0, 1 - progress)
+        return 1.0
+
+    return f
