@@ -114,6 +114,10 @@ class Config:
     """AdamW learning rate of the value model."""
     cliprange_value: float | None = 0.2
     """How far a value may move from its sampling-time value in the clipped value loss (null = no clip)."""
+    critic_shared_trunk: bool = False
+    """PPO: put the value head on the policy's own body instead of a separate value model (less memory)."""
+    vf_coef: float = 0.1
+    """PPO with a shared trunk: weight of the value loss in the joint loss that trains the shared body."""
     critic_divergence_factor: float = 10.0
     """Flag a critic divergence event when the value loss exceeds this factor times its running minimum."""
 
@@ -228,7 +232,7 @@ def _validate(c: Config) -> None:
     for key in positive:
         if getattr(c, key) < 1:
             raise ConfigError(f"{key}: must be >= 1, got {getattr(c, key)}")
-    non_negative = ["reward_timeout", "max_steps", "warmup_steps", "save_steps", "ref_reset_steps", "eval_prompts", "beta",
+    non_negative = ["vf_coef", "reward_timeout", "max_steps", "warmup_steps", "save_steps", "ref_reset_steps", "eval_prompts", "beta",
                     "learning_rate", "weight_decay", "max_grad_norm", "eval_pass_k", "eval_pass_prompts",
                     "log_completions_steps", "num_threads", "save_total_limit", "max_consecutive_skips", "top_k", "std_eps", "entropy_coef",
                     "arithmetic_max_operand", "lora_dropout"]

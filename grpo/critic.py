@@ -33,13 +33,31 @@ def load_value_model(path: str, dtype: torch.dtype) -> nn.Module:
 
 
 class Critic:
-    """Values V(s_t) of the state before each completion token, trained by a clipped value loss."""
+    """Values V(s_t) of the state before each completion token, trained by a clipped value loss.
+
+    Separate (default): a value model of its own, with its own optimizer. Shared trunk
+    (``shared_policy`` given): a scalar head on the policy's last hidden state; the value loss,
+    scaled by ``vf_coef``, also sends gradients into the policy's body, which the policy's optimizer
+    applies together with the policy-loss gradients (the joint loss L_pi + vf_coef * L_V); only the
+    head is stepped here. No second model in memory.
+    """
 
     def __init__(self, path: str, *, dtype: torch.dtype, learning_rate: float, clip_range: float | None,
-                 max_grad_norm: float, divergence_factor: float, autocast: bool):
-        self.model = load_value_model(path, dtype)
-        self.model.train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=learning_rate)
+                 max_grad_norm: float, divergence_factor: float, autocast: bool,
+                 shared_policy: nn.Module | None = None, vf_coef: float = 1.0):
+        if shared_policy is None:
+            self.model, self.head, self.loss_scale = load_value_model(path, dtype), None, 1.0
+            self.model.train()
+            params = list(self.model.parameters())
+        else:
+            hidden = shared_policy.config.hidden_size
+            self.model, self.loss_scale = shared_policy, vf_coef
+            self.head = nn.Linear(hidden, 1, dtype=dtype)
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+            params = list(self.head.parameters())
+        self.params = params
+        self.optimizer = torch.optim.AdamW(params, lr=learning_rate)
         self.clip_range, self.max_grad_norm = clip_range, max_grad_norm
         self.divergence_factor, self.autocast = divergence_factor, autocast
         self.min_loss = math.inf
@@ -50,7 +68,11 @@ class Critic:
         inp = model_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
         t = inp.pop("completion_ids").shape[1]
         with torch.autocast(completion_ids.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            out = self.model(**inp).logits  # [N, P' + T', 1]
+            if self.head is None:
+                out = self.model(**inp).logits  # [N, P' + T', 1]
+            else:
+                hidden = self.model(**inp, output_hidden_states=True, logits_to_keep=1).hidden_states[-1]
+                out = self.head(hidden.to(self.head.weight.dtype))  # [N, P' + T', 1]
         # the value of the state before completion token j sits at position P' - 1 + j
         values = out[:, -t - 1:-1, 0].float()  # [N, T']
         return torch.nn.functional.pad(values, (0, t_full - t))  # [N, T]
@@ -74,11 +96,11 @@ class Critic:
                              ro.completion_mask[idx])  # [n, T]
             out = core.clipped_value_loss(v, old_values[idx], returns[idx], mask[idx], clip_range=self.clip_range)
             share = mask[idx].sum() / total_tokens  # token-weighted, so micro-batches add up to the batch
-            (out["loss"] * share).backward()
+            (out["loss"] * share * self.loss_scale).backward()
             loss_sum += float(out["loss"].detach() * share)
             clip_sum += float(out["clip_fraction"] * share)
         max_norm = self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
-        norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
         if math.isfinite(norm):
             self.optimizer.step()
         diverged = math.isfinite(self.min_loss) and loss_sum > self.divergence_factor * self.min_loss
@@ -88,10 +110,12 @@ class Critic:
                 "critic_diverged": int(diverged), "critic_divergence_events": self.divergence_events}
 
     def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        # shared trunk: the body is the policy, saved with it; only the head is the critic's own
+        own = self.model if self.head is None else self.head
+        return {"model": own.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "min_loss": self.min_loss, "divergence_events": self.divergence_events}
 
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
+        (self.model if self.head is None else self.head).load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.min_loss, self.divergence_events = state["min_loss"], state["divergence_events"]

@@ -85,7 +85,8 @@ class Trainer:
             self.critic = Critic(self.models.path, dtype=getattr(torch, cfg.dtype),
                                  learning_rate=cfg.critic_learning_rate, clip_range=cfg.cliprange_value,
                                  max_grad_norm=cfg.max_grad_norm, divergence_factor=cfg.critic_divergence_factor,
-                                 autocast=self.amp)
+                                 autocast=self.amp, vf_coef=cfg.vf_coef,
+                                 shared_policy=self.policy if cfg.critic_shared_trunk else None)
         self.sampler = PromptSampler(len(self.task.train), seed=cfg.seed)
         self.step = 0
         self.skipped_updates = 0
@@ -204,10 +205,11 @@ class Trainer:
                     sums[k] = sums.get(k, 0.0) + float(out[k]) * w
                 sums["loss"] = sums.get("loss", 0.0) + float(out["loss"].detach()) / cfg.num_iterations
                 sums["policy_loss"] = sums.get("policy_loss", 0.0) + float(out["policy_loss"]) / cfg.num_iterations
-            grad_norms.append(self._optimizer_step())
-            if self.critic is not None:  # PPO epochs train the critic on the same batch
+            if self.critic is not None:  # PPO epochs train the critic on the same batch; with a shared
+                # trunk its value-loss gradients join the policy's before the policy steps
                 critic_metrics = self.critic.update(ro, batch.values, batch.returns, batch.mask,
                                                     micro_batch=cfg.per_device_train_batch_size)
+            grad_norms.append(self._optimizer_step())
         metrics = {k: v / max(tokens_seen, 1.0) for k, v in sums.items() if k not in ("loss", "policy_loss")}
         metrics.update(loss=sums["loss"], policy_loss=sums["policy_loss"], grad_norm=grad_norms[-1],
                        skipped_updates=self.skipped_updates, learning_rate=self.scheduler.get_last_lr()[0])

@@ -46,6 +46,7 @@ def _cfg(tmp_path, name, model_dir, dataset, **kw):
     (3, {"use_peft": True, "lora_r": 4}),                  # adapters only
     (2, {"prompts_per_step": 5, "per_device_train_batch_size": 4}),  # 20 train prompts: step 4 ends epoch 1
     (2, {"advantage_estimator": "gae", "critic_learning_rate": 1e-2}),   # PPO: the critic is state too
+    (2, {"advantage_estimator": "gae", "critic_shared_trunk": True}),     # PPO, value head on the policy
 ])
 def test_resume_is_bit_exact(tmp_path, tiny_model_dir, tiny_dataset, stop_at, extra):
     full = Trainer(_cfg(tmp_path, "full", tiny_model_dir, tiny_dataset, **extra))

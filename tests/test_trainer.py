@@ -175,3 +175,15 @@ def test_reward_that_hangs_is_cut_at_its_deadline(tmp_path, tiny_model_dir, tiny
     lines = _lines(t.run_dir)
     assert len(lines) == 2 and lines[-1]["reward_timeouts_total"] >= 2
     assert all(l["reward_failures"] >= 1 for l in lines) and all(math.isfinite(l["loss"]) for l in lines)
+
+
+def test_ppo_shared_trunk_trains_head_and_body(tmp_path, tiny_model_dir, tiny_dataset):
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, advantage_estimator="gae", beta=0.05, eval_prompts=0,
+                   critic_learning_rate=1e-2, critic_shared_trunk=True, vf_coef=0.5)
+    t = Trainer(cfg)
+    assert t.critic.model is t.policy  # no second model in memory
+    head_before = t.critic.head.weight.detach().clone()
+    t.train()
+    assert not torch.equal(head_before, t.critic.head.weight)
+    line = _lines(t.run_dir)[-1]
+    assert math.isfinite(line["value_loss"]) and math.isfinite(line["explained_variance"])
