@@ -105,7 +105,8 @@ class Trainer:
         prompts = [render_prompt(self.tok, s["prompt"], cfg.system_prompt) for s in samples]
         ro = generate_rollout(self.policy, self.tok, prompts, group_size=cfg.num_generations,
                               max_new_tokens=cfg.max_completion_length, temperature=cfg.temperature,
-                              top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length)
+                              top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length,
+                              with_logprobs=False)  # the loss recomputes them; keeping [N, T, V] logits costs memory
         return samples, ro
 
     def score(self, samples: list[dict], ro: Rollout) -> tuple[torch.Tensor, dict]:
@@ -145,9 +146,11 @@ class Trainer:
         values = self.critic.values(ro, cfg.per_device_train_batch_size)  # [N, T]
         # the KL in the reward compares pi_old and pi_ref computed the same way (same kernels, same
         # precision), so it is exactly 0 while the policy still equals the reference
-        behaviour = old_logp if old_logp is not None or ref_logp is None else self._logps(self.policy, ro)
-        rewards_tok = core.kl_shaped_rewards(filled.flatten(), behaviour if behaviour is not None else
-                                             torch.zeros_like(values), ref_logp, mask, kl_coef=cfg.beta)  # [N, T]
+        if ref_logp is None:
+            behaviour = torch.zeros_like(values)  # no KL term: the score alone, on the last token
+        else:
+            behaviour = old_logp if old_logp is not None else self._logps(self.policy, ro)  # [N, T]
+        rewards_tok = core.kl_shaped_rewards(filled.flatten(), behaviour, ref_logp, mask, kl_coef=cfg.beta)
         est = core.gae(rewards_tok, values, mask, gamma=cfg.gamma, lam=cfg.lam)
         adv_tok = core.whiten(est["advantages"], mask)  # [N, T]
         seq_adv = core.masked_mean(adv_tok, mask, dim=1).view_as(filled)  # [B, G]
