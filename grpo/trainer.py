@@ -22,6 +22,7 @@ import torch
 
 from grpo import core
 from grpo import checkpoint as ckpt_io
+from grpo import resume
 from grpo.config import Config
 from grpo.critic import Critic
 from grpo.data import PromptSampler, load_task, render_prompt
@@ -94,9 +95,12 @@ class Trainer:
         self.reward_failures = 0
         self.ref_reset_at = 0  # step at which the reference last became a copy of the policy
         self._stop_signal: str | None = None
-        resume = self._resume_path()
-        if resume is not None:
-            self.restore(resume)
+        # helpers whose state the next step depends on (controllers, filters): name -> object with
+        # state_dict()/load_state_dict(); saved in and restored from every checkpoint
+        self.stateful: dict = {}
+        path = resume.resume_path(cfg.resume_from_checkpoint, self.run_dir)
+        if path is not None:
+            resume.restore(self, path)
 
     # ---- one step -------------------------------------------------------------------------------
     def sample(self) -> tuple[list[dict], Rollout]:
@@ -273,81 +277,13 @@ class Trainer:
                         pass_prompts=min(cfg.eval_pass_prompts, len(self.task.eval)), temperature=cfg.temperature,
                         top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length)
 
+    # ---- checkpoints (grpo/resume.py) ------------------------------------------------------------
     def state(self) -> dict:
-        """Everything besides the policy weights that the next step depends on."""
-        state = {"step": self.step, "sampler": self.sampler.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "scheduler": self.scheduler.state_dict(), "rng": ckpt_io.rng_state(),
-                 "skipped_updates": self.skipped_updates, "consecutive_skips": self.consecutive_skips,
-                 "reward_failures": self.reward_failures, "ref_reset_at": self.ref_reset_at,
-                 "logged_failures": sorted(self.rewards.logged), "reward_timeouts": self.rewards.timeouts,
-                 "model": self.cfg.model}
-        if self.critic is not None:
-            state["critic"] = self.critic.state_dict()
-        if self.ref_reset_at and self.models.reference is not None:
-            # the reference is no longer the initial model: its weights are part of the run's state
-            state["reference"] = self.models.reference.state_dict()
-        return state
+        return resume.trainer_state(self)
 
     def save(self) -> Path:
         return ckpt_io.save_checkpoint(self.run_dir, self.step, self.policy, self.tok, self.state(),
                                        keep=self.cfg.save_total_limit)
-
-    def _resume_path(self) -> Path | None:
-        target = self.cfg.resume_from_checkpoint
-        if target is None:
-            return None
-        if target == "auto":
-            if not (self.run_dir / "checkpoints" / "latest").exists():
-                return None  # nothing to resume yet: a fresh start, by request
-            return ckpt_io.find_latest(self.run_dir)
-        p = Path(target)
-        if (p / ckpt_io.STATE_FILE).is_file():
-            return p
-        return ckpt_io.find_latest(p)
-
-    def restore(self, ckpt: Path) -> None:
-        """Load weights and state from a checkpoint so the next step is the one the uninterrupted
-        run would have taken; metrics lines written after it (by a run that later died) are dropped."""
-        from safetensors.torch import load_file
-
-        state = ckpt_io.load_state(ckpt)
-        if state.get("model") != self.cfg.model:
-            raise ckpt_io.CheckpointError(f"{ckpt}: was trained from model {state.get('model')!r}, "
-                                          f"but this config's model is {self.cfg.model!r}")
-        files = sorted(ckpt.glob("*.safetensors"))
-        if not files:
-            raise ckpt_io.CheckpointError(f"{ckpt}: no *.safetensors weights")
-        weights = {}
-        for f in files:
-            weights.update(load_file(str(f)))
-        if self.cfg.use_peft:
-            from peft import set_peft_model_state_dict
-
-            set_peft_model_state_dict(self.policy, weights)
-        else:
-            missing, unexpected = self.policy.load_state_dict(weights, strict=False)
-            if unexpected or [k for k in missing if "lm_head" not in k]:
-                raise ckpt_io.CheckpointError(f"{ckpt}: weights do not match the model "
-                                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-        if "reference" in state:
-            self.models.reference.load_state_dict(state["reference"])
-        if self.critic is not None:
-            self.critic.load_state_dict(state["critic"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.sampler.load_state_dict(state["sampler"])
-        self.step, self.ref_reset_at = state["step"], state["ref_reset_at"]
-        self.skipped_updates, self.consecutive_skips = state["skipped_updates"], state["consecutive_skips"]
-        self.reward_failures = state["reward_failures"]
-        self.rewards.logged = {tuple(k) for k in state["logged_failures"]}
-        self.rewards.timeouts = state["reward_timeouts"]
-        ckpt_io.set_rng_state(state["rng"])
-        for name in ("metrics.jsonl", "samples.jsonl"):
-            path = self.run_dir / name
-            if path.is_file():
-                kept = [l for l in path.read_text().splitlines() if json.loads(l)["step"] <= self.step]
-                path.write_text("".join(l + "\n" for l in kept))
-        self.resumed_from = ckpt
 
     def _on_signal(self, signum, _frame) -> None:
         self._stop_signal = signal.Signals(signum).name

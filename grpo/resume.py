@@ -1,0 +1,95 @@
+"""What a run's checkpoint holds besides the weights, and how a trainer is put back from one.
+
+``trainer_state`` gathers everything the next step depends on (optimizer, scheduler, sampler position,
+counters, RNG states, the critic, the reference once iterative GRPO has reset it, and the state of any
+stateful helper the trainer lists in ``trainer.stateful``); ``restore`` puts all of it back so the next
+step equals the one the uninterrupted run would have taken.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from grpo import checkpoint as ckpt_io
+
+
+def trainer_state(t) -> dict:
+    """Everything besides the policy weights that the next step depends on."""
+    state = {"step": t.step, "sampler": t.sampler.state_dict(), "optimizer": t.optimizer.state_dict(),
+             "scheduler": t.scheduler.state_dict(), "rng": ckpt_io.rng_state(),
+             "skipped_updates": t.skipped_updates, "consecutive_skips": t.consecutive_skips,
+             "reward_failures": t.reward_failures, "ref_reset_at": t.ref_reset_at,
+             "logged_failures": sorted(t.rewards.logged), "reward_timeouts": t.rewards.timeouts,
+             "model": t.cfg.model}
+    if t.critic is not None:
+        state["critic"] = t.critic.state_dict()
+    state["stateful"] = {name: obj.state_dict() for name, obj in t.stateful.items()}
+    if t.ref_reset_at and t.models.reference is not None:
+        # the reference is no longer the initial model: its weights are part of the run's state
+        state["reference"] = t.models.reference.state_dict()
+    return state
+
+
+def resume_path(target: str | None, run_dir: Path) -> Path | None:
+    """The checkpoint to resume from: None (fresh start), "auto" (this run's latest, if any), a checkpoint
+    folder, or a run folder (its latest)."""
+    if target is None:
+        return None
+    if target == "auto":
+        if not (run_dir / "checkpoints" / "latest").exists():
+            return None  # nothing to resume yet: a fresh start, by request
+        return ckpt_io.find_latest(run_dir)
+    p = Path(target)
+    if (p / ckpt_io.STATE_FILE).is_file():
+        return p
+    return ckpt_io.find_latest(p)
+
+
+def restore(t, ckpt: Path) -> None:
+    """Load weights and state from a checkpoint so the next step is the one the uninterrupted
+    run would have taken; metrics lines written after it (by a run that later died) are dropped."""
+    state = ckpt_io.load_state(ckpt)
+    if state.get("model") != t.cfg.model:
+        raise ckpt_io.CheckpointError(f"{ckpt}: was trained from model {state.get('model')!r}, "
+                                      f"but this config's model is {t.cfg.model!r}")
+    files = sorted(ckpt.glob("*.safetensors"))
+    if not files:
+        raise ckpt_io.CheckpointError(f"{ckpt}: no *.safetensors weights")
+    weights = {}
+    for f in files:
+        weights.update(load_file(str(f)))
+    if t.cfg.use_peft:
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(t.policy, weights)
+    else:
+        missing, unexpected = t.policy.load_state_dict(weights, strict=False)
+        if unexpected or [k for k in missing if "lm_head" not in k]:
+            raise ckpt_io.CheckpointError(f"{ckpt}: weights do not match the model "
+                                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    if "reference" in state:
+        t.models.reference.load_state_dict(state["reference"])
+    if t.critic is not None:
+        t.critic.load_state_dict(state["critic"])
+    for name, obj in t.stateful.items():
+        if name not in state.get("stateful", {}):
+            raise ckpt_io.CheckpointError(f"{ckpt}: holds no state for {name!r}, which this config uses")
+        obj.load_state_dict(state["stateful"][name])
+    t.optimizer.load_state_dict(state["optimizer"])
+    t.scheduler.load_state_dict(state["scheduler"])
+    t.sampler.load_state_dict(state["sampler"])
+    t.step, t.ref_reset_at = state["step"], state["ref_reset_at"]
+    t.skipped_updates, t.consecutive_skips = state["skipped_updates"], state["consecutive_skips"]
+    t.reward_failures = state["reward_failures"]
+    t.rewards.logged = {tuple(k) for k in state["logged_failures"]}
+    t.rewards.timeouts = state["reward_timeouts"]
+    ckpt_io.set_rng_state(state["rng"])
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        path = t.run_dir / name
+        if path.is_file():
+            kept = [l for l in path.read_text().splitlines() if json.loads(l)["step"] <= t.step]
+            path.write_text("".join(l + "\n" for l in kept))
+    t.resumed_from = ckpt
