@@ -54,9 +54,11 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict, *, keep: int = 0) -> Path:
+def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict, *, keep: int = 0,
+                    weights: dict | None = None) -> Path:
     """Write checkpoints/step-N atomically, point ``latest`` at it, then prune to the newest ``keep``
-    (0 keeps all). ``state`` is pickled with torch.save; its scalar entries also go to JSON."""
+    (0 keeps all). ``state`` is pickled with torch.save; its scalar entries also go to JSON. ``weights``
+    replaces the model's own state dict (the gathered full weights of a sharded model)."""
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step}"
@@ -64,7 +66,7 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict, *, 
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp, **({} if weights is None else {"state_dict": weights}))
     tokenizer.save_pretrained(tmp)
     torch.save(state, tmp / STATE_FILE)
     readable = {k: v for k, v in state.items() if isinstance(v, (int, float, str, bool, dict)) and k != "rng"}

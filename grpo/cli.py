@@ -68,12 +68,20 @@ def _train(argv: list[str]) -> int:
     cfg = load_config(config_path, overrides)
     from grpo.trainer import Trainer
 
+    from grpo.distributed import close_world
+
     trainer = Trainer(cfg)
-    print(f"run folder: {trainer.run_dir}", flush=True)
-    if getattr(trainer, "resumed_from", None):
+    main = trainer.world.is_main  # under torchrun, rank 0 speaks for the run
+    if main:
+        print(f"run folder: {trainer.run_dir}", flush=True)
+    if main and getattr(trainer, "resumed_from", None):
         print(f"resumed from {trainer.resumed_from} at step {trainer.step}", flush=True)
-    result = trainer.train()
-    _print_summary(result, trainer)
+    try:
+        result = trainer.train()
+    finally:
+        close_world(trainer.world)
+    if main:
+        _print_summary(result, trainer)
     return 130 if result.get("interrupted") == "SIGINT" else 143 if result.get("interrupted") else 0
 
 

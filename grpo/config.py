@@ -154,6 +154,8 @@ class Config:
     """Parameter dtype: float32, bfloat16 or float16."""
     bf16: bool | None = None
     """Mixed precision: training forwards under bf16 autocast, LM head and weights kept in dtype (null = on where the hardware has native bf16)."""
+    distributed_strategy: str = "ddp"
+    """Under torchrun: ddp (a full model copy per process) or fsdp2 (policy and reference sharded with fully_shard)."""
 
     # ---- run, logging, evaluation ----
     output_dir: str = ""
@@ -226,6 +228,7 @@ def _validate(c: Config) -> None:
     _choice("lr_scheduler_type", c.lr_scheduler_type, SCHEDULES)
     _choice("dtype", c.dtype, DTYPES)
     _choice("report_to", c.report_to, REPORT_TO)
+    _choice("distributed_strategy", c.distributed_strategy, ("ddp", "fsdp2"))
     positive = ["reward_workers", "num_generations", "prompts_per_step", "max_prompt_length", "max_completion_length",
                 "num_iterations", "per_device_train_batch_size", "eval_max_new_tokens", "eval_batch_size",
                 "logging_steps", "lora_r"]

@@ -30,7 +30,7 @@ def _correct(texts: list[str], samples: list[dict], verifier) -> list[bool]:
 @torch.no_grad()
 def evaluate(model, tokenizer, samples: list[dict], verifier, *, system_prompt: str, max_new_tokens: int,
              batch_size: int = 64, pass_k: int = 0, pass_prompts: int = 0, temperature: float = 1.0,
-             top_p: float = 1.0, top_k: int = 0, max_prompt_length: int = 1024) -> dict:
+             top_p: float = 1.0, top_k: int = 0, max_prompt_length: int = 1024, synced: bool = False) -> dict:
     """Greedy accuracy on every sample; pass@k from k samples per prompt on the first ``pass_prompts``.
 
     A completion is correct when ``verifier(completion, sample) >= 1`` (the task's first reward).
@@ -42,7 +42,7 @@ def evaluate(model, tokenizer, samples: list[dict], verifier, *, system_prompt: 
     correct, lengths, truncated, examples = [], [], [], []
     for i in range(0, len(samples), batch_size):
         ro = generate_rollout(model, tokenizer, prompts[i:i + batch_size], group_size=1, greedy=True,
-                              max_new_tokens=max_new_tokens, max_prompt_length=max_prompt_length)
+                              max_new_tokens=max_new_tokens, max_prompt_length=max_prompt_length, synced=synced)
         correct += _correct(ro.texts, samples[i:i + batch_size], verifier)
         lengths += ro.lengths.tolist()
         truncated += ro.truncated.tolist()
@@ -58,7 +58,8 @@ def evaluate(model, tokenizer, samples: list[dict], verifier, *, system_prompt: 
         for i in range(0, len(sub), per_batch):
             ro = generate_rollout(model, tokenizer, prompts[i:i + per_batch], group_size=pass_k,
                                   max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                  top_k=top_k, max_prompt_length=max_prompt_length, with_logprobs=False)
+                                  top_k=top_k, max_prompt_length=max_prompt_length, with_logprobs=False,
+                                  synced=synced)
             ok = _correct(ro.texts, [s for s in sub[i:i + per_batch] for _ in range(pass_k)], verifier)
             scores += [pass_at_k(pass_k, sum(ok[j:j + pass_k]), pass_k) for j in range(0, len(ok), pass_k)]
         result["pass@k"] = sum(scores) / len(scores)

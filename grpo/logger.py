@@ -71,3 +71,20 @@ class RunLogger:
             self.progress = None
         if self.tb is not None:
             self.tb.close()
+
+
+class NullLogger:
+    """What processes other than rank 0 log to under torchrun: nothing (one progress bar, one metrics
+    file per run)."""
+
+    def log_step(self, step: int, metrics: dict) -> None:
+        pass
+
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -14,11 +14,14 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from grpo import checkpoint as ckpt_io
+from grpo import distributed as dist_io
 
 
 def trainer_state(t) -> dict:
     """Everything besides the policy weights that the next step depends on."""
-    state = {"step": t.step, "sampler": t.sampler.state_dict(), "optimizer": t.optimizer.state_dict(),
+    # the optimizer keyed by parameter name and unsharded: resumable on any number of processes
+    state = {"step": t.step, "sampler": t.sampler.state_dict(),
+             "optimizer": dist_io.full_optimizer_state(t.policy, t.optimizer),
              "scheduler": t.scheduler.state_dict(), "rng": ckpt_io.rng_state(),
              "skipped_updates": t.skipped_updates, "consecutive_skips": t.consecutive_skips,
              "reward_failures": t.reward_failures, "ref_reset_at": t.ref_reset_at,
@@ -29,7 +32,8 @@ def trainer_state(t) -> dict:
     state["stateful"] = {name: obj.state_dict() for name, obj in t.stateful.items()}
     if t.ref_reset_at and t.models.reference is not None:
         # the reference is no longer the initial model: its weights are part of the run's state
-        state["reference"] = t.models.reference.state_dict()
+        ref = t.models.reference
+        state["reference"] = dist_io.full_model_state(ref) if t.sharded else ref.state_dict()
     return state
 
 
@@ -65,20 +69,25 @@ def restore(t, ckpt: Path) -> None:
         from peft import set_peft_model_state_dict
 
         set_peft_model_state_dict(t.policy, weights)
+    elif t.sharded:
+        dist_io.load_full_model_state(t.policy, weights)
     else:
         missing, unexpected = t.policy.load_state_dict(weights, strict=False)
         if unexpected or [k for k in missing if "lm_head" not in k]:
             raise ckpt_io.CheckpointError(f"{ckpt}: weights do not match the model "
                                           f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
     if "reference" in state:
-        t.models.reference.load_state_dict(state["reference"])
+        if t.sharded:
+            dist_io.load_full_model_state(t.models.reference, state["reference"])
+        else:
+            t.models.reference.load_state_dict(state["reference"])
     if t.critic is not None:
         t.critic.load_state_dict(state["critic"])
     for name, obj in t.stateful.items():
         if name not in state.get("stateful", {}):
             raise ckpt_io.CheckpointError(f"{ckpt}: holds no state for {name!r}, which this config uses")
         obj.load_state_dict(state["stateful"][name])
-    t.optimizer.load_state_dict(state["optimizer"])
+    dist_io.load_full_optimizer_state(t.policy, t.optimizer, state["optimizer"])
     t.scheduler.load_state_dict(state["scheduler"])
     t.sampler.load_state_dict(state["sampler"])
     t.step, t.ref_reset_at = state["step"], state["ref_reset_at"]
@@ -89,7 +98,7 @@ def restore(t, ckpt: Path) -> None:
     ckpt_io.set_rng_state(state["rng"])
     for name in ("metrics.jsonl", "samples.jsonl"):
         path = t.run_dir / name
-        if path.is_file():
+        if path.is_file() and t.world.is_main:
             kept = [l for l in path.read_text().splitlines() if json.loads(l)["step"] <= t.step]
             path.write_text("".join(l + "\n" for l in kept))
     t.resumed_from = ckpt

@@ -22,16 +22,18 @@ import torch
 
 from grpo import core
 from grpo import checkpoint as ckpt_io
+from grpo import distributed as dist_io
 from grpo import resume
-from grpo.config import Config
+from grpo.config import Config, ConfigError
 from grpo.critic import Critic
 from grpo.data import PromptSampler, load_task, render_prompt
 from grpo.evaluate import evaluate
-from grpo.logger import RunLogger
+from grpo.logger import NullLogger, RunLogger
 from grpo.models import keep_head_fp32, load_models, native_bf16, reset_reference
 from grpo.policy import completion_logprobs
 from grpo.rewards.runner import RewardRunner
 from grpo.rollout import Rollout, generate_rollout
+from grpo.rollout.hf import row_keys
 from grpo.runtime import lr_lambda, make_run_dir, seed_everything
 
 
@@ -55,6 +57,13 @@ class Trainer:
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         seed_everything(cfg.seed)
+        self.world = dist_io.init_world()  # torchrun's environment, or one process
+        world = self.world
+        if cfg.prompts_per_step % world.size:
+            raise ConfigError(f"prompts_per_step: {cfg.prompts_per_step} prompts cannot be split evenly over "
+                              f"{world.size} processes (each group stays on one process)")
+        if world.distributed and cfg.advantage_estimator == "gae":
+            raise ConfigError("advantage_estimator: gae (PPO with a critic) runs on one process only")
         # Everything that can be wrong with the input is checked before the model loads.
         self.rewards = RewardRunner(cfg.reward_names, cfg.reward_weights, timeout=cfg.reward_timeout,
                                     workers=cfg.reward_workers)
@@ -63,20 +72,31 @@ class Trainer:
                                       answer_field=cfg.answer_field, split=cfg.task_split)
         if not self.task.train:
             raise ValueError(f"task {cfg.task!r} has no training prompts")
-        self.run_dir = make_run_dir(cfg)
-        cfg.save(self.run_dir / "config.yaml")
+        self.run_dir = dist_io.broadcast_object(make_run_dir(cfg) if world.is_main else None, world)
+        if world.is_main:
+            cfg.save(self.run_dir / "config.yaml")
         self.models = models or load_models(cfg.model, dtype=cfg.dtype, need_reference=cfg.beta > 0,
                                             lora_r=cfg.lora_r if cfg.use_peft else 0, lora_alpha=cfg.lora_alpha,
                                             lora_dropout=cfg.lora_dropout,
                                             lora_target_modules=cfg.lora_target_modules)
         self.policy, self.tok = self.models.policy, self.models.tokenizer
         self.policy.train()
+        if world.device.type != "cpu":
+            for m in (self.policy, self.models.reference):
+                if m is not None:
+                    m.to(world.device)
         device = next(self.policy.parameters()).device
         self.amp = cfg.bf16 if cfg.bf16 is not None else (native_bf16(device) and cfg.dtype == "float32")
         if self.amp:
             for m in (self.policy, self.models.reference):
                 if m is not None:
                     keep_head_fp32(m)
+        # the module the training forward runs through (DDP wrapper, or the policy sharded in place by
+        # FSDP2); self.policy stays the model itself, for generation, LoRA switches and saving
+        self.engine = dist_io.wrap_policy(self.policy, world, cfg.distributed_strategy)
+        self.sharded = world.distributed and cfg.distributed_strategy == "fsdp2"
+        if self.sharded and self.models.reference is not None:
+            dist_io.shard(self.models.reference)
         params = [p for p in self.policy.parameters() if p.requires_grad]  # LoRA: adapters only
         self.optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                            weight_decay=cfg.weight_decay)
@@ -104,37 +124,51 @@ class Trainer:
 
     # ---- one step -------------------------------------------------------------------------------
     def sample(self) -> tuple[list[dict], Rollout]:
-        cfg = self.cfg
-        samples = [self.task.train[i] for i in self.sampler.next(cfg.prompts_per_step)]
+        """This process's b = B / world prompts of the step's global draw, G completions each. Each
+        row samples from its own key (seed, step, global row), so the tokens do not depend on how
+        many processes share the batch."""
+        cfg, world = self.cfg, self.world
+        b, g = cfg.prompts_per_step // world.size, cfg.num_generations
+        mine = self.sampler.next(cfg.prompts_per_step)[world.rank * b:(world.rank + 1) * b]
+        samples = [self.task.train[i] for i in mine]
         prompts = [render_prompt(self.tok, s["prompt"], cfg.system_prompt) for s in samples]
-        ro = generate_rollout(self.policy, self.tok, prompts, group_size=cfg.num_generations,
+        ro = generate_rollout(self.policy, self.tok, prompts, group_size=g,
                               max_new_tokens=cfg.max_completion_length, temperature=cfg.temperature,
                               top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length,
-                              with_logprobs=False)  # the loss recomputes them; keeping [N, T, V] logits costs memory
+                              with_logprobs=False,  # the loss recomputes them; keeping [N, T, V] logits costs memory
+                              keys=row_keys(cfg.seed, self.step, world.rank * b * g, b * g), synced=self.sharded)
         return samples, ro
 
     def score(self, samples: list[dict], ro: Rollout) -> tuple[torch.Tensor, dict]:
-        """Rewards [B, G] (NaN where a reward failed) and the reward metrics."""
-        cfg = self.cfg
+        """Rewards [B, G] of the whole step, gathered from every process (NaN where a reward
+        failed), and the reward metrics."""
+        cfg, world = self.cfg, self.world
         group_samples = [s for s in samples for _ in range(cfg.num_generations)]
         res = self.rewards.score(ro.texts, group_samples)
-        for msg in res.messages:
-            self.logger.note(f"[yellow]{msg}")
-        n_failed = int(res.failed.sum())
+        for msgs in dist_io.gather_objects(res.messages, world):
+            for msg in msgs:
+                self.logger.note(f"[yellow]{msg}")
+        total = dist_io.gather_rows(res.total.double(), world)  # [N_global]
+        per_reward = {k: dist_io.gather_rows(v.double(), world) for k, v in res.per_reward.items()}
+        n_failed = int(torch.isnan(total).sum())
         self.reward_failures += n_failed
-        first = res.per_reward[cfg.reward_names[0]]
-        metrics = {f"rewards/{k}": float(torch.nanmean(v)) for k, v in res.per_reward.items()}
+        first = per_reward[cfg.reward_names[0]]
+        timeouts = int(dist_io.all_sum(torch.tensor(self.rewards.timeouts), world))
+        metrics = {f"rewards/{k}": float(torch.nanmean(v)) for k, v in per_reward.items()}
         metrics.update(accuracy=float((first >= 1.0).double().mean()), reward_failures=n_failed,
-                       reward_failures_total=self.reward_failures, reward_timeouts_total=self.rewards.timeouts)
-        return res.total.float().view(cfg.prompts_per_step, cfg.num_generations), metrics
+                       reward_failures_total=self.reward_failures, reward_timeouts_total=timeouts)
+        return total.float().view(cfg.prompts_per_step, cfg.num_generations), metrics
 
     def prepare(self, ro: Rollout, rewards: torch.Tensor) -> tuple[Batch, dict]:
+        """This process's batch from its rollout and the step's global rewards [B, G]: advantages
+        are computed on all B groups (identically on every process), then each keeps its rows."""
         cfg = self.cfg
+        rows = slice(self.world.rank * ro.completion_ids.shape[0], (self.world.rank + 1) * ro.completion_ids.shape[0])
         failed = torch.isnan(rewards)  # [B, G]
         # A failed reward neither rewards nor punishes: it takes its group's mean and leaves the loss.
         group_mean = torch.nan_to_num(torch.nanmean(rewards, dim=1, keepdim=True), nan=0.0)  # [B, 1]
         filled = torch.where(failed, group_mean.expand_as(rewards), rewards)  # [B, G]
-        mask = ro.completion_mask * (~failed).reshape(-1, 1)  # [N, T]
+        mask = ro.completion_mask * (~failed).reshape(-1, 1)[rows]  # [n, T]
         old_logp = self._logps(self.policy, ro) if cfg.num_iterations > 1 else None
         ref_logp = self._ref_logps(ro) if cfg.beta > 0 else None
         metrics = {"reward_mean": float(torch.nanmean(rewards)),
@@ -143,7 +177,7 @@ class Trainer:
         if self.critic is None:
             adv = core.compute_advantages(filled, estimator=cfg.advantage_estimator, std_eps=cfg.std_eps,
                                           unbiased_std=cfg.scale_rewards_unbiased)  # [B, G]
-            adv_tok = adv.reshape(-1, 1).expand_as(mask).contiguous()  # [N, T]
+            adv_tok = adv.reshape(-1, 1)[rows].expand_as(mask).contiguous()  # [n, T]
             metrics["advantage_variance"] = float(core.advantage_group_variance(adv))
             return Batch(ro, adv_tok, mask, old_logp, ref_logp), metrics
         # PPO (DeepSeekMath eq. 2): KL penalty in the per-token reward, GAE on critic values, whitened.
@@ -182,30 +216,22 @@ class Trainer:
 
     def update(self, batch: Batch) -> dict:
         """mu passes; each pass accumulates micro-batch gradients and takes one optimizer step."""
-        cfg, ro = self.cfg, batch.rollout
+        cfg, ro, world = self.cfg, batch.rollout, self.world
         n = ro.completion_ids.shape[0]
-        total = batch.mask.sum() if cfg.aggregation == "token_mean" else n
+        # the loss's denominator is the whole step's (tokens or sequences over all processes); DDP and
+        # FSDP2 average gradients over processes, so each divides by total / world to make that a sum
+        total = (dist_io.all_sum(batch.mask.sum(), world) if cfg.aggregation == "token_mean"
+                 else n * world.size) / world.size
         sums: dict[str, float] = {}
         tokens_seen = 0.0
         grad_norms = []
+        micro = torch.arange(n).split(cfg.per_device_train_batch_size)
         for _ in range(cfg.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
-            for idx in torch.arange(n).split(cfg.per_device_train_batch_size):
-                cur = completion_logprobs(self.policy, ro.prompt_ids[idx], ro.prompt_mask[idx],
-                                          ro.completion_ids[idx], ro.completion_mask[idx],
-                                          temperature=cfg.temperature, with_entropy=cfg.entropy_coef > 0,
-                                          autocast=self.amp)
-                logp = cur["logp"]  # [n, T]
-                old = batch.old_logp[idx] if batch.old_logp is not None else logp.detach()
-                out = core.policy_loss(
-                    logp, old, batch.advantages[idx], batch.mask[idx],
-                    ref_logp=batch.ref_logp[idx] if batch.ref_logp is not None else None,
-                    eps_low=cfg.epsilon, eps_high=cfg.eps_high, dual_clip=cfg.dual_clip,
-                    ratio_level=cfg.importance_sampling_level, kl_coef=cfg.beta if batch.kl_in_loss else 0.0,
-                    kl_estimator=cfg.kl_estimator,
-                    aggregation=cfg.aggregation, norm_length=cfg.max_completion_length, total=total,
-                    entropy=cur["entropy"], entropy_coef=cfg.entropy_coef)
-                out["loss"].backward()
+            for i, idx in enumerate(micro):
+                with dist_io.grad_sync(self.engine, world, enabled=i == len(micro) - 1):
+                    out = self._micro_loss(batch, idx, total)
+                    out["loss"].backward()
                 w = float(batch.mask[idx].sum())  # token weight of this micro-batch's means
                 tokens_seen += w
                 for k in ("kl", "entropy", "ratio_mean", "clip_fraction", "clip_fraction_low", "clip_fraction_high"):
@@ -217,6 +243,12 @@ class Trainer:
                 critic_metrics = self.critic.update(ro, batch.values, batch.returns, batch.mask,
                                                     micro_batch=cfg.per_device_train_batch_size)
             grad_norms.append(self._optimizer_step())
+        # token-weighted means and loss shares of every process (each loss share is world x its part)
+        keys = sorted(sums)
+        summed = dist_io.all_sum(torch.tensor([sums[k] for k in keys] + [tokens_seen], dtype=torch.float64), world)
+        sums, tokens_seen = dict(zip(keys, summed[:-1].tolist())), float(summed[-1])
+        sums["loss"] /= world.size
+        sums["policy_loss"] /= world.size
         metrics = {k: v / max(tokens_seen, 1.0) for k, v in sums.items() if k not in ("loss", "policy_loss")}
         metrics.update(loss=sums["loss"], policy_loss=sums["policy_loss"], grad_norm=grad_norms[-1],
                        skipped_updates=self.skipped_updates, learning_rate=self.scheduler.get_last_lr()[0])
@@ -224,10 +256,30 @@ class Trainer:
             metrics.update(critic_metrics)
         return metrics
 
+    def _micro_loss(self, batch: Batch, idx: torch.Tensor, total) -> dict:
+        """The objective on micro-batch rows ``idx``, through the (possibly wrapped) policy."""
+        cfg, ro = self.cfg, batch.rollout
+        cur = completion_logprobs(self.engine, ro.prompt_ids[idx], ro.prompt_mask[idx],
+                                  ro.completion_ids[idx], ro.completion_mask[idx],
+                                  temperature=cfg.temperature, with_entropy=cfg.entropy_coef > 0,
+                                  autocast=self.amp)
+        logp = cur["logp"]  # [n, T]
+        old = batch.old_logp[idx] if batch.old_logp is not None else logp.detach()
+        out = core.policy_loss(
+            logp, old, batch.advantages[idx], batch.mask[idx],
+            ref_logp=batch.ref_logp[idx] if batch.ref_logp is not None else None,
+            eps_low=cfg.epsilon, eps_high=cfg.eps_high, dual_clip=cfg.dual_clip,
+            ratio_level=cfg.importance_sampling_level, kl_coef=cfg.beta if batch.kl_in_loss else 0.0,
+            kl_estimator=cfg.kl_estimator,
+            aggregation=cfg.aggregation, norm_length=cfg.max_completion_length, total=total,
+            entropy=cur["entropy"], entropy_coef=cfg.entropy_coef)
+        return out
+
     def _optimizer_step(self) -> float:
         params = [p for p in self.policy.parameters() if p.grad is not None]
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else float("inf")
-        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
         if not math.isfinite(norm):
             self.skipped_updates += 1  # a non-finite gradient never reaches the weights
             self.consecutive_skips += 1
@@ -255,10 +307,11 @@ class Trainer:
         metrics.update(adv_metrics)
         metrics.update(self.update(batch))
         self.step += 1
-        lengths = ro.lengths.float()
+        lengths = dist_io.gather_rows(ro.lengths.float(), self.world)  # [N_global]
+        truncated = dist_io.gather_rows(ro.truncated.float(), self.world)  # [N_global]
         metrics.update(completion_length_mean=float(lengths.mean()), completion_length_max=float(lengths.max()),
-                       truncated_share=float(ro.truncated.float().mean()), generation_seconds=ro.seconds,
-                       tokens_per_second=float(lengths.sum()) / max(ro.seconds, 1e-9), rollout_backend=ro.backend,
+                       truncated_share=float(truncated.mean()), generation_seconds=ro.seconds,
+                       tokens_per_second=float(ro.lengths.sum()) * self.world.size / max(ro.seconds, 1e-9), rollout_backend=ro.backend,
                        step_seconds=time.perf_counter() - t0)
         if cfg.log_completions_steps and self.step % cfg.log_completions_steps == 0:
             flat = rewards.flatten().tolist()
@@ -271,7 +324,8 @@ class Trainer:
     # ---- the run --------------------------------------------------------------------------------
     def evaluate(self) -> dict:
         cfg = self.cfg
-        return evaluate(self.policy, self.tok, self.task.eval, self.rewards.fns[cfg.reward_names[0]],
+        # every process evaluates the same prompts (FSDP2 needs them all in each sharded forward)
+        return evaluate(self.policy, self.tok, self.task.eval, self.rewards.fns[cfg.reward_names[0]], synced=self.sharded,
                         system_prompt=cfg.system_prompt, max_new_tokens=cfg.eval_max_new_tokens,
                         batch_size=cfg.eval_batch_size, pass_k=cfg.eval_pass_k,
                         pass_prompts=min(cfg.eval_pass_prompts, len(self.task.eval)), temperature=cfg.temperature,
@@ -282,16 +336,28 @@ class Trainer:
         return resume.trainer_state(self)
 
     def save(self) -> Path:
-        return ckpt_io.save_checkpoint(self.run_dir, self.step, self.policy, self.tok, self.state(),
-                                       keep=self.cfg.save_total_limit)
+        """Every process gathers its part (a collective under FSDP2); rank 0 writes one checkpoint
+        that resumes on any number of processes."""
+        state = self.state()
+        weights = None
+        if self.sharded:  # tied weights (lm_head = embeddings) once, as save_pretrained writes them
+            names = {n for n, _ in self.policy.named_parameters()} | {n for n, _ in self.policy.named_buffers()}
+            weights = {k: v for k, v in dist_io.full_model_state(self.policy).items() if k in names}
+        if self.world.is_main:
+            ckpt_io.save_checkpoint(self.run_dir, self.step, self.policy, self.tok, state,
+                                    keep=self.cfg.save_total_limit, weights=weights)
+        dist_io.barrier(self.world)
+        return self.run_dir / "checkpoints" / f"step-{self.step}"
 
     def _on_signal(self, signum, _frame) -> None:
         self._stop_signal = signal.Signals(signum).name
 
     def train(self) -> dict:
         cfg = self.cfg
+        main = self.world.is_main
         self.logger = RunLogger(self.run_dir, total_steps=cfg.max_steps, start_step=self.step,
-                                tensorboard=cfg.report_to == "tensorboard", progress=cfg.progress)
+                                tensorboard=cfg.report_to == "tensorboard",
+                                progress=cfg.progress) if main else NullLogger()
         for p in ckpt_io.partial_folders(self.run_dir):
             self.logger.note(f"[yellow]ignoring {p}: a checkpoint write that did not finish")
         eval_path = self.run_dir / "eval.json"
@@ -303,9 +369,10 @@ class Trainer:
             if self.task.eval and "before" not in result:
                 self.logger.note(f"evaluating the untrained policy on {len(self.task.eval)} held-out prompts ...")
                 result["before"] = self.evaluate()
-                eval_path.write_text(json.dumps(result, indent=2))
+                if main:
+                    eval_path.write_text(json.dumps(result, indent=2))
                 self.logger.note(f"before: accuracy {result['before']['accuracy']:.3f}")
-            while self.step < cfg.max_steps and self._stop_signal is None:
+            while self.step < cfg.max_steps and not self._should_stop():
                 metrics = self.train_step()
                 if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps:
                     self.logger.log_step(self.step, metrics)
@@ -323,5 +390,14 @@ class Trainer:
                 signal.signal(s, h)
             self.logger.close()
             self.rewards.close()
-        eval_path.write_text(json.dumps(result, indent=2))
+        if main:
+            eval_path.write_text(json.dumps(result, indent=2))
         return result
+
+    def _should_stop(self) -> bool:
+        """A signal stops every process at the same step (one that stopped alone would leave the
+        others waiting in a collective)."""
+        flag = dist_io.all_max(int(self._stop_signal is not None), self.world)
+        if flag and self._stop_signal is None:
+            self._stop_signal = "SIGTERM"
+        return bool(flag)

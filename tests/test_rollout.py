@@ -1,11 +1,13 @@
 """The HF sampler: group layout, masks up to the first EOS, and sampling log-probs that match a
 recomputation under the same temperature."""
 
+import pytest
 import torch
 
 from grpo.models import load_models
 from grpo.policy import completion_logprobs
 from grpo.rollout import completion_mask_from_ids, generate_rollout
+from grpo.rollout.hf import KeyedSampler, row_keys
 
 
 def test_mask_stops_after_first_eos():
@@ -27,3 +29,55 @@ def test_sampling_logprobs_match_recomputed(tiny_model_dir):
                                     ro.completion_mask, temperature=0.7)["logp"]
     mask = ro.completion_mask.bool()
     torch.testing.assert_close(ro.sampling_logp[mask], again[mask], atol=1e-4, rtol=0)
+
+
+def _warped_probs(logits: torch.Tensor, *, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """Reference: softmax of logits / T restricted to the top-k, then to the smallest set whose
+    probability reaches top_p (the tokens generate may sample)."""
+    p = torch.softmax(logits / temperature, -1)
+    order = p.argsort(descending=True)
+    keep = torch.zeros_like(p, dtype=torch.bool)
+    keep[order[:top_k]] = True
+    sorted_p = p[order] * keep[order]
+    sorted_p = sorted_p / sorted_p.sum()
+    cum_before = sorted_p.cumsum(0) - sorted_p
+    nucleus = torch.zeros_like(keep)
+    nucleus[order[cum_before < top_p]] = True
+    q = p * keep * nucleus
+    return q / q.sum()
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8)])
+def test_keyed_sampler_draws_the_warped_softmax(temperature, top_k, top_p):
+    """Gumbel-max over warped logits samples exactly softmax(warped): 20,000 keyed draws from a fixed
+    8-token distribution pass a chi-square test against the exact probabilities (the keys are fixed,
+    so the test is deterministic), and tokens outside top-k/top-p are never drawn."""
+    logits = torch.tensor([[2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0]])  # [1, V]
+    draws = 20_000
+    proc = KeyedSampler(list(range(draws)), 0, temperature=temperature, top_p=top_p, top_k=top_k)
+    counts = torch.zeros(8)
+    for key in range(draws):
+        proc.keys = [key]
+        counts[int(proc(torch.zeros(1, 0, dtype=torch.long), logits).argmax())] += 1
+    q = _warped_probs(logits[0], temperature=temperature, top_k=top_k or 8, top_p=top_p)
+    assert counts[q == 0].sum() == 0
+    expected = q[q > 0] * draws
+    chi2 = float(((counts[q > 0] - expected) ** 2 / expected).sum())
+    dof = int((q > 0).sum()) - 1
+    assert chi2 < dof + 5 * (2 * dof) ** 0.5, (chi2, counts.tolist(), expected.tolist())  # far from p < 1e-4 territory
+
+
+def test_keyed_rollouts_do_not_depend_on_the_batch(tiny_model_dir):
+    """A row's completion depends only on its key: prompts sampled together equal the same prompts
+    sampled one by one (as on different processes under torchrun), and other keys give other tokens."""
+    m = load_models(str(tiny_model_dir), need_reference=False)
+    prompts = ["What is 1 + 1?", "Hi", "What is 12 + 30?"]
+    kw = dict(group_size=2, max_new_tokens=8, temperature=1.0, top_p=0.95, with_logprobs=False)
+    keys = row_keys(7, 3, 0, 6)
+    together = generate_rollout(m.policy, m.tokenizer, prompts, keys=keys, **kw)
+    for i, p in enumerate(prompts):
+        alone = generate_rollout(m.policy, m.tokenizer, [p], keys=keys[2 * i:2 * i + 2], **kw)
+        assert alone.texts == together.texts[2 * i:2 * i + 2]
+    other = generate_rollout(m.policy, m.tokenizer, prompts, keys=row_keys(7, 4, 0, 6), **kw)
+    assert other.texts != together.texts
+    assert together.texts[0] != together.texts[1]  # two members of a group differ

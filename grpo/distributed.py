@@ -1,0 +1,196 @@
+"""Scale-out on PyTorch's own engine: torchrun sets the environment, this module does the rest.
+
+``torchrun --nproc-per-node N -m grpo train ...`` starts N copies of the trainer; each reads RANK,
+WORLD_SIZE and LOCAL_RANK, joins one process group (gloo on CPU, NCCL on GPU) and wraps the policy
+in DDP or FSDP2 (``fully_shard``). Work is divided by prompt: every rank draws the same global list
+of B prompts and keeps its own B / world contiguous slice, so each group of G completions lives on
+one rank and group statistics need no communication. Batch-level quantities (rewards for the
+batch-std estimator and the metrics, the token-mean normaliser, token-weighted metric sums) are
+all-gathered or all-reduced. Without torchrun ``World()`` is a single process and every helper here
+is the identity, so one code path serves both.
+
+Dimension letters: B prompts per step (global), b = B / world per rank, G group size.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+STRATEGIES = ("ddp", "fsdp2")
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+
+def init_world() -> World:
+    """The process group torchrun's environment describes, or a single process without one."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size == 1:
+        return World()
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    return World(rank=rank, size=size, local_rank=local_rank, device=device)
+
+
+def close_world(world: World) -> None:
+    if world.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_policy(model: torch.nn.Module, world: World, strategy: str) -> torch.nn.Module:
+    """The module the training forward runs through: the model itself on one process, DDP, or the
+    model sharded in place with FSDP2 (each decoder layer, then the root)."""
+    if not world.distributed:
+        return model
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [world.device.index] if world.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
+    shard(model)
+    return model
+
+
+def shard(model: torch.nn.Module) -> None:
+    """FSDP2: shard each transformer block, then the rest, in place. Used for the policy and, the same
+    way, the frozen reference (which then never needs the whole model on one device)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in _blocks(model):
+        fully_shard(block)
+    fully_shard(model)
+
+
+def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated decoder layers: the largest ModuleList of the model (layers of a Llama/Qwen/GPT)."""
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    return list(max(lists, key=len)) if lists else []
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def gather_rows(x: torch.Tensor, world: World) -> torch.Tensor:
+    """Concatenate each rank's rows in rank order: [b, ...] per rank -> [B, ...] on every rank.
+    Every rank must hold the same number of rows."""
+    if not world.distributed:
+        return x
+    parts = [torch.empty_like(x) for _ in range(world.size)]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts)
+
+
+def gather_objects(obj, world: World) -> list:
+    """One picklable object per rank, in rank order, on every rank."""
+    if not world.distributed:
+        return [obj]
+    out = [None] * world.size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def all_sum(x: torch.Tensor, world: World) -> torch.Tensor:
+    """Sum over ranks (a new tensor; the input is left as it was)."""
+    if not world.distributed:
+        return x
+    y = x.detach().clone()
+    dist.all_reduce(y)
+    return y
+
+
+def all_max(value: int, world: World) -> int:
+    if not world.distributed:
+        return value
+    t = torch.tensor([value], dtype=torch.long)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t)
+
+
+def broadcast_object(obj, world: World):
+    """Rank 0's object on every rank."""
+    if not world.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier(world: World) -> None:
+    if world.distributed:
+        dist.barrier()
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer) -> dict:
+    """The optimizer state keyed by parameter name and unsharded, as one process would hold it, so a
+    checkpoint resumes on any number of processes. Collective under FSDP2: every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True,
+                                                                                   cpu_offload=True))
+
+
+def load_full_optimizer_state(model: torch.nn.Module, optimizer, state: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def full_model_state(model: torch.nn.Module) -> dict:
+    """Unsharded CPU copies of a sharded model's weights (collective under FSDP2)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_full_model_state(model: torch.nn.Module, state: dict) -> None:
+    """Each rank keeps its own shard of the full tensors in ``state``."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+
+
+@contextmanager
+def grad_sync(engine: torch.nn.Module, world: World, *, enabled: bool):
+    """Gradient accumulation without communication: inside ``enabled=False`` the backward keeps its
+    gradients local (DDP ``no_sync``, FSDP2 ``set_requires_gradient_sync(False)``); the last
+    micro-batch of a step syncs everything accumulated."""
+    if enabled or not world.distributed:
+        yield
+        return
+    if hasattr(engine, "no_sync"):  # DDP
+        with engine.no_sync():
+            yield
+        return
+    engine.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        engine.set_requires_gradient_sync(True)

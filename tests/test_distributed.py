@@ -1,0 +1,145 @@
+"""One process versus two under torchrun (gloo, CPU): the same global batch, seeds and data give the
+same weights and the same metrics, with DDP and with FSDP2; a two-process run resumes exactly, on
+two processes or on one.
+
+Each run is a real `grpo train` subprocess (torchrun for two processes) on the tiny random Llama.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 3
+# metrics that are functions of the data and the weights (not of the clock); every one must agree
+COMPARED = ("reward_mean", "reward_std", "accuracy", "zero_variance_share", "advantage_variance", "kl", "entropy",
+            "ratio_mean", "clip_fraction", "loss", "policy_loss", "grad_norm", "completion_length_mean",
+            "completion_length_max", "truncated_share", "reward_failures")
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "sums.jsonl"
+    rows = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(1, 7) for b in range(1, 5)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _train(run_dir: Path, model_dir, data_file, *, procs: int, extra: list[str] = (), resume: bool = False):
+    """`grpo train` on `procs` processes; returns the run folder."""
+    launcher = [sys.executable, "-m", "grpo"] if procs == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs),
+        "-m", "grpo"]
+    args = ["train", f"model={model_dir}", f"task={data_file}", f"output_dir={run_dir}", f"max_steps={STEPS}",
+            "prompts_per_step=4", "num_generations=4", "per_device_train_batch_size=4", "max_completion_length=8",
+            "eval_prompts=0", "rewards=tests.rewards_for_tests:digit_share", "learning_rate=1e-3", "beta=0.04",
+            "num_iterations=2", "bf16=false", "progress=false", "report_to=none", "reward_timeout=0",
+            "num_threads=1", "seed=3"]
+    if resume:
+        args = ["train", "--resume", str(run_dir)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    proc = subprocess.run(launcher + args + list(extra), cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return run_dir
+
+
+def _weights(run_dir: Path, step: int = STEPS) -> dict[str, torch.Tensor]:
+    out = {}
+    for f in sorted((run_dir / "checkpoints" / f"step-{step}").glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    assert out, f"no weights in {run_dir}"
+    return out
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _assert_same_weights(a: dict, b: dict, tol: float = 1e-6) -> None:
+    assert a.keys() == b.keys()
+    worst = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    assert worst <= tol, f"largest weight difference {worst:.3g} > {tol}"
+
+
+def _assert_same_metrics(a: list[dict], b: list[dict]) -> None:
+    assert [m["step"] for m in a] == [m["step"] for m in b] == list(range(1, STEPS + 1))
+    for ma, mb in zip(a, b):
+        for k in COMPARED:
+            assert ma[k] == pytest.approx(mb[k], rel=1e-5, abs=1e-6), (ma["step"], k, ma[k], mb[k])
+
+
+SETTINGS = {
+    "grpo": ["aggregation=seq_mean_token_mean", "advantage_estimator=grpo"],
+    "token_mean": ["aggregation=token_mean", "advantage_estimator=grpo"],
+    "batch_std": ["aggregation=seq_mean_token_mean", "advantage_estimator=batch_std"],
+}
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory, tiny_model_dir, data_file):
+    """One-process reference runs, one per setting, made on first use."""
+    cache: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in cache:
+            run = tmp_path_factory.mktemp(f"one-{name}") / "run"
+            cache[name] = _train(run, tiny_model_dir, data_file, procs=1, extra=SETTINGS[name])
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_two_processes_equal_one(tmp_path, tiny_model_dir, data_file, single, setting, strategy):
+    one = single(setting)
+    two = _train(tmp_path / "run", tiny_model_dir, data_file, procs=2,
+                 extra=SETTINGS[setting] + [f"distributed_strategy={strategy}"])
+    w1, w2 = _weights(one), _weights(two)
+    _assert_same_weights(w1, w2)
+    from safetensors.torch import load_file as load
+
+    initial = {}
+    for f in sorted(Path(tiny_model_dir).glob("*.safetensors")):
+        initial.update(load(str(f)))
+    moved = max(float((w1[k] - initial[k]).abs().max()) for k in initial if k in w1)
+    assert moved > 1e-4, "the weights did not move: the comparison would be vacuous"
+    _assert_same_metrics(_metrics(one), _metrics(two))
+    # one metrics file and one progress stream: only rank 0 writes
+    assert len(_metrics(two)) == STEPS
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_two_process_resume_is_exact(tmp_path, tiny_model_dir, data_file, single, strategy):
+    """Stop a 2-process run after step 2, resume it on 2 processes and, separately, on 1: both end
+    where the uninterrupted run ends."""
+    one = single("grpo")
+    extra = SETTINGS["grpo"] + [f"distributed_strategy={strategy}"]
+    part = _train(tmp_path / "part", tiny_model_dir, data_file, procs=2, extra=extra + ["max_steps=2"])
+    copy = tmp_path / "part-copy"
+    subprocess.run(["cp", "-r", str(part), str(copy)], check=True)
+    _train(part, tiny_model_dir, data_file, procs=2, resume=True, extra=[f"max_steps={STEPS}"])
+    _train(copy, tiny_model_dir, data_file, procs=1, resume=True, extra=[f"max_steps={STEPS}"])
+    for resumed in (part, copy):
+        _assert_same_weights(_weights(one), _weights(resumed))
+        _assert_same_metrics(_metrics(one), _metrics(resumed))
+
+
+def test_uneven_split_is_a_clear_error(tmp_path, tiny_model_dir, data_file):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                "-m", "grpo", "train", f"model={tiny_model_dir}", f"task={data_file}",
+                f"output_dir={tmp_path / 'run'}", "prompts_per_step=3", "eval_prompts=0", "progress=false"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(launcher, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "prompts_per_step: 3 prompts cannot be split evenly over 2 processes" in proc.stderr
