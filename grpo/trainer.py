@@ -23,6 +23,7 @@ import torch
 from grpo import core
 from grpo import checkpoint as ckpt_io
 from grpo import resume
+from grpo import stability as stab
 from grpo.config import Config
 from grpo.critic import Critic
 from grpo.data import PromptSampler, load_task, render_prompt
@@ -98,6 +99,9 @@ class Trainer:
         # helpers whose state the next step depends on (controllers, filters): name -> object with
         # state_dict()/load_state_dict(); saved in and restored from every checkpoint
         self.stateful: dict = {}
+        self.stability = stab.Stability(cfg)  # the step's knobs (eps, beta, temperature, ...) and their controllers
+        if self.stability.controllers or self.stability.fuse is not None:
+            self.stateful["stability"] = self.stability
         path = resume.resume_path(cfg.resume_from_checkpoint, self.run_dir)
         if path is not None:
             resume.restore(self, path)
@@ -108,7 +112,7 @@ class Trainer:
         samples = [self.task.train[i] for i in self.sampler.next(cfg.prompts_per_step)]
         prompts = [render_prompt(self.tok, s["prompt"], cfg.system_prompt) for s in samples]
         ro = generate_rollout(self.policy, self.tok, prompts, group_size=cfg.num_generations,
-                              max_new_tokens=cfg.max_completion_length, temperature=cfg.temperature,
+                              max_new_tokens=cfg.max_completion_length, temperature=self.stability.temperature,
                               top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length,
                               with_logprobs=False)  # the loss recomputes them; keeping [N, T, V] logits costs memory
         return samples, ro
@@ -130,16 +134,17 @@ class Trainer:
 
     def prepare(self, ro: Rollout, rewards: torch.Tensor) -> tuple[Batch, dict]:
         cfg = self.cfg
+        rewards, keep, filter_metrics = stab.reshape_rewards(rewards, ro, cfg)  # overlong penalty, PF-PPO
         failed = torch.isnan(rewards)  # [B, G]
         # A failed reward neither rewards nor punishes: it takes its group's mean and leaves the loss.
         group_mean = torch.nan_to_num(torch.nanmean(rewards, dim=1, keepdim=True), nan=0.0)  # [B, 1]
         filled = torch.where(failed, group_mean.expand_as(rewards), rewards)  # [B, G]
-        mask = ro.completion_mask * (~failed).reshape(-1, 1)  # [N, T]
+        mask = ro.completion_mask * (~failed & keep).reshape(-1, 1)  # [N, T]
         old_logp = self._logps(self.policy, ro) if cfg.num_iterations > 1 else None
         ref_logp = self._ref_logps(ro) if cfg.beta > 0 else None
         metrics = {"reward_mean": float(torch.nanmean(rewards)),
                    "reward_std": float(rewards[~failed].std(correction=0)) if (~failed).sum() > 1 else 0.0,
-                   "zero_variance_share": float(core.zero_variance_share(filled))}
+                   "zero_variance_share": float(core.zero_variance_share(filled)), **filter_metrics}
         if self.critic is None:
             adv = core.compute_advantages(filled, estimator=cfg.advantage_estimator, std_eps=cfg.std_eps,
                                           unbiased_std=cfg.scale_rewards_unbiased)  # [B, G]
@@ -154,7 +159,7 @@ class Trainer:
             behaviour = torch.zeros_like(values)  # no KL term: the score alone, on the last token
         else:
             behaviour = old_logp if old_logp is not None else self._logps(self.policy, ro)  # [N, T]
-        rewards_tok = core.kl_shaped_rewards(filled.flatten(), behaviour, ref_logp, mask, kl_coef=cfg.beta)
+        rewards_tok = core.kl_shaped_rewards(filled.flatten(), behaviour, ref_logp, mask, kl_coef=self.stability.beta)
         est = core.gae(rewards_tok, values, mask, gamma=cfg.gamma, lam=cfg.lam)
         adv_tok = core.whiten(est["advantages"], mask)  # [N, T]
         seq_adv = core.masked_mean(adv_tok, mask, dim=1).view_as(filled)  # [B, G]
@@ -171,7 +176,7 @@ class Trainer:
         for idx in torch.arange(ro.completion_ids.shape[0]).split(mb):
             parts.append(completion_logprobs(model, ro.prompt_ids[idx], ro.prompt_mask[idx],
                                              ro.completion_ids[idx], ro.completion_mask[idx],
-                                             temperature=self.cfg.temperature, autocast=self.amp)["logp"])
+                                             temperature=self.stability.temperature, autocast=self.amp)["logp"])
         return torch.cat(parts)  # [N, T]
 
     def _ref_logps(self, ro: Rollout) -> torch.Tensor:
@@ -182,7 +187,7 @@ class Trainer:
 
     def update(self, batch: Batch) -> dict:
         """mu passes; each pass accumulates micro-batch gradients and takes one optimizer step."""
-        cfg, ro = self.cfg, batch.rollout
+        cfg, ro, k = self.cfg, batch.rollout, self.stability
         n = ro.completion_ids.shape[0]
         total = batch.mask.sum() if cfg.aggregation == "token_mean" else n
         sums: dict[str, float] = {}
@@ -193,23 +198,26 @@ class Trainer:
             for idx in torch.arange(n).split(cfg.per_device_train_batch_size):
                 cur = completion_logprobs(self.policy, ro.prompt_ids[idx], ro.prompt_mask[idx],
                                           ro.completion_ids[idx], ro.completion_mask[idx],
-                                          temperature=cfg.temperature, with_entropy=cfg.entropy_coef > 0,
+                                          temperature=k.temperature, with_entropy=k.entropy_coef > 0,
                                           autocast=self.amp)
                 logp = cur["logp"]  # [n, T]
                 old = batch.old_logp[idx] if batch.old_logp is not None else logp.detach()
                 out = core.policy_loss(
                     logp, old, batch.advantages[idx], batch.mask[idx],
                     ref_logp=batch.ref_logp[idx] if batch.ref_logp is not None else None,
-                    eps_low=cfg.epsilon, eps_high=cfg.eps_high, dual_clip=cfg.dual_clip,
-                    ratio_level=cfg.importance_sampling_level, kl_coef=cfg.beta if batch.kl_in_loss else 0.0,
+                    eps_low=k.epsilon, eps_high=k.eps_high, dual_clip=cfg.dual_clip,
+                    ratio_level=cfg.importance_sampling_level, kl_coef=k.beta if batch.kl_in_loss else 0.0,
                     kl_estimator=cfg.kl_estimator,
                     aggregation=cfg.aggregation, norm_length=cfg.max_completion_length, total=total,
-                    entropy=cur["entropy"], entropy_coef=cfg.entropy_coef)
+                    entropy=cur["entropy"], entropy_coef=k.entropy_coef, cov_mode=cfg.cov_mode,
+                    cov_fraction=cfg.cov_fraction, kl_cov_coef=cfg.kl_cov_coef)
                 out["loss"].backward()
                 w = float(batch.mask[idx].sum())  # token weight of this micro-batch's means
                 tokens_seen += w
-                for k in ("kl", "entropy", "ratio_mean", "clip_fraction", "clip_fraction_low", "clip_fraction_high"):
-                    sums[k] = sums.get(k, 0.0) + float(out[k]) * w
+                for key in ("kl", "entropy", "ratio_mean", "clip_fraction", "clip_fraction_low", "clip_fraction_high",
+                            "cov_token_share"):
+                    if key in out:
+                        sums[key] = sums.get(key, 0.0) + float(out[key]) * w
                 sums["loss"] = sums.get("loss", 0.0) + float(out["loss"].detach()) / cfg.num_iterations
                 sums["policy_loss"] = sums.get("policy_loss", 0.0) + float(out["policy_loss"]) / cfg.num_iterations
             if self.critic is not None:  # PPO epochs train the critic on the same batch; with a shared
@@ -249,8 +257,12 @@ class Trainer:
         if cfg.ref_reset_steps and self.step and self.step % cfg.ref_reset_steps == 0:
             reset_reference(self.models.reference, self.policy)
             self.ref_reset_at = self.step
-        samples, ro = self.sample()
-        rewards, metrics = self.score(samples, ro)
+        if cfg.dynamic_sampling:  # DAPO: only groups with reward variance reach the loss
+            samples, ro, rewards, metrics = stab.dynamic_sample(self)
+        else:
+            samples, ro = self.sample()
+            rewards, metrics = self.score(samples, ro)
+        metrics.update(self.stability.knobs())  # the knob values this step trains with
         batch, adv_metrics = self.prepare(ro, rewards)
         metrics.update(adv_metrics)
         metrics.update(self.update(batch))
@@ -260,6 +272,9 @@ class Trainer:
                        truncated_share=float(ro.truncated.float().mean()), generation_seconds=ro.seconds,
                        tokens_per_second=float(lengths.sum()) / max(ro.seconds, 1e-9), rollout_backend=ro.backend,
                        step_seconds=time.perf_counter() - t0)
+        if cfg.consistency_steps and self.step % cfg.consistency_steps == 0:
+            metrics.update(stab.consistency(self))
+        self.fuse_reason = self.stability.after_step(metrics)  # controllers move the next step's knobs
         if cfg.log_completions_steps and self.step % cfg.log_completions_steps == 0:
             flat = rewards.flatten().tolist()
             self.logger.log_samples(self.step, [
@@ -291,7 +306,8 @@ class Trainer:
     def train(self) -> dict:
         cfg = self.cfg
         self.logger = RunLogger(self.run_dir, total_steps=cfg.max_steps, start_step=self.step,
-                                tensorboard=cfg.report_to == "tensorboard", progress=cfg.progress)
+                                tensorboard=cfg.report_to == "tensorboard", progress=cfg.progress,
+                                wandb_config=cfg.to_dict() if cfg.report_to == "wandb" else None)
         for p in ckpt_io.partial_folders(self.run_dir):
             self.logger.note(f"[yellow]ignoring {p}: a checkpoint write that did not finish")
         eval_path = self.run_dir / "eval.json"
@@ -309,6 +325,9 @@ class Trainer:
                 metrics = self.train_step()
                 if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps:
                     self.logger.log_step(self.step, metrics)
+                if self.fuse_reason:
+                    raise stab.FuseError(f"{self.fuse_reason} (step {self.step}); stopped, checkpoint "
+                                         f"{self.save()}")
                 if cfg.save_steps and self.step % cfg.save_steps == 0 and self.step < cfg.max_steps:
                     self.save()
             result["checkpoint"] = str(self.save())
