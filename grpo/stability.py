@@ -23,8 +23,11 @@ class FuseError(RuntimeError):
 class BandController:
     """Hold ``metric`` inside [low, high] by moving a knob multiplicatively between bounds.
 
-    direction +1: the metric grows with the knob (temperature -> entropy, eps -> clip fraction is -1,
-    see the callers); a metric above the band moves the knob against the metric, below it with it.
+    Each step, with mid = (low + high) / 2 and half = (high - low) / 2, the knob is multiplied by
+    factor ** clamp(direction * (mid - x) / half, -2, 2): proportional control in log space toward the
+    band's middle (gentle inside the band, up to factor**2 per step far outside it). direction +1: the
+    metric grows with the knob (temperature or entropy_coef -> entropy); -1: it shrinks as the knob
+    grows (epsilon -> clip fraction).
     """
 
     def __init__(self, *, metric: str, low: float, high: float, value: float, factor: float, bounds: tuple,
@@ -35,11 +38,9 @@ class BandController:
     def update(self, metrics: dict) -> float:
         x = metrics.get(self.metric)
         if isinstance(x, (int, float)) and math.isfinite(x):
-            if x > self.high:
-                self.value = self.value / self.factor if self.direction > 0 else self.value * self.factor
-            elif x < self.low:
-                self.value = self.value * self.factor if self.direction > 0 else self.value / self.factor
-            self.value = min(max(self.value, self.bounds[0]), self.bounds[1])
+            mid, half = (self.low + self.high) / 2, (self.high - self.low) / 2
+            err = min(max(self.direction * (mid - x) / half, -2.0), 2.0)
+            self.value = min(max(self.value * self.factor ** err, self.bounds[0]), self.bounds[1])
         return self.value
 
     def state_dict(self) -> dict:
@@ -114,7 +115,7 @@ class Stability:
             lo, hi = cfg.entropy_target_band
             knob = cfg.entropy_target_knob
             start = cfg.temperature if knob == "temperature" else max(cfg.entropy_coef, 1e-4)
-            bounds = (0.1, 2.0) if knob == "temperature" else (0.0, 1.0)
+            bounds = (0.05, 4.0) if knob == "temperature" else (0.0, 10.0)
             self.controllers[knob] = BandController(metric="entropy", low=lo, high=hi, value=start,
                                                     factor=cfg.controller_factor, bounds=bounds, direction=1)
         if cfg.kl_target is not None:
