@@ -64,6 +64,7 @@ def plot_runs(runs: list[dict], out: Path) -> list[str]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     names = []
     for stem, title, keys in PLOTS:
@@ -83,6 +84,7 @@ def plot_runs(runs: list[dict], out: Path) -> list[str]:
             ax.text(0.5, 0.5, f"{', '.join(keys)}: not logged", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         fig.tight_layout()
         fig.savefig(out / f"{stem}.png", dpi=90)
@@ -144,12 +146,13 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None) -> P
     if not run_dirs:
         raise ValueError("grpo report: name at least one run folder")
     runs = [load_run(d) for d in run_dirs]
-    seen: dict[str, int] = {}
-    for run in runs:  # two runs with the same folder name get distinct labels
-        n = seen.get(run["name"], 0)
-        seen[run["name"]] = n + 1
-        if n:
-            run["name"] = f"{run['name']} ({n + 1})"
+    names = [run["name"] for run in runs]
+    for run in runs:  # runs in folders of the same name: label them parent/name, then by position
+        if names.count(run["name"]) > 1:
+            run["name"] = f"{Path(run['dir']).resolve().parent.name}/{run['name']}"
+    for i, run in enumerate(runs):
+        if [r["name"] for r in runs].count(run["name"]) > 1:
+            run["name"] = f"{run['name']} #{i + 1}"
     out_dir = Path(out) if out else Path(run_dirs[0]) / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
     images = plot_runs(runs, out_dir)
