@@ -341,6 +341,8 @@ def _validate_stability(c: Config) -> None:
                           f"got {c.overlong_buffer}")
     if not 0 <= c.cov_fraction <= 1:
         raise ConfigError(f"cov_fraction: must lie in [0, 1], got {c.cov_fraction}")
+    if c.clip_target_band is not None and c.epsilon <= 0:
+        raise ConfigError("clip_target_band: adaptive clipping scales epsilon and needs epsilon > 0")
     if not 0 < c.clip_epsilon_min <= c.clip_epsilon_max:
         raise ConfigError(f"clip_epsilon_min/max: need 0 < min <= max, got {c.clip_epsilon_min}, {c.clip_epsilon_max}")
     if c.controller_factor <= 1:

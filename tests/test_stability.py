@@ -213,7 +213,7 @@ def test_consistency_metric_every_m_steps(tmp_path, tiny_model_dir, tiny_dataset
 def test_resume_with_every_controller_is_exact(tmp_path, tiny_model_dir, tiny_dataset):
     kw = dict(eval_prompts=0, max_steps=4, num_iterations=2, beta=0.05, clip_target_band=[0.05, 0.2],
               entropy_target_band=[5.0, 5.5], kl_target=0.01, fuse_metric="entropy", fuse_min=0.0,
-              dynamic_sampling=True, learning_rate=0.03)
+              dynamic_sampling=True, learning_rate=0.03, consistency_steps=1, consistency_prompts=2)
     full = Trainer(make_cfg(tmp_path / "full", tiny_model_dir, tiny_dataset, **kw))
     full.train()
     part = Trainer(make_cfg(tmp_path / "part", tiny_model_dir, tiny_dataset, **{**kw, "max_steps": 2}))
@@ -225,3 +225,4 @@ def test_resume_with_every_controller_is_exact(tmp_path, tiny_model_dir, tiny_da
     assert weights_hash(resumed.policy) == weights_hash(full.policy)
     assert metric_lines(resumed.run_dir) == metric_lines(full.run_dir)
     assert len({l["epsilon"] for l in metric_lines(full.run_dir)}) > 1  # the knobs did move
+    assert len({l["temperature"] for l in metric_lines(full.run_dir)}) > 1
