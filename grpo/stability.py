@@ -13,7 +13,8 @@ import math
 import torch
 
 from grpo import core
-from grpo.rollout import Rollout
+from grpo.data import render_prompt
+from grpo.rollout import Rollout, generate_rollout
 
 
 class FuseError(RuntimeError):
@@ -115,7 +116,7 @@ class Stability:
             lo, hi = cfg.entropy_target_band
             knob = cfg.entropy_target_knob
             start = cfg.temperature if knob == "temperature" else max(cfg.entropy_coef, 1e-4)
-            bounds = (0.05, 4.0) if knob == "temperature" else (0.0, 10.0)
+            bounds = (0.05, 4.0) if knob == "temperature" else (1e-4, 10.0)
             self.controllers[knob] = BandController(metric="entropy", low=lo, high=hi, value=start,
                                                     factor=cfg.controller_factor, bounds=bounds, direction=1)
         if cfg.kl_target is not None:
@@ -249,9 +250,6 @@ def consistency(trainer) -> dict:
     cfg = trainer.cfg
     pool = trainer.task.eval or trainer.task.train
     samples = pool[: cfg.consistency_prompts]
-    from grpo.data import render_prompt
-    from grpo.rollout import generate_rollout
-
     prompts = [render_prompt(trainer.tok, s["prompt"], cfg.system_prompt) for s in samples]
     ro = generate_rollout(trainer.policy, trainer.tok, prompts, group_size=cfg.num_generations,
                           max_new_tokens=cfg.max_completion_length, temperature=trainer.stability.temperature,

@@ -88,15 +88,13 @@ def high_covariance_tokens(logp: Tensor, advantages: Tensor, mask: Tensor, *, fr
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"covariance fraction must lie in [0, 1], got {fraction}")
     cov = token_covariance(logp, advantages, mask)  # [N, T]
-    n_tok = int(mask.sum()) if fraction > 0 else 0
-    k = min(n_tok, max(1, round(fraction * n_tok))) if n_tok else 0
-    selected = torch.zeros_like(mask, dtype=torch.bool)  # [N, T]
-    if k == 0:
-        return selected
+    if fraction == 0:
+        return torch.zeros_like(mask, dtype=torch.bool)
+    k = (fraction * mask.sum()).round().clamp(min=1)  # [] a tensor: no device sync
     scores = cov.masked_fill(mask == 0, -math.inf).flatten()  # [N*T]
-    top = scores.topk(k).indices  # [k]
-    selected.view(-1)[top] = True
-    return selected & (cov > 0)
+    rank = torch.empty_like(scores, dtype=torch.long)  # [N*T] 0 = largest term
+    rank[scores.argsort(descending=True, stable=True)] = torch.arange(scores.numel(), device=scores.device)
+    return (rank.view_as(cov) < k) & (mask != 0) & (cov > 0)
 
 
 def reward_cv(rewards: Tensor, *, eps: float = 1e-8) -> Tensor:
