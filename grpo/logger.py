@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -37,8 +38,9 @@ class RunLogger:
                 import wandb
             except ImportError:
                 raise ImportError("report_to: wandb needs the wandb package (pip install wandb)") from None
+            run_id = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]  # a resumed run continues it
             self.wandb = wandb.init(project="grpo", name=run_dir.name, dir=str(run_dir), config=wandb_config,
-                                    resume="allow", id=run_dir.name)
+                                    resume="allow", id=run_id)
         self.progress = None
         if progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

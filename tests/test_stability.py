@@ -115,15 +115,20 @@ def test_dynamic_sampling_keeps_zero_variance_groups_out_of_the_loss(tmp_path, t
     assert all(l["trained_groups"] == 2 for l in on)
 
 
-def test_entropy_target_holds_entropy_in_its_band(tmp_path, tiny_model_dir, tiny_dataset):
+@pytest.mark.parametrize("knob, extra, settled", [
+    ("temperature", {"controller_factor": 1.5}, 4),
+    # the bonus acts through the weights, a step later than the temperature acts on the distribution
+    ("entropy_coef", {"controller_factor": 3.0, "entropy_coef": 0.05}, 7),
+])
+def test_entropy_target_holds_entropy_in_its_band(tmp_path, tiny_model_dir, tiny_dataset, knob, extra, settled):
     kw = dict(max_steps=12, learning_rate=0.03)
     _, off = _train(tmp_path, "off", tiny_model_dir, tiny_dataset, **kw)
     assert off[-1]["entropy"] < 4.9  # uncontrolled, this learning rate collapses entropy (about 2.1)
     _, on = _train(tmp_path, "on", tiny_model_dir, tiny_dataset, entropy_target_band=[4.9, 5.6],
-                   controller_factor=1.5, **kw)
-    # after the first steps' transient every step's entropy is inside the band
-    assert all(4.9 <= l["entropy"] <= 5.6 for l in on[4:]), [round(l["entropy"], 3) for l in on]
-    assert on[-1]["temperature"] > 1.0  # ... because the controller raised the temperature
+                   entropy_target_knob=knob, **extra, **kw)
+    # after the first steps' transient every step's entropy is inside the band ...
+    assert all(4.9 <= l["entropy"] <= 5.6 for l in on[settled:]), [round(l["entropy"], 3) for l in on]
+    assert on[-1][knob] > on[0][knob]  # ... because the controller raised the knob
 
 
 def test_adaptive_clipping_brings_clip_fraction_into_band(tmp_path, tiny_model_dir, tiny_dataset):
