@@ -90,7 +90,7 @@ def _print_summary(result: dict, trainer) -> None:
         if b.get("pass@k") is not None:
             print(f"pass@{k} on {b['pass_prompts']} prompts: {b['pass@k']:.1%} -> {a['pass@k']:.1%}")
     print(f"run files: {trainer.run_dir}/ (config.yaml, metrics.jsonl, samples.jsonl, eval.json, "
-          f"checkpoints/, tensorboard/)")
+          f"checkpoints/, tensorboard/); plots and an HTML page: grpo report {trainer.run_dir}")
 
 
 def _eval(argv: list[str]) -> int:

@@ -12,7 +12,7 @@ import torch
 from grpo.checkpoint import STATE_FILE
 from grpo.cli import main as cli_main
 from grpo.config import Config, ConfigError
-from grpo.stability import AdaptiveKL, BandController, Fuse, FuseError, concat_rollouts, select_rollout
+from grpo.stability import AdaptiveKL, BandController, Fuse, concat_rollouts, select_rollout
 from grpo.trainer import Trainer
 from tests.test_checkpoint import metric_lines, weights_hash
 from tests.test_trainer import make_cfg
