@@ -1,6 +1,8 @@
 # Two commands for a fresh machine: `make train` (the main job) and `make test` (the suite).
 # Each creates .venv if missing. torch==2.13.0 is installed FIRST and explicitly, so that no
 # dependency can pull a multi-GB CUDA build by accident (GPU users: see README).
+# `make test` also installs Debian's chromium + chromium-driver when run as root and they are missing
+# (the `grpo report` test loads report.html in headless Chromium; without them that test is skipped).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -20,6 +22,7 @@ train: $(STAMP)
 	$(BIN)/grpo train
 
 test: $(STAMP)
+	(command -v chromium && command -v chromedriver) >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq chromium chromium-driver; } || true
 	$(BIN)/python -m pytest tests
 
 toy: $(STAMP)

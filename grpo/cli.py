@@ -1,4 +1,4 @@
-"""The `grpo` command: train, eval, toy."""
+"""The `grpo` command: train, eval, compare, report, toy."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ commands:
   train   fine-tune a model with GRPO (no arguments: SmolLM2-135M-Instruct on built-in arithmetic)
   eval    greedy accuracy and pass@k of a model or run folder on a task's held-out prompts
   compare GRPO vs RLOO vs REINFORCE vs PPO with a critic: memory, step time, accuracy (own subprocesses)
+  report  PNG plots and an HTML page of one or more run folders (grpo report RUN_DIR [RUN_DIR ...])
   toy     GRPO vs REINFORCE on the seeds' target-matching toy (no language model)
 
 Any config key can be set as key=value; `grpo train --help` lists them."""
@@ -20,7 +21,7 @@ Any config key can be set as key=value; `grpo train --help` lists them."""
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"train": _train, "eval": _eval, "compare": _compare, "toy": _toy}
+    commands = {"train": _train, "eval": _eval, "compare": _compare, "report": _report, "toy": _toy}
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
@@ -30,10 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     from grpo.config import ConfigError
     from grpo.checkpoint import CheckpointError
     from grpo.data.tasks import DataError
+    from grpo.stability import FuseError
 
     try:
         return commands[argv[0]](argv[1:]) or 0
-    except (ConfigError, DataError, CheckpointError, FileNotFoundError, FloatingPointError) as e:
+    except (ConfigError, DataError, CheckpointError, FileNotFoundError, FloatingPointError, FuseError) as e:
         print(f"grpo {argv[0]}: error: {e}", file=sys.stderr)
         return 2
 
@@ -96,7 +98,7 @@ def _print_summary(result: dict, trainer) -> None:
         if b.get("pass@k") is not None:
             print(f"pass@{k} on {b['pass_prompts']} prompts: {b['pass@k']:.1%} -> {a['pass@k']:.1%}")
     print(f"run files: {trainer.run_dir}/ (config.yaml, metrics.jsonl, samples.jsonl, eval.json, "
-          f"checkpoints/, tensorboard/)")
+          f"checkpoints/, tensorboard/); plots and an HTML page: grpo report {trainer.run_dir}")
 
 
 def _eval(argv: list[str]) -> int:
@@ -138,6 +140,12 @@ def _compare(argv: list[str]) -> int:
     from grpo.compare import main as compare_main
 
     return compare_main(argv)
+
+
+def _report(argv: list[str]) -> int:
+    from grpo.report import main as report_main
+
+    return report_main(argv)
 
 
 def _toy(argv: list[str]) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import importlib.util
 import inspect
 import typing
 from dataclasses import dataclass, fields
@@ -19,12 +20,13 @@ from typing import Any
 
 import yaml
 
-from grpo.core import AGGREGATIONS, ESTIMATORS, GROUP_ESTIMATORS, KL_ESTIMATORS, RATIO_LEVELS
+from grpo.core import (AGGREGATIONS, COV_MODES, ESTIMATORS, GROUP_ESTIMATORS, KL_ESTIMATORS, PF_MODES,
+                       RATIO_LEVELS)
 
 DEFAULT_MODEL = "embedded:SmolLM2-135M-Instruct"
 SCHEDULES = ("constant", "cosine", "linear")
 DTYPES = ("float32", "bfloat16", "float16")
-REPORT_TO = ("tensorboard", "none")
+REPORT_TO = ("tensorboard", "wandb", "none")
 
 
 class ConfigError(ValueError):
@@ -105,6 +107,56 @@ class Config:
     ref_reset_steps: int = 0
     """Iterative GRPO: every this many steps the reference becomes the current policy (0 = never)."""
 
+    # ---- stability tools (grpo/stability.py, grpo/core/stability.py); all off by default ----
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling (arXiv 2503.14476): drop groups whose rewards are all equal and sample more rounds until B groups are kept."""
+    dynamic_sampling_rounds: int = 4
+    """Most sampling rounds per step for dynamic sampling; when they run out the step trains on the groups kept so far."""
+    overlong_filter: bool = False
+    """DAPO overlong filtering (arXiv 2503.14476): truncated completions are masked out of the loss."""
+    overlong_buffer: int = 0
+    """DAPO soft overlong punishment (arXiv 2503.14476, eq. 13): a penalty ramping 0 -> -1 over this many tokens before max_completion_length (0 = off)."""
+    overlong_penalty_coef: float = 1.0
+    """Weight of the soft overlong penalty added to the reward."""
+    entropy_target_band: list[float] | None = None
+    """[low, high]: hold the token entropy in this band by moving entropy_target_knob, in the spirit of arbitrary-entropy policy optimisation (null = off)."""
+    entropy_target_knob: str = "temperature"
+    """What the entropy target moves: temperature (sampling and loss) or entropy_coef (the entropy bonus)."""
+    cov_mode: str | None = None
+    """Clip-Cov or KL-Cov (Cui et al., 'The Entropy Mechanism of RL for Reasoning LMs', arXiv 2505.22617): clip_cov, kl_cov, or null."""
+    cov_fraction: float = 0.002
+    """Share of tokens with the largest logp-advantage covariance that Clip-Cov detaches or KL-Cov penalises."""
+    kl_cov_coef: float = 1.0
+    """KL-Cov: weight of |logp - old_logp| on the selected tokens."""
+    policy_filter: str | None = None
+    """PF-PPO (Zhang et al., 'Policy Filtration in RLHF', arXiv 2409.06957): best_worst (each group's highest and lowest rewards) or variance (groups with reward std >= policy_filter_min_std); null = off."""
+    policy_filter_min_std: float = 0.0
+    """PF-PPO variance mode: groups whose reward std is below this leave the loss."""
+    clip_target_band: list[float] | None = None
+    """[low, high]: adaptive clipping holds the measured clip fraction in this band by moving epsilon (and epsilon_high in proportion) between clip_epsilon_min and clip_epsilon_max (null = off)."""
+    clip_epsilon_min: float = 0.01
+    """Adaptive clipping: smallest epsilon."""
+    clip_epsilon_max: float = 0.5
+    """Adaptive clipping: largest epsilon."""
+    controller_factor: float = 1.2
+    """Band controllers (clip, entropy) multiply or divide their knob by this each step the metric is outside its band."""
+    kl_target: float | None = None
+    """Adaptive KL coefficient (Ziegler et al. 2019, arXiv 1909.08593): move beta toward this KL each step (null = fixed beta)."""
+    kl_adapt_rate: float = 0.1
+    """Adaptive KL: K_beta, the proportional gain (beta *= 1 + K_beta * clip(KL/target - 1, +-0.2))."""
+    fuse_metric: str = ""
+    """A fuse: stop the run with a checkpoint when this logged metric (e.g. kl, entropy, advantage_variance, nonfinite_count) leaves [fuse_min, fuse_max] for fuse_patience steps in a row ('' = off)."""
+    fuse_min: float | None = None
+    """Fuse band lower edge (null = none)."""
+    fuse_max: float | None = None
+    """Fuse band upper edge (null = none)."""
+    fuse_patience: int = 3
+    """Consecutive out-of-band steps that blow the fuse."""
+    consistency_steps: int = 0
+    """Every this many steps, sample G completions for fixed prompts and log the mean coefficient of variation of their rewards (0 = off)."""
+    consistency_prompts: int = 4
+    """Fixed prompts (the first held-out ones) used by the consistency metric."""
+
     # ---- PPO baseline (advantage_estimator=gae) ----
     gamma: float = 1.0
     """GAE discount per token."""
@@ -175,7 +227,7 @@ class Config:
     log_completions_steps: int = 5
     """Write sample completions to samples.jsonl every this many steps (0 = never)."""
     report_to: str = "tensorboard"
-    """Extra metric sink beside metrics.jsonl: tensorboard or none."""
+    """Extra metric sink beside metrics.jsonl: tensorboard, wandb (needs the wandb package) or none."""
     eval_max_new_tokens: int = 32
     """Token limit for evaluation completions (greedy)."""
     eval_batch_size: int = 200
@@ -268,9 +320,47 @@ def _validate(c: Config) -> None:
         raise ConfigError("advantage_estimator: gae trains a full value model; it is not combined with use_peft")
     if not (0 <= c.gamma <= 1 and 0 <= c.lam <= 1):
         raise ConfigError(f"gamma/lam: must lie in [0, 1], got {c.gamma}, {c.lam}")
+    _validate_stability(c)
     if c.use_peft and c.ref_reset_steps:
         raise ConfigError("ref_reset_steps: with use_peft the reference is the frozen base model and cannot "
                           "be reset; use full fine-tuning or ref_reset_steps=0")
+
+
+def _validate_stability(c: Config) -> None:
+    for key in ("entropy_target_band", "clip_target_band"):
+        band = getattr(c, key)
+        if band is not None and (len(band) != 2 or not band[0] < band[1]):
+            raise ConfigError(f"{key}: need [low, high] with low < high, got {band}")
+    _choice("entropy_target_knob", c.entropy_target_knob, ("temperature", "entropy_coef"))
+    if c.cov_mode is not None:
+        _choice("cov_mode", c.cov_mode, COV_MODES)
+    if c.policy_filter is not None:
+        _choice("policy_filter", c.policy_filter, PF_MODES)
+    for key in ("dynamic_sampling_rounds", "fuse_patience", "consistency_prompts"):
+        if getattr(c, key) < 1:
+            raise ConfigError(f"{key}: must be >= 1, got {getattr(c, key)}")
+    if not 0 <= c.overlong_buffer <= c.max_completion_length:
+        raise ConfigError(f"overlong_buffer: must lie in [0, max_completion_length={c.max_completion_length}], "
+                          f"got {c.overlong_buffer}")
+    if not 0 <= c.cov_fraction <= 1:
+        raise ConfigError(f"cov_fraction: must lie in [0, 1], got {c.cov_fraction}")
+    if c.clip_target_band is not None and c.epsilon <= 0:
+        raise ConfigError("clip_target_band: adaptive clipping scales epsilon and needs epsilon > 0")
+    if not 0 < c.clip_epsilon_min <= c.clip_epsilon_max:
+        raise ConfigError(f"clip_epsilon_min/max: need 0 < min <= max, got {c.clip_epsilon_min}, {c.clip_epsilon_max}")
+    if c.controller_factor <= 1:
+        raise ConfigError(f"controller_factor: must be > 1, got {c.controller_factor}")
+    if c.kl_target is not None and (c.kl_target <= 0 or c.beta <= 0):
+        raise ConfigError(f"kl_target: needs kl_target > 0 and beta > 0 (the starting coefficient), got "
+                          f"{c.kl_target}, beta={c.beta}")
+    for key in ("consistency_steps", "kl_adapt_rate", "policy_filter_min_std", "overlong_penalty_coef", "kl_cov_coef"):
+        if getattr(c, key) < 0:
+            raise ConfigError(f"{key}: must be >= 0, got {getattr(c, key)}")
+    if c.report_to == "wandb" and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("report_to: 'wandb' needs the wandb package, which is not installed "
+                          "(pip install wandb), or use report_to=tensorboard")
+    if c.fuse_metric and c.fuse_min is None and c.fuse_max is None:
+        raise ConfigError("fuse_metric: set fuse_min and/or fuse_max, the band the metric must stay in")
 
 
 # ---- types, YAML, key=value ----------------------------------------------------------------------

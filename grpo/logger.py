@@ -1,7 +1,8 @@
-"""Run output: metrics.jsonl, samples.jsonl, TensorBoard, and a live rich progress bar."""
+"""Run output: metrics.jsonl, samples.jsonl, TensorBoard or W&B, and a live rich progress bar."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -19,7 +20,7 @@ class RunLogger:
     """Writes one JSON line per step (and to TensorBoard), sample completions, and the progress bar."""
 
     def __init__(self, run_dir: Path, *, total_steps: int, start_step: int = 0, tensorboard: bool = True,
-                 progress: bool = True):
+                 progress: bool = True, wandb_config: dict | None = None):
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
         self.samples_path = run_dir / "samples.jsonl"
@@ -31,6 +32,15 @@ class RunLogger:
                 self.tb = SummaryWriter(str(run_dir / "tensorboard"))
             except ImportError:  # tensorboard is a dependency, but a user may have removed it
                 self.tb = None
+        self.wandb = None
+        if wandb_config is not None:  # report_to=wandb; the config check has made sure it is installed
+            try:
+                import wandb
+            except ImportError:
+                raise ImportError("report_to: wandb needs the wandb package (pip install wandb)") from None
+            run_id = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]  # a resumed run continues it
+            self.wandb = wandb.init(project="grpo", name=run_dir.name, dir=str(run_dir), config=wandb_config,
+                                    resume="allow", id=run_id)
         self.progress = None
         if progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -49,6 +59,8 @@ class RunLogger:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                     self.tb.add_scalar(k, v, step)
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in line.items() if k != "step" and isinstance(v, (int, float))}, step=step)
         if self.progress is not None:
             desc = "  ".join(f"{k.replace('completion_length_mean', 'len')}={metrics[k]:.3g}" for k in HEADLINE
                              if isinstance(metrics.get(k), (int, float)))
@@ -71,6 +83,9 @@ class RunLogger:
             self.progress = None
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
 
 
 class NullLogger:

@@ -24,6 +24,7 @@ from grpo import core
 from grpo import checkpoint as ckpt_io
 from grpo import distributed as dist_io
 from grpo import resume
+from grpo import stability as stab
 from grpo.config import Config, ConfigError
 from grpo.critic import Critic
 from grpo.data import PromptSampler, load_task, render_prompt
@@ -64,6 +65,9 @@ class Trainer:
                               f"{world.size} processes (each group stays on one process)")
         if world.distributed and cfg.advantage_estimator == "gae":
             raise ConfigError("advantage_estimator: gae (PPO with a critic) runs on one process only")
+        if world.distributed and cfg.dynamic_sampling:
+            raise ConfigError("dynamic_sampling: runs on one process only (its rounds keep a varying number "
+                              "of groups per process)")
         # Everything that can be wrong with the input is checked before the model loads.
         self.rewards = RewardRunner(cfg.reward_names, cfg.reward_weights, timeout=cfg.reward_timeout,
                                     workers=cfg.reward_workers)
@@ -118,25 +122,28 @@ class Trainer:
         # helpers whose state the next step depends on (controllers, filters): name -> object with
         # state_dict()/load_state_dict(); saved in and restored from every checkpoint
         self.stateful: dict = {}
+        self.stability = stab.Stability(cfg)  # the step's knobs (eps, beta, temperature, ...) and their controllers
+        if self.stability.controllers or self.stability.fuse is not None:
+            self.stateful["stability"] = self.stability
         path = resume.resume_path(cfg.resume_from_checkpoint, self.run_dir)
         if path is not None:
             resume.restore(self, path)
 
     # ---- one step -------------------------------------------------------------------------------
-    def sample(self) -> tuple[list[dict], Rollout]:
+    def sample(self, round: int = 0) -> tuple[list[dict], Rollout]:
         """This process's b = B / world prompts of the step's global draw, G completions each. Each
         row samples from its own key (seed, step, global row), so the tokens do not depend on how
-        many processes share the batch."""
+        many processes share the batch; ``round`` numbers the extra draws of one step (dynamic sampling)."""
         cfg, world = self.cfg, self.world
         b, g = cfg.prompts_per_step // world.size, cfg.num_generations
         mine = self.sampler.next(cfg.prompts_per_step)[world.rank * b:(world.rank + 1) * b]
         samples = [self.task.train[i] for i in mine]
         prompts = [render_prompt(self.tok, s["prompt"], cfg.system_prompt) for s in samples]
         ro = generate_rollout(self.policy, self.tok, prompts, group_size=g,
-                              max_new_tokens=cfg.max_completion_length, temperature=cfg.temperature,
+                              max_new_tokens=cfg.max_completion_length, temperature=self.stability.temperature,
                               top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length,
                               with_logprobs=False,  # the loss recomputes them; keeping [N, T, V] logits costs memory
-                              keys=row_keys(cfg.seed, self.step, world.rank * b * g, b * g), synced=self.sharded)
+                              keys=row_keys(cfg.seed, self.step, (round * world.size + world.rank) * b * g, b * g), synced=self.sharded)
         return samples, ro
 
     def score(self, samples: list[dict], ro: Rollout) -> tuple[torch.Tensor, dict]:
@@ -164,16 +171,20 @@ class Trainer:
         are computed on all B groups (identically on every process), then each keeps its rows."""
         cfg = self.cfg
         rows = slice(self.world.rank * ro.completion_ids.shape[0], (self.world.rank + 1) * ro.completion_ids.shape[0])
+        # overlong penalty, PF-PPO: on the whole step's groups, from every process's lengths
+        rewards, keep, filter_metrics = stab.reshape_rewards(
+            rewards, lengths=dist_io.gather_rows(ro.lengths, self.world),
+            truncated=dist_io.gather_rows(ro.truncated, self.world), cfg=cfg)
         failed = torch.isnan(rewards)  # [B, G]
         # A failed reward neither rewards nor punishes: it takes its group's mean and leaves the loss.
         group_mean = torch.nan_to_num(torch.nanmean(rewards, dim=1, keepdim=True), nan=0.0)  # [B, 1]
         filled = torch.where(failed, group_mean.expand_as(rewards), rewards)  # [B, G]
-        mask = ro.completion_mask * (~failed).reshape(-1, 1)[rows]  # [n, T]
+        mask = ro.completion_mask * (~failed & keep).reshape(-1, 1)[rows]  # [n, T]
         old_logp = self._logps(self.policy, ro) if cfg.num_iterations > 1 else None
         ref_logp = self._ref_logps(ro) if cfg.beta > 0 else None
         metrics = {"reward_mean": float(torch.nanmean(rewards)),
                    "reward_std": float(rewards[~failed].std(correction=0)) if (~failed).sum() > 1 else 0.0,
-                   "zero_variance_share": float(core.zero_variance_share(filled))}
+                   "zero_variance_share": float(core.zero_variance_share(filled)), **filter_metrics}
         if self.critic is None:
             adv = core.compute_advantages(filled, estimator=cfg.advantage_estimator, std_eps=cfg.std_eps,
                                           unbiased_std=cfg.scale_rewards_unbiased)  # [B, G]
@@ -188,7 +199,7 @@ class Trainer:
             behaviour = torch.zeros_like(values)  # no KL term: the score alone, on the last token
         else:
             behaviour = old_logp if old_logp is not None else self._logps(self.policy, ro)  # [N, T]
-        rewards_tok = core.kl_shaped_rewards(filled.flatten(), behaviour, ref_logp, mask, kl_coef=cfg.beta)
+        rewards_tok = core.kl_shaped_rewards(filled.flatten(), behaviour, ref_logp, mask, kl_coef=self.stability.beta)
         est = core.gae(rewards_tok, values, mask, gamma=cfg.gamma, lam=cfg.lam)
         adv_tok = core.whiten(est["advantages"], mask)  # [N, T]
         seq_adv = core.masked_mean(adv_tok, mask, dim=1).view_as(filled)  # [B, G]
@@ -205,7 +216,7 @@ class Trainer:
         for idx in torch.arange(ro.completion_ids.shape[0]).split(mb):
             parts.append(completion_logprobs(model, ro.prompt_ids[idx], ro.prompt_mask[idx],
                                              ro.completion_ids[idx], ro.completion_mask[idx],
-                                             temperature=self.cfg.temperature, autocast=self.amp)["logp"])
+                                             temperature=self.stability.temperature, autocast=self.amp)["logp"])
         return torch.cat(parts)  # [N, T]
 
     def _ref_logps(self, ro: Rollout) -> torch.Tensor:
@@ -234,8 +245,10 @@ class Trainer:
                     out["loss"].backward()
                 w = float(batch.mask[idx].sum())  # token weight of this micro-batch's means
                 tokens_seen += w
-                for k in ("kl", "entropy", "ratio_mean", "clip_fraction", "clip_fraction_low", "clip_fraction_high"):
-                    sums[k] = sums.get(k, 0.0) + float(out[k]) * w
+                for key in ("kl", "entropy", "ratio_mean", "clip_fraction", "clip_fraction_low", "clip_fraction_high",
+                            "cov_token_share"):
+                    if key in out:
+                        sums[key] = sums.get(key, 0.0) + float(out[key]) * w
                 sums["loss"] = sums.get("loss", 0.0) + float(out["loss"].detach()) / cfg.num_iterations
                 sums["policy_loss"] = sums.get("policy_loss", 0.0) + float(out["policy_loss"]) / cfg.num_iterations
             if self.critic is not None:  # PPO epochs train the critic on the same batch; with a shared
@@ -258,21 +271,22 @@ class Trainer:
 
     def _micro_loss(self, batch: Batch, idx: torch.Tensor, total) -> dict:
         """The objective on micro-batch rows ``idx``, through the (possibly wrapped) policy."""
-        cfg, ro = self.cfg, batch.rollout
+        cfg, ro, k = self.cfg, batch.rollout, self.stability  # k: this step's knobs (eps, beta, ...)
         cur = completion_logprobs(self.engine, ro.prompt_ids[idx], ro.prompt_mask[idx],
                                   ro.completion_ids[idx], ro.completion_mask[idx],
-                                  temperature=cfg.temperature, with_entropy=cfg.entropy_coef > 0,
+                                  temperature=k.temperature, with_entropy=k.entropy_coef > 0,
                                   autocast=self.amp)
         logp = cur["logp"]  # [n, T]
         old = batch.old_logp[idx] if batch.old_logp is not None else logp.detach()
         out = core.policy_loss(
             logp, old, batch.advantages[idx], batch.mask[idx],
             ref_logp=batch.ref_logp[idx] if batch.ref_logp is not None else None,
-            eps_low=cfg.epsilon, eps_high=cfg.eps_high, dual_clip=cfg.dual_clip,
-            ratio_level=cfg.importance_sampling_level, kl_coef=cfg.beta if batch.kl_in_loss else 0.0,
+            eps_low=k.epsilon, eps_high=k.eps_high, dual_clip=cfg.dual_clip,
+            ratio_level=cfg.importance_sampling_level, kl_coef=k.beta if batch.kl_in_loss else 0.0,
             kl_estimator=cfg.kl_estimator,
             aggregation=cfg.aggregation, norm_length=cfg.max_completion_length, total=total,
-            entropy=cur["entropy"], entropy_coef=cfg.entropy_coef)
+            entropy=cur["entropy"], entropy_coef=k.entropy_coef, cov_mode=cfg.cov_mode,
+            cov_fraction=cfg.cov_fraction, kl_cov_coef=cfg.kl_cov_coef)
         return out
 
     def _optimizer_step(self) -> float:
@@ -301,8 +315,12 @@ class Trainer:
         if cfg.ref_reset_steps and self.step and self.step % cfg.ref_reset_steps == 0:
             reset_reference(self.models.reference, self.policy)
             self.ref_reset_at = self.step
-        samples, ro = self.sample()
-        rewards, metrics = self.score(samples, ro)
+        if cfg.dynamic_sampling:  # DAPO: only groups with reward variance reach the loss
+            samples, ro, rewards, metrics = stab.dynamic_sample(self)
+        else:
+            samples, ro = self.sample()
+            rewards, metrics = self.score(samples, ro)
+        metrics.update(self.stability.knobs())  # the knob values this step trains with
         batch, adv_metrics = self.prepare(ro, rewards)
         metrics.update(adv_metrics)
         metrics.update(self.update(batch))
@@ -313,6 +331,9 @@ class Trainer:
                        truncated_share=float(truncated.mean()), generation_seconds=ro.seconds,
                        tokens_per_second=float(ro.lengths.sum()) * self.world.size / max(ro.seconds, 1e-9), rollout_backend=ro.backend,
                        step_seconds=time.perf_counter() - t0)
+        if cfg.consistency_steps and self.step % cfg.consistency_steps == 0:
+            metrics.update(stab.consistency(self))
+        self.fuse_reason = self.stability.after_step(metrics)  # controllers move the next step's knobs
         if cfg.log_completions_steps and self.step % cfg.log_completions_steps == 0:
             flat = rewards.flatten().tolist()
             self.logger.log_samples(self.step, [
@@ -356,8 +377,9 @@ class Trainer:
         cfg = self.cfg
         main = self.world.is_main
         self.logger = RunLogger(self.run_dir, total_steps=cfg.max_steps, start_step=self.step,
-                                tensorboard=cfg.report_to == "tensorboard",
-                                progress=cfg.progress) if main else NullLogger()
+                                tensorboard=cfg.report_to == "tensorboard", progress=cfg.progress,
+                                wandb_config=cfg.to_dict() if cfg.report_to == "wandb" else None,
+                                ) if main else NullLogger()
         for p in ckpt_io.partial_folders(self.run_dir):
             self.logger.note(f"[yellow]ignoring {p}: a checkpoint write that did not finish")
         eval_path = self.run_dir / "eval.json"
@@ -376,6 +398,9 @@ class Trainer:
                 metrics = self.train_step()
                 if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps:
                     self.logger.log_step(self.step, metrics)
+                if self.fuse_reason:
+                    raise stab.FuseError(f"{self.fuse_reason} (step {self.step}); stopped, checkpoint "
+                                         f"{self.save()}")
                 if cfg.save_steps and self.step % cfg.save_steps == 0 and self.step < cfg.max_steps:
                     self.save()
             result["checkpoint"] = str(self.save())

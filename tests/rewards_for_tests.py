@@ -50,3 +50,9 @@ def hangs_every_third(completion: str, sample: dict) -> float:
         while True:
             time.sleep(1)
     return digit_share(completion, sample)
+
+
+def has_digit(completion: str, sample: dict) -> float:
+    """1.0 when the completion holds any digit: random tiny-model completions often all miss, so many
+    groups have zero reward variance."""
+    return float(any(c.isdigit() for c in completion))

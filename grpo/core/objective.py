@@ -10,8 +10,9 @@ import torch
 from torch import Tensor
 
 from grpo.core.advantages import compute_advantages
-from grpo.core.losses import aggregate, clipped_surrogate, kl_penalty, log_ratio, masked_mean
+from grpo.core.losses import _check_choice, aggregate, clipped_surrogate, kl_penalty, log_ratio, masked_mean
 from grpo.core.metrics import clip_fractions, reward_stats, zero_variance_share
+from grpo.core.stability import COV_MODES, high_covariance_tokens
 
 
 def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
@@ -19,14 +20,18 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
                 dual_clip: float | None = None, ratio_level: str = "token", kl_coef: float = 0.0,
                 kl_estimator: str = "k3", aggregation: str = "seq_mean_token_mean",
                 norm_length: int | None = None, total: Tensor | float | None = None,
-                entropy: Tensor | None = None, entropy_coef: float = 0.0) -> dict[str, Tensor]:
+                entropy: Tensor | None = None, entropy_coef: float = 0.0, cov_mode: str | None = None,
+                cov_fraction: float = 0.002, kl_cov_coef: float = 1.0) -> dict[str, Tensor]:
     """Clipped surrogate + kl_coef * KL - entropy_coef * entropy per token, then aggregated.
 
     logp, old_logp, advantages, mask: [N, T] (advantages already broadcast to tokens);
     ref_logp: [N, T] or None (needed when kl_coef != 0); entropy: [N, T] or None.
     KL is its own loss term (DeepSeekMath eq. 3), not folded into the reward.
+    ``cov_mode`` (Cui et al. 2025, arXiv 2505.22617): on the ``cov_fraction`` of tokens with the largest
+    covariance between logp and advantage, "clip_cov" removes the policy gradient and "kl_cov" adds
+    kl_cov_coef * |logp - old_logp|.
     Returns a dict of 0-d tensors: "loss" (differentiable), "policy_loss", "kl", "entropy",
-    "ratio_mean", "clip_fraction", "clip_fraction_low", "clip_fraction_high".
+    "ratio_mean", "clip_fraction", "clip_fraction_low", "clip_fraction_high" (and "cov_token_share").
     """
     if kl_coef != 0.0 and ref_logp is None:
         raise ValueError("policy_loss: kl_coef != 0 needs ref_logp")
@@ -35,6 +40,14 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
                                dual_clip=dual_clip)  # [N, T]
     loss_tok = pg_tok  # [N, T]
     out: dict[str, Tensor] = {}
+    if cov_mode is not None:
+        _check_choice("cov_mode", cov_mode, COV_MODES)
+        sel = high_covariance_tokens(logp, advantages, mask, fraction=cov_fraction)  # [N, T]
+        if cov_mode == "clip_cov":
+            loss_tok = torch.where(sel, pg_tok.detach(), pg_tok)
+        else:
+            loss_tok = loss_tok + kl_cov_coef * sel * (logp - old_logp).abs()
+        out["cov_token_share"] = masked_mean(sel.to(logp.dtype), mask)
     if ref_logp is not None:
         kl_tok = kl_penalty(logp, ref_logp, estimator=kl_estimator)  # [N, T]
         loss_tok = loss_tok + kl_coef * kl_tok
