@@ -8,6 +8,7 @@ import re
 from typing import Callable
 
 from grpo.rewards.answers import extract_answer, last_boxed, parse_number
+from grpo.rewards.mathverify import math_reward
 
 RewardFn = Callable[[str, dict], "float | None"]
 
@@ -20,15 +21,6 @@ def numeric_reward(completion: str, sample: dict) -> float:
         return 0.0
     value = parse_number(got)
     return float(value is not None and math.isclose(value, gold, rel_tol=1e-9, abs_tol=1e-9))
-
-
-def math_reward(completion: str, sample: dict) -> float:
-    """1.0 when math-verify finds the completion's answer equivalent to sample['answer'] (LaTeX aware)."""
-    from math_verify import parse, verify
-
-    gold = parse(f"${sample['answer']}$") or parse(str(sample["answer"]))
-    pred = parse(completion)
-    return float(bool(gold) and bool(pred) and verify(gold, pred))
 
 
 def format_reward(completion: str, sample: dict) -> float:
