@@ -8,6 +8,7 @@ import re
 from typing import Callable
 
 from grpo.rewards.answers import extract_answer, last_boxed, parse_number
+from grpo.rewards.code import code_reward, code_strict_reward
 from grpo.rewards.mathverify import math_reward
 
 RewardFn = Callable[[str, dict], "float | None"]
@@ -41,12 +42,19 @@ REWARDS: dict[str, RewardFn] = {
     "math": math_reward,
     "format": format_reward,
     "length": length_reward,
+    "code": code_reward,
+    "code_strict": code_strict_reward,
 }
 
 
 def resolve_reward(name: str) -> RewardFn:
-    """A built-in by name, or ``package.module:function``; errors list the built-ins."""
+    """A built-in by name, or ``package.module:function``; errors list the built-ins. A reward with a
+    ``startup_check`` attribute (the sandboxed code rewards) runs it here, so a run that cannot grade
+    stops before its model loads."""
     if name in REWARDS:
+        check = getattr(REWARDS[name], "startup_check", None)
+        if check is not None:
+            check()
         return REWARDS[name]
     if ":" not in name:
         raise ValueError(f"rewards: unknown reward {name!r}; built-ins: {sorted(REWARDS)}, "
