@@ -68,12 +68,10 @@ def _uid_processes(uid: int) -> list[int]:
             continue
         try:
             with open(f"/proc/{entry}/status") as f:
-                for line in f:
-                    if line.startswith("Uid:"):
-                        if int(line.split()[1]) == uid:
-                            pids.append(int(entry))
-                        break
-        except (OSError, ValueError):
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+            if int(fields["Uid"].split()[0]) == uid and not fields["State"].strip().startswith("Z"):
+                pids.append(int(entry))  # zombies are already dead: their parent reaps them
+        except (OSError, ValueError, KeyError):
             continue
     return pids
 
