@@ -37,7 +37,7 @@ class Config:
     model: str = DEFAULT_MODEL
     """Policy to train: a hub id, a local folder, a run folder (its newest checkpoint), or the embedded default."""
     task: str = "arithmetic"
-    """Prompts and answers: a built-in task (arithmetic, gsm8k), a local .jsonl/.json/.parquet file, or a hub dataset id."""
+    """Prompts and answers: a built-in task (arithmetic, gsm8k, code), a local .jsonl/.json/.parquet file, or a hub dataset id."""
     task_split: str = "train"
     """Split to load when `task` is a hub dataset id."""
     prompt_field: str = "prompt"
