@@ -57,7 +57,7 @@ class Trainer:
         seed_everything(cfg.seed)
         # Everything that can be wrong with the input is checked before the model loads.
         self.rewards = RewardRunner(cfg.reward_names, cfg.reward_weights, timeout=cfg.reward_timeout,
-                                    workers=cfg.reward_workers)
+                                    workers=cfg.reward_workers, reward_model=cfg.reward_model)
         self.task = task or load_task(cfg.task, eval_size=cfg.eval_prompts, max_operand=cfg.arithmetic_max_operand,
                                       ops=cfg.arithmetic_ops, prompt_field=cfg.prompt_field,
                                       answer_field=cfg.answer_field, split=cfg.task_split)

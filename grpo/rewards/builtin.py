@@ -10,6 +10,7 @@ from typing import Callable
 from grpo.rewards.answers import extract_answer, last_boxed, parse_number
 from grpo.rewards.code import code_reward, code_strict_reward
 from grpo.rewards.mathverify import math_reward
+from grpo.rewards.reward_model import reward_model_reward
 
 RewardFn = Callable[[str, dict], "float | None"]
 
@@ -44,6 +45,7 @@ REWARDS: dict[str, RewardFn] = {
     "length": length_reward,
     "code": code_reward,
     "code_strict": code_strict_reward,
+    "reward_model": reward_model_reward,  # batched: fn(completions, samples) -> list[float]
 }
 
 
