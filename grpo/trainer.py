@@ -31,6 +31,7 @@ from grpo.logger import RunLogger
 from grpo.models import keep_head_fp32, load_models, native_bf16, reset_reference
 from grpo.policy import completion_logprobs
 from grpo.rewards.runner import RewardRunner
+from grpo.rewards.steps import process_supervision, resolve_step_reward
 from grpo.rollout import Rollout, generate_rollout
 from grpo.runtime import lr_lambda, make_run_dir, seed_everything
 
@@ -58,6 +59,7 @@ class Trainer:
         # Everything that can be wrong with the input is checked before the model loads.
         self.rewards = RewardRunner(cfg.reward_names, cfg.reward_weights, timeout=cfg.reward_timeout,
                                     workers=cfg.reward_workers, reward_model=cfg.reward_model)
+        self.step_reward = resolve_step_reward(cfg.step_reward) if cfg.supervision == "process" else None
         self.task = task or load_task(cfg.task, eval_size=cfg.eval_prompts, max_operand=cfg.arithmetic_max_operand,
                                       ops=cfg.arithmetic_ops, prompt_field=cfg.prompt_field,
                                       answer_field=cfg.answer_field, split=cfg.task_split)
@@ -128,7 +130,7 @@ class Trainer:
                        reward_failures_total=self.reward_failures, reward_timeouts_total=self.rewards.timeouts)
         return res.total.float().view(cfg.prompts_per_step, cfg.num_generations), metrics
 
-    def prepare(self, ro: Rollout, rewards: torch.Tensor) -> tuple[Batch, dict]:
+    def prepare(self, ro: Rollout, rewards: torch.Tensor, samples: list[dict] | None = None) -> tuple[Batch, dict]:
         cfg = self.cfg
         failed = torch.isnan(rewards)  # [B, G]
         # A failed reward neither rewards nor punishes: it takes its group's mean and leaves the loss.
@@ -140,6 +142,12 @@ class Trainer:
         metrics = {"reward_mean": float(torch.nanmean(rewards)),
                    "reward_std": float(rewards[~failed].std(correction=0)) if (~failed).sum() > 1 else 0.0,
                    "zero_variance_share": float(core.zero_variance_share(filled))}
+        if cfg.supervision == "process":  # DeepSeekMath 4.1.3: per-step rewards, token advantages
+            adv_tok, mask, step_metrics = process_supervision(
+                self.step_reward, self.tok, ro, samples, mask, group_size=cfg.num_generations,
+                std_eps=cfg.std_eps, unbiased_std=cfg.scale_rewards_unbiased)  # [N, T]
+            metrics.update(step_metrics)
+            return Batch(ro, adv_tok, mask, old_logp, ref_logp), metrics
         if self.critic is None:
             adv = core.compute_advantages(filled, estimator=cfg.advantage_estimator, std_eps=cfg.std_eps,
                                           unbiased_std=cfg.scale_rewards_unbiased)  # [B, G]
@@ -251,7 +259,7 @@ class Trainer:
             self.ref_reset_at = self.step
         samples, ro = self.sample()
         rewards, metrics = self.score(samples, ro)
-        batch, adv_metrics = self.prepare(ro, rewards)
+        batch, adv_metrics = self.prepare(ro, rewards, samples)
         metrics.update(adv_metrics)
         metrics.update(self.update(batch))
         self.step += 1
