@@ -130,3 +130,31 @@ def _state(pid: int) -> str:
         return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+def test_a_worker_dies_with_the_process_that_started_it(tmp_path):
+    """A parent killed mid-call (as the reward runner kills a stuck reward process) takes its math-verify
+    worker along instead of leaving it computing a power tower for ever."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys, threading\n"
+        "from grpo.rewards.mathverify import MathVerifier\n"
+        "v = MathVerifier(timeout=600, workers=1)\n"
+        "w = v._checkout()\n"
+        "print(w.proc.pid, flush=True)\n"
+        "w.ask('5', ['9^{9^{9^{9}}}'], 600)\n")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": os.getcwd()})
+    worker = int(parent.stdout.readline())
+    time.sleep(1.0)  # the worker is now inside the tower
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    for _ in range(100):
+        if not os.path.exists(f"/proc/{worker}") or _state(worker) in ("Z", "gone"):
+            break
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{worker}") or _state(worker) in ("Z", "gone")

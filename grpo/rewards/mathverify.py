@@ -20,6 +20,7 @@ Answers (the rules the issue sets, tested in tests/test_rewards_math.py):
 from __future__ import annotations
 
 import atexit
+import concurrent.futures as cf
 import json
 import os
 import re
@@ -132,8 +133,24 @@ def _verify_in_worker(gold: str, answers: list[str]) -> float:
     return 1.0
 
 
+def _die_with_parent() -> None:
+    """SIGKILL this worker when the thread that started it ends (Linux PR_SET_PDEATHSIG): a parent killed
+    mid-call must not leave a worker computing for ever (a C-level bigint power holds the GIL, so no
+    watchdog thread could stop it)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent was already gone before prctl took effect
+        os._exit(1)
+
+
 def _serve() -> None:
     """Worker loop: one JSON request per stdin line -> one JSON reply per line on the original stdout."""
+    _die_with_parent()
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything the libraries print goes to stderr, never into the protocol
     import logging
@@ -200,6 +217,7 @@ class MathVerifier:
         self._started = 0
         self._cond = threading.Condition()
         self._pid = os.getpid()
+        self._spawner = cf.ThreadPoolExecutor(1, thread_name_prefix="math-verify-spawner")
         atexit.register(self.close)
 
     def _checkout(self) -> _Worker:
@@ -209,8 +227,8 @@ class MathVerifier:
             if self._idle:
                 return self._idle.pop()
             self._started += 1
-        try:
-            return _Worker(self.start_timeout)
+        try:  # started from one long-lived thread: the workers' parent-death signal follows that thread
+            return self._spawner.submit(_Worker, self.start_timeout).result()
         except BaseException:
             with self._cond:
                 self._started -= 1
