@@ -69,7 +69,7 @@ def plan_assert(test: str) -> tuple[list[str], callable]:
 class CodeGrader:
     """Grades programs in a Sandbox; thread-safe; ``check()`` at start-up refuses to run without one."""
 
-    def __init__(self, *, test_timeout: float = 5.0, program_timeout: float = 30.0, slots: int = 4, **limits):
+    def __init__(self, *, test_timeout: float = 5.0, program_timeout: float = 8.0, slots: int = 4, **limits):
         self.test_timeout, self.program_timeout = test_timeout, program_timeout
         self.sandbox = Sandbox(slots=slots, **limits)
         self._pool = cf.ThreadPoolExecutor(slots)
