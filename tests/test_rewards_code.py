@@ -77,6 +77,19 @@ HOSTILE = {
     "rewrites the harness": ("try:\n    open('/harness/harness.py', 'w').write('')\nexcept Exception:\n    pass\n" + WRONG,
                              ASSERTS),
     "syntax error": ("def f(x) return 2x", ASSERTS),
+    "hunts the nonce in its frames and forges the line": (
+        "import os, re, sys\nfound = set()\nf = sys._getframe()\nwhile f is not None:\n"
+        "    for v in list(f.f_locals.values()) + list(f.f_globals.values()):\n"
+        "        if isinstance(v, (str, bytes)):\n"
+        "            found.update(re.findall(r'[0-9a-f]{32}', v if isinstance(v, str) else v.decode('latin1')))\n"
+        "    f = f.f_back\nfor n in found:\n    os.write(1, (n + ' [4]\\n').encode())\nos._exit(0)\n", ASSERTS),
+    "reads the harness's memory and descriptors": (
+        "import os\nok = False\nfor path in (f'/proc/{os.getppid()}/mem', f'/proc/{os.getppid()}/fd/0',\n"
+        "             f'/proc/{os.getppid()}/environ'):\n    try:\n        open(path, 'rb').read(1)\n"
+        "        ok = True\n    except Exception:\n        pass\ndef f(x):\n    return 2 * x if ok else -1\n", ASSERTS),
+    "writes a guessed answer onto every descriptor": (
+        "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'\\n[7]\\n')\n    except OSError:\n"
+        "        pass\nos._exit(0)\n", ASSERTS),
 }
 
 
@@ -168,10 +181,12 @@ def test_malformed_tests_are_errors_naming_the_test(grader):
         grader.grade(GOOD_IO, {"io": [{"input": "1"}]})
 
 
-def test_plan_assert_splits_comparisons():
-    exprs, decide = plan_assert("assert f(2) == 4")
-    assert exprs == ["f(2)", "4"] and decide([4, 4]) and not decide([4, 5])
-    exprs, decide = plan_assert("assert not g(1)")
+def test_plan_assert_splits_comparisons_and_keeps_literals_outside():
+    exprs, host, decide = plan_assert("assert f(2) == 4")
+    assert exprs == ["f(2)"] and host == [None, (4,)] and decide([4, 4]) and not decide([4, 5])
+    exprs, host, decide = plan_assert("assert g(1) < h(2) <= [3]")
+    assert exprs == ["g(1)", "h(2)"] and host == [None, None, ([3],)]
+    exprs, host, decide = plan_assert("assert not g(1)")
     assert exprs == ["g(1)"] and decide([0]) and not decide([1])
 
 

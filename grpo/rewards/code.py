@@ -15,12 +15,18 @@ Threat model (the program is policy output optimised against this grader; assume
   answers or exiting early all fail. Assert tests are parsed here: the sandbox evaluates the operands
   of the top-level comparison (or the asserted expression) and returns their values as plain built-in
   data; the comparison itself runs here on that data, so objects that "equal anything" never take part.
-- Positive evidence: an assert test passes only when its value line carries the run's random nonce,
-  which reaches the harness through a stdin pipe that is read and closed before the program runs,
-  so ``os._exit(0)``, ``sys.exit(0)``, a crash or a killed parent leave no evidence and count as failed.
-- Not covered: a program written to search its own process memory for the nonce, or one whose objects
-  overload arithmetic inside a test's operand (``abs(f(x) - y) < 1e-9``) with exact built-in results.
-  Both require code aimed at this harness's internals; prefer tests of the form ``assert f(x) == value``.
+- Expected values stay outside: literal operands (``4`` in ``assert f(2) == 4``) are evaluated here and
+  never sent into the sandbox, so the program cannot read them from the harness to echo them back.
+- Positive evidence: an assert test passes only when exactly one line carries the run's random nonce.
+  The harness forks the program's process before it reads the nonce from stdin and is non-dumpable,
+  so the program can neither find the nonce in its own memory nor read it from the harness
+  (ptrace, /proc/<pid>/mem and /proc/<pid>/fd are refused). ``os._exit(0)``, ``sys.exit(0)``, a crash
+  or killing the harness leave no evidence line and count as failed.
+- Not covered: a program that writes a guessed value list onto the harness's private pipe (it must
+  guess the expected values, which is what hard-coding answers does anyway); and, for asserts whose
+  operands are not literals or whose check is a bare truth value, objects that overload arithmetic
+  inside an operand (``abs(f(x) - y) < 1e-9``) with exact built-in results. Prefer tests of the form
+  ``assert f(x) == literal``.
 """
 
 from __future__ import annotations
@@ -47,9 +53,12 @@ def extract_code(completion: str) -> str:
     return blocks[-1] if blocks else completion
 
 
-def plan_assert(test: str) -> tuple[list[str], callable]:
-    """Split one ``assert`` statement into the expressions the sandbox evaluates and the check applied
-    here to their values. Raises ValueError for anything but a single assert statement."""
+def plan_assert(test: str) -> tuple[list[str], list, callable]:
+    """Split one ``assert`` statement into its operands and the check applied here to their values:
+    (sources of the operands the sandbox must evaluate, host values of all operands with None where the
+    sandbox fills in, check). Literal operands (``4``, ``[1, 2]``, ``'abc'``) are evaluated here and
+    never sent into the sandbox, so a program cannot learn the expected value from the harness.
+    Raises ValueError for anything but a single assert statement."""
     try:
         tree = ast.parse(test.strip())
     except SyntaxError as e:
@@ -60,12 +69,27 @@ def plan_assert(test: str) -> tuple[list[str], callable]:
     if isinstance(expr, ast.Compare) and all(type(op) in OPS for op in expr.ops):
         parts = [expr.left, *expr.comparators]
         ops = [OPS[type(op)] for op in expr.ops]
-        return [ast.unparse(p) for p in parts], lambda v: all(op(v[i], v[i + 1]) for i, op in enumerate(ops))
-    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
-        return [ast.unparse(expr.operand)], lambda v: not v[0]
-    return [ast.unparse(expr)], lambda v: bool(v[0])
 
+        def check(v):
+            return all(op(v[i], v[i + 1]) for i, op in enumerate(ops))
+    elif isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+        parts = [expr.operand]
 
+        def check(v):
+            return not v[0]
+    else:
+        parts = [expr]
+
+        def check(v):
+            return bool(v[0])
+    sources, host = [], []
+    for p in parts:
+        try:
+            host.append((ast.literal_eval(p),))
+        except ValueError:
+            host.append(None)
+            sources.append(ast.unparse(p))
+    return sources, host, check
 class CodeGrader:
     """Grades programs in a Sandbox; thread-safe; ``check()`` at start-up refuses to run without one."""
 
@@ -78,10 +102,10 @@ class CodeGrader:
         self.sandbox.check()
 
     def run_assert(self, code: str, test: str, timeout: float) -> bool:
-        exprs, decide = plan_assert(test)
+        exprs, host, decide = plan_assert(test)
         nonce = secrets.token_hex(16)
-        res = self.sandbox.run({"solution.py": code}, ["assert"], timeout=timeout,
-                               stdin_data=_json({"nonce": nonce, "exprs": exprs}))
+        res = self.sandbox.run({"solution.py": code, "test.json": _json(exprs)}, ["assert"], timeout=timeout,
+                               stdin_data=nonce + "\n")
         lines = [ln for ln in res.stdout.splitlines() if ln.startswith(nonce + " ")]
         if res.timed_out or res.truncated or len(lines) != 1:
             return False  # no evidence (or more than the one line the harness writes)
@@ -89,9 +113,12 @@ class CodeGrader:
         if payload.startswith("!"):
             return False
         try:
-            values = ast.literal_eval(payload)
-            return len(values) == len(exprs) and bool(decide(values))
-        except Exception:  # unparsable or incomparable data: the test did not pass
+            got = iter(ast.literal_eval(payload))
+            values = [h[0] if h is not None else next(got) for h in host]
+            if next(got, _END) is not _END:
+                return False  # more values than asked for
+            return bool(decide(values))
+        except Exception:  # unparsable, too few or incomparable values: the test did not pass
             return False
 
     def run_io(self, code: str, case: dict, timeout: float) -> bool:
@@ -128,6 +155,9 @@ class CodeGrader:
         futures = [self._pool.submit(_before, deadline, fn, code, arg, self.test_timeout) for fn, arg in jobs]
         passed = sum(bool(f.result()) for f in futures)
         return passed / len(jobs)
+
+
+_END = object()
 
 
 def _before(deadline: float, fn, code: str, arg, test_timeout: float) -> bool:

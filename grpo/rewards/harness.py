@@ -3,16 +3,17 @@
 argv: cpu_seconds address_space_bytes file_size_bytes open_files processes mode
 mode "selftest": print "sandbox ok".
 mode "io":       exec the program /work/solution.py as __main__ with the test input on stdin.
-mode "assert":   read {"nonce", "exprs"} from the stdin pipe and close it; run /work/solution.py as a
-                 module; evaluate each expression of one assert; write ONE line
-                 "<nonce> <repr of the values>" (or "<nonce> !<why>") to a copy of stdout taken before the
-                 program ran. The grader (outside the sandbox) parses the values with ast.literal_eval
-                 and decides the test; only exact built-in types (int, float, str, bytes, bool, None,
-                 list, tuple, dict, set) are ever written, so no object of the program reaches it.
+mode "assert":   a forked child runs /work/solution.py as a module and evaluates the expressions of
+                 /work/test.json (the non-literal operands of one assert); this process then writes ONE
+                 line "<nonce> <repr of the values>" (or "<nonce> !<why>") to stdout, the nonce read from
+                 stdin after the fork (see _assert_mode). The grader (outside the sandbox) parses the
+                 values with ast.literal_eval and decides the test; only exact built-in types (int,
+                 float, str, bytes, bool, None, list, tuple, dict, set) are ever written, so no object of
+                 the program reaches it.
 
-Everything the harness needs after the program ran is bound to locals before it runs, and test
+In the child, everything needed after the program ran is bound to locals before it runs, and test
 expressions are evaluated with a snapshot of the builtins, so monkeypatching builtins, print,
-AssertionError or sys.exit changes nothing here.
+AssertionError or sys.exit changes nothing.
 """
 
 import os
@@ -27,17 +28,11 @@ def _limits(argv):
         resource.setrlimit(res, (val, val))
 
 
-def _assert_mode():
+def _child(w, exprs):
+    """Runs in the forked child: the program, then the test expressions; writes the values' repr to w."""
     import builtins
-    import json
 
-    spec = json.loads(sys.stdin.read())
-    os.close(0)
-    os.open(os.devnull, os.O_RDONLY)  # fd 0 again, now empty: the spec pipe is gone
-    nonce, exprs = spec.pop("nonce"), spec["exprs"]
-    del spec
     safe = dict(builtins.__dict__)  # a snapshot: later patches of the builtins module do not reach it
-    out_fd = os.dup(1)
     write, encode, exit_now, rep, typ, comp, ev = os.write, str.encode, os._exit, repr, type, compile, eval
     scalars = (int, float, bool, str, bytes, type(None))
     containers = (list, tuple, set)
@@ -64,7 +59,7 @@ def _assert_mode():
 
     def report(text):
         try:
-            write(out_fd, encode(nonce + " " + text + "\n"))
+            write(w, encode("\n" + text + "\n"))
         finally:
             exit_now(0)
 
@@ -88,6 +83,48 @@ def _assert_mode():
     except BaseException:
         report("!the test expression raised")
     report(text)
+
+
+def _assert_mode():
+    """The nonce never enters the program's memory: this process forks the child that runs the program
+    BEFORE reading the nonce from stdin, the child closes its copy of stdin first thing, and this
+    process is made non-dumpable, so the child (same uid) can neither ptrace it nor read its memory or
+    file descriptors through /proc. The child's last line on a private pipe carries the values; this
+    process, once the child has exited, writes "<nonce> <that line>" to stdout."""
+    import ctypes
+    import json
+    import select
+
+    with open("/work/test.json") as f:
+        exprs = json.load(f)
+    if ctypes.CDLL(None).prctl(4, 0) != 0:  # PR_SET_DUMPABLE = 0, inherited by the fork
+        sys.exit("harness: cannot make the harness non-dumpable")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(0)
+        os.open(os.devnull, os.O_RDONLY)
+        os.close(r)
+        _child(w, exprs)
+        os._exit(0)
+    os.close(w)
+    nonce = b""
+    while chunk := os.read(0, 4096):
+        nonce += chunk
+    nonce = nonce.decode().strip()
+    data, exited = b"", False
+    while not exited and len(data) < (1 << 20):
+        exited = os.waitpid(pid, os.WNOHANG)[0] == pid
+        ready, _, _ = select.select([r], [], [], 0 if exited else 0.05)
+        while ready:  # drain what is there; the program's descendants may hold the pipe open
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            data += chunk
+            ready, _, _ = select.select([r], [], [], 0)
+    lines = [ln for ln in data.decode("utf-8", "replace").split("\n") if ln]
+    os.write(1, (nonce + " " + (lines[-1] if lines else "!no result") + "\n").encode())
+    os._exit(0)
 
 
 def main():
