@@ -142,6 +142,8 @@ class CodeGrader:
         if not tests and not io:
             return 0.0  # nothing shows the program works: never a free 1.0
         code = extract_code(completion)
+        if not _parses(code):
+            return 0.0  # fails every test; no need to start a sandbox to find out
         if tests:
             for t in tests:
                 plan_assert(t)  # a malformed test is the dataset's error, raised before anything runs
@@ -158,6 +160,16 @@ class CodeGrader:
 
 
 _END = object()
+
+
+def _parses(code: str) -> bool:
+    """Whether the program is syntactically Python. ast.parse only builds a tree (no constant folding,
+    nothing runs); pathological nesting raises and counts as not parsing."""
+    try:
+        ast.parse(code)
+        return True
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
 
 
 def _before(deadline: float, fn, code: str, arg, test_timeout: float) -> bool:
