@@ -38,11 +38,34 @@ def length_reward(completion: str, sample: dict) -> float:
     return max(0.0, 1.0 - len(completion) / 400)
 
 
+def incompleteness_reward(completion: str, sample: dict) -> float:
+    """Step-completeness shaping: the share of four checks the completion fails, 0.0 when complete.
+    Checks: steps are numbered ('Step 1', '1.' or '1)' lines) when there are several lines; brackets
+    ( [ { are balanced; $ math delimiters are paired; no line ends in a dangling '=' or operator.
+    Used with a negative weight, e.g. rewards=numeric,incompleteness reward_weights=1,-0.1 subtracts
+    lambda = 0.1 times it from the outcome reward."""
+    lines = [ln.strip() for ln in completion.splitlines() if ln.strip()]
+    numbered = len(lines) < 2 or any(re.match(r"(?:step\s*)?\d+\s*[.):]", ln, re.IGNORECASE) for ln in lines)
+    depth, balanced = [], True
+    for ch in completion:
+        if ch in "([{":
+            depth.append(ch)
+        elif ch in ")]}":
+            if not depth or "([{"[")]}".index(ch)] != depth.pop():
+                balanced = False
+                break
+    balanced = balanced and not depth
+    paired = completion.replace("\\$", "").count("$") % 2 == 0
+    dangling = any(re.search(r"[=+\-*/]\s*$", ln) for ln in lines)
+    return (int(not numbered) + int(not balanced) + int(not paired) + int(dangling)) / 4
+
+
 REWARDS: dict[str, RewardFn] = {
     "numeric": numeric_reward,
     "math": math_reward,
     "format": format_reward,
     "length": length_reward,
+    "incompleteness": incompleteness_reward,
     "code": code_reward,
     "code_strict": code_strict_reward,
     "reward_model": reward_model_reward,  # batched: fn(completions, samples) -> list[float]
