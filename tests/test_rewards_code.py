@@ -221,3 +221,17 @@ def test_no_sandbox_means_a_clear_error_never_an_unsandboxed_run(monkeypatch, tm
     g = CodeGrader(slots=1)
     with pytest.raises(SandboxError, match="bubblewrap"):
         g.grade(GOOD_ASSERT, ASSERTS)
+
+
+def test_the_unprivileged_flavour_of_the_sandbox_also_confines(tmp_path):
+    """Where the grader is not root, bwrap maps the program to uid 65534 in its own user namespace
+    (no per-slot uid to kill by; the PID namespace and --die-with-parent clean up). Exercised here
+    by forcing that flavour."""
+    g = CodeGrader(test_timeout=2.0, slots=1)
+    g.sandbox.as_root = False
+    g.check()
+    assert g.grade(GOOD_ASSERT, ASSERTS) == 1.0
+    for name in ("writes /etc/passwd", "reads the repository", "network connection", "os._exit(0) before the tests",
+                 "object equal to anything", "reads the harness's memory and descriptors"):
+        program, sample = HOSTILE[name]
+        assert g.grade(program, sample) == 0.0, name

@@ -248,8 +248,8 @@ class MathVerifier:
         try:
             line = worker.ask(gold, answers, self.timeout)
             if line:  # a reply within the deadline
-                self._checkin(worker)
                 reply = json.loads(line)
+                self._checkin(worker)
                 if "error" in reply:
                     raise RuntimeError(reply["error"])
                 return float(reply["value"])
