@@ -10,7 +10,7 @@ import pytest
 
 from grpo.rewards import resolve_reward
 from grpo.rewards.code import CodeGrader, code_reward, extract_code, plan_assert
-from grpo.rewards.sandbox import UID_BASE, SandboxError
+from grpo.rewards.sandbox import UID_BASE, UID_COUNT, SandboxError
 
 if shutil.which("bwrap") is None and os.geteuid() != 0:
     pytest.skip("bubblewrap (bwrap) is not installed and this user cannot install it: the code sandbox "
@@ -110,7 +110,7 @@ def _sandbox_processes(*, zombies: bool) -> list[int]:
             uid, state = int(fields["Uid"].split()[0]), fields["State"].strip()
         except (OSError, ValueError, KeyError):
             continue
-        if UID_BASE <= uid < UID_BASE + SLOTS and (zombies or not state.startswith("Z")):
+        if UID_BASE <= uid < UID_BASE + UID_COUNT and (zombies or not state.startswith("Z")):
             pids.append(int(entry))
     return pids
 
@@ -235,3 +235,15 @@ def test_the_unprivileged_flavour_of_the_sandbox_also_confines(tmp_path):
                  "object equal to anything", "reads the harness's memory and descriptors"):
         program, sample = HOSTILE[name]
         assert g.grade(program, sample) == 0.0, name
+
+
+def test_concurrent_graders_never_share_a_sandbox_uid():
+    """Two graders (as two reward worker processes would be) running at once: every run has its own
+    uid, so one run's clean-up cannot kill another's program (which would turn a pass into a fail)."""
+    import concurrent.futures as cf
+
+    a, b = CodeGrader(test_timeout=5.0, slots=2), CodeGrader(test_timeout=5.0, slots=2)
+    slow_good = "import time\ntime.sleep(0.5)\ndef f(x):\n    return 2 * x\n"
+    with cf.ThreadPoolExecutor(4) as ex:
+        futs = [ex.submit(g.grade, slow_good, ASSERTS) for g in (a, b, a, b)]
+        assert [f.result() for f in futs] == [1.0] * 4

@@ -10,7 +10,7 @@ import pytest
 
 from grpo.rewards import code as code_rewards
 from grpo.rewards.code import CodeGrader
-from grpo.rewards.sandbox import UID_BASE
+from grpo.rewards.sandbox import UID_BASE, UID_COUNT
 from grpo.trainer import Trainer
 from tests.test_trainer import make_cfg
 
@@ -54,7 +54,7 @@ def _descendants_and_sandbox_processes() -> set[int]:
                 continue
             pid, uid = int(entry), int(fields["Uid"].split()[0])
             parent[pid] = int(fields["PPid"])
-            if UID_BASE <= uid < UID_BASE + 64:
+            if UID_BASE <= uid < UID_BASE + UID_COUNT:
                 found.add(pid)
         except (OSError, ValueError, KeyError):
             continue

@@ -6,8 +6,9 @@ Each run is one ``bwrap`` process tree:
   it to the ``bwrap`` the grader kills), so nothing the program forks can outlive its verdict;
 - a fresh tmpfs root with only /usr (read-only) bound in, a private /tmp and a private writable work
   folder; host files outside /usr (the repository, /etc, /root, /work, ...) do not exist in there;
-- as root (CI), the sandbox runs as its own unprivileged uid per concurrent slot (61000 + slot), so
-  the process limit applies and, after the run, every process of that uid is killed from the host;
+- as root (CI), each run gets its own unprivileged uid (61000..61255, claimed machine-wide with a lock
+  file, so concurrent graders in other processes never share one), so the process limit applies
+  and, after the run, every process of that uid is killed from the host;
 - rlimits set by the trusted harness before any program code runs: CPU seconds, address space, file
   size (which also caps stdout/stderr: they are host files), open files and processes;
 - a wall-clock deadline per run; stdout and stderr are read back at most ``output_cap`` bytes.
@@ -18,8 +19,10 @@ with what to do; nothing here ever runs a program without the sandbox.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import queue
+import random
 import shutil
 import signal
 import subprocess
@@ -29,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HARNESS = Path(__file__).with_name("harness.py")
-UID_BASE = 61000
+UID_BASE, UID_COUNT = 61000, 256  # sandbox uids (as root): one per concurrent run, machine-wide
+LOCK_DIR = Path(tempfile.gettempdir()) / "grpo-sandbox-uids"
 INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: apt-get install -y bubblewrap; Fedora: dnf install "
                 "bubblewrap; Arch: pacman -S bubblewrap) and allow user namespaces "
                 "(sysctl kernel.unprivileged_userns_clone=1 where that switch exists; in Docker run with "
@@ -74,6 +78,23 @@ def _uid_processes(uid: int) -> list[int]:
         except (OSError, ValueError, KeyError):
             continue
     return pids
+
+
+def _claim_uid() -> tuple[int, int]:
+    """A sandbox uid no other run on this machine holds (any process, any grader): an exclusive flock
+    on its lock file, kept until the run ends. Returns (uid, the lock's file descriptor)."""
+    LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+    start = random.randrange(UID_COUNT)
+    while True:
+        for k in range(UID_COUNT):
+            uid = UID_BASE + (start + k) % UID_COUNT
+            fd = os.open(LOCK_DIR / str(uid), os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return uid, fd
+            except OSError:
+                os.close(fd)
+        time.sleep(0.05)  # all taken: wait for a run to end
 
 
 def kill_uid(uid: int) -> None:
@@ -122,7 +143,7 @@ class Sandbox:
         """Run the harness with ``args`` in a fresh work folder holding ``files``; stdin is
         ``stdin_data`` (a pipe, read by the harness) or the host file ``stdin_path``."""
         slot = self._slots.get()
-        uid = UID_BASE + slot
+        uid, lock = _claim_uid() if self.as_root else (os.getuid(), None)
         tmp = tempfile.mkdtemp(prefix="grpo-sandbox-")
         try:
             work, harness_dir = os.path.join(tmp, "work"), os.path.join(tmp, "harness")
@@ -144,6 +165,7 @@ class Sandbox:
         finally:
             if self.as_root:
                 kill_uid(uid)  # whatever escaped the PID namespace's teardown (nothing should)
+                os.close(lock)  # releases the uid for the next run, in any process
             shutil.rmtree(tmp, ignore_errors=True)
             self._slots.put(slot)
 
