@@ -58,6 +58,9 @@ TABLE = [
     ("\\boxed{\\frac{\\pi}{2}}", "\\pi/2", 1.0),
     ("\\boxed{x^2 + 2x + 1}", "(x+1)^2", 1.0),
     ("\\boxed{(1, 2)}", "(1,2)", 1.0),  # gold is an interval/tuple: lists are allowed then
+    ("\\boxed{\\left(\\frac{1}{2}\\right)}", "0.5", 1.0),  # \\left is not \\le
+    ("\\boxed{40 \\leq x \\leq 50}", "42", 0.0),
+    ("\\boxed{41 \\ldots 43}", "42", 0.0),
 ]
 
 

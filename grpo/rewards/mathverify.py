@@ -35,7 +35,8 @@ from grpo.rewards.answers import numbers_in, parse_number
 THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 PLAIN_NUMBER = re.compile(r"\$?-?\d+(?:\.\d+)?\s*(?:\\?%)?\$?")
 HEDGE_WORDS = re.compile(r"(?:\bor\b|\\lor|\\text\{\s*or\s*\}|\\pm|±|\band/or\b|\bmaybe\b|\beither\b)", re.IGNORECASE)
-LIST_MARKS = re.compile(r"[,;]|\\{|\\}|\\cup|\\cap|\\in\b|\\le|\\ge|[<>≤≥]|\\infty|\\dots|\.\.\.")
+LIST_MARKS = re.compile(r"[,;]|\\{|\\}|\\cup\b|\\cap\b|\\in\b|\\(?:le|ge|leq|geq|lt|gt|neq)\b|[<>≤≥]|\\infty\b|"
+                        r"\\[lc]?dots\b|\.\.\.")
 
 
 def all_boxed(text: str) -> list[str]:
