@@ -211,9 +211,15 @@ def test_many_programs_in_parallel_stay_bounded(grader):
 
 
 def test_code_reward_is_a_registered_reward_checked_at_resolve():
+    from grpo.rewards.code import code_batch_reward, code_strict_batch_reward
+
     fn = resolve_reward("code")
-    assert fn is code_reward
-    assert fn(GOOD_IO, IO) == 1.0
+    assert fn is code_batch_reward and fn.batched
+    assert code_reward(GOOD_IO, IO) == 1.0  # the per-sample protocol, as grpo.rewards.code_reward
+    half = "def f(x):\n    return 4 if x == 2 else 9\n"
+    out = fn([GOOD_IO, half, GOOD_ASSERT], [IO, ASSERTS, {"tests": ["f(2) == 4"]}])
+    assert out[:2] == [1.0, 0.5] and isinstance(out[2], ValueError)  # a malformed test fails its sample only
+    assert code_strict_batch_reward([GOOD_IO, half], [IO, ASSERTS]) == [1.0, 0.0]
 
 
 def test_no_sandbox_means_a_clear_error_never_an_unsandboxed_run(monkeypatch, tmp_path):

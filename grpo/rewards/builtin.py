@@ -8,7 +8,7 @@ import re
 from typing import Callable
 
 from grpo.rewards.answers import extract_answer, last_boxed, parse_number
-from grpo.rewards.code import code_reward, code_strict_reward
+from grpo.rewards.code import code_batch_reward, code_strict_batch_reward
 from grpo.rewards.mathverify import math_reward
 from grpo.rewards.reward_model import reward_model_reward
 
@@ -66,8 +66,8 @@ REWARDS: dict[str, RewardFn] = {
     "format": format_reward,
     "length": length_reward,
     "incompleteness": incompleteness_reward,
-    "code": code_reward,
-    "code_strict": code_strict_reward,
+    "code": code_batch_reward,  # batched: a step's programs are graded concurrently in the sandbox
+    "code_strict": code_strict_batch_reward,
     "reward_model": reward_model_reward,  # batched: fn(completions, samples) -> list[float]
 }
 

@@ -212,11 +212,39 @@ def code_strict_reward(completion: str, sample: dict) -> float:
     return float(default_grader().grade(completion, sample) == 1.0)
 
 
+def _grade_batch(completions: list[str], samples: list[dict], *, strict: bool) -> list:
+    """All completions of a step graded concurrently (their tests share the grader's slots); a sample
+    whose grading raised gets its exception in its place (one counted failure, not the batch's)."""
+    grader = default_grader()
+
+    def one(pair):
+        try:
+            score = grader.grade(*pair)
+            return float(score == 1.0) if strict else score
+        except Exception as e:
+            return e
+
+    with cf.ThreadPoolExecutor(max(1, min(len(completions), 16))) as ex:  # these threads only wait
+        return list(ex.map(one, zip(completions, samples)))
+
+
+def code_batch_reward(completions: list[str], samples: list[dict]) -> list:
+    """The ``code`` reward as the trainer runs it: ``code_reward`` on a whole step at once."""
+    return _grade_batch(completions, samples, strict=False)
+
+
+def code_strict_batch_reward(completions: list[str], samples: list[dict]) -> list:
+    """The ``code_strict`` reward as the trainer runs it: ``code_strict_reward`` on a whole step at once."""
+    return _grade_batch(completions, samples, strict=True)
+
+
 def check_code_sandbox() -> None:
     """Start-up check for the code rewards: raises SandboxError when no sandbox can run."""
     default_grader()
 
 
-code_reward.startup_check = check_code_sandbox
-code_strict_reward.startup_check = check_code_sandbox
-__all__ = ["CodeGrader", "SandboxError", "code_reward", "code_strict_reward", "extract_code", "plan_assert"]
+for _fn in (code_reward, code_strict_reward, code_batch_reward, code_strict_batch_reward):
+    _fn.startup_check = check_code_sandbox
+code_batch_reward.batched = code_strict_batch_reward.batched = True
+__all__ = ["CodeGrader", "SandboxError", "code_batch_reward", "code_reward", "code_strict_batch_reward",
+           "code_strict_reward", "extract_code", "plan_assert"]

@@ -61,6 +61,8 @@ def score_completions(completions: list[str], samples: list[dict], fns: dict[str
     """Run every reward on every (completion, sample) (a batched reward once on all). A reward that raises or returns None, NaN,
     inf or a non-number gives NaN for that sample; the first failure of each kind is logged with
     its sample (``logged`` remembers which kinds were already reported across calls)."""
+    if len(completions) != len(samples):
+        raise ValueError(f"score_completions: {len(completions)} completions but {len(samples)} samples")
     weights = weights or [1.0] * len(fns)
     logged = set() if logged is None else logged
     n = len(completions)
