@@ -253,3 +253,8 @@ def test_concurrent_graders_never_share_a_sandbox_uid():
     with cf.ThreadPoolExecutor(4) as ex:
         futs = [ex.submit(g.grade, slow_good, ASSERTS) for g in (a, b, a, b)]
         assert [f.result() for f in futs] == [1.0] * 4
+
+
+def test_a_correct_program_that_prints_a_lot_still_passes_its_asserts(grader):
+    chatty = "for i in range(20000):\n    print('debug line', i)\ndef f(x):\n    return 2 * x\n"  # ~300 KB
+    assert grader.grade(chatty, ASSERTS) == 1.0
