@@ -3,7 +3,8 @@
 ``sample["tests"]``: Python assert statements, e.g. ``"assert f(2) == 4"``; or ``sample["io"]``:
 ``[{"input": str, "output": str}, ...]``. ``code_reward`` returns the share of tests passed,
 ``code_strict_reward`` 1.0 only when all pass. Missing or empty tests give 0.0, never 1.0; a
-malformed test raises (a counted failed reward naming the test); no code block means the whole completion is taken as the program.
+malformed test raises (a counted failed reward naming the test); no code block means the whole
+completion is taken as the program.
 
 Threat model (the program is policy output optimised against this grader; assume it tries anything):
 - Each test is its own sandboxed process (grpo.rewards.sandbox): the program cannot reach the network,
@@ -22,11 +23,13 @@ Threat model (the program is policy output optimised against this grader; assume
   so the program can neither find the nonce in its own memory nor read it from the harness
   (ptrace, /proc/<pid>/mem and /proc/<pid>/fd are refused). ``os._exit(0)``, ``sys.exit(0)``, a crash
   or killing the harness leave no evidence line and count as failed.
-- Not covered: a program that writes a guessed value list onto the harness's private pipe (it must
-  guess the expected values, which is what hard-coding answers does anyway); and, for asserts whose
-  operands are not literals or whose check is a bare truth value, objects that overload arithmetic
-  inside an operand (``abs(f(x) - y) < 1e-9``) with exact built-in results. Prefer tests of the form
-  ``assert f(x) == literal``.
+- Not covered, by design of any in-process evaluation: the program and the code that evaluates the
+  test share a process, so a program can write a value list of its choosing onto the result pipe and
+  exit. For ``assert f(x) == literal`` it must then know the hidden literal, which is hard-coding the
+  answer; for a bare ``assert is_ok(x)`` it need only write ``[True]``, and for operands that are
+  not literals it can write two equal values; objects overloading arithmetic inside an operand
+  (``abs(f(x) - y) < 1e-9``) are the same class of attack. Write tests as ``assert f(x) == literal``
+  (the built-in ``code`` task does), or as io cases.
 """
 
 from __future__ import annotations
