@@ -8,7 +8,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: train test toy bench clean-venv
+.PHONY: train test toy bench clean-venv sandbox
+
+# The code reward runs programs under bubblewrap (README: "Code rewards"). As root, install it when
+# missing; elsewhere say how, and the code reward refuses to run until it is there.
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		{ apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+		  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; }; } || \
+		echo "warning: bubblewrap (bwrap) is not installed; the code reward and its tests need it (README: Code rewards)"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,7 +29,7 @@ $(STAMP): pyproject.toml
 train: $(STAMP)
 	$(BIN)/grpo train
 
-test: $(STAMP)
+test: $(STAMP) sandbox
 	(command -v chromium && command -v chromedriver) >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq chromium chromium-driver; } || true
 	$(BIN)/python -m pytest tests
 

@@ -31,11 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     from grpo.config import ConfigError
     from grpo.checkpoint import CheckpointError
     from grpo.data.tasks import DataError
+    from grpo.rewards.sandbox import SandboxError
     from grpo.stability import FuseError
 
     try:
         return commands[argv[0]](argv[1:]) or 0
-    except (ConfigError, DataError, CheckpointError, FileNotFoundError, FloatingPointError, FuseError) as e:
+    except (ConfigError, DataError, CheckpointError, FileNotFoundError, FloatingPointError, FuseError,
+            SandboxError) as e:
         print(f"grpo {argv[0]}: error: {e}", file=sys.stderr)
         return 2
 

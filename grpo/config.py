@@ -39,7 +39,7 @@ class Config:
     model: str = DEFAULT_MODEL
     """Policy to train: a hub id, a local folder, a run folder (its newest checkpoint), or the embedded default."""
     task: str = "arithmetic"
-    """Prompts and answers: a built-in task (arithmetic, gsm8k), a local .jsonl/.json/.parquet file, or a hub dataset id."""
+    """Prompts and answers: a built-in task (arithmetic, gsm8k, code), a local .jsonl/.json/.parquet file, or a hub dataset id."""
     task_split: str = "train"
     """Split to load when `task` is a hub dataset id."""
     prompt_field: str = "prompt"
@@ -55,13 +55,19 @@ class Config:
     eval_prompts: int = 200
     """Held-out prompts for the before/after evaluation (never used for training; 0 disables it)."""
     rewards: str = "numeric"
-    """Comma-separated reward functions: built-ins (numeric, math, format, length) or module:function paths."""
+    """Comma-separated reward functions: built-ins (numeric, math, code, code_strict, reward_model, format, length, incompleteness) or module:function paths."""
     reward_weights: list[float] | None = None
     """Weight of each reward in `rewards` (default: all 1.0)."""
     reward_timeout: float = 10.0
     """Wall-clock deadline in seconds for one reward call, run in a worker process; a call past it scores None (0 = run rewards in-process, no deadline)."""
     reward_workers: int = 1
     """Worker processes that run reward calls when reward_timeout > 0."""
+    reward_model: str = ""
+    """Sequence-classification model (folder or hub id) behind the `reward_model` reward, which scores (prompt, completion) pairs in batches."""
+    supervision: str = "outcome"
+    """outcome: one reward per completion on all its tokens; process: `step_reward` scores each reasoning step and each token gets the normalized rewards of the steps ending at or after it (DeepSeekMath 4.1.3)."""
+    step_reward: str = "arithmetic_steps"
+    """Step reward for supervision=process: a built-in (arithmetic_steps) or a module:function returning [(score, end_char), ...] for a completion."""
 
     # ---- sampling ----
     num_generations: int = 8
@@ -321,6 +327,11 @@ def _validate(c: Config) -> None:
     if not (0 <= c.gamma <= 1 and 0 <= c.lam <= 1):
         raise ConfigError(f"gamma/lam: must lie in [0, 1], got {c.gamma}, {c.lam}")
     _validate_stability(c)
+    if "reward_model" in c.reward_names and not c.reward_model:
+        raise ConfigError("reward_model: the reward_model reward needs reward_model=<folder or hub id>")
+    _choice("supervision", c.supervision, ("outcome", "process"))
+    if c.supervision == "process" and c.advantage_estimator == "gae":
+        raise ConfigError("supervision: process supervision uses group-normalized step rewards, not gae")
     if c.use_peft and c.ref_reset_steps:
         raise ConfigError("ref_reset_steps: with use_peft the reference is the frozen base model and cannot "
                           "be reset; use full fine-tuning or ref_reset_steps=0")

@@ -56,7 +56,7 @@ def evaluate(model, tokenizer, samples: list[dict], verifier, *, system_prompt: 
         per_batch = max(1, batch_size // pass_k)
         scores = []
         for i in range(0, len(sub), per_batch):
-            ro = generate_rollout(model, tokenizer, prompts[i:i + per_batch], group_size=pass_k,
+            ro = generate_rollout(model, tokenizer, prompts[i:min(i + per_batch, len(sub))], group_size=pass_k,
                                   max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                   top_k=top_k, max_prompt_length=max_prompt_length, with_logprobs=False,
                                   synced=synced)

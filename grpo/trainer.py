@@ -33,6 +33,7 @@ from grpo.logger import NullLogger, RunLogger
 from grpo.models import keep_head_fp32, load_models, native_bf16, reset_reference
 from grpo.policy import completion_logprobs
 from grpo.rewards.runner import RewardRunner
+from grpo.rewards.steps import process_supervision, resolve_step_reward
 from grpo.rollout import Rollout, generate_rollout
 from grpo.rollout.hf import row_keys
 from grpo.runtime import lr_lambda, make_run_dir, seed_everything
@@ -70,7 +71,8 @@ class Trainer:
                               "of groups per process)")
         # Everything that can be wrong with the input is checked before the model loads.
         self.rewards = RewardRunner(cfg.reward_names, cfg.reward_weights, timeout=cfg.reward_timeout,
-                                    workers=cfg.reward_workers)
+                                    workers=cfg.reward_workers, reward_model=cfg.reward_model)
+        self.step_reward = resolve_step_reward(cfg.step_reward) if cfg.supervision == "process" else None
         self.task = task or load_task(cfg.task, eval_size=cfg.eval_prompts, max_operand=cfg.arithmetic_max_operand,
                                       ops=cfg.arithmetic_ops, prompt_field=cfg.prompt_field,
                                       answer_field=cfg.answer_field, split=cfg.task_split)
@@ -166,9 +168,10 @@ class Trainer:
                        reward_failures_total=self.reward_failures, reward_timeouts_total=timeouts)
         return total.float().view(cfg.prompts_per_step, cfg.num_generations), metrics
 
-    def prepare(self, ro: Rollout, rewards: torch.Tensor) -> tuple[Batch, dict]:
+    def prepare(self, ro: Rollout, rewards: torch.Tensor, samples: list[dict] | None = None) -> tuple[Batch, dict]:
         """This process's batch from its rollout and the step's global rewards [B, G]: advantages
-        are computed on all B groups (identically on every process), then each keeps its rows."""
+        are computed on all B groups (identically on every process), then each keeps its rows.
+        ``samples`` (this process's prompts) are needed by process supervision's step rewards."""
         cfg = self.cfg
         rows = slice(self.world.rank * ro.completion_ids.shape[0], (self.world.rank + 1) * ro.completion_ids.shape[0])
         # overlong penalty, PF-PPO: on the whole step's groups, from every process's lengths
@@ -185,6 +188,12 @@ class Trainer:
         metrics = {"reward_mean": float(torch.nanmean(rewards)),
                    "reward_std": float(rewards[~failed].std(correction=0)) if (~failed).sum() > 1 else 0.0,
                    "zero_variance_share": float(core.zero_variance_share(filled)), **filter_metrics}
+        if cfg.supervision == "process":  # DeepSeekMath 4.1.3: per-step rewards, token advantages
+            adv_tok, mask, step_metrics = process_supervision(
+                self.step_reward, self.tok, ro, samples, mask, group_size=cfg.num_generations,
+                std_eps=cfg.std_eps, unbiased_std=cfg.scale_rewards_unbiased)  # [N, T]
+            metrics.update(step_metrics)
+            return Batch(ro, adv_tok, mask, old_logp, ref_logp), metrics
         if self.critic is None:
             adv = core.compute_advantages(filled, estimator=cfg.advantage_estimator, std_eps=cfg.std_eps,
                                           unbiased_std=cfg.scale_rewards_unbiased)  # [B, G]
@@ -321,7 +330,7 @@ class Trainer:
             samples, ro = self.sample()
             rewards, metrics = self.score(samples, ro)
         metrics.update(self.stability.knobs())  # the knob values this step trains with
-        batch, adv_metrics = self.prepare(ro, rewards)
+        batch, adv_metrics = self.prepare(ro, rewards, samples)
         metrics.update(adv_metrics)
         metrics.update(self.update(batch))
         self.step += 1

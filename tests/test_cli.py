@@ -66,3 +66,13 @@ def test_help_lists_config_keys(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     assert "num_generations" in capsys.readouterr().out
+
+
+def test_code_reward_without_a_sandbox_stops_before_model_load(capsys, tmp_path, monkeypatch):
+    from grpo.rewards import code
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap to be found
+    monkeypatch.setattr(code, "_default", None)
+    assert main(["train", "model=./no/such/model", "task=code", "rewards=code", f"output_dir={tmp_path / 'r'}"]) == 2
+    err = capsys.readouterr().err
+    assert "bubblewrap" in err and "apt-get install" in err and "no/such/model" not in err

@@ -19,3 +19,26 @@ def test_pass_at_k_equals_enumeration(n, c, k):
 def test_pass_at_k_rejects_k_above_n():
     with pytest.raises(ValueError):
         pass_at_k(2, 1, 3)
+
+
+def test_pass_at_k_samples_only_the_pass_prompts(tiny_model_dir):
+    """pass@k generates k completions for each of the first pass_prompts prompts, no more: a batched
+    verifier sees exactly as many completions as samples (2 prompts x k = 2 -> 4 per call)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo.evaluate import evaluate
+
+    calls = []
+
+    def verifier(completions, samples):
+        calls.append((len(completions), len(samples)))
+        return [0.0] * len(completions)
+
+    verifier.batched = True
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    samples = [{"prompt": f"What is {a} + 1?", "answer": str(a + 1)} for a in range(4)]
+    out = evaluate(model, tok, samples, verifier, system_prompt="", max_new_tokens=3, batch_size=64, pass_k=2,
+                   pass_prompts=2)
+    assert calls == [(4, 4), (4, 4)]  # greedy on 4 prompts, then 2 prompts x 2 samples
+    assert out["pass_prompts"] == 2 and out["pass@k"] == 0.0

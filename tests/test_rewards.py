@@ -55,3 +55,28 @@ def test_weighted_scores_and_failures():
     res = score_completions(["3", "4"], [{"answer": "3"}] * 2, fns)
     assert res.failures == {"numeric": 0, "bad": 2} and res.failed.all()
     assert len(res.messages) == 1  # logged once per kind, with the sample
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("Step 1: 2 + 3 = 5\nStep 2: 5 * 2 = 10\nSo \\boxed{10}", 0.0),  # numbered, balanced, paired, no dangling
+    ("2 + 3 = 5\n5 * 2 = 10", 0.25),  # two lines, no numbering
+    ("1. (2 + 3 = 5\n2. done", 0.25),  # an unclosed bracket
+    ("1. $x = 2\n2. ok", 0.25),  # an unpaired $
+    ("1. 2 + 3 =\n2. ok", 0.25),  # a dangling '='
+    ("(2 + 3 = $\n] 5 *", 1.0),  # all four fail
+    ("42", 0.0),  # one line needs no numbering
+])
+def test_incompleteness_shaping_by_hand(text, expected):
+    from grpo.rewards.builtin import incompleteness_reward
+
+    assert incompleteness_reward(text, {}) == expected
+
+
+def test_incompleteness_subtracts_lambda_times_from_the_outcome():
+    from grpo.rewards import score_completions
+    from grpo.rewards.builtin import REWARDS
+
+    fns = {"numeric": REWARDS["numeric"], "incompleteness": REWARDS["incompleteness"]}
+    res = score_completions(["(so 7", "Step 1: 3 + 4 = 7"], [{"answer": "7"}] * 2, fns, [1.0, -0.1])
+    # first: right (1.0) with an unclosed bracket (0.25): 1 - 0.1 * 0.25 = 0.975; second complete: 1.0
+    assert res.total.tolist() == pytest.approx([0.975, 1.0])

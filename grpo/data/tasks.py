@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-BUILTIN_TASKS = ("arithmetic", "gsm8k")
+BUILTIN_TASKS = ("arithmetic", "gsm8k", "code")
 GSM8K_HUB_ID = "openai/gsm8k"
 
 
@@ -40,6 +40,30 @@ def arithmetic_task(*, max_operand: int, ops: str, eval_size: int, seed: int) ->
                         f"({len(items)} problems with arithmetic_max_operand={max_operand})")
     samples = [{"prompt": f"What is {a} {op} {b}?", "answer": str(eval(f"{a}{op}{b}"))} for a, op, b in items]
     return Task("arithmetic", train=samples[eval_size:], eval=samples[:eval_size])
+
+
+CODE_TEMPLATES = [  # (what f returns, the reference body); k is the problem's constant
+    ("x plus {k}", "x + {k}"), ("x times {k}", "x * {k}"), ("x minus {k}", "x - {k}"),
+    ("the remainder of x divided by {k1}", "x % {k1}"), ("the larger of x and {k}", "max(x, {k})"),
+    ("x squared plus {k}", "x * x + {k}"),
+]
+
+
+def code_task(*, eval_size: int, seed: int) -> Task:
+    """Tiny programming problems for the code reward: 'write f(x) returning x plus 3' with assert tests
+    (6 kinds x k in 1..8 = 48 problems). The held-out share is at most a quarter of them."""
+    items = []
+    for what, body in CODE_TEMPLATES:
+        for k in range(1, 9):
+            consts = {"k": k, "k1": k + 1}
+            ref = eval(f"lambda x: {body.format(**consts)}")
+            prompt = (f"Write a Python function f(x) that returns {what.format(**consts)} for an integer x. "
+                      f"Answer with the function in a ```python code block.")
+            items.append({"prompt": prompt, "answer": f"def f(x):\n    return {body.format(**consts)}\n",
+                          "tests": [f"assert f({x}) == {ref(x)}" for x in (0, 3, 10, -4)]})
+    random.Random(f"code-{seed}").shuffle(items)
+    n_eval = min(eval_size, len(items) // 4)
+    return Task("code", train=items[n_eval:], eval=items[:n_eval])
 
 
 def _gsm8k_gold(answer: str, where: str) -> str:
@@ -138,6 +162,8 @@ def load_task(name: str, *, eval_size: int, max_operand: int = 30, ops: str = "+
         return arithmetic_task(max_operand=max_operand, ops=ops, eval_size=eval_size, seed=0)
     if name == "gsm8k":
         return gsm8k_task(eval_size=eval_size, seed=0)
+    if name == "code":
+        return code_task(eval_size=eval_size, seed=0)
     return user_task(name, prompt_field=prompt_field, answer_field=answer_field, split=split,
                      eval_size=eval_size, seed=0)
 

@@ -7,7 +7,8 @@ inf, a non-number) into a counted, logged event: the sample gets no reward and t
 
 from grpo.rewards.answers import extract_answer, parse_number
 from grpo.rewards.builtin import REWARDS, format_reward, math_reward, numeric_reward, resolve_reward
+from grpo.rewards.code import code_reward, code_strict_reward
 from grpo.rewards.scoring import RewardResult, score_completions
 
-__all__ = ["REWARDS", "RewardResult", "extract_answer", "format_reward", "math_reward", "numeric_reward",
+__all__ = ["REWARDS", "RewardResult", "code_reward", "code_strict_reward", "extract_answer", "format_reward", "math_reward", "numeric_reward",
            "parse_number", "resolve_reward", "score_completions"]

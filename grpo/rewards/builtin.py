@@ -8,6 +8,9 @@ import re
 from typing import Callable
 
 from grpo.rewards.answers import extract_answer, last_boxed, parse_number
+from grpo.rewards.code import code_batch_reward, code_strict_batch_reward
+from grpo.rewards.mathverify import math_reward
+from grpo.rewards.reward_model import reward_model_reward
 
 RewardFn = Callable[[str, dict], "float | None"]
 
@@ -20,15 +23,6 @@ def numeric_reward(completion: str, sample: dict) -> float:
         return 0.0
     value = parse_number(got)
     return float(value is not None and math.isclose(value, gold, rel_tol=1e-9, abs_tol=1e-9))
-
-
-def math_reward(completion: str, sample: dict) -> float:
-    """1.0 when math-verify finds the completion's answer equivalent to sample['answer'] (LaTeX aware)."""
-    from math_verify import parse, verify
-
-    gold = parse(f"${sample['answer']}$") or parse(str(sample["answer"]))
-    pred = parse(completion)
-    return float(bool(gold) and bool(pred) and verify(gold, pred))
 
 
 def format_reward(completion: str, sample: dict) -> float:
@@ -44,17 +38,48 @@ def length_reward(completion: str, sample: dict) -> float:
     return max(0.0, 1.0 - len(completion) / 400)
 
 
+def incompleteness_reward(completion: str, sample: dict) -> float:
+    """Step-completeness shaping: the share of four checks the completion fails, 0.0 when complete.
+    Checks: steps are numbered ('Step 1', '1.' or '1)' lines) when there are several lines; brackets
+    ( [ { are balanced; $ math delimiters are paired; no line ends in a dangling '=' or operator.
+    Used with a negative weight, e.g. rewards=numeric,incompleteness reward_weights=1,-0.1 subtracts
+    lambda = 0.1 times it from the outcome reward."""
+    lines = [ln.strip() for ln in completion.splitlines() if ln.strip()]
+    numbered = len(lines) < 2 or any(re.match(r"(?:step\s*)?\d+\s*[.):]", ln, re.IGNORECASE) for ln in lines)
+    depth, balanced = [], True
+    for ch in completion:
+        if ch in "([{":
+            depth.append(ch)
+        elif ch in ")]}":
+            if not depth or "([{"[")]}".index(ch)] != depth.pop():
+                balanced = False
+                break
+    balanced = balanced and not depth
+    paired = completion.replace("\\$", "").count("$") % 2 == 0
+    dangling = any(re.search(r"[=+\-*/]\s*$", ln) for ln in lines)
+    return (int(not numbered) + int(not balanced) + int(not paired) + int(dangling)) / 4
+
+
 REWARDS: dict[str, RewardFn] = {
     "numeric": numeric_reward,
     "math": math_reward,
     "format": format_reward,
     "length": length_reward,
+    "incompleteness": incompleteness_reward,
+    "code": code_batch_reward,  # batched: a step's programs are graded concurrently in the sandbox
+    "code_strict": code_strict_batch_reward,
+    "reward_model": reward_model_reward,  # batched: fn(completions, samples) -> list[float]
 }
 
 
 def resolve_reward(name: str) -> RewardFn:
-    """A built-in by name, or ``package.module:function``; errors list the built-ins."""
+    """A built-in by name, or ``package.module:function``; errors list the built-ins. A reward with a
+    ``startup_check`` attribute (the sandboxed code rewards) runs it here, so a run that cannot grade
+    stops before its model loads."""
     if name in REWARDS:
+        check = getattr(REWARDS[name], "startup_check", None)
+        if check is not None:
+            check()
         return REWARDS[name]
     if ":" not in name:
         raise ValueError(f"rewards: unknown reward {name!r}; built-ins: {sorted(REWARDS)}, "

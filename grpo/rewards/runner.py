@@ -39,8 +39,13 @@ class _Replay:
 class RewardRunner:
     """Scores completions with named rewards, in-process (timeout 0) or in workers with a deadline."""
 
-    def __init__(self, names: list[str], weights: list[float] | None, *, timeout: float = 0.0, workers: int = 1):
+    def __init__(self, names: list[str], weights: list[float] | None, *, timeout: float = 0.0, workers: int = 1,
+                 reward_model: str = ""):
         self.names, self.weights, self.timeout, self.workers = names, weights, timeout, workers
+        if reward_model:
+            from grpo.rewards.reward_model import set_reward_model
+
+            set_reward_model(reward_model)
         self.fns = {n: resolve_reward(n) for n in names}  # fail early, in this process, on a bad name
         self.logged: set = set()
         self.timeouts = 0
@@ -57,8 +62,13 @@ class RewardRunner:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
 
+    @property
+    def _worker_names(self) -> list[str]:
+        """Rewards run in workers; batched ones (a reward model on the trainer's device) run here."""
+        return [n for n in self.names if not getattr(self.fns[n], "batched", False)]
+
     def _run_in_workers(self, completions: list[str], samples: list[dict]) -> list:
-        calls = [(n, c, s) for n in self.names for c, s in zip(completions, samples)]
+        calls = [(n, c, s) for n in self._worker_names for c, s in zip(completions, samples)]
         results: list = [None] * len(calls)
         i = 0
         while i < len(calls):
@@ -90,7 +100,8 @@ class RewardRunner:
             return score_completions(completions, samples, self.fns, self.weights, logged=self.logged)
         results = self._run_in_workers(completions, samples)
         n = len(completions)
-        proxies = {name: _Replay(results[k * n:(k + 1) * n]) for k, name in enumerate(self.names)}
+        replays = {name: _Replay(results[k * n:(k + 1) * n]) for k, name in enumerate(self._worker_names)}
+        proxies = {name: replays.get(name, self.fns[name]) for name in self.names}
         return score_completions(completions, samples, proxies, self.weights, logged=self.logged)
 
     def close(self) -> None:

@@ -44,11 +44,25 @@ def _check_value(value) -> float:
     return float(value)
 
 
+def _batched_outputs(fn, completions: list[str], samples: list[dict]) -> list:
+    """A batched reward (``fn.batched``: all completions in one call, e.g. a reward model): its N
+    values, or the exception it raised once per completion."""
+    try:
+        outs = list(fn(completions, samples))
+        if len(outs) != len(completions):
+            raise ValueError(f"returned {len(outs)} values for {len(completions)} completions")
+        return outs
+    except Exception as e:
+        return [e] * len(completions)
+
+
 def score_completions(completions: list[str], samples: list[dict], fns: dict[str, RewardFn],
                       weights: list[float] | None = None, *, logged: set | None = None) -> RewardResult:
-    """Run every reward on every (completion, sample). A reward that raises or returns None, NaN,
+    """Run every reward on every (completion, sample) (a batched reward once on all). A reward that raises or returns None, NaN,
     inf or a non-number gives NaN for that sample; the first failure of each kind is logged with
     its sample (``logged`` remembers which kinds were already reported across calls)."""
+    if len(completions) != len(samples):
+        raise ValueError(f"score_completions: {len(completions)} completions but {len(samples)} samples")
     weights = weights or [1.0] * len(fns)
     logged = set() if logged is None else logged
     n = len(completions)
@@ -56,9 +70,12 @@ def score_completions(completions: list[str], samples: list[dict], fns: dict[str
     for name in fns:
         vals = torch.full((n,), float("nan"), dtype=torch.float64)  # [N]
         failures[name] = 0
+        batch = _batched_outputs(fns[name], completions, samples) if getattr(fns[name], "batched", False) else None
         for i, (comp, sample) in enumerate(zip(completions, samples)):
             try:
-                out = fns[name](comp, sample)
+                out = fns[name](comp, sample) if batch is None else batch[i]
+                if isinstance(out, BaseException):
+                    raise out
                 if out is None:
                     raise ValueError("returned None (the grader could not decide)")
                 vals[i] = _check_value(out)

@@ -1,0 +1,253 @@
+"""Code-execution rewards: the completion's last code block against the sample's tests, in a sandbox.
+
+``sample["tests"]``: Python assert statements, e.g. ``"assert f(2) == 4"``; or ``sample["io"]``:
+``[{"input": str, "output": str}, ...]``. ``code_reward`` returns the share of tests passed,
+``code_strict_reward`` 1.0 only when all pass. Missing or empty tests give 0.0, never 1.0; a
+malformed test raises (a counted failed reward naming the test); no code block means the whole
+completion is taken as the program.
+
+Threat model (the program is policy output optimised against this grader; assume it tries anything):
+- Each test is its own sandboxed process (grpo.rewards.sandbox): the program cannot reach the network,
+  the host's files, the grader's memory, other tests or other samples; whatever it forks dies with
+  the run; hangs, floods and crashes end as a failed test at the wall-clock deadline.
+- The verdict is decided here, outside the sandbox, from serialized output only:
+  io tests compare the program's whole stdout (lines right-stripped, trailing blank lines ignored)
+  with the expected output and require exit status 0; printing only the first expected line, two
+  answers or exiting early all fail. Assert tests are parsed here: the sandbox evaluates the operands
+  of the top-level comparison (or the asserted expression) and returns their values as plain built-in
+  data; the comparison itself runs here on that data, so objects that "equal anything" never take part.
+- Expected values stay outside: literal operands (``4`` in ``assert f(2) == 4``) are evaluated here and
+  never sent into the sandbox, so the program cannot read them from the harness to echo them back.
+- Positive evidence: an assert test passes only when exactly one line carries the run's random nonce.
+  The harness forks the program's process before it reads the nonce from stdin and is non-dumpable,
+  so the program can neither find the nonce in its own memory nor read it from the harness
+  (ptrace, /proc/<pid>/mem and /proc/<pid>/fd are refused). ``os._exit(0)``, ``sys.exit(0)``, a crash
+  or killing the harness leave no evidence line and count as failed.
+- Not covered, by design of any in-process evaluation: the program and the code that evaluates the
+  test share a process, so a program can write a value list of its choosing onto the result pipe and
+  exit. For ``assert f(x) == literal`` it must then know the hidden literal, which is hard-coding the
+  answer; for a bare ``assert is_ok(x)`` it need only write ``[True]``, and for operands that are
+  not literals it can write two equal values; objects overloading arithmetic inside an operand
+  (``abs(f(x) - y) < 1e-9``) are the same class of attack. Write tests as ``assert f(x) == literal``
+  (the built-in ``code`` task does), or as io cases.
+"""
+
+from __future__ import annotations
+
+import ast
+import concurrent.futures as cf
+import operator
+import re
+import secrets
+import threading
+import time
+
+from grpo.rewards.sandbox import Sandbox, SandboxError
+
+CODE_BLOCK = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+OPS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt,
+       ast.GtE: operator.ge, ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
+       ast.Is: operator.eq, ast.IsNot: operator.ne}
+
+
+def extract_code(completion: str) -> str:
+    """The last fenced code block (```python ... ```), else the whole completion."""
+    blocks = CODE_BLOCK.findall(completion)
+    return blocks[-1] if blocks else completion
+
+
+def plan_assert(test: str) -> tuple[list[str], list, callable]:
+    """Split one ``assert`` statement into its operands and the check applied here to their values:
+    (sources of the operands the sandbox must evaluate, host values of all operands with None where the
+    sandbox fills in, check). Literal operands (``4``, ``[1, 2]``, ``'abc'``) are evaluated here and
+    never sent into the sandbox, so a program cannot learn the expected value from the harness.
+    Raises ValueError for anything but a single assert statement."""
+    try:
+        tree = ast.parse(test.strip())
+    except SyntaxError as e:
+        raise ValueError(f"code tests: {test!r} is not valid Python ({e.msg})") from None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
+        raise ValueError(f"code tests: {test!r} is not one assert statement")
+    expr = tree.body[0].test
+    if isinstance(expr, ast.Compare) and all(type(op) in OPS for op in expr.ops):
+        parts = [expr.left, *expr.comparators]
+        ops = [OPS[type(op)] for op in expr.ops]
+
+        def check(v):
+            return all(op(v[i], v[i + 1]) for i, op in enumerate(ops))
+    elif isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+        parts = [expr.operand]
+
+        def check(v):
+            return not v[0]
+    else:
+        parts = [expr]
+
+        def check(v):
+            return bool(v[0])
+    sources, host = [], []
+    for p in parts:
+        try:
+            host.append((ast.literal_eval(p),))
+        except ValueError:
+            host.append(None)
+            sources.append(ast.unparse(p))
+    return sources, host, check
+class CodeGrader:
+    """Grades programs in a Sandbox; thread-safe; ``check()`` at start-up refuses to run without one."""
+
+    def __init__(self, *, test_timeout: float = 5.0, program_timeout: float = 8.0, slots: int = 4, **limits):
+        self.test_timeout, self.program_timeout = test_timeout, program_timeout
+        self.sandbox = Sandbox(slots=slots, **limits)
+        self._pool = cf.ThreadPoolExecutor(slots)
+
+    def check(self) -> None:
+        self.sandbox.check()
+
+    def run_assert(self, code: str, test: str, timeout: float) -> bool:
+        exprs, host, decide = plan_assert(test)
+        nonce = secrets.token_hex(16)
+        res = self.sandbox.run({"solution.py": code, "test.json": _json(exprs)}, ["assert"], timeout=timeout,
+                               stdin_data=nonce + "\n")
+        lines = [ln for ln in res.stdout.splitlines() if ln.startswith(nonce + " ")]
+        if res.timed_out or res.truncated or len(lines) != 1:
+            return False  # no evidence (or more than the one line the harness writes)
+        payload = lines[0][len(nonce) + 1:]
+        if payload.startswith("!"):
+            return False
+        try:
+            got = iter(ast.literal_eval(payload))
+            values = [h[0] if h is not None else next(got) for h in host]
+            if next(got, _END) is not _END:
+                return False  # more values than asked for
+            return bool(decide(values))
+        except Exception:  # unparsable, too few or incomparable values: the test did not pass
+            return False
+
+    def run_io(self, code: str, case: dict, timeout: float) -> bool:
+        import os
+        import tempfile
+
+        with tempfile.NamedTemporaryFile("w", prefix="grpo-stdin-", delete=False) as f:
+            f.write(str(case["input"]))
+        try:
+            res = self.sandbox.run({"solution.py": code}, ["io"], timeout=timeout, stdin_path=f.name)
+        finally:
+            os.unlink(f.name)
+        return (not res.timed_out and not res.truncated and res.exit_code == 0
+                and _norm(res.stdout) == _norm(str(case["output"])))
+
+    def grade(self, completion: str, sample: dict) -> float:
+        """Share of the sample's tests passed (tests run concurrently, each under its own deadline,
+        all under ``program_timeout``)."""
+        self.check()
+        tests, io = sample.get("tests"), sample.get("io")
+        if not tests and not io:
+            return 0.0  # nothing shows the program works: never a free 1.0
+        code = extract_code(completion)
+        if not _parses(code):
+            return 0.0  # fails every test; no need to start a sandbox to find out
+        if tests:
+            for t in tests:
+                plan_assert(t)  # a malformed test is the dataset's error, raised before anything runs
+            jobs = [(self.run_assert, t) for t in tests]
+        else:
+            for i, case in enumerate(io):
+                if not isinstance(case, dict) or "input" not in case or "output" not in case:
+                    raise ValueError(f"code reward: io case {i} needs 'input' and 'output'")
+            jobs = [(self.run_io, c) for c in io]
+        deadline = time.monotonic() + self.program_timeout
+        futures = [self._pool.submit(_before, deadline, fn, code, arg, self.test_timeout) for fn, arg in jobs]
+        passed = sum(bool(f.result()) for f in futures)
+        return passed / len(jobs)
+
+
+_END = object()
+
+
+def _parses(code: str) -> bool:
+    """Whether the program is syntactically Python. ast.parse only builds a tree (no constant folding,
+    nothing runs); pathological nesting raises and counts as not parsing."""
+    try:
+        ast.parse(code)
+        return True
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+
+
+def _before(deadline: float, fn, code: str, arg, test_timeout: float) -> bool:
+    left = deadline - time.monotonic()
+    return fn(code, arg, min(test_timeout, left)) if left > 0.05 else False
+
+
+def _json(obj) -> str:
+    import json
+
+    return json.dumps(obj)
+
+
+def _norm(text: str) -> str:
+    return "\n".join(line.rstrip() for line in text.strip("\n").splitlines()).rstrip()
+
+
+_default: CodeGrader | None = None
+_lock = threading.Lock()
+
+
+def default_grader() -> CodeGrader:
+    """The process-wide grader behind ``code_reward``; its sandbox is checked when it is created."""
+    global _default
+    with _lock:
+        if _default is None:
+            grader = CodeGrader()
+            grader.check()
+            _default = grader
+        return _default
+
+
+def code_reward(completion: str, sample: dict) -> float:
+    """Share of the sample's tests (``tests`` asserts or ``io`` cases) the completion's program passes."""
+    return default_grader().grade(completion, sample)
+
+
+def code_strict_reward(completion: str, sample: dict) -> float:
+    """1.0 when the completion's program passes every test of the sample, else 0.0."""
+    return float(default_grader().grade(completion, sample) == 1.0)
+
+
+def _grade_batch(completions: list[str], samples: list[dict], *, strict: bool) -> list:
+    """All completions of a step graded concurrently (their tests share the grader's slots); a sample
+    whose grading raised gets its exception in its place (one counted failure, not the batch's)."""
+    grader = default_grader()
+
+    def one(pair):
+        try:
+            score = grader.grade(*pair)
+            return float(score == 1.0) if strict else score
+        except Exception as e:
+            return e
+
+    with cf.ThreadPoolExecutor(max(1, min(len(completions), 16))) as ex:  # these threads only wait
+        return list(ex.map(one, zip(completions, samples)))
+
+
+def code_batch_reward(completions: list[str], samples: list[dict]) -> list:
+    """The ``code`` reward as the trainer runs it: ``code_reward`` on a whole step at once."""
+    return _grade_batch(completions, samples, strict=False)
+
+
+def code_strict_batch_reward(completions: list[str], samples: list[dict]) -> list:
+    """The ``code_strict`` reward as the trainer runs it: ``code_strict_reward`` on a whole step at once."""
+    return _grade_batch(completions, samples, strict=True)
+
+
+def check_code_sandbox() -> None:
+    """Start-up check for the code rewards: raises SandboxError when no sandbox can run."""
+    default_grader()
+
+
+for _fn in (code_reward, code_strict_reward, code_batch_reward, code_strict_batch_reward):
+    _fn.startup_check = check_code_sandbox
+code_batch_reward.batched = code_strict_batch_reward.batched = True
+__all__ = ["CodeGrader", "SandboxError", "code_batch_reward", "code_reward", "code_strict_batch_reward",
+           "code_strict_reward", "extract_code", "plan_assert"]

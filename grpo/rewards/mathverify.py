@@ -1,0 +1,301 @@
+"""Verified math answers: math-verify equivalence under a hard wall-clock deadline, with hedges scoring 0.
+
+math-verify parses LaTeX into sympy and compares by simplification, which can run for minutes on an
+adversarial expression; its own timeout uses SIGALRM, which only works on the main thread (elsewhere
+it raises, and a caller that catches everything records a silent 0). So every parse and every
+comparison runs in a small pool of spawned worker processes: the caller (any thread) sends two strings
+down a pipe and waits at most ``timeout`` seconds for one float. A worker that passes its deadline is
+killed and replaced; that sample's reward is None (the trainer counts it as a failed reward) and
+``MathVerifier.timeouts`` goes up. Sympy objects never leave the worker, so nothing is stringified
+or simplified outside the deadline.
+
+Answers (the rules the issue sets, tested in tests/test_rewards_math.py):
+- gold: the number after ``####`` when present (GSM8K), else the whole answer (LaTeX or plain);
+- completion: every \\boxed{} when there is one, else the last number in the text;
+- thousands separators: ``1,234`` is 1234; ``7,2`` is not 72 (it is two numbers, a hedge); ``72.00`` is 72;
+- hedges score 0: an empty box, several boxes that are not all equivalent to the gold, ``42 or 43``,
+  a list, set or interval of numbers when the gold is a single number.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures as cf
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from grpo.rewards.answers import numbers_in, parse_number
+
+THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+PLAIN_NUMBER = re.compile(r"\$?-?\d+(?:\.\d+)?\s*(?:\\?%)?\$?")
+HEDGE_WORDS = re.compile(r"(?:\bor\b|\\lor|\\text\{\s*or\s*\}|\\pm|±|\band/or\b|\bmaybe\b|\beither\b)", re.IGNORECASE)
+LIST_MARKS = re.compile(r"[,;]|\\{|\\}|\\cup\b|\\cap\b|\\in\b|\\(?:le|ge|leq|geq|lt|gt|neq)\b|[<>≤≥]|\\infty\b|"
+                        r"\\[lc]?dots\b|\.\.\.")
+
+
+def all_boxed(text: str) -> list[str]:
+    """Contents of every \\boxed{...} / \\fbox{...} with balanced braces, in order (unclosed ones skipped)."""
+    out, pos = [], 0
+    pattern = re.compile(r"\\(?:boxed|fbox)\s*\{")
+    while (m := pattern.search(text, pos)) is not None:
+        depth, j = 0, m.end() - 1
+        while j < len(text):
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            if depth == 0:
+                break
+            j += 1
+        if depth != 0:
+            break
+        out.append(text[m.end():j])
+        pos = j + 1
+    return out
+
+
+def gold_answer(answer: str) -> str:
+    """The gold answer text: after the last '####' when present (GSM8K), thousands separators removed."""
+    gold = str(answer).split("####")[-1].strip() if "####" in str(answer) else str(answer).strip()
+    return THOUSANDS.sub(lambda m: m.group(0).replace(",", ""), gold) if THOUSANDS.fullmatch(gold) else gold
+
+
+def normalize_number_text(s: str) -> str:
+    """Strip $, %, \\!, \\, and spaces; '1,234' -> '1234' (only well-formed groups of three)."""
+    t = re.sub(r"\\[!,;: ]|\\text\{\s*\}|\$|\\\$", "", s).strip().rstrip(".")
+    return t.replace(",", "") if THOUSANDS.fullmatch(t) else t
+
+
+def _scalar(gold: str) -> float | None:
+    """The gold as one number, or None when it is an expression, set, interval, ..."""
+    return parse_number(normalize_number_text(gold)) if PLAIN_NUMBER.fullmatch(gold.strip()) else None
+
+
+MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+
+
+def _last_math_span(text: str) -> str | None:
+    """Content of the last $...$, \\(...\\) or \\[...\\] span when the text's last number lies inside it."""
+    spans = list(MATH_SPAN.finditer(text))
+    nums = list(re.finditer(r"\d", text))
+    if not spans or not nums or not spans[-1].start() <= nums[-1].start() < spans[-1].end():
+        return None
+    return next(g for g in spans[-1].groups() if g is not None).strip()
+
+
+def candidates(completion: str, gold: str) -> list[str] | None:
+    """The completion's answer(s) to check, every one of which must match; None when it hedges or has none."""
+    boxes = all_boxed(completion)
+    if boxes:
+        answers = [normalize_number_text(b) for b in boxes]
+        if any(not a for a in answers):
+            return None  # an empty box
+    else:
+        tail = completion.strip().splitlines()[-1] if completion.strip() else ""
+        nums = numbers_in(completion)
+        if not nums:
+            return None
+        last_line_nums = numbers_in(tail)
+        if len(last_line_nums) >= 2 and HEDGE_WORDS.search(tail):
+            return None  # '... 42 or 43'
+        answers = [normalize_number_text(_last_math_span(completion) or nums[-1])]
+    scalar_gold = _scalar(gold) is not None
+    for a in answers:
+        if HEDGE_WORDS.search(a):
+            return None
+        if scalar_gold and LIST_MARKS.search(a):
+            return None  # a list, set or interval offered where one number is asked for
+    return answers
+
+
+def _plain_equal(gold: str, answers: list[str]) -> bool | None:
+    """Exact numeric comparison when the gold and every answer are plain numbers; None otherwise."""
+    g = _scalar(gold)
+    vals = [parse_number(a) if PLAIN_NUMBER.fullmatch(a) else None for a in answers]
+    if g is None or any(v is None for v in vals):
+        return None
+    return all(v == g for v in vals)
+
+
+# ---- the worker side --------------------------------------------------------------------------------
+def _verify_in_worker(gold: str, answers: list[str]) -> float:
+    from math_verify import parse, verify
+
+    g = parse(f"${gold}$", parsing_timeout=None) or parse(gold, parsing_timeout=None)
+    if not g:
+        return 0.0
+    for a in answers:
+        p = parse(f"$\\boxed{{{a}}}$", parsing_timeout=None) or parse(a, parsing_timeout=None)
+        if not p or not verify(g, p, timeout_seconds=None):
+            return 0.0
+    return 1.0
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this worker when the thread that started it ends (Linux PR_SET_PDEATHSIG): a parent killed
+    mid-call must not leave a worker computing for ever (a C-level bigint power holds the GIL, so no
+    watchdog thread could stop it)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent was already gone before prctl took effect
+        os._exit(1)
+
+
+def _serve() -> None:
+    """Worker loop: one JSON request per stdin line -> one JSON reply per line on the original stdout."""
+    _die_with_parent()
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # anything the libraries print goes to stderr, never into the protocol
+    import logging
+
+    import math_verify  # noqa: F401  (imported before the first deadline starts)
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled": ours is outside
+
+    out.write("ready\n")
+    out.flush()
+    for line in sys.stdin:
+        gold, answers = json.loads(line)
+        try:
+            reply = {"value": _verify_in_worker(gold, answers)}
+        except Exception as e:  # a parse error is this sample's failure, reported as such
+            reply = {"error": f"math-verify failed: {type(e).__name__}: {e}"}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+def _readline(proc: subprocess.Popen, timeout: float) -> str | None:
+    """One line from the worker within ``timeout`` seconds, else None."""
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    return proc.stdout.readline() if ready else None
+
+
+class _Worker:
+    def __init__(self, start_timeout: float):
+        root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+        self.proc = subprocess.Popen([sys.executable, "-c", "from grpo.rewards.mathverify import _serve; _serve()"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                                     start_new_session=True)
+        if (_readline(self.proc, start_timeout) or "").strip() != "ready":
+            self.kill()
+            raise RuntimeError(f"math-verify worker did not start within {start_timeout:g} s")
+
+    def ask(self, gold: str, answers: list[str], timeout: float) -> str | None:
+        self.proc.stdin.write(json.dumps([gold, answers]) + "\n")
+        self.proc.stdin.flush()
+        return _readline(self.proc, timeout)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(5)
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+class MathVerifier:
+    """A thread-safe pool of math-verify worker processes with a hard deadline per call.
+
+    ``verifier(gold, answers)`` -> 1.0 / 0.0, or None when the worker passed ``timeout`` seconds (it is
+    killed and replaced; ``timeouts`` counts these) or died. Workers start on first use.
+    """
+
+    def __init__(self, *, timeout: float = 5.0, workers: int = 2, start_timeout: float = 60.0):
+        self.timeout, self.size, self.start_timeout = timeout, workers, start_timeout
+        self.timeouts = 0
+        self._idle: list[_Worker] = []
+        self._started = 0
+        self._cond = threading.Condition()
+        self._pid = os.getpid()
+        self._spawner = cf.ThreadPoolExecutor(1, thread_name_prefix="math-verify-spawner")
+        atexit.register(self.close)
+
+    def _checkout(self) -> _Worker:
+        with self._cond:
+            while not self._idle and self._started >= self.size:
+                self._cond.wait()
+            if self._idle:
+                return self._idle.pop()
+            self._started += 1
+        try:  # started from one long-lived thread: the workers' parent-death signal follows that thread
+            return self._spawner.submit(_Worker, self.start_timeout).result()
+        except BaseException:
+            with self._cond:
+                self._started -= 1
+                self._cond.notify()
+            raise
+
+    def _checkin(self, worker: _Worker | None) -> None:
+        with self._cond:
+            if worker is None:
+                self._started -= 1
+            else:
+                self._idle.append(worker)
+            self._cond.notify()
+
+    def __call__(self, gold: str, answers: list[str]) -> float | None:
+        worker = self._checkout()
+        try:
+            line = worker.ask(gold, answers, self.timeout)
+            if line:  # a reply within the deadline
+                reply = json.loads(line)
+                self._checkin(worker)
+                if "error" in reply:
+                    raise RuntimeError(reply["error"])
+                return float(reply["value"])
+            if line is None:
+                with self._cond:
+                    self.timeouts += 1
+        except (OSError, ValueError):
+            pass  # the worker died or garbled its reply: this call has no verdict
+        worker.kill()
+        self._checkin(None)
+        return None
+
+    def close(self) -> None:
+        if os.getpid() != self._pid:
+            return
+        with self._cond:
+            idle, self._idle = self._idle, []
+            self._started -= len(idle)
+        for w in idle:
+            w.kill()
+
+
+_default: MathVerifier | None = None
+_default_lock = threading.Lock()
+
+
+def default_verifier() -> MathVerifier:
+    """The process-wide verifier behind ``math_reward`` (created on first use)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = MathVerifier()
+        return _default
+
+
+def math_reward(completion: str, sample: dict) -> float | None:
+    """1.0 when the completion's final answer is equivalent to sample['answer'] (math-verify, under a
+    hard deadline); 0.0 when it differs, hedges or has no answer; None when the verifier timed out."""
+    gold = gold_answer(sample["answer"])
+    if not gold:
+        raise ValueError("math_reward: sample['answer'] is empty")
+    answers = candidates(completion, gold)
+    if answers is None:
+        return 0.0
+    plain = _plain_equal(gold, answers)
+    if plain is not None:
+        return float(plain)
+    return default_verifier()(gold, answers)

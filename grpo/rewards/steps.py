@@ -1,0 +1,136 @@
+"""Process supervision: step rewards, their mapping onto completion tokens, and the advantages.
+
+A step reward is ``fn(completion: str, sample: dict) -> list[(score, end_char)]``: one score per
+reasoning step and the character offset in the completion where that step ends (exclusive). The
+trainer (``supervision=process``) turns them into tensors with ``step_tensors`` and advantages with
+``core.process_advantages`` (DeepSeekMath section 4.1.3): every token gets the sum of the
+group-normalized rewards of the steps that end at or after it.
+
+Dimension letters: N completions, T completion tokens, S steps (padded with end index -1).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import os
+import re
+from typing import Callable
+
+import torch
+
+from grpo import core
+from grpo.rewards.builtin import numeric_reward
+
+log = logging.getLogger("grpo.rewards")
+StepRewardFn = Callable[[str, dict], "list[tuple[float, int]]"]
+EQUATION = re.compile(r"(?<![\d.])(-?\d+(?:\.\d+)?(?:\s*[-+*/x×]\s*-?\d+(?:\.\d+)?)+)\s*=\s*(-?\d+(?:\.\d+)?)(?![\d.])")
+
+
+def _value(expr: str) -> float:
+    """Value of a flat arithmetic expression of numbers and + - * / (the regex admits nothing else)."""
+    return float(eval(expr.replace("×", "*").replace("x", "*"), {"__builtins__": {}}, {}))
+
+
+def arithmetic_steps(completion: str, sample: dict) -> list[tuple[float, int]]:
+    """Rule-based step reward: each line holding equations 'a op b ... = c' is a step scoring 1.0 when
+    every equation on it is right, else 0.0; a last step at the end of the text scores the final
+    answer (the numeric reward against sample['answer'])."""
+    steps, pos = [], 0
+    for line in completion.splitlines(keepends=True):
+        end = pos + len(line.rstrip())
+        eqs = EQUATION.findall(line)
+        if eqs:
+            try:
+                ok = all(math.isclose(_value(lhs), float(rhs), rel_tol=1e-9, abs_tol=1e-9) for lhs, rhs in eqs)
+            except (ZeroDivisionError, SyntaxError, OverflowError):
+                ok = False
+            steps.append((float(ok), end))
+        pos += len(line)
+    final = len(completion.rstrip())
+    outcome = numeric_reward(completion, sample) if "answer" in sample else 0.0
+    if steps and steps[-1][1] == final:
+        steps[-1] = (min(steps[-1][0], outcome), final)  # the last line is also the answer
+    else:
+        steps.append((outcome, final))
+    return steps
+
+
+STEP_REWARDS: dict[str, StepRewardFn] = {"arithmetic_steps": arithmetic_steps}
+
+
+def resolve_step_reward(name: str) -> StepRewardFn:
+    """A built-in step reward by name, or ``package.module:function``; errors list the built-ins."""
+    if name in STEP_REWARDS:
+        return STEP_REWARDS[name]
+    if ":" not in name:
+        raise ValueError(f"step_reward: unknown step reward {name!r}; built-ins: {sorted(STEP_REWARDS)}, "
+                         f"or give a module:function path")
+    module, func = name.split(":", 1)
+    try:
+        return getattr(importlib.import_module(module), func)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"step_reward: cannot load {name!r}: {e}") from None
+
+
+def char_ends_to_tokens(tokenizer, ids: list[int], char_ends: list[int]) -> list[int]:
+    """Completion-token index at which each character offset is reached: the first token t whose
+    decoded prefix ids[:t+1] (special tokens skipped, as the rollout decodes) is at least that long.
+    Offsets past the text map to the last token. Incremental decoding, so multi-byte characters
+    split over several byte-level tokens end where the character is complete."""
+    full = tokenizer.decode(ids, skip_special_tokens=True)
+    # a prefix cut inside a multi-byte character decodes to a replacement character: count only the
+    # part that agrees with the whole text
+    lengths = [len(os.path.commonprefix([tokenizer.decode(ids[:t + 1], skip_special_tokens=True), full]))
+               for t in range(len(ids))]
+    out = []
+    for e in char_ends:
+        t = next((i for i, n in enumerate(lengths) if n >= e), len(ids) - 1)
+        out.append(max(t, 0))
+    return out
+
+
+def step_tensors(fn: StepRewardFn, tokenizer, completion_ids: torch.Tensor, mask: torch.Tensor,
+                 texts: list[str], samples: list[dict]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """Step rewards [N, S] and token end indices [N, S] (-1 = no step) of N completions; a step reward
+    that raises or returns a bad value leaves that completion without steps (listed in the messages)."""
+    rows, problems = [], []
+    for i, (text, sample) in enumerate(zip(texts, samples)):
+        try:
+            steps = [(float(s), int(e)) for s, e in fn(text, sample)]
+            if not steps or not all(math.isfinite(s) for s, _ in steps):
+                raise ValueError(f"returned {steps!r:.80}")
+            n_tok = int(mask[i].sum())
+            ids = completion_ids[i, :n_tok].tolist()
+            ends = char_ends_to_tokens(tokenizer, ids, [e for _, e in steps]) if n_tok else []
+            rows.append(list(zip([s for s, _ in steps], ends)))
+        except Exception as e:  # a step reward is user code: its failure is one completion's
+            rows.append([])
+            problems.append(f"step reward failed on completion {i} ({type(e).__name__}: {e})")
+    s = max(1, max(len(r) for r in rows))
+    rewards = torch.zeros(len(rows), s, dtype=torch.float64)  # [N, S]
+    ends = torch.full((len(rows), s), -1, dtype=torch.long)  # [N, S]
+    for i, r in enumerate(rows):
+        for j, (score, end) in enumerate(r):
+            rewards[i, j], ends[i, j] = score, end
+    return rewards, ends, problems
+
+
+def process_supervision(fn: StepRewardFn, tokenizer, ro, samples: list[dict], mask: torch.Tensor, *,
+                        group_size: int, std_eps: float, unbiased_std: bool) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Token advantages [N, T] from step rewards, the mask [N, T] without completions whose step
+    reward failed, and metrics."""
+    group_samples = [s for s in samples for _ in range(group_size)]
+    rewards, ends, problems = step_tensors(fn, tokenizer, ro.completion_ids, mask, ro.texts, group_samples)
+    for p in problems[:1]:
+        log.warning(p)
+    failed = (ends < 0).all(dim=1)  # [N]
+    mask = mask * (~failed).unsqueeze(1).to(mask.dtype)  # [N, T]
+    adv = core.process_advantages(rewards, ends, mask, group_size=group_size, std_eps=std_eps,
+                                  unbiased_std=unbiased_std)  # [N, T]
+    valid = ends >= 0  # [N, S]
+    metrics = {"step_reward_mean": float(rewards[valid].mean()) if valid.any() else 0.0,
+               "steps_per_completion": float(valid.sum(1).double().mean()),
+               "step_reward_failures": len(problems)}
+    return adv.to(torch.float32), mask, metrics

@@ -1,0 +1,260 @@
+"""grpo.rewards.code: sandboxed code rewards. Hostile programs score 0 and leave the host as it was."""
+
+import hashlib
+import os
+import shutil
+import socket
+import time
+
+import pytest
+
+from grpo.rewards import resolve_reward
+from grpo.rewards.code import CodeGrader, code_reward, extract_code, plan_assert
+from grpo.rewards.sandbox import UID_BASE, UID_COUNT, SandboxError
+
+if shutil.which("bwrap") is None and os.geteuid() != 0:
+    pytest.skip("bubblewrap (bwrap) is not installed and this user cannot install it: the code sandbox "
+                "tests cannot run here (apt-get install -y bubblewrap)", allow_module_level=True)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SLOTS = 2
+ASSERTS = {"tests": ["assert f(2) == 4", "assert f(5) == 10"]}
+IO = {"io": [{"input": "2\n", "output": "4\n"}, {"input": "7\n", "output": "14\n"}]}
+IO_TWO_LINES = {"io": [{"input": "3\n", "output": "6\n9\n"}]}
+GOOD_ASSERT = "```python\ndef f(x):\n    return 2 * x\n```"
+GOOD_IO = "```python\nprint(int(input()) * 2)\n```"
+WRONG = "def f(x):\n    return -1\n"
+
+HOSTILE = {
+    "infinite loop in the function": ("def f(x):\n    while True:\n        pass\n", ASSERTS),
+    "sleep at import": ("import time\ntime.sleep(10**6)\n" + WRONG, ASSERTS),
+    "ignores SIGTERM and SIGINT": ("import signal\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):\n"
+                                   "    signal.signal(s, signal.SIG_IGN)\nwhile True:\n    pass\n", ASSERTS),
+    "fork storm": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n", ASSERTS),
+    "memory flood": ("a = []\nwhile True:\n    a.append(bytearray(10**7))\n", ASSERTS),
+    "one huge allocation": ("x = bytearray(10**11)\ndef f(x):\n    return 2 * x\n", ASSERTS),
+    "output flood": ("while True:\n    print('x' * 10000)\n", IO),
+    "file flood in the work folder": ("open('big', 'wb').write(b'x' * 10**9)\ndef f(x):\n    return 2 * x\n", ASSERTS),
+    "writes /etc/passwd": ("try:\n    open('/etc/passwd', 'a').write('evil::0:0::/:/bin/sh\\n')\n    ok = True\n"
+                           "except Exception:\n    ok = False\ndef f(x):\n    return 2 * x if ok else -1\n", ASSERTS),
+    "reads the repository": (f"import os\nok = os.path.exists({REPO + '/pyproject.toml'!r})\n"
+                             "def f(x):\n    return 2 * x if ok else -1\n", ASSERTS),
+    "reads /etc/shadow": ("try:\n    open('/etc/shadow').read()\n    ok = True\nexcept Exception:\n    ok = False\n"
+                          "def f(x):\n    return 2 * x if ok else -1\n", ASSERTS),
+    "network connection": ("import socket\ntry:\n    socket.create_connection(('1.1.1.1', 53), timeout=1)\n    ok = True\n"
+                           "except Exception:\n    ok = False\ndef f(x):\n    return 2 * x if ok else -1\n", ASSERTS),
+    "kills its parent and everything": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
+                                        "os.kill(-1, signal.SIGKILL)\n" + WRONG, ASSERTS),
+    "os._exit(0) before the tests": ("import os\nos._exit(0)\n", ASSERTS),
+    "sys.exit(0) before the tests": ("import sys\nsys.exit(0)\n", ASSERTS),
+    "sys.exit(0) in io mode": ("import sys\nsys.exit(0)\n", IO),
+    "SystemExit raised inside the function": ("def f(x):\n    raise SystemExit(0)\n", ASSERTS),
+    "object equal to anything": ("class A:\n    def __eq__(self, o):\n        return True\n    def __ne__(self, o):\n"
+                                 "        return False\n    __hash__ = object.__hash__\ndef f(x):\n    return A()\n", ASSERTS),
+    "int subclass equal to anything": ("class I(int):\n    def __eq__(self, o):\n        return True\n"
+                                       "    __hash__ = int.__hash__\ndef f(x):\n    return I(0)\n", ASSERTS),
+    "truthy object for a bare assert": ("class T:\n    def __bool__(self):\n        return True\n"
+                                        "def is_even(x):\n    return T()\n", {"tests": ["assert is_even(3)"]}),
+    "prints only the first expected line": ("print(int(input()) * 2)\n", IO_TWO_LINES),
+    "prints two answers": ("n = int(input())\nprint(n * 2)\nprint(n * 3)\n", IO),
+    "patches builtins": ("import builtins\nbuiltins.repr = lambda x: '[4, 4]'\nbuiltins.type = lambda x: int\n"
+                         "builtins.print = lambda *a, **k: None\ndef f(x):\n    return None\n", ASSERTS),
+    "patches AssertionError and sys.exit": ("import builtins, sys\nbuiltins.AssertionError = type('X', (Exception,), {})\n"
+                                            "sys.exit = lambda *a: None\nimport os\nos._exit = lambda *a: None\n" + WRONG,
+                                            ASSERTS),
+    "forges a result line and exits": ("import os\nprint('0' * 32 + ' [4, 4]')\nos.write(1, b'deadbeef [10, 10]\\n')\n"
+                                       "os._exit(0)\n", ASSERTS),
+    "reads the harness spec from stdin": ("import sys\nspec = sys.stdin.read()\ndef f(x):\n    return 2 * x if 'nonce' in spec else -1\n",
+                                          ASSERTS),
+    "closes stdout": ("import os\nos.close(1)\nos.close(2)\n" + WRONG, ASSERTS),
+    "daemon that outlives the run": ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+                                     "        time.sleep(1000)\n    os._exit(0)\n" + WRONG, ASSERTS),
+    "background subprocess": ("import subprocess\nsubprocess.Popen(['sleep', '1000'])\n" + WRONG, ASSERTS),
+    "thread spinning forever": ("import threading\nthreading.Thread(target=lambda: [0 for _ in iter(int, 1)], daemon=False)"
+                                ".start()\n" + WRONG, ASSERTS),
+    "infinite recursion": ("def f(x):\n    return f(x)\n", ASSERTS),
+    "segfault": ("import ctypes\nctypes.string_at(0)\n", ASSERTS),
+    "rewrites the harness": ("try:\n    open('/harness/harness.py', 'w').write('')\nexcept Exception:\n    pass\n" + WRONG,
+                             ASSERTS),
+    "syntax error": ("def f(x) return 2x", ASSERTS),
+    "hunts the nonce in its frames and forges the line": (
+        "import os, re, sys\nfound = set()\nf = sys._getframe()\nwhile f is not None:\n"
+        "    for v in list(f.f_locals.values()) + list(f.f_globals.values()):\n"
+        "        if isinstance(v, (str, bytes)):\n"
+        "            found.update(re.findall(r'[0-9a-f]{32}', v if isinstance(v, str) else v.decode('latin1')))\n"
+        "    f = f.f_back\nfor n in found:\n    os.write(1, (n + ' [4]\\n').encode())\nos._exit(0)\n", ASSERTS),
+    "reads the harness's memory and descriptors": (
+        "import os\nok = False\nfor path in (f'/proc/{os.getppid()}/mem', f'/proc/{os.getppid()}/fd/0',\n"
+        "             f'/proc/{os.getppid()}/environ'):\n    try:\n        open(path, 'rb').read(1)\n"
+        "        ok = True\n    except Exception:\n        pass\ndef f(x):\n    return 2 * x if ok else -1\n", ASSERTS),
+    "writes a guessed answer onto every descriptor": (
+        "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'\\n[7]\\n')\n    except OSError:\n"
+        "        pass\nos._exit(0)\n", ASSERTS),
+}
+
+
+@pytest.fixture(scope="module")
+def grader():
+    g = CodeGrader(test_timeout=2.0, program_timeout=10.0, slots=SLOTS)
+    g.check()
+    return g
+
+
+def _sandbox_processes(*, zombies: bool) -> list[int]:
+    """Processes of the sandbox slots' uids; with zombies=False only those still alive."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+            uid, state = int(fields["Uid"].split()[0]), fields["State"].strip()
+        except (OSError, ValueError, KeyError):
+            continue
+        if UID_BASE <= uid < UID_BASE + UID_COUNT and (zombies or not state.startswith("Z")):
+            pids.append(int(entry))
+    return pids
+
+
+def _no_sandbox_processes_left(*, zombies: bool = False) -> bool:
+    """No process of a sandbox uid is alive. A sandbox's namespace init can end as a zombie for a moment
+    until the host's init reaps it (dead, holding nothing but its pid); zombies=True waits for those too."""
+    for _ in range(200):
+        if not _sandbox_processes(zombies=zombies):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _digest(path: str) -> str:
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_program_scores_zero_and_the_host_is_unaffected(grader, name):
+    program, sample = HOSTILE[name]
+    passwd = _digest("/etc/passwd")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.setblocking(False)
+    program = program.replace("('1.1.1.1', 53)", f"('127.0.0.1', {listener.getsockname()[1]})")
+    assert grader.grade(program, sample) == 0.0
+    with pytest.raises(BlockingIOError):
+        listener.accept()  # nobody reached the host's port
+    listener.close()
+    assert _digest("/etc/passwd") == passwd
+    if os.geteuid() == 0:
+        assert _no_sandbox_processes_left()
+    # the next sample is graded as usual
+    assert grader.grade(GOOD_ASSERT, ASSERTS) == 1.0
+
+
+def test_hostile_table_is_large_enough():
+    assert len(HOSTILE) >= 20
+
+
+@pytest.mark.parametrize("program,sample", [(GOOD_ASSERT, ASSERTS), (GOOD_IO, IO),
+                                            ("def f(x):\n    return [x, x]\n", {"tests": ["assert f(1) == [1, 1]"]}),
+                                            ("def f(x):\n    return x % 2 == 0\n",
+                                             {"tests": ["assert f(4)", "assert not f(3)", "assert f(2) is True",
+                                                        "assert 0 <= 1 < 2", "assert 3 in [f(1), 3]"]}),
+                                            ("n = int(input())\nprint(n * 2)\nprint(n * 3)\n", IO_TWO_LINES)])
+def test_correct_programs_score_one(grader, program, sample):
+    assert grader.grade(program, sample) == 1.0
+
+
+def test_share_of_tests_passed(grader):
+    # f(2) == 4 passes, f(5) == 10 does not (9): one of two
+    assert grader.grade("def f(x):\n    return 4 if x == 2 else 9\n", ASSERTS) == 0.5
+
+
+def test_missing_or_empty_tests_give_zero_never_one(grader):
+    assert grader.grade(GOOD_ASSERT, {}) == 0.0
+    assert grader.grade(GOOD_ASSERT, {"tests": []}) == 0.0
+    assert grader.grade(GOOD_ASSERT, {"io": []}) == 0.0
+
+
+def test_malformed_tests_are_errors_naming_the_test(grader):
+    with pytest.raises(ValueError, match="not one assert"):
+        grader.grade(GOOD_ASSERT, {"tests": ["f(2) == 4"]})
+    with pytest.raises(ValueError, match="io case 0"):
+        grader.grade(GOOD_IO, {"io": [{"input": "1"}]})
+
+
+def test_plan_assert_splits_comparisons_and_keeps_literals_outside():
+    exprs, host, decide = plan_assert("assert f(2) == 4")
+    assert exprs == ["f(2)"] and host == [None, (4,)] and decide([4, 4]) and not decide([4, 5])
+    exprs, host, decide = plan_assert("assert g(1) < h(2) <= [3]")
+    assert exprs == ["g(1)", "h(2)"] and host == [None, None, ([3],)]
+    exprs, host, decide = plan_assert("assert not g(1)")
+    assert exprs == ["g(1)"] and decide([0]) and not decide([1])
+
+
+def test_extract_code_takes_the_last_block():
+    assert extract_code("a\n```python\nx = 1\n```\nb\n```\ny = 2\n```") == "y = 2\n"
+    assert extract_code("plain = 1") == "plain = 1"
+
+
+def test_many_programs_in_parallel_stay_bounded(grader):
+    """4 programs that never finish on 2 slots with 2 s per test: two rounds of about 2 s each. The bound
+    is generous (twice the serial time): it fails only when hung programs are not killed at their deadline."""
+    import concurrent.futures as cf
+
+    hung = "def f(x):\n    while True:\n        pass\n"
+    start = time.monotonic()
+    with cf.ThreadPoolExecutor(4) as ex:
+        scores = list(ex.map(lambda _: grader.grade(hung, {"tests": ["assert f(1) == 2"]}), range(4)))
+    assert scores == [0.0] * 4
+    assert time.monotonic() - start < 4 * grader.test_timeout * 2
+    if os.geteuid() == 0:
+        assert _no_sandbox_processes_left(zombies=True)
+
+
+def test_code_reward_is_a_registered_reward_checked_at_resolve():
+    from grpo.rewards.code import code_batch_reward, code_strict_batch_reward
+
+    fn = resolve_reward("code")
+    assert fn is code_batch_reward and fn.batched
+    assert code_reward(GOOD_IO, IO) == 1.0  # the per-sample protocol, as grpo.rewards.code_reward
+    half = "def f(x):\n    return 4 if x == 2 else 9\n"
+    out = fn([GOOD_IO, half, GOOD_ASSERT], [IO, ASSERTS, {"tests": ["f(2) == 4"]}])
+    assert out[:2] == [1.0, 0.5] and isinstance(out[2], ValueError)  # a malformed test fails its sample only
+    assert code_strict_batch_reward([GOOD_IO, half], [IO, ASSERTS]) == [1.0, 0.0]
+
+
+def test_no_sandbox_means_a_clear_error_never_an_unsandboxed_run(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on the PATH
+    g = CodeGrader(slots=1)
+    with pytest.raises(SandboxError, match="bubblewrap"):
+        g.grade(GOOD_ASSERT, ASSERTS)
+
+
+def test_the_unprivileged_flavour_of_the_sandbox_also_confines(tmp_path):
+    """Where the grader is not root, bwrap maps the program to uid 65534 in its own user namespace
+    (no per-slot uid to kill by; the PID namespace and --die-with-parent clean up). Exercised here
+    by forcing that flavour."""
+    g = CodeGrader(test_timeout=2.0, slots=1)
+    g.sandbox.as_root = False
+    g.check()
+    assert g.grade(GOOD_ASSERT, ASSERTS) == 1.0
+    for name in ("writes /etc/passwd", "reads the repository", "network connection", "os._exit(0) before the tests",
+                 "object equal to anything", "reads the harness's memory and descriptors"):
+        program, sample = HOSTILE[name]
+        assert g.grade(program, sample) == 0.0, name
+
+
+def test_concurrent_graders_never_share_a_sandbox_uid():
+    """Two graders (as two reward worker processes would be) running at once: every run has its own
+    uid, so one run's clean-up cannot kill another's program (which would turn a pass into a fail)."""
+    import concurrent.futures as cf
+
+    a, b = CodeGrader(test_timeout=5.0, slots=2), CodeGrader(test_timeout=5.0, slots=2)
+    slow_good = "import time\ntime.sleep(0.5)\ndef f(x):\n    return 2 * x\n"
+    with cf.ThreadPoolExecutor(4) as ex:
+        futs = [ex.submit(g.grade, slow_good, ASSERTS) for g in (a, b, a, b)]
+        assert [f.result() for f in futs] == [1.0] * 4
+
+
+def test_a_correct_program_that_prints_a_lot_still_passes_its_asserts(grader):
+    chatty = "for i in range(20000):\n    print('debug line', i)\ndef f(x):\n    return 2 * x\n"  # ~300 KB
+    assert grader.grade(chatty, ASSERTS) == 1.0

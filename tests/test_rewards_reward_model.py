@@ -1,0 +1,92 @@
+"""grpo.rewards.reward_model: a sequence-classification model as a batched reward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo.rewards import reward_model as rm
+from grpo.rewards.runner import RewardRunner
+from grpo.rewards.scoring import score_completions
+from tests.conftest import build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny_rm_dir(tmp_path_factory):
+    """A tiny random LlamaForSequenceClassification (one label) with the byte-level tokenizer."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    path = tmp_path_factory.mktemp("tiny-rm")
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, num_labels=1, pad_token_id=tok.pad_token_id,
+                      eos_token_id=tok.eos_token_id, bos_token_id=None)
+    LlamaForSequenceClassification(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+PROMPTS = ["What is 2 + 2?", "Name a colour.", "What is 2 + 2?"]
+COMPLETIONS = ["4", "blue, or maybe a much longer answer that needs padding", "five"]
+
+
+def test_batched_scores_equal_one_at_a_time_and_a_plain_forward(tiny_rm_dir):
+    scorer = rm.RewardModelScorer(str(tiny_rm_dir), batch_size=3, device="cpu")
+    batched = scorer.score(PROMPTS, COMPLETIONS)
+    single = [scorer.score([p], [c])[0] for p, c in zip(PROMPTS, COMPLETIONS)]
+    assert batched == pytest.approx(single, abs=1e-5)  # right padding does not change a score
+    # by hand: the one-label head's logit at the last token of the chat-rendered pair
+    text = scorer.tok.apply_chat_template([{"role": "user", "content": PROMPTS[0]},
+                                           {"role": "assistant", "content": COMPLETIONS[0]}], tokenize=False)
+    ids = scorer.tok(text, return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        manual = scorer.model(**ids).logits[0, 0].item()
+    assert batched[0] == pytest.approx(manual, abs=1e-5)
+    assert batched[0] != pytest.approx(batched[2], abs=1e-6)  # different completions, different scores
+
+
+def test_reward_model_reward_through_the_runner(tiny_rm_dir, monkeypatch):
+    monkeypatch.setattr(rm, "_path", "")
+    monkeypatch.setattr(rm, "_scorer", None)
+    samples = [{"prompt": p, "answer": ""} for p in PROMPTS]
+    # in worker mode too: the batched reward runs in the trainer's process, once for the whole batch
+    runner = RewardRunner(["reward_model"], None, timeout=5.0, reward_model=str(tiny_rm_dir))
+    try:
+        res = runner.score(COMPLETIONS, samples)
+    finally:
+        runner.close()
+    expected = rm.RewardModelScorer(str(tiny_rm_dir), device="cpu").score(PROMPTS, COMPLETIONS)
+    assert res.per_reward["reward_model"].tolist() == pytest.approx(expected, abs=1e-5)
+    assert res.failures["reward_model"] == 0
+
+
+def test_unconfigured_reward_model_is_a_counted_failure(monkeypatch):
+    monkeypatch.setattr(rm, "_path", "")
+    res = score_completions(["a", "b"], [{"prompt": "x"}, {"prompt": "y"}], {"reward_model": rm.reward_model_reward})
+    assert res.failures["reward_model"] == 2 and torch.isnan(res.total).all()
+    assert "reward_model" in res.messages[0]
+
+
+def test_config_needs_a_model_for_the_reward_model_reward():
+    from grpo.config import Config, ConfigError
+
+    with pytest.raises(ConfigError, match="reward_model"):
+        Config(rewards="reward_model")
+
+
+def test_two_training_steps_with_the_reward_model(tmp_path, tiny_model_dir, tiny_dataset, tiny_rm_dir, monkeypatch):
+    import json
+
+    from grpo.trainer import Trainer
+    from tests.test_trainer import make_cfg
+
+    monkeypatch.setattr(rm, "_path", "")
+    monkeypatch.setattr(rm, "_scorer", None)
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, rewards="reward_model", reward_model=str(tiny_rm_dir),
+                   max_steps=2, eval_prompts=0)
+    t = Trainer(cfg)
+    t.train()
+    lines = [json.loads(l) for l in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [l["step"] for l in lines] == [1, 2]
+    assert all(l["reward_failures"] == 0 and l["reward_std"] > 0 for l in lines)  # a random RM still varies

@@ -1,0 +1,109 @@
+"""grpo.rewards.steps: rule-based step rewards, text-to-token step mapping, process supervision."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from grpo.rewards.steps import (STEP_REWARDS, arithmetic_steps, char_ends_to_tokens, resolve_step_reward,
+                                step_tensors)
+from grpo.trainer import Trainer
+from tests.conftest import build_tokenizer
+from tests.test_trainer import make_cfg
+
+
+def test_arithmetic_steps_by_hand():
+    text = "3 + 4 = 7\n7 * 2 = 15\nSo the answer is 14"
+    # line 1 "3 + 4 = 7" (chars 0..9) right; line 2 "7 * 2 = 15" (10..20) wrong; the answer line (21..40)
+    # has no equation and states 14 = gold: a final step scoring the outcome
+    assert arithmetic_steps(text, {"answer": "14"}) == [(1.0, 9), (0.0, 20), (1.0, 40)]
+    assert arithmetic_steps(text, {"answer": "15"}) == [(1.0, 9), (0.0, 20), (0.0, 40)]
+    # the last line is an equation and the answer: its step needs both to be right
+    assert arithmetic_steps("12 + 30 = 42", {"answer": "42"}) == [(1.0, 12)]
+    assert arithmetic_steps("12 + 30 = 43", {"answer": "43"}) == [(0.0, 12)]
+    assert arithmetic_steps("5 / 0 = 1\n", {"answer": "1"}) == [(0.0, 9)]  # the final step ends at 9 too
+    assert arithmetic_steps("", {"answer": "1"}) == [(0.0, 0)]
+
+
+def test_unknown_step_reward_lists_the_builtins():
+    with pytest.raises(ValueError, match="arithmetic_steps"):
+        resolve_step_reward("nope")
+    assert resolve_step_reward("arithmetic_steps") is STEP_REWARDS["arithmetic_steps"]
+
+
+def test_char_offsets_map_to_the_token_that_completes_them():
+    tok = build_tokenizer()  # byte-level: one token per byte
+    ids = tok("ab\ncd", add_special_tokens=False)["input_ids"]
+    assert len(ids) == 5
+    assert char_ends_to_tokens(tok, ids, [2, 5, 99]) == [1, 4, 4]  # 'ab' ends at token 1; past the end -> last
+    ids = tok("é=1", add_special_tokens=False)["input_ids"]  # 'é' is two bytes, two tokens
+    assert len(ids) == 4
+    assert char_ends_to_tokens(tok, ids, [1, 3]) == [1, 3]  # 'é' is complete only after its second byte
+
+
+def test_step_tensors_and_failures():
+    tok = build_tokenizer()
+    texts = ["1 + 1 = 2\n2", "1 + 1 = 3\n2", "x"]
+    enc = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    t_max = max(map(len, enc))
+    ids = torch.tensor([e + [tok.pad_token_id] * (t_max - len(e)) for e in enc])  # [3, T]
+    mask = torch.tensor([[1] * len(e) + [0] * (t_max - len(e)) for e in enc])  # [3, T]
+
+    def fn(text, sample):
+        if text == "x":
+            raise RuntimeError("boom")
+        return arithmetic_steps(text, sample)
+
+    rewards, ends, problems = step_tensors(fn, tok, ids, mask, texts, [{"answer": "2"}] * 3)
+    # steps: equation line ending at char 9 -> token 8, answer '2' ending at char 11 -> token 10
+    assert rewards.tolist() == [[1.0, 1.0], [0.0, 1.0], [0.0, 0.0]]
+    assert ends.tolist() == [[8, 10], [8, 10], [-1, -1]]
+    assert len(problems) == 1 and "boom" in problems[0]
+
+
+def test_training_with_process_supervision_on_arithmetic(tmp_path, tiny_model_dir):
+    cfg = make_cfg(tmp_path, tiny_model_dir, "arithmetic", task="arithmetic", rewards="numeric", supervision="process",
+                   step_reward="arithmetic_steps", max_steps=3, eval_prompts=0, max_completion_length=12)
+    t = Trainer(cfg)
+
+    original = t.sample
+
+    def sample():  # the random model writes no arithmetic; half of each group gets a worked line
+        samples, ro = original()
+        for i in range(0, len(ro.texts), 2):
+            ro.texts[i] = ro.texts[i] + ("\n1 + 1 = 2\ndone" if i % 4 == 0 else "\n1 + 1 = 3\ndone")
+        return samples, ro
+
+    t.sample = sample
+    before = {k: v.detach().clone() for k, v in t.policy.named_parameters()}
+    t.train()
+    assert any(not torch.equal(before[k], v) for k, v in t.policy.named_parameters())
+    lines = [json.loads(l) for l in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [l["step"] for l in lines] == [1, 2, 3]
+    for line in lines:
+        assert line["steps_per_completion"] >= 1 and line["step_reward_failures"] == 0
+        # a right worked line (1.0) in a quarter of the completions, wrong ones and answers (0.0) elsewhere
+        assert 0.0 < line["step_reward_mean"] < 1.0 and line["loss"] == line["loss"]
+
+
+def test_process_supervision_token_advantages_by_hand():
+    from types import SimpleNamespace
+
+    from grpo.rewards.steps import process_supervision
+
+    tok = build_tokenizer()
+    texts = ["abcd", "wxyz"]  # one byte-level token per character
+    ids = torch.tensor([tok(t, add_special_tokens=False)["input_ids"] for t in texts])  # [2, 4]
+    mask = torch.ones(2, 4)
+    steps = {"abcd": [(1.0, 2), (0.0, 4)], "wxyz": [(0.0, 4)]}  # char ends 2 and 4 -> tokens 1 and 3
+    ro = SimpleNamespace(completion_ids=ids, texts=texts)
+    adv, new_mask, metrics = process_supervision(lambda t, s: steps[t], tok, ro, [{"answer": ""}], mask,
+                                                 group_size=2, std_eps=0.0, unbiased_std=True)
+    # group step rewards [1, 0, 0]: mean 1/3; unbiased std sqrt(((2/3)^2 + 2 (1/3)^2) / 2) = sqrt(1/3) = 0.57735
+    # normalized: 1.1547, -0.57735, -0.57735. Tokens 0-1 of "abcd" sum both of its steps: 0.57735; tokens 2-3
+    # only the second: -0.57735; every token of "wxyz" its one step: -0.57735
+    r = 3 ** -0.5
+    assert torch.allclose(adv, torch.tensor([[r, r, -r, -r], [-r, -r, -r, -r]]), atol=1e-5)
+    assert torch.equal(new_mask, mask) and metrics["steps_per_completion"] == 1.5

@@ -1,0 +1,90 @@
+"""The trainer with the trusted rewards: sandboxed code under fire, process supervision."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from grpo.rewards import code as code_rewards
+from grpo.rewards.code import CodeGrader
+from grpo.rewards.sandbox import UID_BASE, UID_COUNT
+from grpo.trainer import Trainer
+from tests.test_trainer import make_cfg
+
+HOSTILE = [
+    "def f(x):\n    while True:\n        pass\n",
+    "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+    "import os\nos._exit(0)\n",
+    "class A:\n    def __eq__(self, o):\n        return True\ndef f(x):\n    return A()\n",
+    "a = []\nwhile True:\n    a.append(bytearray(10**7))\n",
+    "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(-1, signal.SIGKILL)\n",
+    "import subprocess\nsubprocess.Popen(['sleep', '1000'])\ndef f(x):\n    return -1\n",
+    "while True:\n    print('x' * 10000)\n",
+]
+
+
+class UnderFire(Trainer):
+    """Every 10th completion becomes a hostile program and every 3rd the task's reference solution (the
+    tiny random model cannot write programs, so the groups would otherwise all score 0)."""
+
+    def sample(self):
+        samples, ro = super().sample()
+        g, seen = self.cfg.num_generations, getattr(self, "seen", 0)
+        for i in range(len(ro.texts)):
+            k = seen + i
+            if k % 10 == 0:
+                ro.texts[i] = f"```python\n{HOSTILE[(k // 10) % len(HOSTILE)]}```"
+            elif k % 3 == 0:
+                ro.texts[i] = f"```python\n{samples[i // g]['answer']}```"
+        self.seen = seen + len(ro.texts)
+        return samples, ro
+
+
+def _descendants_and_sandbox_processes() -> set[int]:
+    """Live processes below this one, or of a sandbox uid."""
+    me, found, parent = os.getpid(), set(), {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+            if fields["State"].strip().startswith("Z"):
+                continue
+            pid, uid = int(entry), int(fields["Uid"].split()[0])
+            parent[pid] = int(fields["PPid"])
+            if UID_BASE <= uid < UID_BASE + UID_COUNT:
+                found.add(pid)
+        except (OSError, ValueError, KeyError):
+            continue
+    for pid in parent:
+        p = pid
+        while p in parent and p not in (0, 1):
+            if parent[p] == me:
+                found.add(pid)
+                break
+            p = parent[p]
+    return found
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None and os.geteuid() != 0,
+                    reason="bubblewrap is not installed and this user cannot install it")
+def test_thirty_steps_on_the_code_task_with_hostile_completions(tmp_path, tiny_model_dir, monkeypatch):
+    grader = CodeGrader(test_timeout=1.0, program_timeout=5.0, slots=4)
+    grader.check()
+    monkeypatch.setattr(code_rewards, "_default", grader)  # short deadlines for the test; still bwrap
+    before = _descendants_and_sandbox_processes()
+    cfg = make_cfg(tmp_path, tiny_model_dir, "code", task="code", rewards="code", max_steps=30,
+                   eval_prompts=0, max_completion_length=8)
+    t = UnderFire(cfg)
+    result = t.train()
+    lines = [json.loads(l) for l in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [l["step"] for l in lines] == list(range(1, 31))
+    # 240 completions: 24 hostile (k % 10 == 0) score 0; references (k % 3 == 0 and not k % 10 == 0:
+    # 80 - 8 = 72) score 1; the random model's text scores 0. Every step has 8, so the mean is 72 / 240.
+    mean = sum(l["rewards/code"] for l in lines) / 30
+    assert abs(mean - 72 / 240) < 1e-9
+    assert all(l["reward_failures"] == 0 for l in lines)
+    assert "checkpoint" in result
+    assert _descendants_and_sandbox_processes() - before == set()
