@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    from grpo.config import field_docs
+    from grpo.config_io import field_docs
 
     docs = field_docs()
     epilog = "config keys (set as key=value):\n" + "\n".join(f"  {k:<28} {v}" for k, v in docs.items())
@@ -55,7 +55,7 @@ def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def _train(argv: list[str]) -> int:
-    from grpo.config import load_config
+    from grpo.config_io import load_config
 
     ap = _config_parser("grpo train", "Fine-tune a causal LM with GRPO.")
     ap.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR exactly from its latest checkpoint "
@@ -104,7 +104,7 @@ def _print_summary(result: dict, trainer) -> None:
 
 
 def _eval(argv: list[str]) -> int:
-    from grpo.config import load_config
+    from grpo.config_io import load_config
 
     ap = _config_parser("grpo eval", "Greedy accuracy and pass@k on a task's held-out prompts.")
     ap.add_argument("--model", help="hub id, model folder, or run folder (default: the config's model)")

@@ -84,6 +84,23 @@ class Critic:
                  for i in torch.arange(ro.completion_ids.shape[0]).split(micro_batch)]
         return torch.cat(parts)
 
+    @torch.no_grad()
+    def advantages(self, ro, scores: torch.Tensor, behaviour_logp: torch.Tensor | None,
+                   ref_logp: torch.Tensor | None, mask: torch.Tensor, *, kl_coef: float, gamma: float, lam: float,
+                   micro_batch: int) -> dict:
+        """PPO's token advantages: the outcome score [N] on the last token minus kl_coef times the
+        per-token KL between the behaviour policy and the reference (none without a reference),
+        GAE over the critic's values, whitened. Returns {"advantages", "returns", "values": [N, T],
+        "metrics"}."""
+        values = self.values(ro, micro_batch)  # [N, T]
+        behaviour = torch.zeros_like(values) if behaviour_logp is None else behaviour_logp  # [N, T]
+        rewards_tok = core.kl_shaped_rewards(scores, behaviour, ref_logp, mask, kl_coef=kl_coef)  # [N, T]
+        est = core.gae(rewards_tok, values, mask, gamma=gamma, lam=lam)
+        metrics = {"value_mean": float(core.masked_mean(values, mask)),
+                   "explained_variance": float(core.explained_variance(values, est["returns"], mask))}
+        return {"advantages": core.whiten(est["advantages"], mask), "returns": est["returns"], "values": values,
+                "metrics": metrics}
+
     def update(self, ro, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
                micro_batch: int) -> dict:
         """One optimizer step of the clipped value loss over the batch, in micro-batches."""

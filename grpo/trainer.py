@@ -201,21 +201,14 @@ class Trainer:
             metrics["advantage_variance"] = float(core.advantage_group_variance(adv))
             return Batch(ro, adv_tok, mask, old_logp, ref_logp), metrics
         # PPO (DeepSeekMath eq. 2): KL penalty in the per-token reward, GAE on critic values, whitened.
-        values = self.critic.values(ro, cfg.per_device_train_batch_size)  # [N, T]
-        # the KL in the reward compares pi_old and pi_ref computed the same way (same kernels, same
-        # precision), so it is exactly 0 while the policy still equals the reference
-        if ref_logp is None:
-            behaviour = torch.zeros_like(values)  # no KL term: the score alone, on the last token
-        else:
-            behaviour = old_logp if old_logp is not None else self._logps(self.policy, ro)  # [N, T]
-        rewards_tok = core.kl_shaped_rewards(filled.flatten(), behaviour, ref_logp, mask, kl_coef=self.stability.beta)
-        est = core.gae(rewards_tok, values, mask, gamma=cfg.gamma, lam=cfg.lam)
-        adv_tok = core.whiten(est["advantages"], mask)  # [N, T]
-        seq_adv = core.masked_mean(adv_tok, mask, dim=1).view_as(filled)  # [B, G]
-        metrics.update(advantage_variance=float(core.advantage_group_variance(seq_adv)),
-                       value_mean=float(core.masked_mean(values, mask)),
-                       explained_variance=float(core.explained_variance(values, est["returns"], mask)))
-        return Batch(ro, adv_tok, mask, old_logp, ref_logp, kl_in_loss=False, values=values,
+        # The KL in the reward compares pi_old and pi_ref computed the same way (same kernels, same
+        # precision), so it is exactly 0 while the policy still equals the reference.
+        behaviour = None if ref_logp is None else old_logp if old_logp is not None else self._logps(self.policy, ro)
+        est = self.critic.advantages(ro, filled.flatten(), behaviour, ref_logp, mask, kl_coef=self.stability.beta,
+                                     gamma=cfg.gamma, lam=cfg.lam, micro_batch=cfg.per_device_train_batch_size)
+        seq_adv = core.masked_mean(est["advantages"], mask, dim=1).view_as(filled)  # [B, G]
+        metrics.update(advantage_variance=float(core.advantage_group_variance(seq_adv)), **est["metrics"])
+        return Batch(ro, est["advantages"], mask, old_logp, ref_logp, kl_in_loss=False, values=est["values"],
                      returns=est["returns"]), metrics
 
     @torch.no_grad()

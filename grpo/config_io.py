@@ -1,0 +1,83 @@
+"""Reading a Config: YAML file + key=value overrides, with errors that name the key and the source;
+and the config's documentation (the CLI's key list, README's table), generated from the field
+docstrings so it is written once."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from grpo.config import Config, ConfigError
+
+ALIASES = {"resume": "resume_from_checkpoint"}
+
+
+def _check_keys(keys, source: str) -> None:
+    valid = [f.name for f in fields(Config)]
+    for k in keys:
+        if k not in valid:
+            close = difflib.get_close_matches(k, valid, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else f"; valid keys: {', '.join(valid)}"
+            raise ConfigError(f"unknown config key {k!r} in {source}{hint}")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Config from an optional YAML file, then `key=value` overrides, then validation."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {p} must hold a mapping of key: value")
+        loaded = {ALIASES.get(k, k): v for k, v in loaded.items()}
+        _check_keys(loaded, str(p))
+        values.update(loaded)
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        k, v = item.split("=", 1)
+        k = ALIASES.get(k, k)
+        _check_keys([k], "the command line")
+        values[k] = v
+    return Config(**values)
+
+
+def field_docs() -> dict[str, str]:
+    """Each field's docstring, read from this class's source (the one place they are written)."""
+    tree = ast.parse(inspect.getsource(Config))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    return docs
+
+
+def markdown_table() -> str:
+    """The README's table of config fields, generated from the docstrings above."""
+    docs = field_docs()
+    rows = ["| key | default | meaning |", "| --- | --- | --- |"]
+    for f in fields(Config):
+        default = f.default if f.default is not dataclasses.MISSING else ""
+        rows.append(f"| `{f.name}` | `{default!r}` | {docs.get(f.name, '')} |")
+    return "\n".join(rows)
+
+
+def update_readme(path: str | Path) -> None:
+    """Replace the table that starts at the README's '| key | default | meaning |' line (to the end)."""
+    p = Path(path)
+    text = p.read_text()
+    start = text.index("| key | default | meaning |")
+    p.write_text(text[:start] + markdown_table() + "\n")
