@@ -87,6 +87,11 @@ HOSTILE = {
         "import os\nok = False\nfor path in (f'/proc/{os.getppid()}/mem', f'/proc/{os.getppid()}/fd/0',\n"
         "             f'/proc/{os.getppid()}/environ'):\n    try:\n        open(path, 'rb').read(1)\n"
         "        ok = True\n    except Exception:\n        pass\ndef f(x):\n    return 2 * x if ok else -1\n", ASSERTS),
+    "fills every writable folder with many files": (
+        "import os\ndef fill(d):\n    i = 0\n    while True:\n        try:\n"
+        "            open(f'{d}/f{i}', 'wb').write(b'x' * (1 << 20))\n        except OSError:\n            return i\n"
+        "        i += 1\nn = sum(fill(d) for d in ('/tmp', '/work', '/dev/shm', '/', '/dev'))\n"
+        "def f(x):\n    return 2 * x if n > 64 else -1\n", ASSERTS),
     "writes a guessed answer onto every descriptor": (
         "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'\\n[7]\\n')\n    except OSError:\n"
         "        pass\nos._exit(0)\n", ASSERTS),
@@ -147,6 +152,32 @@ def test_hostile_program_scores_zero_and_the_host_is_unaffected(grader, name):
         assert _no_sandbox_processes_left()
     # the next sample is graded as usual
     assert grader.grade(GOOD_ASSERT, ASSERTS) == 1.0
+
+
+def test_writable_space_inside_the_sandbox_is_bounded(grader):
+    """tmpfs pages are host memory outside RLIMIT_AS: the program's writable folders are bounded
+    tmpfs (16 MiB for /work and /tmp, 1 MiB for /dev/shm) and the root is read-only, so at most
+    about 33 MiB can be written in all; the program reports how much it managed."""
+    program = ("import os\ndef fill(d):\n    i = 0\n    while True:\n        try:\n"
+               "            open(f'{d}/f{i}', 'wb').write(b'x' * (1 << 20))\n        except OSError:\n"
+               "            return i\n        i += 1\nprint(sum(fill(d) for d in ('/tmp', '/work', '/dev/shm', '/', '/dev')))\n")
+    res = grader.sandbox.run({"solution.py": program}, ["io"], timeout=10.0)
+    assert res.exit_code == 0 and not res.timed_out, res
+    written_mib = int(res.stdout.split()[-1])
+    assert 0 < written_mib <= 34, written_mib
+
+
+def test_hostile_programs_do_not_starve_correct_ones_in_the_same_step():
+    """A step's hung programs hold the slots until their deadlines; each correct program's time budget
+    starts when its own first test runs, so it is still graded 1 (reviewer's case: 3 of 32 hung)."""
+    import concurrent.futures as cf
+
+    g = CodeGrader(test_timeout=1.0, program_timeout=2.5, slots=2)
+    hung = "def f(x):\n    while True:\n        pass\n"
+    programs = [hung if i % 4 == 0 else GOOD_ASSERT for i in range(12)]
+    with cf.ThreadPoolExecutor(12) as ex:
+        scores = list(ex.map(lambda p: g.grade(p, ASSERTS), programs))
+    assert scores == [0.0 if p is hung else 1.0 for p in programs]
 
 
 def test_hostile_table_is_large_enough():

@@ -72,23 +72,30 @@ REWARDS: dict[str, RewardFn] = {
 }
 
 
-def resolve_reward(name: str) -> RewardFn:
-    """A built-in by name, or ``package.module:function``; errors list the built-ins. A reward with a
-    ``startup_check`` attribute (the sandboxed code rewards) runs it here, so a run that cannot grade
-    stops before its model loads."""
-    if name in REWARDS:
-        check = getattr(REWARDS[name], "startup_check", None)
-        if check is not None:
-            check()
-        return REWARDS[name]
+def resolve_named(name: str, registry: dict, *, field: str):
+    """``registry[name]``, or the callable at ``package.module:function``; errors name the config
+    field and list the built-ins (used for rewards and step rewards alike)."""
+    if name in registry:
+        return registry[name]
     if ":" not in name:
-        raise ValueError(f"rewards: unknown reward {name!r}; built-ins: {sorted(REWARDS)}, "
+        raise ValueError(f"{field}: unknown name {name!r}; built-ins: {sorted(registry)}, "
                          f"or give a module:function path")
     module, func = name.split(":", 1)
     try:
         fn = getattr(importlib.import_module(module), func)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"rewards: cannot load {name!r}: {e}") from None
+        raise ValueError(f"{field}: cannot load {name!r}: {e}") from None
     if not callable(fn):
-        raise ValueError(f"rewards: {name!r} is not callable")
+        raise ValueError(f"{field}: {name!r} is not callable")
+    return fn
+
+
+def resolve_reward(name: str) -> RewardFn:
+    """A built-in by name, or ``package.module:function``; errors list the built-ins. A reward with a
+    ``startup_check`` attribute (the sandboxed code rewards) runs it here, so a run that cannot grade
+    stops before its model loads."""
+    fn = resolve_named(name, REWARDS, field="rewards")
+    check = getattr(fn, "startup_check", None) if name in REWARDS else None
+    if check is not None:
+        check()
     return fn

@@ -156,8 +156,10 @@ class CodeGrader:
                 if not isinstance(case, dict) or "input" not in case or "output" not in case:
                     raise ValueError(f"code reward: io case {i} needs 'input' and 'output'")
             jobs = [(self.run_io, c) for c in io]
-        deadline = time.monotonic() + self.program_timeout
-        futures = [self._pool.submit(_before, deadline, fn, code, arg, self.test_timeout) for fn, arg in jobs]
+        # the program's clock starts when its first test starts, not when its tests are queued: a
+        # step's hostile programs holding every slot must not eat the time of the correct ones
+        clock = _ProgramClock(self.program_timeout)
+        futures = [self._pool.submit(_before, clock, fn, code, arg, self.test_timeout) for fn, arg in jobs]
         passed = sum(bool(f.result()) for f in futures)
         return passed / len(jobs)
 
@@ -175,8 +177,21 @@ def _parses(code: str) -> bool:
         return False
 
 
-def _before(deadline: float, fn, code: str, arg, test_timeout: float) -> bool:
-    left = deadline - time.monotonic()
+class _ProgramClock:
+    """One program's wall-clock budget over all its tests, started by the first test to run."""
+
+    def __init__(self, budget: float):
+        self.budget, self.deadline, self.lock = budget, None, threading.Lock()
+
+    def left(self) -> float:
+        with self.lock:
+            if self.deadline is None:
+                self.deadline = time.monotonic() + self.budget
+            return self.deadline - time.monotonic()
+
+
+def _before(clock: _ProgramClock, fn, code: str, arg, test_timeout: float) -> bool:
+    left = clock.left()
     return fn(code, arg, min(test_timeout, left)) if left > 0.05 else False
 
 

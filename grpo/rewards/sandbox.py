@@ -115,8 +115,9 @@ class Sandbox:
     """A fixed number of concurrent bubblewrap slots; ``run`` blocks until a slot is free."""
 
     def __init__(self, *, slots: int = 4, memory_mb: int = 512, file_mb: int = 1, max_procs: int = 32,
-                 max_files: int = 64, output_cap: int = 65536):
+                 max_files: int = 64, output_cap: int = 65536, scratch_mb: int = 16):
         self.memory_mb, self.file_mb, self.max_procs, self.max_files = memory_mb, file_mb, max_procs, max_files
+        self.scratch_mb = scratch_mb  # size of each writable tmpfs (/work, /tmp)
         self.output_cap = output_cap
         self.as_root = os.geteuid() == 0
         self._slots: queue.Queue[int] = queue.Queue()
@@ -124,16 +125,25 @@ class Sandbox:
             self._slots.put(s)
         self._checked = False
 
-    def _bwrap_argv(self, work: str, python: str, harness_dir: str, args: list[str]) -> list[str]:
+    def _bwrap_argv(self, work: str, names: list[str], python: str, harness_dir: str,
+                    args: list[str]) -> list[str]:
         bwrap = shutil.which("bwrap")
         if bwrap is None:
             raise SandboxError(f"code sandbox: bubblewrap (bwrap) is not installed; {INSTALL_HINT}")
+        # Every writable place is a tmpfs of bounded size (tmpfs pages are host memory that RLIMIT_AS
+        # does not count, and RLIMIT_FSIZE bounds one file, not many); /dev and the root are remounted
+        # read-only last. The program's files are bound read-only into its /work.
+        cap = str(self.scratch_mb << 20)
         argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
                 "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
                 "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin",
-                "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-                "--ro-bind", harness_dir, "/harness", "--bind", work, "/work", "--chdir", "/work",
-                "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/work", "--hostname", "sandbox"]
+                "--proc", "/proc", "--dev", "/dev", "--size", str(1 << 20), "--tmpfs", "/dev/shm",
+                "--size", cap, "--tmpfs", "/tmp", "--ro-bind", harness_dir, "/harness",
+                "--size", cap, "--tmpfs", "/work"]
+        for name in names:
+            argv += ["--ro-bind", os.path.join(work, name), f"/work/{name}"]
+        argv += ["--chdir", "/work", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/work",
+                 "--hostname", "sandbox", "--remount-ro", "/dev", "--remount-ro", "/"]
         if not self.as_root:
             argv += ["--unshare-user", "--uid", "65534", "--gid", "65534"]
         return argv + ["--", python, "-I", "-S", "-B", "/harness/harness.py", *args]
@@ -154,7 +164,7 @@ class Sandbox:
                 Path(work, name).write_text(text)
             limits = [str(cpu_seconds or int(timeout) + 1), str(self.memory_mb << 20), str(self.file_mb << 20),
                       str(self.max_files), str(self.max_procs)]
-            argv = self._bwrap_argv(work, sandbox_python(), harness_dir, [*limits, *args])
+            argv = self._bwrap_argv(work, sorted(files), sandbox_python(), harness_dir, [*limits, *args])
             if self.as_root:
                 os.chmod(tmp, 0o711)
                 for root, dirs, names in os.walk(work):

@@ -11,7 +11,6 @@ Dimension letters: N completions, T completion tokens, S steps (padded with end 
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import os
@@ -21,7 +20,7 @@ from typing import Callable
 import torch
 
 from grpo import core
-from grpo.rewards.builtin import numeric_reward
+from grpo.rewards.builtin import numeric_reward, resolve_named
 
 log = logging.getLogger("grpo.rewards")
 StepRewardFn = Callable[[str, dict], "list[tuple[float, int]]"]
@@ -62,16 +61,7 @@ STEP_REWARDS: dict[str, StepRewardFn] = {"arithmetic_steps": arithmetic_steps}
 
 def resolve_step_reward(name: str) -> StepRewardFn:
     """A built-in step reward by name, or ``package.module:function``; errors list the built-ins."""
-    if name in STEP_REWARDS:
-        return STEP_REWARDS[name]
-    if ":" not in name:
-        raise ValueError(f"step_reward: unknown step reward {name!r}; built-ins: {sorted(STEP_REWARDS)}, "
-                         f"or give a module:function path")
-    module, func = name.split(":", 1)
-    try:
-        return getattr(importlib.import_module(module), func)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"step_reward: cannot load {name!r}: {e}") from None
+    return resolve_named(name, STEP_REWARDS, field="step_reward")
 
 
 def char_ends_to_tokens(tokenizer, ids: list[int], char_ends: list[int]) -> list[int]:
