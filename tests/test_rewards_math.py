@@ -11,6 +11,13 @@ from grpo.rewards import mathverify
 from grpo.rewards.mathverify import MathVerifier, all_boxed, candidates, gold_answer
 
 # The public example of math-verify's README (gold first: the order matters there).
+def _plain(row) -> bool:
+    """Rows whose gold and answers are plain numbers (no LaTeX beyond boxes, $ and %)."""
+    completion, gold, _ = row
+    return "\\frac" not in completion + gold and "sqrt" not in completion + gold and "pi" not in completion + gold \
+        and "x" not in completion and "(" not in gold and "/" not in gold
+
+
 README_CASES = [
     ("${1,2,3,4}$", "${1,3} \\cup {2,4}$", 1.0),
 ]
@@ -61,6 +68,21 @@ TABLE = [
     ("\\boxed{\\left(\\frac{1}{2}\\right)}", "0.5", 1.0),  # \\left is not \\le
     ("\\boxed{40 \\leq x \\leq 50}", "42", 0.0),
     ("\\boxed{41 \\ldots 43}", "42", 0.0),
+    # found in review: set-valued boxes math-verify matches by any member, and hedges outside the last line
+    ("\\boxed{42 \\vee 43}", "43", 0.0),
+    ("\\boxed{42 \\wedge 43}", "43", 0.0),
+    ("\\boxed{42 \\mid 43}", "43", 0.0),
+    ("\\boxed{42 \\& 43}", "43", 0.0),
+    ("\\boxed{42 | 43}", "43", 0.0),
+    ("\\boxed{x = 42 \\vee x = 43}", "43", 0.0),
+    ("The answer is 42 or 43.\n\nDone.", "43", 0.0),
+    ("41, 42, 43", "43", 0.0),
+    ("It is between 40 and 50", "50", 0.0),
+    ("The answer is 7,2", "2", 0.0),
+    ("\\boxed{43\\%}", "43", 1.0),
+    ("\\boxed{x = 43}", "43", 1.0),
+    ("The sum of 3 and 4 is 7.", "7", 1.0),  # only the last two numbers decide a hedge
+    ("10 - 3 = 7", "7", 1.0),
 ]
 
 
@@ -72,6 +94,14 @@ def test_math_verify_readme_cases(pred, gold, expected):
 @pytest.mark.parametrize("completion,gold,expected", TABLE)
 def test_adversarial_table(completion, gold, expected):
     assert math_reward(completion, {"answer": gold}) == expected
+
+
+@pytest.mark.parametrize("completion,gold,expected", [row for row in TABLE if _plain(row)])
+def test_numeric_reward_follows_the_same_hedge_rules(completion, gold, expected):
+    """The default reward compares plain numbers only, but hedges score 0 there too."""
+    from grpo.rewards.builtin import numeric_reward
+
+    assert numeric_reward(completion, {"answer": gold}) == expected
 
 
 def test_answer_extraction_pieces():

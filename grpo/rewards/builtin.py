@@ -7,22 +7,25 @@ import math
 import re
 from typing import Callable
 
-from grpo.rewards.answers import extract_answer, last_boxed, parse_number
+from grpo.rewards.answers import last_boxed, parse_number
 from grpo.rewards.code import code_batch_reward, code_strict_batch_reward
-from grpo.rewards.mathverify import math_reward
+from grpo.rewards.mathverify import candidates, gold_answer, math_reward, normalize_number_text
 from grpo.rewards.reward_model import reward_model_reward
 
 RewardFn = Callable[[str, dict], "float | None"]
 
 
 def numeric_reward(completion: str, sample: dict) -> float:
-    """1.0 when the final answer (last \\boxed{}, else last number) equals sample['answer'] numerically."""
-    gold = parse_number(str(sample["answer"]))
-    got = extract_answer(completion)
-    if gold is None or got is None:
+    """1.0 when the final answer equals sample['answer'] (GSM8K: the number after '####') as a plain
+    number: every \\boxed{} (all must agree), else the last number; hedges score 0 by the same rules as
+    ``math_reward`` ('42 or 43', '41, 42, 43', several different boxes, an empty box)."""
+    gold_text = gold_answer(str(sample["answer"]))
+    gold = parse_number(normalize_number_text(gold_text))
+    answers = candidates(completion, gold_text) if gold is not None else None
+    if not answers:
         return 0.0
-    value = parse_number(got)
-    return float(value is not None and math.isclose(value, gold, rel_tol=1e-9, abs_tol=1e-9))
+    values = [parse_number(a) for a in answers]
+    return float(all(v is not None and math.isclose(v, gold, rel_tol=1e-9, abs_tol=1e-9) for v in values))
 
 
 def format_reward(completion: str, sample: dict) -> float:

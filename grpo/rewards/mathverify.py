@@ -35,7 +35,7 @@ from grpo.rewards.answers import numbers_in, parse_number
 THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 PLAIN_NUMBER = re.compile(r"\$?-?\d+(?:\.\d+)?\s*(?:\\?%)?\$?")
 HEDGE_WORDS = re.compile(r"(?:\bor\b|\\lor|\\text\{\s*or\s*\}|\\pm|±|\band/or\b|\bmaybe\b|\beither\b)", re.IGNORECASE)
-LIST_MARKS = re.compile(r"[,;]|\\{|\\}|\\cup\b|\\cap\b|\\in\b|\\(?:le|ge|leq|geq|lt|gt|neq)\b|[<>≤≥]|\\infty\b|"
+LIST_MARKS = re.compile(r"[,;|&]|\\(?:vee|wedge|mid|lor|land)\b|\\{|\\}|\\cup\b|\\cap\b|\\in\b|\\(?:le|ge|leq|geq|lt|gt|neq)\b|[<>≤≥]|\\infty\b|"
                         r"\\[lc]?dots\b|\.\.\.")
 
 
@@ -64,8 +64,8 @@ def gold_answer(answer: str) -> str:
 
 
 def normalize_number_text(s: str) -> str:
-    """Strip $, %, \\!, \\, and spaces; '1,234' -> '1234' (only well-formed groups of three)."""
-    t = re.sub(r"\\[!,;: ]|\\text\{\s*\}|\$|\\\$", "", s).strip().rstrip(".")
+    """Strip $, \\$, %, \\%, \\!, \\, and spaces; '1,234' -> '1234' (only well-formed groups of three)."""
+    t = re.sub(r"\\[!,;: ]|\\text\{\s*\}|\\?\$|\\?%", "", s).strip().rstrip(".")
     return t.replace(",", "") if THOUSANDS.fullmatch(t) else t
 
 
@@ -86,6 +86,27 @@ def _last_math_span(text: str) -> str | None:
     return next(g for g in spans[-1].groups() if g is not None).strip()
 
 
+NUMBER_TOKEN = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\d)|-?\d+(?:\.\d+)?")
+SENTENCE_END = re.compile(r"(?<!\d)[.!?](?!\d)|\n")
+# what joins the last two numbers of a list or a range: 'a, b', 'a; b', 'between a and b'
+LIST_JOIN = re.compile(r"\s*(?:,|;|and)\s*(?:\$|\\\$)?\s*", re.IGNORECASE)
+
+
+def _hedged_sentence(text: str) -> bool:
+    """Whether the final answer (the text's last number) is offered beside another: joined to the
+    number before it in its sentence as a list or range ('41, 42, 43', 'between 40 and 50', '7,2'),
+    or by a hedge word ('42 or 43', '42, or maybe 43'). Only the last two numbers are looked at, so
+    'the sum of 3 and 4 is 7' or '10 - 3 = 7' are not hedges."""
+    last = list(NUMBER_TOKEN.finditer(text))[-1]
+    starts = [m.end() for m in SENTENCE_END.finditer(text, 0, last.start())]
+    start = starts[-1] if starts else 0
+    nums = list(NUMBER_TOKEN.finditer(text, start, last.end()))
+    if len(nums) < 2:
+        return False
+    between = text[nums[-2].end():last.start()]
+    return bool(LIST_JOIN.fullmatch(between) or (len(between) <= 24 and HEDGE_WORDS.search(between)))
+
+
 def candidates(completion: str, gold: str) -> list[str] | None:
     """The completion's answer(s) to check, every one of which must match; None when it hedges or has none."""
     boxes = all_boxed(completion)
@@ -94,13 +115,11 @@ def candidates(completion: str, gold: str) -> list[str] | None:
         if any(not a for a in answers):
             return None  # an empty box
     else:
-        tail = completion.strip().splitlines()[-1] if completion.strip() else ""
         nums = numbers_in(completion)
         if not nums:
             return None
-        last_line_nums = numbers_in(tail)
-        if len(last_line_nums) >= 2 and HEDGE_WORDS.search(tail):
-            return None  # '... 42 or 43'
+        if _scalar(gold) is not None and _hedged_sentence(completion):
+            return None  # 'the answer is 42 or 43. Done.', '41, 42, 43', 'between 40 and 50', '7,2'
         answers = [normalize_number_text(_last_math_span(completion) or nums[-1])]
     scalar_gold = _scalar(gold) is not None
     for a in answers:
@@ -127,11 +146,22 @@ def _verify_in_worker(gold: str, answers: list[str]) -> float:
     g = parse(f"${gold}$", parsing_timeout=None) or parse(gold, parsing_timeout=None)
     if not g:
         return 0.0
+    scalar = _scalar(gold) is not None
     for a in answers:
         p = parse(f"$\\boxed{{{a}}}$", parsing_timeout=None) or parse(a, parsing_timeout=None)
-        if not p or not verify(g, p, timeout_seconds=None):
+        if not p or (scalar and not _single_value(p[0])) or not verify(g, p, timeout_seconds=None):
             return 0.0
     return 1.0
+
+
+def _single_value(obj) -> bool:
+    """One number (or 'x = number'), not a set, interval, disjunction or relation: math-verify counts
+    a gold as matched by any member of a set, so '42 \\vee 43' or '\\{42, 43\\}' would match 43."""
+    import sympy
+
+    if isinstance(obj, sympy.Eq) and getattr(obj.lhs, "is_Symbol", False):
+        obj = obj.rhs
+    return isinstance(obj, sympy.Basic) and bool(obj.is_number)
 
 
 def _die_with_parent() -> None:
