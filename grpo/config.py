@@ -354,6 +354,13 @@ def _validate_stability(c: Config) -> None:
         raise ConfigError(f"cov_fraction: must lie in [0, 1], got {c.cov_fraction}")
     if c.clip_target_band is not None and c.epsilon <= 0:
         raise ConfigError("clip_target_band: adaptive clipping scales epsilon and needs epsilon > 0")
+    # with one pass per batch the ratio is exactly 1: nothing is clipped and |logp - old_logp| has no
+    # gradient, so these tools would silently do nothing
+    if c.num_iterations == 1 and c.clip_target_band is not None:
+        raise ConfigError("clip_target_band: needs num_iterations > 1 (with one pass nothing is ever clipped)")
+    if c.num_iterations == 1 and c.cov_mode == "kl_cov":
+        raise ConfigError("cov_mode: kl_cov penalises |logp - old_logp|, which is 0 with no gradient when "
+                          "num_iterations = 1; use num_iterations > 1 or cov_mode=clip_cov")
     if not 0 < c.clip_epsilon_min <= c.clip_epsilon_max:
         raise ConfigError(f"clip_epsilon_min/max: need 0 < min <= max, got {c.clip_epsilon_min}, {c.clip_epsilon_max}")
     if c.controller_factor <= 1:

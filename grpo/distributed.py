@@ -49,7 +49,7 @@ def init_world() -> World:
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        backend = "nccl"
+        backend = "cpu:gloo,cuda:nccl"  # rewards and metric sums are CPU tensors; NCCL is CUDA-only
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():

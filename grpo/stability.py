@@ -247,8 +247,7 @@ def reshape_rewards(rewards: torch.Tensor, *, lengths: torch.Tensor, truncated: 
     if cfg.overlong_filter:  # DAPO overlong filtering: truncated completions leave the loss
         keep &= ~truncated.view_as(rewards)
     if cfg.policy_filter:  # PF-PPO (arXiv 2409.06957)
-        keep &= core.policy_filter(torch.nan_to_num(rewards, nan=0.0), mode=cfg.policy_filter,
-                                   min_std=cfg.policy_filter_min_std)
+        keep &= core.policy_filter(rewards, mode=cfg.policy_filter, min_std=cfg.policy_filter_min_std)
         metrics["policy_filter_kept_share"] = float(keep.float().mean())
     return rewards, keep, metrics
 

@@ -173,6 +173,7 @@ class Trainer:
         are computed on all B groups (identically on every process), then each keeps its rows.
         ``samples`` (this process's prompts) are needed by process supervision's step rewards."""
         cfg = self.cfg
+        rewards = rewards.to(ro.completion_mask.device)  # [B, G] scored on the CPU
         rows = slice(self.world.rank * ro.completion_ids.shape[0], (self.world.rank + 1) * ro.completion_ids.shape[0])
         # overlong penalty, PF-PPO: on the whole step's groups, from every process's lengths
         rewards, keep, filter_metrics = stab.reshape_rewards(
@@ -336,6 +337,8 @@ class Trainer:
         if cfg.consistency_steps and self.step % cfg.consistency_steps == 0:
             metrics.update(stab.consistency(self))
         self.fuse_reason = self.stability.after_step(metrics)  # controllers move the next step's knobs
+        if dist_io.all_max(int(bool(self.fuse_reason)), self.world) and not self.fuse_reason:
+            self.fuse_reason = "the fuse blew on another process"  # every process stops at the same step
         if cfg.log_completions_steps and self.step % cfg.log_completions_steps == 0:
             flat = rewards.flatten().tolist()
             self.logger.log_samples(self.step, [

@@ -43,3 +43,27 @@ def test_in_process_mode_matches_worker_mode():
     finally:
         w.close()
     assert a.total.tolist() == b.total.tolist()
+
+
+def test_a_deadline_shorter_than_worker_start_up_still_grades():
+    """A spawned worker takes seconds to import the package; that start-up is waited for outside the
+    deadline, so a 0.3 s deadline grades every sample, and again after a timeout replaced the pool
+    (review: with start-up inside the deadline every call timed out and every new pool was killed)."""
+    r = RewardRunner([H + "hangs_on_hang"], None, timeout=0.3)
+    try:
+        res = r.score(["ok 1", "ok 2", "hang", "ok 1"], [{"answer": "1"}] * 4)
+        vals = res.per_reward[H + "hangs_on_hang"].tolist()
+        assert vals[0] == vals[1] == vals[3] == 1.0 and vals[2] != vals[2]  # NaN: the hung call
+        assert r.timeouts == 1
+    finally:
+        r.close()
+
+
+def test_rewards_with_their_own_deadline_run_in_the_trainers_process():
+    r = RewardRunner(["math", H + "digit_share"], None, timeout=2.0)
+    try:
+        assert r._worker_names == [H + "digit_share"]  # math-verify has its own worker pool and deadline
+        res = r.score(["\\boxed{4}"], [{"answer": "4"}])
+        assert res.per_reward["math"].tolist() == [1.0]
+    finally:
+        r.close()

@@ -107,3 +107,14 @@ def test_process_supervision_token_advantages_by_hand():
     r = 3 ** -0.5
     assert torch.allclose(adv, torch.tensor([[r, r, -r, -r], [-r, -r, -r, -r]]), atol=1e-5)
     assert torch.equal(new_mask, mask) and metrics["steps_per_completion"] == 1.5
+
+
+def test_the_last_step_reaches_the_eos_token():
+    """The final step's end is the completion's last masked token (EOS), not the last text token, so
+    the EOS token carries the last step's advantage (review: it got 0, and stopping went unreinforced)."""
+    tok = build_tokenizer()
+    text = "1 + 1 = 2"
+    ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]  # 9 text tokens + EOS
+    mask = torch.ones(1, len(ids), dtype=torch.long)
+    rewards, ends, _ = step_tensors(arithmetic_steps, tok, torch.tensor([ids]), mask, [text], [{"answer": "2"}])
+    assert ends.tolist() == [[9]]  # the EOS token's index, not 8

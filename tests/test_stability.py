@@ -90,6 +90,11 @@ def test_config_validates_the_tools():
         Config(fuse_metric="kl")
     with pytest.raises(ConfigError, match="kl_target"):
         Config(kl_target=0.01, beta=0.0)
+    # one pass per batch: ratio 1, nothing clipped, |logp - old_logp| without gradient
+    with pytest.raises(ConfigError, match="clip_target_band: needs num_iterations > 1"):
+        Config(clip_target_band=[0.05, 0.2], num_iterations=1)
+    with pytest.raises(ConfigError, match="cov_mode: kl_cov"):
+        Config(cov_mode="kl_cov", num_iterations=1)
 
 
 def test_wandb_asked_but_not_installed_is_a_clear_error():
@@ -209,9 +214,13 @@ def test_policy_filter_and_cov_modes_act_in_training(tmp_path, tiny_model_dir, t
     t2, pf = _train(tmp_path, "pf_all", tiny_model_dir, tiny_dataset, max_steps=1, policy_filter="variance",
                     policy_filter_min_std=1e9, beta=0.0)
     assert pf[0]["policy_filter_kept_share"] == 0 and pf[0]["grad_norm"] == 0
+    _, plain = _train(tmp_path, "plain", tiny_model_dir, tiny_dataset, max_steps=2, num_iterations=2)
     for mode in ("clip_cov", "kl_cov"):
         _, cov = _train(tmp_path, mode, tiny_model_dir, tiny_dataset, max_steps=2, cov_mode=mode,
                         cov_fraction=0.05, num_iterations=2)
+        # same rollouts (keyed sampling), different gradient: the selected tokens changed the update
+        assert cov[0]["reward_mean"] == plain[0]["reward_mean"]
+        assert cov[0]["grad_norm"] != pytest.approx(plain[0]["grad_norm"], rel=1e-6)
         # per micro-batch of 4 x 8 = 32 tokens: round(0.05 * 32) = 2 tokens -> at most 1/16 of them
         # (none in a step whose groups all have zero advantage: no covariance to select by)
         shares = [l["cov_token_share"] for l in cov]

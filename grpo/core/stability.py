@@ -50,18 +50,21 @@ def policy_filter(rewards: Tensor, *, mode: str, min_std: float = 0.0) -> Tensor
     """PF-PPO policy filtration (Zhang et al. 2024, "Policy Filtration in RLHF", arXiv 2409.06957):
     train only on samples whose reward is a reliable signal.
 
-    rewards: [B, G] -> keep [B, G] bool.
+    rewards: [B, G] (NaN = a failed reward, which is never kept and never counts) -> keep [B, G] bool.
       best_worst  keep in each group the completions with the highest and the lowest reward (the
                   paper's BW filter: the extremes of the reward model are where it is most reliable)
-      variance    keep whole groups whose reward std (population) is >= ``min_std``
+      variance    keep whole groups whose reward std (population, over the valid rewards) is >= ``min_std``
     """
     _check_choice("policy_filter", mode, PF_MODES)
+    valid = ~torch.isnan(rewards)  # [B, G]
     if mode == "variance":
-        std = rewards.std(dim=1, correction=0)  # [B]
-        return (std >= min_std)[:, None].expand_as(rewards)
-    hi = rewards.amax(dim=1, keepdim=True)  # [B, 1]
-    lo = rewards.amin(dim=1, keepdim=True)  # [B, 1]
-    return (rewards == hi) | (rewards == lo)
+        n = valid.sum(1).clamp(min=1)  # [B]
+        mean = torch.where(valid, rewards, 0.0).sum(1) / n  # [B]
+        var = torch.where(valid, (rewards - mean[:, None]) ** 2, 0.0).sum(1) / n  # [B]
+        return (var.sqrt() >= min_std)[:, None] & valid  # [B, G]
+    hi = torch.where(valid, rewards, -torch.inf).amax(dim=1, keepdim=True)  # [B, 1]
+    lo = torch.where(valid, rewards, torch.inf).amin(dim=1, keepdim=True)  # [B, 1]
+    return valid & ((rewards == hi) | (rewards == lo))
 
 
 def token_covariance(logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:

@@ -34,11 +34,14 @@ class RewardModelScorer:
         if self.model.config.pad_token_id is None:  # the head reads the last non-pad token
             self.model.config.pad_token_id = self.tok.pad_token_id
         self.tok.padding_side = "right"
+        self.tok.truncation_side = "left"  # past max_length, drop the start of the prompt, never the completion's end
+        # a chat template writes its own special tokens; plain text needs the tokenizer's ([CLS] ... [SEP])
+        self.templated = bool(getattr(self.tok, "chat_template", None))
         self.batch_size, self.max_length, self.path = batch_size, max_length, path
 
     def render(self, prompt, completion: str) -> str:
         messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
-        if getattr(self.tok, "chat_template", None):
+        if self.templated:
             return self.tok.apply_chat_template(messages + [{"role": "assistant", "content": completion}],
                                                 tokenize=False)
         return "\n".join(m["content"] for m in messages) + "\n" + completion
@@ -49,7 +52,7 @@ class RewardModelScorer:
         out = []
         for i in range(0, len(texts), self.batch_size):
             enc = self.tok(texts[i:i + self.batch_size], return_tensors="pt", padding=True, truncation=True,
-                           max_length=self.max_length, add_special_tokens=False).to(self.device)
+                           max_length=self.max_length, add_special_tokens=not self.templated).to(self.device)
             logits = self.model(**enc).logits.float()  # [n, labels]
             s = logits[:, 0] if logits.shape[1] == 1 else logits.softmax(-1)[:, -1]  # [n]
             out.extend(s.cpu().tolist())

@@ -17,8 +17,16 @@ from grpo.rewards.builtin import resolve_reward
 from grpo.rewards.scoring import RewardResult, score_completions
 
 
+STARTUP_TIMEOUT = 300.0  # seconds a fresh worker may take to import the rewards (not a reward's deadline)
+
+
 def _call(name: str, completion: str, sample: dict):
     return resolve_reward(name)(completion, sample)
+
+
+def _warm(names: list[str]) -> None:
+    for name in names:
+        resolve_reward(name)
 
 
 class _Replay:
@@ -53,7 +61,13 @@ class RewardRunner:
 
     def _new_pool(self) -> cf.ProcessPoolExecutor:
         # spawn, not fork: the trainer's process holds torch's thread pools, which a fork can deadlock
-        return cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+        pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+        # a fresh worker imports the package (seconds on a busy host) before its first call: that
+        # start-up is waited for here, outside every reward's deadline, or a deadline shorter than the
+        # start-up would fail every call and kill every new pool, for ever
+        for fut in [pool.submit(_warm, self._worker_names) for _ in range(self.workers)]:
+            fut.result(timeout=STARTUP_TIMEOUT)
+        return pool
 
     def _kill_pool(self) -> None:
         if self._pool is not None:
@@ -64,8 +78,10 @@ class RewardRunner:
 
     @property
     def _worker_names(self) -> list[str]:
-        """Rewards run in workers; batched ones (a reward model on the trainer's device) run here."""
-        return [n for n in self.names if not getattr(self.fns[n], "batched", False)]
+        """Rewards run in workers; batched ones (a reward model on the trainer's device, the code
+        sandbox) and those that enforce their own deadline in their own processes (math-verify) run here."""
+        return [n for n in self.names
+                if not getattr(self.fns[n], "batched", False) and not getattr(self.fns[n], "own_deadline", False)]
 
     def _run_in_workers(self, completions: list[str], samples: list[dict]) -> list:
         calls = [(n, c, s) for n in self._worker_names for c, s in zip(completions, samples)]

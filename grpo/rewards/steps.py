@@ -70,14 +70,25 @@ def char_ends_to_tokens(tokenizer, ids: list[int], char_ends: list[int]) -> list
     Offsets past the text map to the last token. Incremental decoding, so multi-byte characters
     split over several byte-level tokens end where the character is complete."""
     full = tokenizer.decode(ids, skip_special_tokens=True)
-    # a prefix cut inside a multi-byte character decodes to a replacement character: count only the
-    # part that agrees with the whole text
-    lengths = [len(os.path.commonprefix([tokenizer.decode(ids[:t + 1], skip_special_tokens=True), full]))
-               for t in range(len(ids))]
+    cache: dict[int, int] = {}
+
+    def length(t: int) -> int:
+        # a prefix cut inside a multi-byte character decodes to a replacement character: count only
+        # the part that agrees with the whole text (so the length never decreases with t)
+        if t not in cache:
+            cache[t] = len(os.path.commonprefix([tokenizer.decode(ids[:t + 1], skip_special_tokens=True), full]))
+        return cache[t]
+
     out = []
-    for e in char_ends:
-        t = next((i for i, n in enumerate(lengths) if n >= e), len(ids) - 1)
-        out.append(max(t, 0))
+    for e in char_ends:  # binary search: O(log T) prefix decodes per step, not T
+        lo, hi = 0, len(ids) - 1
+        if not ids or length(hi) < e:
+            out.append(max(len(ids) - 1, 0))
+            continue
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (mid + 1, hi) if length(mid) < e else (lo, mid)
+        out.append(lo)
     return out
 
 
@@ -94,6 +105,10 @@ def step_tensors(fn: StepRewardFn, tokenizer, completion_ids: torch.Tensor, mask
             n_tok = int(mask[i].sum())
             ids = completion_ids[i, :n_tok].tolist()
             ends = char_ends_to_tokens(tokenizer, ids, [e for _, e in steps]) if n_tok else []
+            # the step that ends the text ends the completion: its reward reaches the EOS token too,
+            # so stopping is reinforced like every other token of the last step
+            final = len(text.rstrip())
+            ends = [n_tok - 1 if e >= final else t for (_, e), t in zip(steps, ends)]
             rows.append(list(zip([s for s, _ in steps], ends)))
         except Exception as e:  # a step reward is user code: its failure is one completion's
             rows.append([])
@@ -115,6 +130,7 @@ def process_supervision(fn: StepRewardFn, tokenizer, ro, samples: list[dict], ma
     rewards, ends, problems = step_tensors(fn, tokenizer, ro.completion_ids, mask, ro.texts, group_samples)
     for p in problems[:1]:
         log.warning(p)
+    rewards, ends = rewards.to(mask.device), ends.to(mask.device)  # scored on the CPU
     failed = (ends < 0).all(dim=1)  # [N]
     mask = mask * (~failed).unsqueeze(1).to(mask.dtype)  # [N, T]
     adv = core.process_advantages(rewards, ends, mask, group_size=group_size, std_eps=std_eps,

@@ -40,6 +40,17 @@ def test_policy_filter_best_worst_and_variance():
         policy_filter(rewards, mode="top")
 
 
+def test_policy_filter_ignores_failed_rewards():
+    """A failed reward (NaN) is neither the worst nor part of the spread (review: it used to count as 0)."""
+    nan = float("nan")
+    rewards = torch.tensor([[1.0, 0.5, nan, 0.7]])
+    # best 1.0, worst 0.5 among the valid; the failed one is not kept
+    assert policy_filter(rewards, mode="best_worst").tolist() == [[True, True, False, False]]
+    # valid rewards 1, .5, .7: mean .7333, deviations .2667 -.2333 -.0333 -> var .0422, std .2055
+    assert policy_filter(rewards, mode="variance", min_std=0.2).tolist() == [[True, True, False, True]]
+    assert policy_filter(rewards, mode="variance", min_std=0.21).tolist() == [[False] * 4]
+
+
 def test_token_covariance_and_top_selection():
     logp = torch.tensor([[-1.0, -3.0], [-2.0, -2.0]])
     adv = torch.tensor([[1.0, 1.0], [-1.0, -1.0]])
