@@ -44,15 +44,16 @@ class Critic:
 
     def __init__(self, path: str, *, dtype: torch.dtype, learning_rate: float, clip_range: float | None,
                  max_grad_norm: float, divergence_factor: float, autocast: bool,
-                 shared_policy: nn.Module | None = None, vf_coef: float = 1.0):
+                 shared_policy: nn.Module | None = None, vf_coef: float = 1.0,
+                 device: torch.device = torch.device("cpu")):
         if shared_policy is None:
-            self.model, self.head, self.loss_scale = load_value_model(path, dtype), None, 1.0
+            self.model, self.head, self.loss_scale = load_value_model(path, dtype).to(device), None, 1.0
             self.model.train()
             params = list(self.model.parameters())
         else:
             hidden = shared_policy.config.hidden_size
             self.model, self.loss_scale = shared_policy, vf_coef
-            self.head = nn.Linear(hidden, 1, dtype=dtype)
+            self.head = nn.Linear(hidden, 1, dtype=dtype, device=device)
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
             params = list(self.head.parameters())

@@ -43,8 +43,8 @@ class World:
 def init_world() -> World:
     """The process group torchrun's environment describes, or a single process without one."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
-    if size == 1:
-        return World()
+    if size == 1:  # one process: the first GPU when there is one
+        return World(device=torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu"))
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)

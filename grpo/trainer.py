@@ -113,7 +113,7 @@ class Trainer:
                                  learning_rate=cfg.critic_learning_rate, clip_range=cfg.cliprange_value,
                                  max_grad_norm=cfg.max_grad_norm, divergence_factor=cfg.critic_divergence_factor,
                                  autocast=self.amp, vf_coef=cfg.vf_coef,
-                                 shared_policy=self.policy if cfg.critic_shared_trunk else None)
+                                 shared_policy=self.policy if cfg.critic_shared_trunk else None, device=device)
         self.sampler = PromptSampler(len(self.task.train), seed=cfg.seed)
         self.step = 0
         self.skipped_updates = 0
