@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grpo.models import load_models
-from grpo.rollout import generate_rollout
+from grpo.rollout import generate_rollout, resolve_backend
 from grpo.rollout.fast import fast_rollout, fast_unsupported_reason
 from grpo.rollout.hf import row_keys
 
@@ -95,3 +95,12 @@ def test_fast_prefills_each_prompt_once_and_drops_ended_rows(tiny):
     assert batch == sorted(batch, reverse=True) and batch[0] == sum(1 for n in lengths if n > 1)
     # step t (1-based) decodes the rows whose completion is longer than t tokens
     assert batch == [sum(1 for n in lengths if n > t) for t in range(1, max(lengths))], (batch, lengths)
+
+
+def test_auto_backend_falls_back_to_generate(tiny):
+    model, _ = tiny
+    assert resolve_backend("auto", model) == "fast"
+    assert resolve_backend("auto", model, synced=True) == "hf"  # FSDP2 generation is a collective
+    assert resolve_backend("hf", model) == "hf"
+    with pytest.raises(ValueError, match="valid: auto, hf, fast"):
+        resolve_backend("vllm", model)
