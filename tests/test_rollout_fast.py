@@ -82,7 +82,7 @@ def test_fast_prefills_each_prompt_once_and_drops_ended_rows(tiny):
     model, tok = tiny
     model = _eos_biased(model, tok, 1.0)
     sizes = []
-    handle = model.register_forward_pre_hook(lambda mod, args, kwargs: sizes.append(kwargs["input_ids"].shape),
+    handle = model.get_decoder().register_forward_pre_hook(lambda mod, args, kwargs: sizes.append(kwargs["input_ids"].shape),
                                              with_kwargs=True)
     try:
         ro = fast_rollout(model, tok, PROMPTS[:2], group_size=4, max_new_tokens=12, temperature=0.7, top_k=5,
