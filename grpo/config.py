@@ -84,7 +84,7 @@ class Config:
     """Nucleus sampling threshold (1.0 = off)."""
     top_k: int = 0
     """Top-k sampling (0 = off)."""
-    rollout_backend: str = "hf"
+    rollout_backend: str = "auto"
     """Sampler: hf (transformers generate), fast (our decode loop: one prefill per prompt, ended rows leave the batch; same tokens as hf for the same keys), or auto (fast where the model supports it, else hf)."""
 
     # ---- the objective ----
