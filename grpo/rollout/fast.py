@@ -22,6 +22,7 @@ import torch
 from grpo.core import token_logprobs
 from grpo.rollout.base import Rollout, completion_mask_from_ids
 from grpo.rollout.hf import KeyedSampler, eos_token_ids
+from grpo.rollout.kernels import head_chunks, packed_linears
 
 # Architectures whose forward and DynamicCache the loop below has been checked against.
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -85,18 +86,6 @@ def _buffer_cache(model, capacity: int):
     return cache
 
 
-def _head_chunks(model) -> tuple | None:
-    """The vocabulary rows of the output layer in blocks of 2048 when it is a plain Linear (else None:
-    a LoRA-wrapped head is called as a module). One [n, 576] x [49152, 576]^T product runs ~1.5x
-    slower on this CPU than the same product block by block (the blocks stay in cache while the n
-    rows go by), and the blocks give bitwise the same logits: each is the same dot products."""
-    head = model.get_output_embeddings()
-    if type(head) is not torch.nn.Linear:
-        return None
-    bias = head.bias.split(2048) if head.bias is not None else [None] * -(-head.weight.shape[0] // 2048)
-    return tuple(zip(head.weight.split(2048), bias))
-
-
 def _logits(model, chunks, hidden: torch.Tensor) -> torch.Tensor:
     """float32 logits [n, V] of the last position of ``hidden`` [n, S, H]."""
     h = hidden[:, -1]  # [n, H]
@@ -109,8 +98,10 @@ def _logits(model, chunks, hidden: torch.Tensor) -> torch.Tensor:
 def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False,
                  max_prompt_length: int = 1024, with_logprobs: bool = True, keys: list[int] | None = None,
-                 synced: bool = False) -> Rollout:
-    """``generate_rollout``'s signature and Rollout (backend="fast"); see the module docstring."""
+                 synced: bool = False, onednn: bool = True) -> Rollout:
+    """``generate_rollout``'s signature and Rollout (backend="fast"); see the module docstring.
+    ``onednn``: fp32 linears through oneDNN on weights packed once (grpo.rollout.kernels); off, the
+    model's own modules run (then the logits equal HF's bitwise)."""
     reason = fast_unsupported_reason(model, synced=synced)
     if reason is not None:
         raise ValueError(f"rollout_backend fast: {reason}")
@@ -127,10 +118,12 @@ def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_n
     sampler = None if greedy else KeyedSampler([], ids.shape[1], temperature=temperature, top_p=top_p, top_k=top_k)
     was_training = model.training
     model.eval()
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a LoRA wrapper
     try:
-        out = _decode(model, ids, pmask, g=g, max_new_tokens=max_new_tokens, eos=eos, sampler=sampler, keys=keys,
-                      with_logprobs=with_logprobs and not greedy, temperature=temperature,
-                      pad_id=tokenizer.pad_token_id)
+        with packed_linears(base, enabled=onednn) as packed:
+            out = _decode(base, ids, pmask, g=g, max_new_tokens=max_new_tokens, eos=eos, sampler=sampler, keys=keys,
+                          with_logprobs=with_logprobs and not greedy, temperature=temperature,
+                          pad_id=tokenizer.pad_token_id, head_packed=base.get_output_embeddings() in packed)
     finally:
         model.train(was_training)
     completion_ids = out["ids"]  # [N, T]
@@ -146,7 +139,7 @@ def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_n
 
 def _decode(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new_tokens: int, eos: list[int],
             sampler: KeyedSampler | None, keys: list[int] | None, with_logprobs: bool, temperature: float,
-            pad_id: int | None) -> dict:
+            pad_id: int | None, head_packed: bool = False) -> dict:
     """Prefill the B prompts once, share each cache with its G rows, decode until every row ended.
 
     ids, pmask: [B, P] left-padded. Returns {"ids": [N, T] (pad after a row ended), "logp": [N, T] or
@@ -156,13 +149,12 @@ def _decode(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new_to
     n_rows = ids.shape[0] * g
     padded = bool((pmask == 0).any())
     pos = (pmask.long().cumsum(-1) - 1).masked_fill(pmask == 0, 0)  # [B, P] as generate numbers them
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a LoRA wrapper
-    decoder, chunks = base.get_decoder(), _head_chunks(base)
+    decoder, chunks = model.get_decoder(), None if head_packed else head_chunks(model.get_output_embeddings())
     cache = _buffer_cache(model, ids.shape[1] + max_new_tokens)
     out = decoder(input_ids=ids, attention_mask=pmask if padded else None, position_ids=pos, cache=cache,
                   use_cache=True)
     cache.batch_repeat_interleave(g)
-    scores = _logits(base, chunks, out.last_hidden_state).repeat_interleave(g, 0)  # [N, V]
+    scores = _logits(model, chunks, out.last_hidden_state).repeat_interleave(g, 0)  # [N, V]
     live = torch.arange(n_rows, device=device)  # [n] global row of each live row
     attn = pmask.repeat_interleave(g, 0) if padded else None  # [n, P + t]
     next_pos = pos[:, -1:].repeat_interleave(g, 0) + 1  # [n, 1]
@@ -191,6 +183,6 @@ def _decode(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new_to
             attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], 1)  # [n, P + t]
         out = decoder(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos, cache=cache,
                       use_cache=True)
-        scores = _logits(base, chunks, out.last_hidden_state)  # [n, V]
+        scores = _logits(model, chunks, out.last_hidden_state)  # [n, V]
         next_pos = next_pos + 1
     return {"ids": tokens[:, :t], "logp": logps[:, :t] if logps is not None else None}
