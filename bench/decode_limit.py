@@ -17,6 +17,7 @@ precision). Quiet machine wanted: check ``uptime`` first; the load average is pr
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import time
@@ -107,6 +108,9 @@ def main() -> None:
         print(f"  decode step, full batch: hf {hf_step * 1e3:.1f} ms, fast {fast_step * 1e3:.1f} ms "
               f"(x{hf_step / fast_step:.2f}); fast = {fast_step / b['t_bound']:.2f} x bound")
         ratio[n] = fast_step / b["t_bound"]
+        if n == 8:  # the kernel choice alone: the same loop with the model's own (MKL) linears
+            mkl = step_time(functools.partial(fast_rollout, onednn=False), model, tok, prompts, g, args.repeats)
+            print(f"  fast with MKL linears (onednn=False): {mkl * 1e3:.1f} ms")
         hf, fast = (end_to_end(f, model, tok, prompts, g, args.repeats) for f in (generate_rollout, fast_rollout))
         same = torch.equal(hf["ro"].completion_ids, fast["ro"].completion_ids)
         print(f"  rollout, 64 new tokens, EOS on: hf {hf['tokens'] / hf['seconds']:.1f} tok/s ({hf['seconds']:.2f} s), "

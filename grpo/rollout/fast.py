@@ -66,7 +66,7 @@ def _buffer_cache(model, capacity: int):
                 n, h, _, d = key_states.shape
                 self.kbuf, self.vbuf = (x.new_empty(n, h, capacity, d) for x in (key_states, value_states))
                 self.length = 0
-            s, end = key_states.shape[-2], self.length + key_states.shape[-2]
+            end = self.length + key_states.shape[-2]
             self.kbuf[:, :, self.length:end] = key_states  # [n, H, s, D] into [n, H, capacity, D]
             self.vbuf[:, :, self.length:end] = value_states
             self.length = end
