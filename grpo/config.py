@@ -81,6 +81,8 @@ class Config:
     """Nucleus sampling threshold (1.0 = off)."""
     top_k: int = 0
     """Top-k sampling (0 = off)."""
+    rollout_backend: str = "auto"
+    """Sampler: hf (transformers generate), fast (our decode loop: one prefill per prompt, ended rows leave the batch; same tokens as hf for the same keys), or auto (fast where the model supports it, else hf)."""
 
     # ---- the objective ----
     advantage_estimator: str = "grpo"
@@ -284,6 +286,7 @@ def _validate(c: Config) -> None:
     _choice("dtype", c.dtype, DTYPES)
     _choice("report_to", c.report_to, REPORT_TO)
     _choice("distributed_strategy", c.distributed_strategy, ("ddp", "fsdp2"))
+    _choice("rollout_backend", c.rollout_backend, ("auto", "hf", "fast"))
     positive = ["reward_workers", "num_generations", "prompts_per_step", "max_prompt_length", "max_completion_length",
                 "num_iterations", "per_device_train_batch_size", "eval_max_new_tokens", "eval_batch_size",
                 "logging_steps", "lora_r"]

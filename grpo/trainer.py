@@ -34,7 +34,7 @@ from grpo.models import keep_head_fp32, load_models, native_bf16, reset_referenc
 from grpo.policy import completion_logprobs
 from grpo.rewards.runner import RewardRunner
 from grpo.rewards.steps import process_supervision, resolve_step_reward
-from grpo.rollout import Rollout, generate_rollout
+from grpo.rollout import Rollout, sample_rollout
 from grpo.rollout.hf import row_keys
 from grpo.runtime import lr_lambda, make_run_dir, seed_everything
 
@@ -141,7 +141,7 @@ class Trainer:
         mine = self.sampler.next(cfg.prompts_per_step)[world.rank * b:(world.rank + 1) * b]
         samples = [self.task.train[i] for i in mine]
         prompts = [render_prompt(self.tok, s["prompt"], cfg.system_prompt) for s in samples]
-        ro = generate_rollout(self.policy, self.tok, prompts, group_size=g,
+        ro = sample_rollout(cfg.rollout_backend, self.policy, self.tok, prompts, group_size=g,
                               max_new_tokens=cfg.max_completion_length, temperature=self.stability.temperature,
                               top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length,
                               with_logprobs=False,  # the loss recomputes them; keeping [N, T, V] logits costs memory

@@ -111,6 +111,23 @@ def test_same_seed_same_rewards(tmp_path, tiny_model_dir, tiny_dataset):
     assert [[l[k] for k in keys] for l in _lines(ta.run_dir)] == [[l[k] for k in keys] for l in _lines(tb.run_dir)]
 
 
+@pytest.mark.parametrize("use_peft", [False, True])
+def test_fast_rollout_backend_trains_the_same_trajectory(tmp_path, tiny_model_dir, tiny_dataset, use_peft):
+    """rollout_backend=fast samples the same tokens as hf for the same keys, so three steps (the policy
+    moving in between) log the same rewards, lengths and losses; the metric names the backend that ran
+    (auto resolves to fast for a Llama, also under LoRA)."""
+    kw = dict(eval_prompts=0, use_peft=use_peft, lora_r=4)
+    a = make_cfg(tmp_path / "a", tiny_model_dir, tiny_dataset, rollout_backend="hf", **kw)
+    b = make_cfg(tmp_path / "b", tiny_model_dir, tiny_dataset, rollout_backend="auto", **kw)
+    ta, _, _ = _run(a)
+    tb, _, _ = _run(b)
+    keys = ("reward_mean", "completion_length_mean", "loss")
+    la, lb = _lines(ta.run_dir), _lines(tb.run_dir)
+    assert [l[k] for l in la for k in keys] == pytest.approx([l[k] for l in lb for k in keys], abs=1e-6)
+    assert len(la) == 3 and any(l["loss"] != 0 for l in la)  # the policy moved between the steps
+    assert {l["rollout_backend"] for l in la} == {"hf"} and {l["rollout_backend"] for l in lb} == {"fast"}
+
+
 def test_lora_reference_is_base_model(tmp_path, tiny_model_dir, tiny_dataset):
     cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, use_peft=True, lora_r=4, beta=0.1, eval_prompts=0,
                    learning_rate=5e-2)

@@ -32,12 +32,16 @@ class KeyedSampler:
             self.warpers.append(TopPLogitsWarper(top_p))
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return self.perturb(input_ids, scores, input_ids.shape[1] - self.prompt_len, self.keys)
+
+    def perturb(self, input_ids: torch.Tensor, scores: torch.Tensor, t: int, keys: list[int]) -> torch.Tensor:
+        """Warped scores [n, V] plus the Gumbel noise of rows ``keys`` at decoding step ``t``; argmax
+        of the result is the sampled token (also used by the fast backend on its live rows)."""
         for w in self.warpers:
-            scores = w(input_ids, scores)  # [N, V]
-        t = input_ids.shape[1] - self.prompt_len
-        u = torch.empty_like(scores, dtype=torch.float32)  # [N, V]
+            scores = w(input_ids, scores)  # [n, V]
+        u = torch.empty_like(scores, dtype=torch.float32)  # [n, V]
         gen = torch.Generator(device=scores.device)
-        for n, key in enumerate(self.keys):
+        for n, key in enumerate(keys):
             gen.manual_seed((key * 1_000_003 + t) % 2**63)
             u[n] = torch.rand(scores.shape[1], generator=gen, device=scores.device)
         gumbel = -torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))  # [N, V]

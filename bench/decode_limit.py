@@ -1,0 +1,125 @@
+"""How far is one decode step from what this machine allows?
+
+Measures the memory bandwidth (sum over a 512 MiB tensor) and fp32 matrix-product throughput (a
+2048^3 product) of this machine, derives the lower bound on one decode step of the model at a batch
+(every weight read once: weight bytes / bandwidth; and 2 * params * batch FLOPs / throughput; the
+bound is the larger), then measures
+  - the per-token decode step of HF ``generate`` (generate_rollout with keys) and of our fast backend
+    (fast_rollout) at that batch, as (time(64 tokens) - time(1 token)) / 63 with EOS switched off so
+    every step runs the full batch;
+  - end-to-end tokens/s of both backends on real prompts (EOS on: rows that end leave the fast batch);
+and prints our decode step as a multiple of the bound. fp32 throughout (the sampling policy's own
+precision). Quiet machine wanted: check ``uptime`` first; the load average is printed.
+
+    PYTHONPATH=. python bench/decode_limit.py [--model embedded:SmolLM2-135M-Instruct] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import time
+
+import torch
+
+from grpo.models import load_models
+from grpo.rollout.fast import fast_rollout
+from grpo.rollout.hf import generate_rollout, row_keys
+
+QUESTIONS = ["What is 12 + 30? Explain step by step.", "Name three prime numbers and say why they are prime.",
+             "Write a haiku about the sea.", "How many legs do four spiders have?"]
+
+
+def _best(fn, repeats: int) -> float:
+    """Smallest wall time of ``repeats`` calls (the least disturbed by other load)."""
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def machine() -> dict:
+    """Memory bandwidth (bytes/s) from reading 512 MiB and fp32 GEMM throughput (FLOP/s)."""
+    big = torch.ones(128 * 2**20)  # 512 MiB, far past the caches
+    bw = big.numel() * 4 / _best(lambda: big.sum(), 5)
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    flops = 2 * 2048**3 / _best(lambda: a @ b, 5)
+    return {"bandwidth": bw, "flops": flops}
+
+
+def bound(model, batch: int, hw: dict) -> dict:
+    """Lower bound on one decode step: weights read once vs the FLOPs of a batch of one-token rows."""
+    params = sum(p.numel() for p in model.parameters())  # tied embeddings counted once
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    t_mem = weight_bytes / hw["bandwidth"]
+    t_flop = 2 * params * batch / hw["flops"]
+    return {"weight_bytes": weight_bytes, "t_mem": t_mem, "t_flop": t_flop, "t_bound": max(t_mem, t_flop)}
+
+
+def step_time(backend, model, tok, prompts: list[str], g: int, repeats: int) -> float:
+    """Per-token decode step at the full batch: EOS off, (t(64) - t(1)) / 63."""
+    saved = model.generation_config.eos_token_id, tok.eos_token
+    model.generation_config.eos_token_id, tok.eos_token = None, None  # nothing ends a row: all rows, every step
+    try:
+        keys = row_keys(0, 0, 0, len(prompts) * g)
+        kw = dict(group_size=g, temperature=1.0, with_logprobs=False, keys=keys)
+        t1 = _best(lambda: backend(model, tok, prompts, max_new_tokens=1, **kw), repeats)
+        t64 = _best(lambda: backend(model, tok, prompts, max_new_tokens=64, **kw), repeats)
+    finally:
+        model.generation_config.eos_token_id, tok.eos_token = saved
+    return (t64 - t1) / 63
+
+
+def end_to_end(backend, model, tok, prompts: list[str], g: int, repeats: int) -> dict:
+    """Generated tokens/s with EOS on (the real work of a rollout), best of ``repeats``."""
+    keys = row_keys(1, 0, 0, len(prompts) * g)
+    runs = [backend(model, tok, prompts, group_size=g, max_new_tokens=64, temperature=1.0, with_logprobs=False,
+                    keys=keys) for _ in range(repeats)]
+    seconds = min(r.seconds for r in runs)
+    return {"seconds": seconds, "tokens": int(runs[0].lengths.sum()), "ro": runs[0]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="embedded:SmolLM2-135M-Instruct")
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, threads {args.threads}, load average {os.getloadavg()}")
+    hw = machine()
+    print(f"machine: bandwidth {hw['bandwidth'] / 1e9:.1f} GB/s, fp32 GEMM {hw['flops'] / 1e9:.1f} GFLOP/s")
+    m = load_models(args.model, need_reference=False)
+    model, tok = m.policy, m.tokenizer
+    chat = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+            for q in QUESTIONS]
+    ratio = {}
+    for prompts, g in ((chat[:1], 8), (chat, 8)):
+        n = len(prompts) * g
+        b = bound(model, n, hw)
+        print(f"\nbatch {n} ({len(prompts)} prompts x {g}): weights {b['weight_bytes'] / 2**20:.0f} MiB -> "
+              f"bound {b['t_mem'] * 1e3:.1f} ms (bandwidth), {b['t_flop'] * 1e3:.1f} ms (FLOPs)")
+        hf_step = step_time(generate_rollout, model, tok, prompts, g, args.repeats)
+        fast_step = step_time(fast_rollout, model, tok, prompts, g, args.repeats)
+        print(f"  decode step, full batch: hf {hf_step * 1e3:.1f} ms, fast {fast_step * 1e3:.1f} ms "
+              f"(x{hf_step / fast_step:.2f}); fast = {fast_step / b['t_bound']:.2f} x bound")
+        ratio[n] = fast_step / b["t_bound"]
+        if n == 8:  # the kernel choice alone: the same loop with the model's own (MKL) linears
+            mkl = step_time(functools.partial(fast_rollout, onednn=False), model, tok, prompts, g, args.repeats)
+            print(f"  fast with MKL linears (onednn=False): {mkl * 1e3:.1f} ms")
+        hf, fast = (end_to_end(f, model, tok, prompts, g, args.repeats) for f in (generate_rollout, fast_rollout))
+        same = torch.equal(hf["ro"].completion_ids, fast["ro"].completion_ids)
+        print(f"  rollout, 64 new tokens, EOS on: hf {hf['tokens'] / hf['seconds']:.1f} tok/s ({hf['seconds']:.2f} s), "
+              f"fast {fast['tokens'] / fast['seconds']:.1f} tok/s ({fast['seconds']:.2f} s), "
+              f"x{hf['seconds'] / fast['seconds']:.2f}; same tokens: {same}")
+        print(f"  lengths {statistics.mean(hf['ro'].lengths.tolist()):.1f} mean, "
+              f"{int(hf['ro'].lengths.max())} max; load average {os.getloadavg()}")
+    print(f"\nour decode step at batch 8 = {ratio[8]:.2f} x the lower bound")
+
+
+if __name__ == "__main__":
+    main()

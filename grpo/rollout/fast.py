@@ -1,0 +1,190 @@
+"""Our own decode loop for decoder-only HF models whose forward takes a KV ``cache``.
+
+It draws the same tokens as ``generate_rollout(..., keys=...)`` (and as greedy ``generate``) while
+doing only the work those tokens need:
+  - each distinct prompt is prefilled ONCE and its KV cache is shared by the G completions of its
+    group (repeat-interleaved after the prefill), instead of prefilling N = B*G copies;
+  - a row that emits EOS leaves the batch (its cache rows are dropped), so the decode batch shrinks
+    as completions end instead of computing padding up to the longest one;
+  - the KV cache is written into buffers made once (no per-step concatenation of the whole cache);
+  - the fp32 linears run oneDNN's inner product on weights packed once per rollout (kernels.py: at
+    8 rows MKL's sgemm reached ~60% of the core's peak, the output layer ~20%);
+  - per step: one decoder forward on the live rows' last tokens, the output layer on the last
+    position only, the KeyedSampler's warpers and per-(key, t) Gumbel noise on those rows, an argmax.
+Sampling is KeyedSampler itself (the same warpers and noise), so a row's tokens depend only on its
+key, as in the HF path (Gumbel-max: Gumbel 1954; Maddison et al. 2014).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from grpo.core import token_logprobs
+from grpo.rollout.base import Rollout, completion_mask_from_ids
+from grpo.rollout.hf import KeyedSampler, eos_token_ids
+from grpo.rollout.kernels import head_chunks, packed_linears
+
+# Architectures whose forward and DynamicCache the loop below has been checked against.
+FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def fast_unsupported_reason(model, *, synced: bool = False) -> str | None:
+    """Why the fast backend cannot sample from ``model`` (None when it can)."""
+    if synced:
+        return "synced (FSDP2) generation steps every process together; only generate does that"
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "is_encoder_decoder", False):
+        return "not a decoder-only transformers model"
+    if getattr(config, "model_type", None) not in FAST_MODEL_TYPES:
+        return f"model_type {getattr(config, 'model_type', None)!r} is not one of {FAST_MODEL_TYPES}"
+    return None
+
+
+def _pick(scores: torch.Tensor, sampler: KeyedSampler | None, t: int, keys: list[int] | None) -> torch.Tensor:
+    """Next token of each live row from its float32 scores [n, V]: greedy, keyed Gumbel-max, or
+    (no keys) a multinomial draw from the warped softmax, as ``generate(do_sample=True)``."""
+    if sampler is None:
+        return scores.argmax(-1)  # [n]
+    if keys is not None:
+        return sampler.perturb(None, scores, t, keys).argmax(-1)  # [n]
+    for w in sampler.warpers:
+        scores = w(None, scores)
+    return torch.multinomial(torch.softmax(scores, -1), 1)[:, 0]  # [n]
+
+
+def _buffer_cache(model, capacity: int):
+    """A DynamicCache whose full-attention layers write into buffers of ``capacity`` positions made
+    once, instead of concatenating the whole cache with each new token (a copy of every layer's keys
+    and values per step). The attention reads a view of the filled part: the same numbers."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    class BufferLayer(DynamicLayer):
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+                n, h, _, d = key_states.shape
+                self.kbuf, self.vbuf = (x.new_empty(n, h, capacity, d) for x in (key_states, value_states))
+                self.length = 0
+            end = self.length + key_states.shape[-2]
+            self.kbuf[:, :, self.length:end] = key_states  # [n, H, s, D] into [n, H, capacity, D]
+            self.vbuf[:, :, self.length:end] = value_states
+            self.length = end
+            self.keys, self.values = self.kbuf[:, :, :end], self.vbuf[:, :, :end]
+            return self.keys, self.values
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            self.kbuf, self.vbuf = self.kbuf.repeat_interleave(repeats, 0), self.vbuf.repeat_interleave(repeats, 0)
+            self.keys, self.values = self.kbuf[:, :, :self.length], self.vbuf[:, :, :self.length]
+
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            self.kbuf, self.vbuf = self.kbuf[indices], self.vbuf[indices]
+            self.keys, self.values = self.kbuf[:, :, :self.length], self.vbuf[:, :, :self.length]
+
+    cache = DynamicCache(config=model.config)
+    cache.layers = [BufferLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
+def _logits(model, chunks, hidden: torch.Tensor) -> torch.Tensor:
+    """float32 logits [n, V] of the last position of ``hidden`` [n, S, H]."""
+    h = hidden[:, -1]  # [n, H]
+    if chunks is None:
+        return model.get_output_embeddings()(h).float()
+    return torch.cat([torch.nn.functional.linear(h, w, b) for w, b in chunks], 1).float()  # [n, V]
+
+
+@torch.no_grad()
+def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False,
+                 max_prompt_length: int = 1024, with_logprobs: bool = True, keys: list[int] | None = None,
+                 synced: bool = False, onednn: bool = True) -> Rollout:
+    """``generate_rollout``'s signature and Rollout (backend="fast"); see the module docstring.
+    ``onednn``: fp32 linears through oneDNN on weights packed once (grpo.rollout.kernels); off, the
+    model's own modules run (then the logits equal HF's bitwise)."""
+    reason = fast_unsupported_reason(model, synced=synced)
+    if reason is not None:
+        raise ValueError(f"rollout_backend fast: {reason}")
+    start = time.perf_counter()
+    tokenizer.padding_side = "left"
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, truncation=True, max_length=max_prompt_length,
+                    add_special_tokens=False)
+    device = next(model.parameters()).device
+    ids, pmask = enc["input_ids"].to(device), enc["attention_mask"].to(device)  # [B, P]
+    g, n_rows = group_size, ids.shape[0] * group_size
+    if keys is not None and len(keys) != n_rows:
+        raise ValueError(f"keys: {len(keys)} given for {n_rows} rows")
+    eos = eos_token_ids(model, tokenizer)
+    sampler = None if greedy else KeyedSampler([], ids.shape[1], temperature=temperature, top_p=top_p, top_k=top_k)
+    was_training = model.training
+    model.eval()
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a LoRA wrapper
+    try:
+        with packed_linears(base, enabled=onednn) as packed:
+            out = _decode(base, ids, pmask, g=g, max_new_tokens=max_new_tokens, eos=eos, sampler=sampler, keys=keys,
+                          with_logprobs=with_logprobs and not greedy, temperature=temperature,
+                          pad_id=tokenizer.pad_token_id, head_packed=base.get_output_embeddings() in packed)
+    finally:
+        model.train(was_training)
+    completion_ids = out["ids"]  # [N, T]
+    done = completion_mask_from_ids(completion_ids, eos)
+    mask = done["mask"]  # [N, T]
+    completion_ids = torch.where(mask.bool(), completion_ids, tokenizer.pad_token_id)  # [N, T]
+    sampling_logp = out["logp"] * mask if out["logp"] is not None else None  # [N, T]
+    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    return Rollout(prompt_ids=ids.repeat_interleave(g, 0), prompt_mask=pmask.repeat_interleave(g, 0),
+                   completion_ids=completion_ids, completion_mask=mask, truncated=done["truncated"],
+                   sampling_logp=sampling_logp, texts=texts, backend="fast", seconds=time.perf_counter() - start)
+
+
+def _decode(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new_tokens: int, eos: list[int],
+            sampler: KeyedSampler | None, keys: list[int] | None, with_logprobs: bool, temperature: float,
+            pad_id: int | None, head_packed: bool = False) -> dict:
+    """Prefill the B prompts once, share each cache with its G rows, decode until every row ended.
+
+    ids, pmask: [B, P] left-padded. Returns {"ids": [N, T] (pad after a row ended), "logp": [N, T] or
+    None}, T = the steps run (the longest completion), as ``generate`` pads them.
+    """
+    device = ids.device
+    n_rows = ids.shape[0] * g
+    padded = bool((pmask == 0).any())
+    pos = (pmask.long().cumsum(-1) - 1).masked_fill(pmask == 0, 0)  # [B, P] as generate numbers them
+    decoder, chunks = model.get_decoder(), None if head_packed else head_chunks(model.get_output_embeddings())
+    cache = _buffer_cache(model, ids.shape[1] + max_new_tokens)
+    out = decoder(input_ids=ids, attention_mask=pmask if padded else None, position_ids=pos, cache=cache,
+                  use_cache=True)
+    cache.batch_repeat_interleave(g)
+    scores = _logits(model, chunks, out.last_hidden_state).repeat_interleave(g, 0)  # [N, V]
+    live = torch.arange(n_rows, device=device)  # [n] global row of each live row
+    attn = pmask.repeat_interleave(g, 0) if padded else None  # [n, P + t]
+    next_pos = pos[:, -1:].repeat_interleave(g, 0) + 1  # [n, 1]
+    eos_t = torch.tensor(eos, device=device)
+    fill = 0 if pad_id is None else pad_id
+    tokens = torch.full((n_rows, max_new_tokens), fill, dtype=torch.long, device=device)  # [N, Tmax]
+    logps = torch.zeros(n_rows, max_new_tokens, device=device) if with_logprobs else None  # [N, Tmax]
+    live_keys = keys
+    t = 0
+    while t < max_new_tokens:
+        tok = _pick(scores, sampler, t, live_keys)  # [n]
+        tokens[live, t] = tok
+        if logps is not None:
+            logps[live, t] = token_logprobs(scores[:, None], tok[:, None], temperature=temperature)[:, 0]
+        t += 1
+        ended = torch.isin(tok, eos_t)  # [n]
+        if t == max_new_tokens or bool(ended.all()):
+            break
+        if bool(ended.any()):  # drop the rows that ended: their cache rows and bookkeeping
+            keep = (~ended).nonzero()[:, 0]  # [n']
+            cache.batch_select_indices(keep)
+            live, tok, next_pos = live[keep], tok[keep], next_pos[keep]
+            attn = attn[keep] if attn is not None else None
+            live_keys = [live_keys[i] for i in keep.tolist()] if live_keys is not None else None
+        if attn is not None:
+            attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], 1)  # [n, P + t]
+        out = decoder(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos, cache=cache,
+                      use_cache=True)
+        scores = _logits(model, chunks, out.last_hidden_state)  # [n, V]
+        next_pos = next_pos + 1
+    return {"ids": tokens[:, :t], "logp": logps[:, :t] if logps is not None else None}
