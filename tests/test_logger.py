@@ -12,7 +12,7 @@ def test_tensorboard_gets_every_numeric_metric(tmp_path, tiny_model_dir, tiny_da
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, eval_prompts=0, max_steps=2, report_to="tensorboard",
-                   dynamic_sampling=True, clip_target_band=[0.05, 0.2], consistency_steps=1, consistency_prompts=2)
+                   dynamic_sampling=True, clip_target_band=[0.05, 0.2], num_iterations=2, consistency_steps=1, consistency_prompts=2)
     t = Trainer(cfg)
     t.train()
     lines = [json.loads(l) for l in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
