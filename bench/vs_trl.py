@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -149,6 +150,7 @@ def main() -> None:
     Path(a.out).mkdir(parents=True, exist_ok=True)
     res = {}
     for name in ("trl", "grpo"):
+        shutil.rmtree(Path(a.out) / f"{name}-run", ignore_errors=True)  # the previous invocation's scratch run
         subprocess.run([sys.executable, __file__, *sys.argv[1:], "--run", name], check=True,
                        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[1]),
                                                                                      os.environ.get("PYTHONPATH")]))})
