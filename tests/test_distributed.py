@@ -143,3 +143,22 @@ def test_uneven_split_is_a_clear_error(tmp_path, tiny_model_dir, data_file):
     proc = subprocess.run(launcher, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "prompts_per_step: 3 prompts cannot be split evenly over 2 processes" in proc.stderr
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_fuse_stops_every_process_with_one_checkpoint(tmp_path, tiny_model_dir, data_file, strategy):
+    """The fuse under torchrun: every process stops at the same step (the decision is all-reduced), the
+    checkpoint is written once (a collective under FSDP2), and the run ends instead of hanging."""
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "grpo",
+           "train", f"model={tiny_model_dir}", f"task={data_file}", f"output_dir={run}", "max_steps=8",
+           "prompts_per_step=4", "num_generations=4", "per_device_train_batch_size=4", "max_completion_length=8",
+           "eval_prompts=0", "rewards=tests.rewards_for_tests:digit_share", "learning_rate=0.05", "bf16=false",
+           "progress=false", "report_to=none", "reward_timeout=0", "num_threads=1", "fuse_metric=kl",
+           "fuse_max=0.001", "fuse_patience=2", f"distributed_strategy={strategy}"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "fuse: kl" in proc.stderr, proc.stderr[-3000:]
+    steps = [m["step"] for m in _metrics(run)]
+    assert steps == list(range(1, steps[-1] + 1)) and steps[-1] < 8
+    assert (run / "checkpoints" / f"step-{steps[-1]}" / "trainer_state.pt").is_file()

@@ -90,3 +90,32 @@ def test_two_training_steps_with_the_reward_model(tmp_path, tiny_model_dir, tiny
     lines = [json.loads(l) for l in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [l["step"] for l in lines] == [1, 2]
     assert all(l["reward_failures"] == 0 and l["reward_std"] > 0 for l in lines)  # a random RM still varies
+
+
+def test_plain_text_reward_models_keep_special_tokens_and_the_completion_end(tmp_path):
+    """A reward model without a chat template (BERT-style) gets its tokenizer's special tokens
+    ([CLS] ... [SEP] here), and a pair longer than max_length loses the start of the prompt, never
+    the end of the completion (review: both were lost)."""
+    from tokenizers.processors import TemplateProcessing
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    tok = build_tokenizer()
+    tok.chat_template = None
+    tok.add_special_tokens({"cls_token": "[CLS]", "sep_token": "[SEP]"})
+    tok._tokenizer.post_processor = TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", tok.cls_token_id), ("[SEP]", tok.sep_token_id)])
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, num_labels=1, pad_token_id=tok.pad_token_id)
+    LlamaForSequenceClassification(cfg).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    scorer = rm.RewardModelScorer(str(tmp_path), device="cpu", max_length=16)
+    assert not scorer.templated
+    text = scorer.render("a long prompt that will not fit", "END")
+    enc = scorer.tok([text], truncation=True, max_length=16, add_special_tokens=True)
+    ids = enc["input_ids"][0]
+    assert ids[0] == tok.cls_token_id and ids[-1] == tok.sep_token_id and len(ids) == 16
+    assert scorer.tok.decode(ids[-4:-1]) == "END"  # the completion's end survived truncation
+    with torch.no_grad():
+        manual = scorer.model(input_ids=torch.tensor([ids])).logits[0, 0].item()
+    assert scorer.score(["a long prompt that will not fit"], ["END"])[0] == pytest.approx(manual, abs=1e-5)
