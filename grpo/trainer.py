@@ -141,11 +141,12 @@ class Trainer:
         mine = self.sampler.next(cfg.prompts_per_step)[world.rank * b:(world.rank + 1) * b]
         samples = [self.task.train[i] for i in mine]
         prompts = [render_prompt(self.tok, s["prompt"], cfg.system_prompt) for s in samples]
+        keys = row_keys(cfg.seed, self.step, (round * world.size + world.rank) * b * g, b * g)
         ro = sample_rollout(cfg.rollout_backend, self.policy, self.tok, prompts, group_size=g,
-                              max_new_tokens=cfg.max_completion_length, temperature=self.stability.temperature,
-                              top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length,
-                              with_logprobs=False,  # the loss recomputes them; keeping [N, T, V] logits costs memory
-                              keys=row_keys(cfg.seed, self.step, (round * world.size + world.rank) * b * g, b * g), synced=self.sharded)
+                            max_new_tokens=cfg.max_completion_length, temperature=self.stability.temperature,
+                            top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length,
+                            with_logprobs=False,  # the loss recomputes them; keeping [N, T, V] logits costs memory
+                            keys=keys, synced=self.sharded)
         return samples, ro
 
     def score(self, samples: list[dict], ro: Rollout) -> tuple[torch.Tensor, dict]:
@@ -175,10 +176,10 @@ class Trainer:
         cfg = self.cfg
         rewards = rewards.to(ro.completion_mask.device)  # [B, G] scored on the CPU
         rows = slice(self.world.rank * ro.completion_ids.shape[0], (self.world.rank + 1) * ro.completion_ids.shape[0])
+        lengths = dist_io.gather_rows(ro.lengths, self.world)  # [N_global]
+        truncated = dist_io.gather_rows(ro.truncated, self.world)  # [N_global]
         # overlong penalty, PF-PPO: on the whole step's groups, from every process's lengths
-        rewards, keep, filter_metrics = stab.reshape_rewards(
-            rewards, lengths=dist_io.gather_rows(ro.lengths, self.world),
-            truncated=dist_io.gather_rows(ro.truncated, self.world), cfg=cfg)
+        rewards, keep, filter_metrics = stab.reshape_rewards(rewards, lengths=lengths, truncated=truncated, cfg=cfg)
         failed = torch.isnan(rewards)  # [B, G]
         # A failed reward neither rewards nor punishes: it takes its group's mean and leaves the loss.
         group_mean = torch.nan_to_num(torch.nanmean(rewards, dim=1, keepdim=True), nan=0.0)  # [B, 1]
@@ -188,7 +189,9 @@ class Trainer:
         ref_logp = self._ref_logps(ro) if cfg.beta > 0 else None
         metrics = {"reward_mean": float(torch.nanmean(rewards)),
                    "reward_std": float(rewards[~failed].std(correction=0)) if (~failed).sum() > 1 else 0.0,
-                   "zero_variance_share": float(core.zero_variance_share(filled)), **filter_metrics}
+                   "zero_variance_share": float(core.zero_variance_share(filled)), **filter_metrics,
+                   "completion_length_mean": float(lengths.float().mean()),
+                   "completion_length_max": float(lengths.max()), "truncated_share": float(truncated.float().mean())}
         if cfg.supervision == "process":  # DeepSeekMath 4.1.3: per-step rewards, token advantages
             adv_tok, mask, step_metrics = process_supervision(
                 self.step_reward, self.tok, ro, samples, mask, group_size=cfg.num_generations,
@@ -328,11 +331,8 @@ class Trainer:
         metrics.update(adv_metrics)
         metrics.update(self.update(batch))
         self.step += 1
-        lengths = dist_io.gather_rows(ro.lengths.float(), self.world)  # [N_global]
-        truncated = dist_io.gather_rows(ro.truncated.float(), self.world)  # [N_global]
-        metrics.update(completion_length_mean=float(lengths.mean()), completion_length_max=float(lengths.max()),
-                       truncated_share=float(truncated.mean()), generation_seconds=ro.seconds,
-                       tokens_per_second=float(ro.lengths.sum()) * self.world.size / max(ro.seconds, 1e-9), rollout_backend=ro.backend,
+        metrics.update(generation_seconds=ro.seconds, rollout_backend=ro.backend,
+                       tokens_per_second=float(ro.lengths.sum()) * self.world.size / max(ro.seconds, 1e-9),
                        step_seconds=time.perf_counter() - t0)
         if cfg.consistency_steps and self.step % cfg.consistency_steps == 0:
             metrics.update(stab.consistency(self))

@@ -38,3 +38,18 @@ def completion_mask_from_ids(ids: Tensor, eos_ids: list[int]) -> dict[str, Tenso
     seen_before = (is_eos.long().cumsum(1) - is_eos.long()) > 0  # [N, T]: an EOS strictly earlier
     mask = (~seen_before).long()  # [N, T]
     return {"mask": mask, "truncated": ~is_eos.any(1)}
+
+
+def finish_rollout(tokenizer, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, eos_ids: list[int], *,
+                   sampling_logp: Tensor | None, backend: str, seconds: float) -> Rollout:
+    """The Rollout of sampled ids [N, T] as every backend returns it: the mask up to the first EOS,
+    padding after it, sampling log-probs zeroed off the mask, decoded texts."""
+    done = completion_mask_from_ids(completion_ids, eos_ids)
+    mask = done["mask"]  # [N, T]
+    completion_ids = torch.where(mask.bool(), completion_ids, tokenizer.pad_token_id)  # [N, T]
+    if sampling_logp is not None:
+        sampling_logp = sampling_logp * mask  # [N, T]
+    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
+                   completion_mask=mask, truncated=done["truncated"], sampling_logp=sampling_logp, texts=texts,
+                   backend=backend, seconds=seconds)

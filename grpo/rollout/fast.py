@@ -22,7 +22,7 @@ import time
 import torch
 
 from grpo.core import token_logprobs
-from grpo.rollout.base import Rollout, completion_mask_from_ids
+from grpo.rollout.base import Rollout, finish_rollout
 from grpo.rollout.hf import KeyedSampler, eos_token_ids
 from grpo.rollout.kernels import head_chunks, packed_linears
 
@@ -128,15 +128,8 @@ def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_n
                           pad_id=tokenizer.pad_token_id, head_packed=base.get_output_embeddings() in packed)
     finally:
         model.train(was_training)
-    completion_ids = out["ids"]  # [N, T]
-    done = completion_mask_from_ids(completion_ids, eos)
-    mask = done["mask"]  # [N, T]
-    completion_ids = torch.where(mask.bool(), completion_ids, tokenizer.pad_token_id)  # [N, T]
-    sampling_logp = out["logp"] * mask if out["logp"] is not None else None  # [N, T]
-    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-    return Rollout(prompt_ids=ids.repeat_interleave(g, 0), prompt_mask=pmask.repeat_interleave(g, 0),
-                   completion_ids=completion_ids, completion_mask=mask, truncated=done["truncated"],
-                   sampling_logp=sampling_logp, texts=texts, backend="fast", seconds=time.perf_counter() - start)
+    return finish_rollout(tokenizer, ids.repeat_interleave(g, 0), pmask.repeat_interleave(g, 0), out["ids"], eos,
+                          sampling_logp=out["logp"], backend="fast", seconds=time.perf_counter() - start)
 
 
 def _decode(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new_tokens: int, eos: list[int],

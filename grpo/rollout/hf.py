@@ -7,7 +7,7 @@ import time
 import torch
 
 from grpo.core import token_logprobs
-from grpo.rollout.base import Rollout, completion_mask_from_ids
+from grpo.rollout.base import Rollout, finish_rollout
 
 
 class KeyedSampler:
@@ -98,14 +98,9 @@ def generate_rollout(model, tokenizer, prompts: list[str], *, group_size: int, m
     out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs)
     model.train(was_training)
     completion_ids = out.sequences[:, prompt_ids.shape[1]:]  # [N, T]
-    done = completion_mask_from_ids(completion_ids, eos)
-    mask = done["mask"]  # [N, T]
-    completion_ids = torch.where(mask.bool(), completion_ids, tokenizer.pad_token_id)  # [N, T]
     sampling_logp = None
     if kwargs["output_logits"]:
         logits = torch.stack(out.logits, dim=1)  # [N, T, V] raw logits of each decoding step
-        sampling_logp = token_logprobs(logits, completion_ids, temperature=temperature) * mask  # [N, T]
-    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-    return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
-                   completion_mask=mask, truncated=done["truncated"], sampling_logp=sampling_logp, texts=texts,
-                   backend="hf", seconds=time.perf_counter() - start)
+        sampling_logp = token_logprobs(logits, completion_ids, temperature=temperature)  # [N, T]
+    return finish_rollout(tokenizer, prompt_ids, prompt_mask, completion_ids, eos, sampling_logp=sampling_logp,
+                          backend="hf", seconds=time.perf_counter() - start)
