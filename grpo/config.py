@@ -195,6 +195,10 @@ class Config:
     """Gradient clipping by global norm (0 = off)."""
     per_device_train_batch_size: int = 8
     """Completions per forward/backward micro-batch; B * G must be a multiple of it."""
+    shared_prefix: bool = True
+    """Shared-prefix training (Prefix Grouper, 2025): the completions of a group in one micro-batch share one prompt pass in the policy, reference and old-policy forwards, every completion attending to it and sending its gradient into it; exact, and on short completions it removes most of the tokens processed. Needs sdpa or eager attention (else each sequence runs alone)."""
+    skip_zero_advantage: bool = True
+    """With beta = 0, mu = 1 and no entropy or Clip-Cov/KL-Cov term, sequences whose advantage is 0 have no gradient: leave them out of the forward and backward pass (the loss is unchanged; entropy and clip metrics then cover the trained sequences). One process only; off while an entropy target reads the entropy."""
     max_steps: int = 25
     """Optimisation steps (each: sample, score, mu passes of updates)."""
     use_peft: bool = False

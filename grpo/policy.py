@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from grpo.core import token_logprobs_and_entropy
+from grpo.core import indexed_logprobs_and_entropy
 
 
 def trim_padding(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
@@ -35,26 +35,115 @@ def model_inputs(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor
     return {"input_ids": ids, "attention_mask": attn, "position_ids": pos, "completion_ids": tr["completion_ids"]}
 
 
+def pack_sequences(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, completion_mask: Tensor, *,
+                   share_prompt: bool) -> dict[str, Tensor]:
+    """Lay N (prompt, completion) pairs out as R packed rows of real tokens only, right-padded to L.
+
+    With ``share_prompt``, consecutive sequences with the same prompt (the G completions of a group)
+    share one row: [prompt, c_1, c_2, ...], each completion attending to the one prompt pass and to
+    itself (shared-prefix training, Prefix Grouper 2025), so the prompt is computed once and every
+    completion's gradient flows into it. Without it each sequence is its own row [prompt, c].
+    ``completion_mask`` is a prefix mask (tokens up to and including EOS).
+
+    Returns input_ids, position_ids, segments [R, L] (0 prompt, j for the row's j-th completion,
+    -1 padding); keep [R, L] (bool: the positions whose next-token logits are needed, K in all);
+    index [N, T'] (the kept position, in row-major order of ``keep``, that scores each completion
+    token), tokens [N, T'] and valid [N, T'] (bool), T' the longest completion.
+    """
+    n = prompt_ids.shape[0]
+    c_len = completion_mask.sum(1).tolist()  # [N]
+    rows: list[dict] = []
+    seq_row, seq_start = [], []  # each sequence's row and the offset of its first completion token
+    for i in range(n):
+        prompt = prompt_ids[i][prompt_mask[i].bool()]  # [P_i]
+        if not (share_prompt and rows and torch.equal(rows[-1]["prompt"], prompt)):
+            p = len(prompt)
+            rows.append({"prompt": prompt, "ids": [prompt], "pos": [torch.arange(p)], "seg": [torch.zeros(p)],
+                         "len": p})
+        row = rows[-1]
+        p, c = len(row["prompt"]), completion_ids[i, :c_len[i]]  # [L_i]
+        seq_row.append(len(rows) - 1)
+        seq_start.append(row["len"])
+        row["ids"].append(c)
+        row["pos"].append(torch.arange(p, p + len(c)))
+        row["seg"].append(torch.full((len(c),), float(len(row["ids"]) - 1)))
+        row["len"] += len(c)
+    r, width = len(rows), max(row["len"] for row in rows)
+    ids = completion_ids.new_zeros(r, width)  # [R, L]
+    pos = torch.zeros(r, width, dtype=torch.long)  # [R, L]
+    seg = torch.full((r, width), -1, dtype=torch.long)  # [R, L]
+    for k, row in enumerate(rows):
+        ids[k, :row["len"]] = torch.cat(row["ids"])
+        pos[k, :row["len"]] = torch.cat(row["pos"])
+        seg[k, :row["len"]] = torch.cat(row["seg"]).long()
+    # position q scores the token at q + 1; a completion's first token is scored at its prompt's end
+    t_max = max(max(c_len), 1)
+    where = torch.zeros(n, t_max, dtype=torch.long)  # [N, T'] flat position (row * L + q)
+    valid = torch.arange(t_max)[None, :] < torch.tensor(c_len)[:, None]  # [N, T']
+    for i in range(n):
+        k, o, m = seq_row[i], seq_start[i], c_len[i]
+        if m:
+            where[i, 0] = k * width + len(rows[k]["prompt"]) - 1
+            where[i, 1:m] = k * width + torch.arange(o, o + m - 1)
+    keep = torch.zeros(r * width, dtype=torch.bool)
+    keep[where[valid]] = True
+    rank = keep.long().cumsum(0) - 1  # [R * L] index of each kept position among the K kept
+    tokens = torch.where(valid, completion_ids[:, :t_max], 0)  # [N, T']
+    dev = completion_ids.device
+    return {"input_ids": ids, "position_ids": pos.to(dev), "segments": seg.to(dev), "keep": keep.view(r, width).to(dev),
+            "index": torch.where(valid, rank[where], 0).to(dev), "tokens": tokens, "valid": valid.to(dev)}
+
+
+def packed_attention_mask(segments: Tensor, *, attn_implementation: str, dtype: torch.dtype) -> Tensor:
+    """The attention mask of packed rows (segments [R, L]): a [R, L] padding mask when no row holds
+    more than one completion; else [R, 1, L, L], query q seeing key k <= q of the prompt or of its
+    own completion (boolean for SDPA, additive for eager attention). Padding queries see the prompt,
+    so no row of the mask is empty."""
+    if int(segments.max()) <= 1:
+        return (segments >= 0).long()  # [R, L]
+    if attn_implementation not in SHARED_PREFIX_ATTENTION:
+        raise ValueError(f"shared-prefix training needs attention in {list(SHARED_PREFIX_ATTENTION)}; "
+                         f"the model uses {attn_implementation!r}")
+    q, k = segments[:, :, None], segments[:, None, :]  # [R, L, 1], [R, 1, L]
+    width = segments.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=segments.device).tril()  # [L, L]
+    allowed = (causal & ((k == 0) | (k == q)))[:, None]  # [R, 1, L, L]
+    if attn_implementation == "sdpa":
+        return allowed
+    return torch.zeros(allowed.shape, dtype=dtype, device=segments.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
+# attention implementations that take a custom 4D mask (flash-attention kernels take none)
+SHARED_PREFIX_ATTENTION = ("sdpa", "eager")
+
+
 def completion_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
                         completion_mask: Tensor, *, temperature: float, with_entropy: bool = False,
-                        autocast: bool = False) -> dict:
+                        autocast: bool = False, share_prompt: bool = False,
+                        attn_implementation: str = "sdpa") -> dict:
     """Run the model on prompt + completion and return {"logp": [N, T], "entropy": [N, T] or None}
-    for the completion tokens (zero beyond the trimmed length T' <= T, which the caller pads back).
+    for the completion tokens (zero beyond each completion's mask).
 
-    Positions follow the attention mask (left padding does not shift them), as during generation.
-    Only the last T + 1 positions go through the LM head (``logits_to_keep``). ``autocast`` runs the
+    Sequences are packed without padding work (``pack_sequences``); with ``share_prompt`` the G
+    completions of a group share one prompt pass. Positions continue from each prompt's real
+    tokens, as during generation. Only the positions that score a completion token go through the
+    LM head (``logits_to_keep``), and no full-vocabulary copy of them is made. ``autocast`` runs the
     transformer body in bf16 (see ``models.keep_head_fp32`` for the head).
     """
     n, t_full = completion_ids.shape
-    inp = model_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
-    comp = inp.pop("completion_ids")  # [N, T']
-    t = comp.shape[1]
-    with torch.autocast(comp.device.type, dtype=torch.bfloat16, enabled=autocast):
-        logits = model(**inp, use_cache=False, logits_to_keep=t + 1).logits  # [N, T' + 1, V]
-    out = token_logprobs_and_entropy(logits[:, :-1], comp, temperature=temperature)
-    logp = out["logp"]  # [N, T']
-    ent = out["entropy"] if with_entropy else out["entropy"].detach()
-    pad = t_full - t
+    pk = pack_sequences(prompt_ids, prompt_mask, completion_ids, completion_mask, share_prompt=share_prompt)
+    dtype = next(p for p in model.parameters()).dtype
+    attn = packed_attention_mask(pk["segments"], attn_implementation=attn_implementation,
+                                 dtype=torch.bfloat16 if autocast else dtype)
+    with torch.autocast(completion_ids.device.type, dtype=torch.bfloat16, enabled=autocast):
+        logits = model(input_ids=pk["input_ids"], attention_mask=attn, position_ids=pk["position_ids"],
+                       use_cache=False, logits_to_keep=pk["keep"]).logits  # [K, V]
+    out = indexed_logprobs_and_entropy(logits, pk["index"], pk["tokens"], temperature=temperature)
+    logp = out["logp"] * pk["valid"]  # [N, T']
+    ent = out["entropy"] * pk["valid"]  # [N, T']
+    if not with_entropy:
+        ent = ent.detach()
+    pad = t_full - logp.shape[1]
     if pad:
         logp = torch.nn.functional.pad(logp, (0, pad))  # [N, T]
         ent = torch.nn.functional.pad(ent, (0, pad))  # [N, T]

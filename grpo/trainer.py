@@ -31,7 +31,7 @@ from grpo.data import PromptSampler, load_task, render_prompt
 from grpo.evaluate import evaluate
 from grpo.logger import NullLogger, RunLogger
 from grpo.models import keep_head_fp32, load_models, native_bf16, reset_reference
-from grpo.policy import completion_logprobs
+from grpo.policy import SHARED_PREFIX_ATTENTION, completion_logprobs
 from grpo.rewards.runner import RewardRunner
 from grpo.rewards.steps import process_supervision, resolve_step_reward
 from grpo.rollout import Rollout, sample_rollout
@@ -103,6 +103,9 @@ class Trainer:
         self.sharded = world.distributed and cfg.distributed_strategy == "fsdp2"
         if self.sharded and self.models.reference is not None:
             dist_io.shard(self.models.reference)
+        attn = getattr(self.policy.config, "_attn_implementation", None)
+        self.share_prompt = cfg.shared_prefix and attn in SHARED_PREFIX_ATTENTION  # else one sequence per row
+        self.attn_implementation = attn or "sdpa"
         params = [p for p in self.policy.parameters() if p.requires_grad]  # LoRA: adapters only
         self.optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                            weight_decay=cfg.weight_decay)
@@ -215,15 +218,22 @@ class Trainer:
         return Batch(ro, est["advantages"], mask, old_logp, ref_logp, kl_in_loss=False, values=est["values"],
                      returns=est["returns"]), metrics
 
-    @torch.no_grad()
     def _logps(self, model, ro: Rollout) -> torch.Tensor:
+        """Log-probs [N, T] of the rollout under ``model`` (reference or old policy), in inference mode:
+        no activations kept, no autograd bookkeeping. Cloned outside it into a normal tensor, which
+        the loss may save for backward."""
         mb = self.cfg.per_device_train_batch_size
         parts = []
-        for idx in torch.arange(ro.completion_ids.shape[0]).split(mb):
-            parts.append(completion_logprobs(model, ro.prompt_ids[idx], ro.prompt_mask[idx],
-                                             ro.completion_ids[idx], ro.completion_mask[idx],
-                                             temperature=self.stability.temperature, autocast=self.amp)["logp"])
-        return torch.cat(parts)  # [N, T]
+        # FSDP2 reuses its all-gather buffers in training, which must not be inference tensors
+        with torch.no_grad() if self.sharded else torch.inference_mode():
+            for idx in torch.arange(ro.completion_ids.shape[0]).split(mb):
+                parts.append(completion_logprobs(model, ro.prompt_ids[idx], ro.prompt_mask[idx],
+                                                 ro.completion_ids[idx], ro.completion_mask[idx],
+                                                 temperature=self.stability.temperature, autocast=self.amp,
+                                                 share_prompt=self.share_prompt,
+                                                 attn_implementation=self.attn_implementation)["logp"])
+            logp = torch.cat(parts)  # [N, T]
+        return logp.clone()
 
     def _ref_logps(self, ro: Rollout) -> torch.Tensor:
         if self.models.reference is not None:
@@ -242,7 +252,8 @@ class Trainer:
         sums: dict[str, float] = {}
         tokens_seen = 0.0
         grad_norms = []
-        micro = torch.arange(n).split(cfg.per_device_train_batch_size)
+        rows = self._trained_rows(batch)  # [n'] the sequences that can have a gradient
+        micro = rows.split(cfg.per_device_train_batch_size) if len(rows) else ()  # none: a step of no gradient
         for _ in range(cfg.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             for i, idx in enumerate(micro):
@@ -266,14 +277,32 @@ class Trainer:
         keys = sorted(sums)
         summed = dist_io.all_sum(torch.tensor([sums[k] for k in keys] + [tokens_seen], dtype=torch.float64), world)
         sums, tokens_seen = dict(zip(keys, summed[:-1].tolist())), float(summed[-1])
-        sums["loss"] /= world.size
-        sums["policy_loss"] /= world.size
+        for key in ("loss", "policy_loss"):
+            if key in sums:
+                sums[key] /= world.size
         metrics = {k: v / max(tokens_seen, 1.0) for k, v in sums.items() if k not in ("loss", "policy_loss")}
-        metrics.update(loss=sums["loss"], policy_loss=sums["policy_loss"], grad_norm=grad_norms[-1],
+        metrics.update(loss=sums.get("loss", 0.0), policy_loss=sums.get("policy_loss", 0.0), grad_norm=grad_norms[-1],
+                       trained_sequence_share=len(rows) / max(n, 1),
                        skipped_updates=self.skipped_updates, learning_rate=self.scheduler.get_last_lr()[0])
         if self.critic is not None:
             metrics.update(critic_metrics)
         return metrics
+
+    def _trained_rows(self, batch: Batch) -> torch.Tensor:
+        """Indices of the sequences that go through forward and backward. With beta = 0, mu = 1 and no
+        entropy or covariance term, a sequence whose advantage is 0 on every counted token has no
+        gradient (its ratio is 1 and its surrogate 0), so it is left out; the loss's denominator
+        still counts it, so the loss is unchanged. Every process keeps all rows (DDP needs each to
+        run the same micro-batches); so does an entropy target, whose controller reads the entropy of
+        the whole batch."""
+        cfg, k = self.cfg, self.stability
+        n = batch.mask.shape[0]
+        if (not cfg.skip_zero_advantage or self.world.distributed or cfg.num_iterations > 1 or k.beta > 0
+                or k.entropy_coef > 0 or cfg.cov_mode is not None or self.critic is not None
+                or cfg.entropy_target_band is not None):
+            return torch.arange(n)
+        live = ((batch.advantages != 0) & (batch.mask > 0)).any(1)  # [N]
+        return live.nonzero().flatten().cpu()
 
     def _micro_loss(self, batch: Batch, idx: torch.Tensor, total) -> dict:
         """The objective on micro-batch rows ``idx``, through the (possibly wrapped) policy."""
@@ -281,7 +310,8 @@ class Trainer:
         cur = completion_logprobs(self.engine, ro.prompt_ids[idx], ro.prompt_mask[idx],
                                   ro.completion_ids[idx], ro.completion_mask[idx],
                                   temperature=k.temperature, with_entropy=k.entropy_coef > 0,
-                                  autocast=self.amp)
+                                  autocast=self.amp, share_prompt=self.share_prompt,
+                                  attn_implementation=self.attn_implementation)
         logp = cur["logp"]  # [n, T]
         old = batch.old_logp[idx] if batch.old_logp is not None else logp.detach()
         out = core.policy_loss(

@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from grpo.config import Config
 from grpo.core import AGGREGATIONS, ESTIMATORS
+from grpo.logger import NullLogger
 from grpo.trainer import Trainer
 
 
@@ -204,3 +205,64 @@ def test_ppo_shared_trunk_trains_head_and_body(tmp_path, tiny_model_dir, tiny_da
     assert not torch.equal(head_before, t.critic.head.weight)
     line = _lines(t.run_dir)[-1]
     assert math.isfinite(line["value_loss"]) and math.isfinite(line["explained_variance"])
+
+
+def _one_update(cfg, *, perturb_reference: bool = False) -> dict:
+    """Sample, score, prepare and update once; returns the update's metrics, the rewards [B, G] and the
+    summed gradient each parameter had at the optimizer step."""
+    t = Trainer(cfg)
+    t.logger = NullLogger()
+    if perturb_reference:  # a reference unlike the policy, so the KL term has a gradient at step 1
+        g = torch.Generator().manual_seed(7)
+        with torch.no_grad():
+            for p in t.models.reference.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+    grads = {}
+    step = t._optimizer_step
+
+    def capture():
+        grads.update({n: p.grad.clone() for n, p in t.policy.named_parameters() if p.grad is not None})
+        return step()
+
+    t._optimizer_step = capture
+    samples, ro = t.sample()
+    rewards, _ = t.score(samples, ro)
+    batch, _ = t.prepare(ro, rewards)
+    return {"metrics": t.update(batch), "rewards": rewards, "grads": grads}
+
+
+def _assert_same_grads(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys() and a
+    for name, g in a.items():
+        torch.testing.assert_close(b[name], g, atol=1e-5 * max(1.0, float(g.abs().max())), rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "token_mean"])
+def test_zero_advantage_sequences_skip_the_backward_with_the_same_update(tmp_path, tiny_model_dir, tiny_dataset,
+                                                                         aggregation):
+    """beta = 0, mu = 1: sequences whose advantage is 0 have no gradient, so leaving them out of the
+    forward and backward pass gives the same loss and the same gradient."""
+    kw = dict(eval_prompts=0, beta=0.0, rewards="tests.rewards_for_tests:has_digit", aggregation=aggregation, bf16=False,
+              prompts_per_step=4, per_device_train_batch_size=8)
+    full = _one_update(make_cfg(tmp_path / "a", tiny_model_dir, tiny_dataset, skip_zero_advantage=False, **kw))
+    skip = _one_update(make_cfg(tmp_path / "b", tiny_model_dir, tiny_dataset, skip_zero_advantage=True, **kw))
+    r = full["rewards"]
+    zero_groups = (r.std(1) == 0).sum().item()
+    assert 0 < zero_groups < r.shape[0], r  # the check needs both kinds of group
+    assert full["metrics"]["trained_sequence_share"] == 1 and skip["metrics"]["trained_sequence_share"] < 1
+    assert skip["metrics"]["loss"] == pytest.approx(full["metrics"]["loss"], abs=1e-6)
+    _assert_same_grads(full["grads"], skip["grads"])
+
+
+def test_shared_prefix_gives_the_same_update(tmp_path, tiny_model_dir, tiny_dataset):
+    """Shared-prefix training changes how the forwards are laid out, not what they compute: the same
+    batch gives the same loss, KL (against a reference unlike the policy) and gradient."""
+    kw = dict(eval_prompts=0, beta=0.1, per_device_train_batch_size=8, bf16=False)  # fp32: exact up to rounding
+    a = _one_update(make_cfg(tmp_path / "a", tiny_model_dir, tiny_dataset, shared_prefix=False, **kw),
+                    perturb_reference=True)
+    b = _one_update(make_cfg(tmp_path / "b", tiny_model_dir, tiny_dataset, shared_prefix=True, **kw),
+                    perturb_reference=True)
+    assert a["metrics"]["kl"] > 0.01
+    for key in ("loss", "kl", "entropy", "policy_loss"):
+        assert b["metrics"][key] == pytest.approx(a["metrics"][key], rel=1e-5, abs=1e-7), key
+    _assert_same_grads(a["grads"], b["grads"])

@@ -1,0 +1,109 @@
+"""Completion log-probs: packed rows without padding work, and shared-prefix training (the G
+completions of a group share one prompt pass) equal to the plain per-sequence computation, in value
+and in gradient, to 1e-5."""
+
+import pytest
+import torch
+
+from grpo.policy import completion_logprobs, pack_sequences
+from tests.conftest import build_tiny_model
+
+
+def _batch(seed: int = 0, groups=((3, 5), (6, 4), (2, 3)), vocab: int = 40, t: int = 7):
+    """Left-padded prompts [N, P] and right-padded completions [N, T]: group b has a prompt of
+    groups[b][0] tokens and groups[b][1] completions of varied lengths (one of them full length)."""
+    g = torch.Generator().manual_seed(seed)
+    p_max = max(p for p, _ in groups)
+    prompt_ids, prompt_mask, comp_ids, comp_mask = [], [], [], []
+    for p, n_comp in groups:
+        prompt = torch.randint(1, vocab, (p,), generator=g)
+        for j in range(n_comp):
+            prompt_ids.append(torch.cat([torch.zeros(p_max - p, dtype=torch.long), prompt]))
+            prompt_mask.append(torch.cat([torch.zeros(p_max - p), torch.ones(p)]).long())
+            length = t if j == 0 else int(torch.randint(1, t + 1, (1,), generator=g))
+            comp_ids.append(torch.where(torch.arange(t) < length, torch.randint(1, vocab, (t,), generator=g), 0))
+            comp_mask.append((torch.arange(t) < length).long())
+    return [torch.stack(x) for x in (prompt_ids, prompt_mask, comp_ids, comp_mask)]
+
+
+def _one_by_one(model, batch, temperature):
+    """Reference: each sequence alone, its real tokens only, through the plain model and log_softmax."""
+    prompt_ids, prompt_mask, comp_ids, comp_mask = batch
+    logps, ents = [], []
+    for i in range(len(prompt_ids)):
+        prompt = prompt_ids[i][prompt_mask[i].bool()]
+        m = int(comp_mask[i].sum())
+        ids = torch.cat([prompt, comp_ids[i, :m]])[None]  # [1, P + m]
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1] / temperature  # [m, V]
+        ls = torch.log_softmax(logits, -1)
+        lp = torch.zeros(comp_ids.shape[1])
+        ent = torch.zeros(comp_ids.shape[1])
+        lp[:m] = ls.gather(1, comp_ids[i, :m, None])[:, 0]
+        ent[:m] = -(ls.exp() * ls).sum(-1)
+        logps.append(lp)
+        ents.append(ent)
+    return torch.stack(logps), torch.stack(ents)
+
+
+def _grads(model, logp, ent, w1, w2):
+    model.zero_grad(set_to_none=True)
+    ((logp * w1).sum() + (ent * w2).sum()).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("share", [False, True])
+def test_packed_logprobs_and_gradients_equal_one_sequence_at_a_time(attn, share):
+    model = build_tiny_model(40, seed=1).double()  # float64: the check is of the layout, not of rounding
+    model.config._attn_implementation = attn
+    batch = _batch()
+    w1, w2 = torch.randn(2, *batch[2].shape, generator=torch.Generator().manual_seed(3)).double()
+    ref_lp, ref_ent = _one_by_one(model, batch, 0.7)
+    g_ref = _grads(model, ref_lp, ref_ent, w1, w2)
+    out = completion_logprobs(model, *batch, temperature=0.7, with_entropy=True, share_prompt=share,
+                              attn_implementation=attn)
+    torch.testing.assert_close(out["logp"], ref_lp.to(out["logp"].dtype), atol=1e-5, rtol=0)
+    torch.testing.assert_close(out["entropy"], ref_ent.to(out["entropy"].dtype), atol=1e-5, rtol=0)
+    g = _grads(model, out["logp"].double(), out["entropy"].double(), w1, w2)
+    for name, grad in g_ref.items():
+        torch.testing.assert_close(g[name], grad, atol=1e-5, rtol=0, msg=name)
+
+
+def test_shared_prefix_in_float32_matches_per_sequence_to_1e5():
+    """The setting the trainer runs: float32, SDPA, gradients of every parameter."""
+    model = build_tiny_model(40, seed=2)
+    batch = _batch(seed=4)
+    w = torch.randn(batch[2].shape, generator=torch.Generator().manual_seed(5))
+    plain = completion_logprobs(model, *batch, temperature=1.0, share_prompt=False)["logp"]
+    g_plain = _grads(model, plain, torch.zeros_like(plain), w, 0)
+    shared = completion_logprobs(model, *batch, temperature=1.0, share_prompt=True)["logp"]
+    g_shared = _grads(model, shared, torch.zeros_like(shared), w, 0)
+    torch.testing.assert_close(shared, plain, atol=1e-5, rtol=0)
+    for name in g_plain:
+        torch.testing.assert_close(g_shared[name], g_plain[name], atol=1e-5, rtol=0, msg=name)
+
+
+def test_shared_prefix_packs_each_group_into_one_row_of_real_tokens():
+    batch = _batch(groups=((3, 2), (2, 2)), t=4)
+    pk = pack_sequences(*batch, share_prompt=True)
+    lengths = batch[3].sum(1).tolist()
+    assert pk["input_ids"].shape[0] == 2  # one row per group
+    assert pk["input_ids"].shape[1] == max(3 + lengths[0] + lengths[1], 2 + lengths[2] + lengths[3])
+    # one kept position per scored token, except the prompt's end, shared by the group's completions
+    assert int(pk["keep"].sum()) == sum(lengths) - 2
+    assert pk["segments"][0, :3].tolist() == [0, 0, 0]
+    first = batch[2][0, :lengths[0]].tolist()
+    assert pk["input_ids"][0, 3:3 + lengths[0]].tolist() == first
+    # the second completion restarts its positions right after the prompt
+    assert pk["position_ids"][0, 3 + lengths[0]].item() == 3
+    unshared = pack_sequences(*batch, share_prompt=False)
+    assert unshared["input_ids"].shape[0] == 4 and int(unshared["keep"].sum()) == sum(lengths)
+
+
+def test_flash_attention_is_refused_for_shared_prefix():
+    from grpo.policy import packed_attention_mask
+
+    seg = torch.tensor([[0, 0, 1, 1, 2, -1]])
+    with pytest.raises(ValueError, match="flash_attention_2"):
+        packed_attention_mask(seg, attn_implementation="flash_attention_2", dtype=torch.float32)
+    assert packed_attention_mask(seg[:, :4], attn_implementation="flash_attention_2", dtype=torch.float32).dim() == 2
