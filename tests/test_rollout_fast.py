@@ -75,15 +75,21 @@ def test_fast_refuses_what_it_cannot_run(tiny):
         fast_rollout(model, tok, PROMPTS, group_size=2, max_new_tokens=4, synced=True)
 
 
-def test_fast_prefills_each_prompt_once_and_drops_ended_rows(tiny):
-    """The forward batch sizes, read by a hook on the real model: the prefill sees B = 2 prompts (not
-    N = 8 rows), the first decode step all 8 rows, and later steps only the rows still going, so the
-    batch never grows and ends as small as the number of rows of maximal length."""
+def test_fast_prefills_each_prompt_once_and_drops_ended_rows(tiny, monkeypatch):
+    """The forward batch sizes, read by a hook on the real model's decoder (the prefill) and on the
+    fused decode step: the prefill sees B = 2 prompts (not N = 8 rows), the first decode step all 8
+    rows, and later steps only the rows still going, so the batch never grows and ends as small as
+    the number of rows of maximal length."""
+    from grpo.rollout.fused import FusedDecoder
+
     model, tok = tiny
     model = _eos_biased(model, tok, 1.0)
     sizes = []
     handle = model.get_decoder().register_forward_pre_hook(lambda mod, args, kwargs: sizes.append(kwargs["input_ids"].shape),
                                              with_kwargs=True)
+    step = FusedDecoder.step
+    monkeypatch.setattr(FusedDecoder, "step", lambda self, tokens, *a: sizes.append(tokens[:, None].shape)
+                        or step(self, tokens, *a))
     try:
         ro = fast_rollout(model, tok, PROMPTS[:2], group_size=4, max_new_tokens=12, temperature=0.7, top_k=5,
                           keys=row_keys(3, 5, 0, 8))

@@ -24,6 +24,7 @@ import torch
 from grpo.core import token_logprobs
 from grpo.rollout.base import Rollout, finish_rollout
 from grpo.rollout.hf import KeyedSampler, eos_token_ids
+from grpo.rollout.fused import FusedDecoder, fused_unsupported_reason
 from grpo.rollout.kernels import head_chunks, packed_linears
 
 # Architectures whose forward and DynamicCache the loop below has been checked against.
@@ -121,11 +122,15 @@ def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_n
     was_training = model.training
     model.eval()
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a LoRA wrapper
+    # Llama-family models step through FusedDecoder (fused.py; it packs its own weights): only the
+    # output layer is packed here. Others step HF's decoder with every linear packed.
+    fused = fused_unsupported_reason(base, ids.shape[1] + max_new_tokens) is None
     try:
-        with packed_linears(base, enabled=onednn) as packed:
+        with packed_linears(base, enabled=onednn, only=[base.get_output_embeddings()] if fused else None) as packed:
             out = _decode(base, ids, pmask, g=g, max_new_tokens=max_new_tokens, eos=eos, sampler=sampler, keys=keys,
                           with_logprobs=with_logprobs and not greedy, temperature=temperature,
-                          pad_id=tokenizer.pad_token_id, head_packed=base.get_output_embeddings() in packed)
+                          pad_id=tokenizer.pad_token_id, head_packed=base.get_output_embeddings() in packed,
+                          fused=FusedDecoder(base, packed=onednn) if fused else None)
     finally:
         model.train(was_training)
     return finish_rollout(tokenizer, ids.repeat_interleave(g, 0), pmask.repeat_interleave(g, 0), out["ids"], eos,
@@ -134,7 +139,7 @@ def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_n
 
 def _decode(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new_tokens: int, eos: list[int],
             sampler: KeyedSampler | None, keys: list[int] | None, with_logprobs: bool, temperature: float,
-            pad_id: int | None, head_packed: bool = False) -> dict:
+            pad_id: int | None, head_packed: bool = False, fused: FusedDecoder | None = None) -> dict:
     """Prefill the B prompts once, share each cache with its G rows, decode until every row ended.
 
     ids, pmask: [B, P] left-padded. Returns {"ids": [N, T] (pad after a row ended), "logp": [N, T] or
@@ -176,8 +181,11 @@ def _decode(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new_to
             live_keys = [live_keys[i] for i in keep.tolist()] if live_keys is not None else None
         if attn is not None:
             attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], 1)  # [n, P + t]
-        out = decoder(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos, cache=cache,
-                      use_cache=True)
-        scores = _logits(model, chunks, out.last_hidden_state)  # [n, V]
+        if fused is not None:
+            hidden = fused.step(tok, next_pos, cache, attn)[:, None]  # [n, 1, H]
+        else:
+            hidden = decoder(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos, cache=cache,
+                             use_cache=True).last_hidden_state  # [n, 1, H]
+        scores = _logits(model, chunks, hidden)  # [n, V]
         next_pos = next_pos + 1
     return {"ids": tokens[:, :t], "logp": logps[:, :t] if logps is not None else None}

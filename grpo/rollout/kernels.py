@@ -24,13 +24,14 @@ def onednn_available() -> bool:
 
 
 @contextmanager
-def packed_linears(model, *, enabled: bool = True):
-    """Within the block, every plain fp32 CPU ``nn.Linear`` of ``model`` runs oneDNN's inner product
-    on a weight reordered once on entry (inference only: no autograd through it). Yields the set of
-    patched modules; on exit their own forward is back and the packed copies are freed."""
+def packed_linears(model, *, enabled: bool = True, only=None):
+    """Within the block, every plain fp32 CPU ``nn.Linear`` of ``model`` (or of the modules ``only``)
+    runs oneDNN's inner product on a weight reordered once on entry (inference only: no autograd
+    through it). Yields the set of patched modules; on exit their own forward is back and the packed
+    copies are freed."""
     patched = {}  # module -> the forward it had as an instance attribute (a wrapper such as keep_head_fp32's), or None
     if enabled and onednn_available():
-        for mod in model.modules():
+        for mod in (model.modules() if only is None else only):
             w = mod.weight if type(mod) is torch.nn.Linear else None
             if w is None or w.dtype != torch.float32 or w.device.type != "cpu":
                 continue
