@@ -342,6 +342,9 @@ class Trainer:
         else:
             self.consecutive_skips = 0
             self.optimizer.step()
+            # free the gradients now, not at the next update: the next rollout (with its packed
+            # decode weights) does not hold a model-sized gradient beside it
+            self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return norm
 

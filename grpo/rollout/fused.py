@@ -6,7 +6,7 @@ I intermediate size, L positions in the cache, V vocabulary.
 Why: a decode step of HF's decoder at batch 8 runs ~60 small ops per layer, each paying dispatch
 overhead, and five separate matrix products per layer. Here each layer is one product for q, k and v
 together, one for gate and up together, one each for o and down (all on weights packed once per
-rollout for oneDNN's inner product, see kernels.py), one fused RMSNorm kernel per norm, the rotary
+rollout for oneDNN's inner product, see kernels.py; the RMSNorm weights folded into them), the rotary
 embedding, two cache writes and one SDPA call. The arithmetic is HF's: the same products, norms,
 rotary angles (from the model's own ``rotary_emb``) and attention, equal to fp32 rounding.
 
@@ -59,9 +59,12 @@ class _Linear:
         return F.linear(x, self.weight, self.bias)
 
 
-def _fuse(*mods, packed: bool) -> _Linear:
-    """One product for several projections of the same input: their weights stacked by rows."""
+def _fuse(*mods, packed: bool, scale: torch.Tensor | None = None) -> _Linear:
+    """One product for several projections of the same input: their weights stacked by rows, each
+    column times ``scale`` [in] (the RMSNorm weight before them: W (w * x) = (W diag w) x)."""
     weight = torch.cat([m.weight.detach() for m in mods])  # [sum out, in]
+    if scale is not None:
+        weight = weight * scale.detach()[None, :]
     if all(m.bias is None for m in mods):
         bias = None
     else:
@@ -83,23 +86,35 @@ class FusedDecoder:
         self.layers = []
         for layer in dec.layers:
             a, m = layer.self_attn, layer.mlp
-            self.layers.append({
-                "norm1": (layer.input_layernorm.weight.detach(), layer.input_layernorm.variance_epsilon),
-                "qkv": _fuse(a.q_proj, a.k_proj, a.v_proj, packed=packed), "o": _fuse(a.o_proj, packed=packed),
-                "scale": a.scaling,
-                "norm2": (layer.post_attention_layernorm.weight.detach(),
-                          layer.post_attention_layernorm.variance_epsilon),
-                "gate_up": _fuse(m.gate_proj, m.up_proj, packed=packed), "down": _fuse(m.down_proj, packed=packed)})
+            n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
+            self.layers.append({  # the RMSNorm weights are folded into the products that follow them
+                "eps1": n1.variance_epsilon, "qkv": _fuse(a.q_proj, a.k_proj, a.v_proj, packed=packed, scale=n1.weight),
+                "o": _fuse(a.o_proj, packed=packed), "scale": a.scaling, "eps2": n2.variance_epsilon,
+                "gate_up": _fuse(m.gate_proj, m.up_proj, packed=packed, scale=n2.weight),
+                "down": _fuse(m.down_proj, packed=packed)})
         self.norm = (dec.norm.weight.detach(), dec.norm.variance_epsilon)
 
     @staticmethod
-    def _rms(x: torch.Tensor, norm) -> torch.Tensor:  # [n, H]: LlamaRMSNorm in one kernel
-        return F.rms_norm(x, (x.shape[-1],), norm[0], norm[1])
+    def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+        """LlamaRMSNorm of x [n, H] without its weight (folded into the next product)."""
+        return x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt_()
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """HF's apply_rotary_pos_emb on x [n, h, 1, D] with cos, sin [n, 1, 1, D]."""
+        """HF's apply_rotary_pos_emb on queries and keys together, x [n, Hq + Hk, D], cos, sin [n, 1, D]."""
         half = self.d // 2
-        return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+        return torch.cat((-x[..., half:], x[..., :half]), -1).mul_(sin).addcmul_(x, cos)
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, masked: torch.Tensor | None,
+                scale: float) -> torch.Tensor:
+        """Attention of one query per row, q [n, Hq, 1, D], over keys, values [n, Hk, L, D]: query head
+        j * G + i reads key-value head j (HF's repeat_kv order), written as two batched products
+        (SDPA's CPU kernel costs ~3x more for a single query). Returns [n, Hq * D]."""
+        n, hq, _, d = q.shape
+        qg = q.view(n, self.hk, hq // self.hk, d)  # [n, Hk, G, D]
+        s = torch.matmul(qg, keys.transpose(-1, -2)).mul_(scale)  # [n, Hk, G, L]
+        if masked is not None:
+            s.masked_fill_(masked, float("-inf"))
+        return torch.matmul(torch.softmax(s, -1), values).view(n, hq * d)  # [n, Hq * D]
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor | None) -> torch.Tensor:
@@ -109,17 +124,14 @@ class FusedDecoder:
         n, hq, hk, d = tokens.shape[0], self.hq, self.hk, self.d
         h = self.embed[tokens]  # [n, H]
         cos, sin = self.rotary(h[:, None], positions)  # [n, 1, D]
-        cos, sin = cos[:, None], sin[:, None]  # [n, 1, 1, D]
-        attn_mask = mask.bool()[:, None, None, :] if mask is not None else None  # [n, 1, 1, L + 1]
+        attn_mask = mask[:, None, None, :] == 0 if mask is not None else None  # [n, 1, 1, L + 1] True = masked
         for w, layer in zip(self.layers, cache.layers):
-            qkv = w["qkv"](self._rms(h, w["norm1"]))  # [n, (Hq + 2 Hk) D]
-            q = self._rope(qkv[:, :hq * d].view(n, hq, 1, d), cos, sin)  # [n, Hq, 1, D]
-            k = self._rope(qkv[:, hq * d:(hq + hk) * d].view(n, hk, 1, d), cos, sin)  # [n, Hk, 1, D]
+            qkv = w["qkv"](self._rms(h, w["eps1"]))  # [n, (Hq + 2 Hk) D]
+            qk = self._rope(qkv[:, :(hq + hk) * d].view(n, hq + hk, d), cos, sin)  # [n, Hq + Hk, D]
+            q, k = qk[:, :hq, None], qk[:, hq:, None]  # [n, Hq, 1, D], [n, Hk, 1, D]
             v = qkv[:, (hq + hk) * d:].view(n, hk, 1, d)  # [n, Hk, 1, D]
             keys, values = layer.update(k, v)  # [n, Hk, L + 1, D]
-            att = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask, scale=w["scale"],
-                                                 enable_gqa=hq != hk)  # [n, Hq, 1, D]
-            h = h + w["o"](att.reshape(n, hq * d))  # [n, H]
-            gu = w["gate_up"](self._rms(h, w["norm2"]))  # [n, 2 I]
-            h = h + w["down"](F.silu(gu[:, :self.inter]) * gu[:, self.inter:])  # [n, H]
-        return self._rms(h, self.norm)  # [n, H]
+            h = h + w["o"](self._attend(q, keys, values, attn_mask, w["scale"]))  # [n, H]
+            gu = w["gate_up"](self._rms(h, w["eps2"]))  # [n, 2 I]
+            h = h + w["down"](F.silu(gu[:, :self.inter]).mul_(gu[:, self.inter:]))  # [n, H]
+        return self._rms(h, self.norm[1]) * self.norm[0]  # [n, H]
