@@ -195,6 +195,8 @@ class Config:
     """Gradient clipping by global norm (0 = off)."""
     per_device_train_batch_size: int = 8
     """Completions per forward/backward micro-batch; B * G must be a multiple of it."""
+    max_tokens_per_forward: int = 1024
+    """Token budget of one forward/backward pass (as verl's max token length per GPU): a micro-batch runs in as many passes as its packed tokens (prompt once per group with shared_prefix) need, one or more groups or part of a group each; the gradient is the same, peak activation memory is bounded by the budget, and no pass pads one group's row to another's length. 0 = one pass per micro-batch. Off under FSDP2 (every process must run the same passes)."""
     shared_prefix: bool = True
     """Shared-prefix training (Prefix Grouper, 2025): the completions of a group in one micro-batch share one prompt pass in the policy, reference and old-policy forwards, every completion attending to it and sending its gradient into it; exact, and on short completions it removes most of the tokens processed. Needs sdpa or eager attention (else each sequence runs alone)."""
     skip_zero_advantage: bool = True
@@ -299,7 +301,7 @@ def _validate(c: Config) -> None:
             raise ConfigError(f"{key}: must be >= 1, got {getattr(c, key)}")
     non_negative = ["vf_coef", "reward_timeout", "max_steps", "warmup_steps", "save_steps", "ref_reset_steps", "eval_prompts", "beta",
                     "learning_rate", "weight_decay", "max_grad_norm", "eval_pass_k", "eval_pass_prompts",
-                    "log_completions_steps", "num_threads", "save_total_limit", "max_consecutive_skips", "top_k", "std_eps", "entropy_coef",
+                    "log_completions_steps", "num_threads", "max_tokens_per_forward", "save_total_limit", "max_consecutive_skips", "top_k", "std_eps", "entropy_coef",
                     "arithmetic_max_operand", "lora_dropout"]
     for key in non_negative:
         if getattr(c, key) < 0:

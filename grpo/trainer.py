@@ -226,7 +226,7 @@ class Trainer:
         parts = []
         # FSDP2 reuses its all-gather buffers in training, which must not be inference tensors
         with torch.no_grad() if self.sharded else torch.inference_mode():
-            for idx in torch.arange(ro.completion_ids.shape[0]).split(mb):
+            for idx in (p for rows in torch.arange(ro.completion_ids.shape[0]).split(mb) for p in self._passes(ro, rows)):
                 parts.append(completion_logprobs(model, ro.prompt_ids[idx], ro.prompt_mask[idx],
                                                  ro.completion_ids[idx], ro.completion_mask[idx],
                                                  temperature=self.stability.temperature, autocast=self.amp,
@@ -253,11 +253,12 @@ class Trainer:
         tokens_seen = 0.0
         grad_norms = []
         rows = self._trained_rows(batch)  # [n'] the sequences that can have a gradient
-        micro = rows.split(cfg.per_device_train_batch_size) if len(rows) else ()  # none: a step of no gradient
+        micro = rows.split(cfg.per_device_train_batch_size)
         for _ in range(cfg.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
-            for i, idx in enumerate(micro):
-                with dist_io.grad_sync(self.engine, world, enabled=i == len(micro) - 1):
+            passes = [p for rows_mb in micro for p in self._passes(ro, rows_mb)]
+            for i, idx in enumerate(passes):
+                with dist_io.grad_sync(self.engine, world, enabled=i == len(passes) - 1):
                     out = self._micro_loss(batch, idx, total)
                     out["loss"].backward()
                 w = float(batch.mask[idx].sum())  # token weight of this micro-batch's means
@@ -288,13 +289,34 @@ class Trainer:
             metrics.update(critic_metrics)
         return metrics
 
+    def _passes(self, ro: Rollout, rows: torch.Tensor) -> list[torch.Tensor]:
+        """Rows of one micro-batch cut into forward passes of at most ``max_tokens_per_forward``
+        packed tokens each (a prompt counts once per pass for its group's rows with shared_prefix),
+        in order; a sequence longer than the budget gets a pass of its own."""
+        budget, g = self.cfg.max_tokens_per_forward, self.cfg.num_generations
+        if not budget or self.sharded or len(rows) <= 1:
+            return [rows]
+        p_len = ro.prompt_mask[rows].sum(1).tolist()
+        c_len = ro.completion_mask[rows].sum(1).tolist()
+        passes, cur, cost = [], [], 0
+        for k, row in enumerate(rows.tolist()):
+            add = c_len[k] + (0 if self.share_prompt and cur and cur[-1] // g == row // g else p_len[k])
+            if cur and cost + add > budget:
+                passes.append(cur)
+                cur, cost, add = [], 0, c_len[k] + p_len[k]
+            cur.append(row)
+            cost += add
+        passes.append(cur)
+        return [torch.tensor(p, dtype=rows.dtype) for p in passes]
+
     def _trained_rows(self, batch: Batch) -> torch.Tensor:
         """Indices of the sequences that go through forward and backward. With beta = 0, mu = 1 and no
         entropy or covariance term, a sequence whose advantage is 0 on every counted token has no
         gradient (its ratio is 1 and its surrogate 0), so it is left out; the loss's denominator
         still counts it, so the loss is unchanged. Every process keeps all rows (DDP needs each to
         run the same micro-batches); so does an entropy target, whose controller reads the entropy of
-        the whole batch."""
+        the whole batch. When no sequence has an advantage, the first group is kept so that the step
+        still logs its entropy, ratio and clip metrics."""
         cfg, k = self.cfg, self.stability
         n = batch.mask.shape[0]
         if (not cfg.skip_zero_advantage or self.world.distributed or cfg.num_iterations > 1 or k.beta > 0
@@ -302,6 +324,8 @@ class Trainer:
                 or cfg.entropy_target_band is not None):
             return torch.arange(n)
         live = ((batch.advantages != 0) & (batch.mask > 0)).any(1)  # [N]
+        if not live.any():  # keep one group, so the step still logs entropy, ratio and clip metrics
+            live[:cfg.num_generations] = True
         return live.nonzero().flatten().cpu()
 
     def _micro_loss(self, batch: Batch, idx: torch.Tensor, total) -> dict:

@@ -266,3 +266,23 @@ def test_shared_prefix_gives_the_same_update(tmp_path, tiny_model_dir, tiny_data
     for key in ("loss", "kl", "entropy", "policy_loss"):
         assert b["metrics"][key] == pytest.approx(a["metrics"][key], rel=1e-5, abs=1e-7), key
     _assert_same_grads(a["grads"], b["grads"])
+
+
+def test_token_budget_splits_passes_with_the_same_update(tmp_path, tiny_model_dir, tiny_dataset, monkeypatch):
+    """max_tokens_per_forward cuts a micro-batch into several forward/backward passes (here groups are
+    split, each part with its own copy of the prompt): the loss and the gradient stay the same."""
+    kw = dict(eval_prompts=0, beta=0.1, per_device_train_batch_size=8, bf16=False, max_completion_length=8)
+    calls = []
+    own = Trainer._micro_loss
+    monkeypatch.setattr(Trainer, "_micro_loss", lambda self, batch, idx, total: calls.append(len(idx))
+                        or own(self, batch, idx, total))
+    one = _one_update(make_cfg(tmp_path / "a", tiny_model_dir, tiny_dataset, max_tokens_per_forward=0, **kw),
+                      perturb_reference=True)
+    assert calls == [8]  # one pass per micro-batch of 8 rows (2 prompts x 4)
+    calls.clear()
+    cut = _one_update(make_cfg(tmp_path / "b", tiny_model_dir, tiny_dataset, max_tokens_per_forward=40, **kw),
+                      perturb_reference=True)
+    assert len(calls) > 2 and sum(calls) == 8, calls  # more passes than groups: groups were split
+    for key in ("loss", "kl", "entropy"):
+        assert cut["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5, abs=1e-7), key
+    _assert_same_grads(one["grads"], cut["grads"])
