@@ -1,12 +1,15 @@
 """grpo against TRL's GRPOTrainer on the same work: same model, task, seed and settings.
 
-Each trainer runs in its own subprocess (so their peak RSS is measured apart), one after the other:
+Each trainer runs in its own subprocess (so their peak RSS is measured apart), one after the other,
+on the same prompts in the same order (grpo's seeded draw, given to TRL unshuffled):
 B prompts x G completions of up to T new tokens, temperature 0.8, beta 0.04 (k3), TRL's loss_type
 "grpo" = our seq_mean_token_mean, AdamW at the same learning rate, constant schedule, fp32, no bf16
 autocast, no gradient checkpointing, one optimisation pass per batch (mu = 1). The first
 ``--warmup`` steps are excluded. Prints: seconds per step (median), generation seconds per step,
 generated tokens/s, peak RSS, the ratio grpo/TRL of each, and the mean reward of both over the
-measured steps. The last line is the step-time ratio.
+measured steps. grpo runs with its defaults otherwise (shared-prefix training, forward passes of at
+most max_tokens_per_forward = 1024 tokens, the fast decoding backend); both take one optimizer step
+per B x G completions with per_device_train_batch_size = B x G. The last line is the step-time ratio.
 
 Installs nothing: `make bench` installs the `bench` extra (trl) first. Heavy: run it on a quiet machine.
 
@@ -33,10 +36,17 @@ def _rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is KiB on Linux
 
 
-def _task(seed: int):
-    from grpo.data.tasks import load_task
+def _drawn_samples(a) -> list[dict]:
+    """The samples grpo's trainer draws for every step, in its order (its PromptSampler, same seed and
+    task settings): TRL is given exactly these, unshuffled, so both train on the same prompts."""
+    from grpo.config import Config
+    from grpo.data import PromptSampler, load_task
 
-    return load_task("arithmetic", eval_size=0)
+    cfg = Config(task="arithmetic", eval_prompts=0, seed=a.seed)
+    task = load_task(cfg.task, eval_size=cfg.eval_prompts, max_operand=cfg.arithmetic_max_operand,
+                     ops=cfg.arithmetic_ops)
+    draw = PromptSampler(len(task.train), seed=cfg.seed).next(a.prompts * (a.warmup + a.steps))
+    return [task.train[i] for i in draw]
 
 
 def run_grpo(a, out: Path) -> dict:
@@ -68,8 +78,8 @@ def run_trl(a, out: Path) -> dict:
 
     path = resolve_model_path(a.model)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    rows = [{"prompt": [{"role": "user", "content": s["prompt"]}], "answer": s["answer"]} for s in _task(a.seed).train]
-    rec = {"step": [], "gen": [], "tokens": [], "reward": []}
+    rows = [{"prompt": [{"role": "user", "content": s["prompt"]}], "answer": s["answer"]} for s in _drawn_samples(a)]
+    rec = {"step": [], "gen": [], "tokens": [], "reward": [], "answers": []}
     generate = model.generate
 
     def timed_generate(*args, **kwargs):  # TRL's generation time: every call of the policy's generate
@@ -81,6 +91,7 @@ def run_trl(a, out: Path) -> dict:
     model.generate = timed_generate
 
     def reward(prompts, completions, answer, **kw):
+        rec["answers"].extend(answer[::a.group])  # one per prompt: checked against grpo's draw below
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         scores = [float(numeric_reward(t, {"answer": x})) for t, x in zip(texts, answer)]
         rec["reward"].append(statistics.mean(scores))
@@ -98,14 +109,16 @@ def run_trl(a, out: Path) -> dict:
                       num_generations=a.group, max_completion_length=a.tokens, loss_type="grpo",
                       max_steps=a.warmup + a.steps, lr_scheduler_type="constant", optim="adamw_torch",
                       gradient_checkpointing=False, bf16=False, use_cpu=True, seed=a.seed, logging_steps=1,
-                      report_to="none", save_strategy="no", num_iterations=1, top_p=1.0, top_k=0, **SETTINGS)
+                      report_to="none", save_strategy="no", num_iterations=1, top_p=1.0, top_k=0,
+                      shuffle_dataset=False, **SETTINGS)
     tok = load_tokenizer(path)
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(rows),
                           processing_class=tok, callbacks=[Clock()])
     trainer.train()
     n = a.warmup
     lengths = [x["completions/mean_length"] for x in trainer.state.log_history if "completions/mean_length" in x]
-    return {"step": rec["step"][n:], "gen": rec["gen"][n:], "reward": rec["reward"][n:],
+    same = rec["answers"] == [r["answer"] for r in rows][:len(rec["answers"])] and len(rec["answers"]) == len(rows)
+    return {"same_prompts": same, "step": rec["step"][n:], "gen": rec["gen"][n:], "reward": rec["reward"][n:],
             "tokens": [x * a.prompts * a.group for x in lengths][n:], "backend": "trl"}
 
 
@@ -128,6 +141,7 @@ def table(trl: dict, ours: dict) -> list[str]:
     lines += [f"| {name} | {t:.3f} | {o:.3f} | {o / t:.2f} |" for name, t, o in rows]
     lines.append(f"mean reward over the measured steps: TRL {statistics.mean(trl['reward']):.3f}, "
                  f"grpo {statistics.mean(ours['reward']):.3f}")
+    lines.append(f"TRL trained on grpo's prompts, in grpo's order: {trl['same_prompts']}")
     lines.append(f"step-time ratio grpo/TRL: {med(ours['step']) / med(trl['step']):.3f}")
     return lines
 
