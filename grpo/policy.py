@@ -88,8 +88,8 @@ def pack_sequences(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tens
     keep = torch.zeros(r * width, dtype=torch.bool)
     keep[where[valid]] = True
     rank = keep.long().cumsum(0) - 1  # [R * L] index of each kept position among the K kept
-    tokens = torch.where(valid, completion_ids[:, :t_max], 0)  # [N, T']
-    dev = completion_ids.device
+    dev = completion_ids.device  # the layout is built on the CPU, the tensors the model reads move to dev
+    tokens = torch.where(valid.to(dev), completion_ids[:, :t_max], 0)  # [N, T']
     return {"input_ids": ids, "position_ids": pos.to(dev), "segments": seg.to(dev), "keep": keep.view(r, width).to(dev),
             "index": torch.where(valid, rank[where], 0).to(dev), "tokens": tokens, "valid": valid.to(dev)}
 
