@@ -79,7 +79,7 @@ def run_trl(a, out: Path) -> dict:
     path = resolve_model_path(a.model)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     rows = [{"prompt": [{"role": "user", "content": s["prompt"]}], "answer": s["answer"]} for s in _drawn_samples(a)]
-    rec = {"step": [], "gen": [], "tokens": [], "reward": [], "answers": []}
+    rec = {"step": [], "gen": [], "tokens": [], "reward": [], "prompts": []}
     generate = model.generate
 
     def timed_generate(*args, **kwargs):  # TRL's generation time: every call of the policy's generate
@@ -91,7 +91,8 @@ def run_trl(a, out: Path) -> dict:
     model.generate = timed_generate
 
     def reward(prompts, completions, answer, **kw):
-        rec["answers"].extend(answer[::a.group])  # one per prompt: checked against grpo's draw below
+        # one per prompt: checked against grpo's draw below
+        rec["prompts"].extend(p[-1]["content"] if isinstance(p, list) else p for p in prompts[::a.group])
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         scores = [float(numeric_reward(t, {"answer": x})) for t, x in zip(texts, answer)]
         rec["reward"].append(statistics.mean(scores))
@@ -117,7 +118,7 @@ def run_trl(a, out: Path) -> dict:
     trainer.train()
     n = a.warmup
     lengths = [x["completions/mean_length"] for x in trainer.state.log_history if "completions/mean_length" in x]
-    same = rec["answers"] == [r["answer"] for r in rows][:len(rec["answers"])] and len(rec["answers"]) == len(rows)
+    same = rec["prompts"] == [r["prompt"][-1]["content"] for r in rows]
     return {"same_prompts": same, "step": rec["step"][n:], "gen": rec["gen"][n:], "reward": rec["reward"][n:],
             "tokens": [x * a.prompts * a.group for x in lengths][n:], "backend": "trl"}
 

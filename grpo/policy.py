@@ -36,37 +36,45 @@ def model_inputs(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor
 
 
 def pack_sequences(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, completion_mask: Tensor, *,
-                   share_prompt: bool) -> dict[str, Tensor]:
+                   share_prompt: bool, max_row_tokens: int = 0) -> dict:
     """Lay N (prompt, completion) pairs out as R packed rows of real tokens only, right-padded to L.
 
     With ``share_prompt``, consecutive sequences with the same prompt (the G completions of a group)
     share one row: [prompt, c_1, c_2, ...], each completion attending to the one prompt pass and to
     itself (shared-prefix training, Prefix Grouper 2025), so the prompt is computed once and every
-    completion's gradient flows into it. Without it each sequence is its own row [prompt, c].
-    ``completion_mask`` is a prefix mask (tokens up to and including EOS).
+    completion's gradient flows into it; a row that would pass ``max_row_tokens`` (0 = no limit)
+    starts again with the prompt, which bounds attention's quadratic cost. Without sharing each
+    sequence is its own row [prompt, c]. ``completion_mask`` must be a 0/1 prefix mask (tokens up to
+    and including EOS); every prompt must have a token.
 
     Returns input_ids, position_ids, segments [R, L] (0 prompt, j for the row's j-th completion,
-    -1 padding); keep [R, L] (bool: the positions whose next-token logits are needed, K in all);
-    index [N, T'] (the kept position, in row-major order of ``keep``, that scores each completion
-    token), tokens [N, T'] and valid [N, T'] (bool), T' the longest completion.
+    -1 padding); logits_to_keep (int: the model's logits are needed for the last L - first columns
+    only); index [N, T'] (the row of those logits, flattened to [R * (L - first), V], that scores
+    each completion token), tokens [N, T'] and valid [N, T'] (bool), T' the longest completion.
     """
-    n = prompt_ids.shape[0]
-    c_len = completion_mask.sum(1).tolist()  # [N]
+    n, dev = prompt_ids.shape[0], completion_ids.device
+    c_len = completion_mask.long().sum(1)  # [N]
+    if not torch.equal(completion_mask.bool(), torch.arange(completion_mask.shape[1], device=dev) < c_len[:, None]):
+        raise ValueError("completion_mask: must be 1 up to the completion's end and 0 after it")
+    if bool((prompt_mask.sum(1) == 0).any()):
+        raise ValueError("prompt_mask: every sequence needs at least one prompt token")
+    c_len = c_len.tolist()
     rows: list[dict] = []
     seq_row, seq_start = [], []  # each sequence's row and the offset of its first completion token
     for i in range(n):
         prompt = prompt_ids[i][prompt_mask[i].bool()]  # [P_i]
-        if not (share_prompt and rows and torch.equal(rows[-1]["prompt"], prompt)):
-            p = len(prompt)
-            rows.append({"prompt": prompt, "ids": [prompt], "pos": [torch.arange(p)], "seg": [torch.zeros(p)],
-                         "len": p})
-        row = rows[-1]
+        row = rows[-1] if rows else None
+        if not (share_prompt and row is not None and torch.equal(row["prompt"], prompt)
+                and not (max_row_tokens and row["len"] + c_len[i] > max_row_tokens)):
+            row = {"prompt": prompt, "ids": [prompt], "pos": [torch.arange(len(prompt))],
+                   "seg": [torch.zeros(len(prompt), dtype=torch.long)], "len": len(prompt)}
+            rows.append(row)
         p, c = len(row["prompt"]), completion_ids[i, :c_len[i]]  # [L_i]
         seq_row.append(len(rows) - 1)
         seq_start.append(row["len"])
         row["ids"].append(c)
         row["pos"].append(torch.arange(p, p + len(c)))
-        row["seg"].append(torch.full((len(c),), float(len(row["ids"]) - 1)))
+        row["seg"].append(torch.full((len(c),), len(row["ids"]) - 1, dtype=torch.long))
         row["len"] += len(c)
     r, width = len(rows), max(row["len"] for row in rows)
     ids = completion_ids.new_zeros(r, width)  # [R, L]
@@ -75,23 +83,21 @@ def pack_sequences(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tens
     for k, row in enumerate(rows):
         ids[k, :row["len"]] = torch.cat(row["ids"])
         pos[k, :row["len"]] = torch.cat(row["pos"])
-        seg[k, :row["len"]] = torch.cat(row["seg"]).long()
-    # position q scores the token at q + 1; a completion's first token is scored at its prompt's end
+        seg[k, :row["len"]] = torch.cat(row["seg"])
+    # column q scores the token at q + 1; a completion's first token is scored at its prompt's end
     t_max = max(max(c_len), 1)
-    where = torch.zeros(n, t_max, dtype=torch.long)  # [N, T'] flat position (row * L + q)
-    valid = torch.arange(t_max)[None, :] < torch.tensor(c_len)[:, None]  # [N, T']
+    row_of = torch.tensor(seq_row)[:, None].expand(n, t_max)  # [N, T']
+    col = torch.zeros(n, t_max, dtype=torch.long)  # [N, T']
     for i in range(n):
-        k, o, m = seq_row[i], seq_start[i], c_len[i]
-        if m:
-            where[i, 0] = k * width + len(rows[k]["prompt"]) - 1
-            where[i, 1:m] = k * width + torch.arange(o, o + m - 1)
-    keep = torch.zeros(r * width, dtype=torch.bool)
-    keep[where[valid]] = True
-    rank = keep.long().cumsum(0) - 1  # [R * L] index of each kept position among the K kept
-    dev = completion_ids.device  # the layout is built on the CPU, the tensors the model reads move to dev
+        if c_len[i]:
+            col[i, 0] = len(rows[seq_row[i]]["prompt"]) - 1
+            col[i, 1:c_len[i]] = torch.arange(seq_start[i], seq_start[i] + c_len[i] - 1)
+    valid = torch.arange(t_max)[None, :] < torch.tensor(c_len)[:, None]  # [N, T']
+    first = int(col[valid].min()) if bool(valid.any()) else width - 1  # the model keeps columns first..L-1
+    index = torch.where(valid, row_of * (width - first) + (col - first), 0)  # [N, T']
     tokens = torch.where(valid.to(dev), completion_ids[:, :t_max], 0)  # [N, T']
-    return {"input_ids": ids, "position_ids": pos.to(dev), "segments": seg.to(dev), "keep": keep.view(r, width).to(dev),
-            "index": torch.where(valid, rank[where], 0).to(dev), "tokens": tokens, "valid": valid.to(dev)}
+    return {"input_ids": ids, "position_ids": pos.to(dev), "segments": seg.to(dev), "logits_to_keep": width - first,
+            "index": index.to(dev), "tokens": tokens, "valid": valid.to(dev)}
 
 
 def packed_attention_mask(segments: Tensor, *, attn_implementation: str, dtype: torch.dtype) -> Tensor:
@@ -117,30 +123,42 @@ def packed_attention_mask(segments: Tensor, *, attn_implementation: str, dtype: 
 SHARED_PREFIX_ATTENTION = ("sdpa", "eager")
 
 
+def sliding_window(config) -> int | None:
+    """The model's attention window when it has one in use (Mistral, Qwen2 with use_sliding_window,
+    Gemma 2/3 ...), else None."""
+    window = getattr(config, "sliding_window", None)
+    if not window or getattr(config, "use_sliding_window", True) is False:
+        return None
+    return int(window)
+
+
 def completion_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
                         completion_mask: Tensor, *, temperature: float, with_entropy: bool = False,
                         autocast: bool = False, share_prompt: bool = False,
-                        attn_implementation: str = "sdpa") -> dict:
+                        attn_implementation: str = "sdpa", max_row_tokens: int = 0) -> dict:
     """Run the model on prompt + completion and return {"logp": [N, T], "entropy": [N, T] or None}
     for the completion tokens (zero beyond each completion's mask).
 
     Sequences are packed without padding work (``pack_sequences``); with ``share_prompt`` the G
-    completions of a group share one prompt pass. Positions continue from each prompt's real
-    tokens, as during generation. Only the positions that score a completion token go through the
-    LM head (``logits_to_keep``), and no full-vocabulary copy of them is made. ``autocast`` runs the
+    completions of a group share one prompt pass (rows of at most ``max_row_tokens``). Positions
+    continue from each prompt's real tokens, as during generation. Only the columns from the first
+    that scores a completion token on go through the LM head (``logits_to_keep``), and no
+    full-vocabulary copy of the logits is made. ``autocast`` runs the
     transformer body in bf16 (see ``models.keep_head_fp32`` for the head).
     """
     n, t_full = completion_ids.shape
-    pk = pack_sequences(prompt_ids, prompt_mask, completion_ids, completion_mask, share_prompt=share_prompt)
+    pk = pack_sequences(prompt_ids, prompt_mask, completion_ids, completion_mask, share_prompt=share_prompt,
+                        max_row_tokens=max_row_tokens)
     dtype = next(p for p in model.parameters()).dtype
     attn = packed_attention_mask(pk["segments"], attn_implementation=attn_implementation,
                                  dtype=torch.bfloat16 if autocast else dtype)
     with torch.autocast(completion_ids.device.type, dtype=torch.bfloat16, enabled=autocast):
         logits = model(input_ids=pk["input_ids"], attention_mask=attn, position_ids=pk["position_ids"],
-                       use_cache=False, logits_to_keep=pk["keep"]).logits  # [K, V]
-    out = indexed_logprobs_and_entropy(logits, pk["index"], pk["tokens"], temperature=temperature)
-    logp = out["logp"] * pk["valid"]  # [N, T']
-    ent = out["entropy"] * pk["valid"]  # [N, T']
+                       use_cache=False, logits_to_keep=pk["logits_to_keep"]).logits  # [R, L - first, V]
+    out = indexed_logprobs_and_entropy(logits.reshape(-1, logits.shape[-1]), pk["index"], pk["tokens"],
+                                       temperature=temperature)  # a view: the model's logits are contiguous
+    logp = torch.where(pk["valid"], out["logp"], 0.0)  # [N, T']
+    ent = torch.where(pk["valid"], out["entropy"], 0.0)  # [N, T']
     if not with_entropy:
         ent = ent.detach()
     pad = t_full - logp.shape[1]

@@ -31,7 +31,7 @@ from grpo.data import PromptSampler, load_task, render_prompt
 from grpo.evaluate import evaluate
 from grpo.logger import NullLogger, RunLogger
 from grpo.models import keep_head_fp32, load_models, native_bf16, reset_reference
-from grpo.policy import SHARED_PREFIX_ATTENTION, completion_logprobs
+from grpo.policy import SHARED_PREFIX_ATTENTION, completion_logprobs, sliding_window
 from grpo.rewards.runner import RewardRunner
 from grpo.rewards.steps import process_supervision, resolve_step_reward
 from grpo.rollout import Rollout, sample_rollout
@@ -104,7 +104,9 @@ class Trainer:
         if self.sharded and self.models.reference is not None:
             dist_io.shard(self.models.reference)
         attn = getattr(self.policy.config, "_attn_implementation", None)
-        self.share_prompt = cfg.shared_prefix and attn in SHARED_PREFIX_ATTENTION  # else one sequence per row
+        # else one sequence per row; a custom mask would also replace a model's sliding-window mask
+        self.share_prompt = (cfg.shared_prefix and attn in SHARED_PREFIX_ATTENTION
+                             and sliding_window(self.policy.config) is None)
         self.attn_implementation = attn or "sdpa"
         params = [p for p in self.policy.parameters() if p.requires_grad]  # LoRA: adapters only
         self.optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
@@ -231,7 +233,8 @@ class Trainer:
                                                  ro.completion_ids[idx], ro.completion_mask[idx],
                                                  temperature=self.stability.temperature, autocast=self.amp,
                                                  share_prompt=self.share_prompt,
-                                                 attn_implementation=self.attn_implementation)["logp"])
+                                                 attn_implementation=self.attn_implementation,
+                                                 max_row_tokens=self.cfg.max_tokens_per_forward)["logp"])
             logp = torch.cat(parts)  # [N, T]
         return logp.clone()
 
@@ -335,7 +338,8 @@ class Trainer:
                                   ro.completion_ids[idx], ro.completion_mask[idx],
                                   temperature=k.temperature, with_entropy=k.entropy_coef > 0,
                                   autocast=self.amp, share_prompt=self.share_prompt,
-                                  attn_implementation=self.attn_implementation)
+                                  attn_implementation=self.attn_implementation,
+                                  max_row_tokens=cfg.max_tokens_per_forward)
         logp = cur["logp"]  # [n, T]
         old = batch.old_logp[idx] if batch.old_logp is not None else logp.detach()
         out = core.policy_loss(

@@ -87,17 +87,45 @@ def test_shared_prefix_packs_each_group_into_one_row_of_real_tokens():
     batch = _batch(groups=((3, 2), (2, 2)), t=4)
     pk = pack_sequences(*batch, share_prompt=True)
     lengths = batch[3].sum(1).tolist()
-    assert pk["input_ids"].shape[0] == 2  # one row per group
-    assert pk["input_ids"].shape[1] == max(3 + lengths[0] + lengths[1], 2 + lengths[2] + lengths[3])
-    # one kept position per scored token, except the prompt's end, shared by the group's completions
-    assert int(pk["keep"].sum()) == sum(lengths) - 2
+    width = max(3 + lengths[0] + lengths[1], 2 + lengths[2] + lengths[3])
+    assert pk["input_ids"].shape == (2, width)  # one row per group, real tokens only
     assert pk["segments"][0, :3].tolist() == [0, 0, 0]
     first = batch[2][0, :lengths[0]].tolist()
     assert pk["input_ids"][0, 3:3 + lengths[0]].tolist() == first
     # the second completion restarts its positions right after the prompt
     assert pk["position_ids"][0, 3 + lengths[0]].item() == 3
+    # a group's first tokens are all scored at its prompt's last position; the logits start there
+    assert pk["index"][0, 0] == pk["index"][1, 0] and pk["index"][2, 0] == pk["index"][3, 0]
+    assert pk["logits_to_keep"] == width - 1  # the shorter prompt ends at column 1
+    valid = pk["index"][pk["valid"]]
+    assert len(set(valid.tolist())) == len(valid) - 2  # every other scored token has its own position
     unshared = pack_sequences(*batch, share_prompt=False)
-    assert unshared["input_ids"].shape[0] == 4 and int(unshared["keep"].sum()) == sum(lengths)
+    assert unshared["input_ids"].shape[0] == 4
+    assert len(set(unshared["index"][unshared["valid"]].tolist())) == sum(lengths)
+    cap = 3 + lengths[0]
+    capped = pack_sequences(*batch, share_prompt=True, max_row_tokens=cap)
+    # the first group's second completion starts a new row (with the prompt again); the second
+    # group's does when its two completions do not fit beside its prompt
+    assert capped["input_ids"].shape[0] == 3 + (2 + lengths[2] + lengths[3] > cap)
+    assert capped["input_ids"][1, :3].tolist() == batch[0][1, -3:].tolist()
+
+
+def test_bad_masks_are_clear_errors():
+    prompt_ids, prompt_mask, comp_ids, comp_mask = _batch(groups=((3, 2),), t=4)
+    holed = comp_mask.clone()
+    holed[0] = torch.tensor([1, 0, 1, 1])
+    with pytest.raises(ValueError, match="completion_mask"):
+        pack_sequences(prompt_ids, prompt_mask, comp_ids, holed, share_prompt=True)
+    with pytest.raises(ValueError, match="prompt_mask"):
+        pack_sequences(prompt_ids, torch.zeros_like(prompt_mask), comp_ids, comp_mask, share_prompt=True)
+
+
+def test_empty_completions_give_zero_logprobs():
+    model = build_tiny_model(40, seed=1)
+    prompt_ids, prompt_mask, comp_ids, comp_mask = _batch(groups=((3, 2),), t=4)
+    out = completion_logprobs(model, prompt_ids, prompt_mask, comp_ids * 0, comp_mask * 0, temperature=1.0,
+                              share_prompt=True)
+    assert torch.equal(out["logp"], torch.zeros(2, 4))
 
 
 def test_flash_attention_is_refused_for_shared_prefix():

@@ -103,8 +103,9 @@ def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_n
                  max_prompt_length: int = 1024, with_logprobs: bool = True, keys: list[int] | None = None,
                  synced: bool = False, onednn: bool = True) -> Rollout:
     """``generate_rollout``'s signature and Rollout (backend="fast"); see the module docstring.
-    ``onednn``: fp32 linears through oneDNN on weights packed once (grpo.rollout.kernels); off, the
-    model's own modules run (then the logits equal HF's bitwise)."""
+    ``onednn``: fp32 linears through oneDNN on weights packed once (grpo.rollout.kernels); off, plain
+    products run (the logits equal HF's to fp32 rounding either way: the fused step folds the
+    RMSNorm weights into its products)."""
     reason = fast_unsupported_reason(model, synced=synced)
     if reason is not None:
         raise ValueError(f"rollout_backend fast: {reason}")

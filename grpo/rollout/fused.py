@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from grpo.policy import sliding_window
 from grpo.rollout.kernels import onednn_available
 
 FUSED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -32,7 +33,7 @@ def fused_unsupported_reason(model, capacity: int) -> str | None:
         return f"model_type {cfg.model_type!r}"
     if getattr(cfg, "hidden_act", None) != "silu":
         return f"hidden_act {getattr(cfg, 'hidden_act', None)!r}"
-    window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
+    window = sliding_window(cfg)
     if window is not None and window < capacity:
         return f"sliding window {window} < {capacity} positions"
     for layer in model.get_decoder().layers:
