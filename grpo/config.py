@@ -196,7 +196,7 @@ class Config:
     per_device_train_batch_size: int = 8
     """Completions per forward/backward micro-batch; B * G must be a multiple of it."""
     max_tokens_per_forward: int = 1024
-    """Token budget of one forward/backward pass (as verl's max token length per GPU): a micro-batch runs in as many passes as its packed tokens (prompt once per group with shared_prefix) need, one or more groups or part of a group each; the gradient is the same, peak activation memory is bounded by the budget, and no pass pads one group's row to another's length. 0 = one pass per micro-batch. Off under FSDP2 (every process must run the same passes)."""
+    """Token budget of one forward/backward pass (as verl's max token length per GPU): a micro-batch runs in as many passes as its packed tokens (prompt once per group with shared_prefix) need, one or more groups or part of a group each; the gradient is the same, peak activation memory is bounded by the budget, and no pass pads one group's row to another's length. 0 = one pass per micro-batch. Under FSDP2 (every process must run the same passes) a micro-batch is one pass; shared-prefix rows are capped at this many tokens everywhere, which bounds attention's cost."""
     shared_prefix: bool = True
     """Shared-prefix training (Prefix Grouper, 2025): the completions of a group in one micro-batch share one prompt pass in the policy, reference and old-policy forwards, every completion attending to it and sending its gradient into it; exact, and on short completions it removes most of the tokens processed. Needs sdpa or eager attention (else each sequence runs alone)."""
     skip_zero_advantage: bool = True
