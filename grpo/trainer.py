@@ -23,6 +23,7 @@ import torch
 from grpo import core
 from grpo import checkpoint as ckpt_io
 from grpo import distributed as dist_io
+from grpo import passes
 from grpo import resume
 from grpo import stability as stab
 from grpo.config import Config, ConfigError
@@ -259,9 +260,9 @@ class Trainer:
         micro = rows.split(cfg.per_device_train_batch_size)
         for _ in range(cfg.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
-            passes = [p for rows_mb in micro for p in self._passes(ro, rows_mb)]
-            for i, idx in enumerate(passes):
-                with dist_io.grad_sync(self.engine, world, enabled=i == len(passes) - 1):
+            todo = [p for rows_mb in micro for p in self._passes(ro, rows_mb)]
+            for i, idx in enumerate(todo):
+                with dist_io.grad_sync(self.engine, world, enabled=i == len(todo) - 1):
                     out = self._micro_loss(batch, idx, total)
                     out["loss"].backward()
                 w = float(batch.mask[idx].sum())  # token weight of this micro-batch's means
@@ -293,43 +294,24 @@ class Trainer:
         return metrics
 
     def _passes(self, ro: Rollout, rows: torch.Tensor) -> list[torch.Tensor]:
-        """Rows of one micro-batch cut into forward passes of at most ``max_tokens_per_forward``
-        packed tokens each (a prompt counts once per pass for its group's rows with shared_prefix),
-        in order; a sequence longer than the budget gets a pass of its own."""
-        budget, g = self.cfg.max_tokens_per_forward, self.cfg.num_generations
-        if not budget or self.sharded or len(rows) <= 1:
-            return [rows]
-        p_len = ro.prompt_mask[rows].sum(1).tolist()
-        c_len = ro.completion_mask[rows].sum(1).tolist()
-        passes, cur, cost = [], [], 0
-        for k, row in enumerate(rows.tolist()):
-            add = c_len[k] + (0 if self.share_prompt and cur and cur[-1] // g == row // g else p_len[k])
-            if cur and cost + add > budget:
-                passes.append(cur)
-                cur, cost, add = [], 0, c_len[k] + p_len[k]
-            cur.append(row)
-            cost += add
-        passes.append(cur)
-        return [torch.tensor(p, dtype=rows.dtype) for p in passes]
+        """One micro-batch's rows in forward passes of at most ``max_tokens_per_forward`` tokens; one
+        pass under FSDP2, whose sharded forward every process must run the same number of times."""
+        return passes.forward_passes(ro.prompt_mask, ro.completion_mask, rows,
+                                     budget=0 if self.sharded else self.cfg.max_tokens_per_forward,
+                                     group_size=self.cfg.num_generations, share_prompt=self.share_prompt)
 
     def _trained_rows(self, batch: Batch) -> torch.Tensor:
-        """Indices of the sequences that go through forward and backward. With beta = 0, mu = 1 and no
-        entropy or covariance term, a sequence whose advantage is 0 on every counted token has no
-        gradient (its ratio is 1 and its surrogate 0), so it is left out; the loss's denominator
-        still counts it, so the loss is unchanged. Every process keeps all rows (DDP needs each to
-        run the same micro-batches); so does an entropy target, whose controller reads the entropy of
-        the whole batch. When no sequence has an advantage, the first group is kept so that the step
-        still logs its entropy, ratio and clip metrics."""
+        """The sequences that go through forward and backward: with beta = 0, mu = 1 and no entropy or
+        covariance term, those with a non-zero advantage (passes.rows_with_gradient); the loss's
+        denominator still counts the others, so the loss is unchanged. All of them on more than one
+        process (DDP needs each to run the same micro-batches) and under an entropy target (its
+        controller reads the entropy of the whole batch)."""
         cfg, k = self.cfg, self.stability
-        n = batch.mask.shape[0]
         if (not cfg.skip_zero_advantage or self.world.distributed or cfg.num_iterations > 1 or k.beta > 0
                 or k.entropy_coef > 0 or cfg.cov_mode is not None or self.critic is not None
                 or cfg.entropy_target_band is not None):
-            return torch.arange(n)
-        live = ((batch.advantages != 0) & (batch.mask > 0)).any(1)  # [N]
-        if not live.any():  # keep one group, so the step still logs entropy, ratio and clip metrics
-            live[:cfg.num_generations] = True
-        return live.nonzero().flatten().cpu()
+            return torch.arange(batch.mask.shape[0])
+        return passes.rows_with_gradient(batch.advantages, batch.mask, group_size=cfg.num_generations)
 
     def _micro_loss(self, batch: Batch, idx: torch.Tensor, total) -> dict:
         """The objective on micro-batch rows ``idx``, through the (possibly wrapped) policy."""

@@ -44,6 +44,10 @@ import time
 
 from grpo.rewards.sandbox import Sandbox, SandboxError
 
+# CPython 3.11 keeps the AST constructor's recursion counter in state shared by all threads, so ast
+# calls from concurrent grading threads can fail with "SystemError: AST constructor recursion depth
+# mismatch" (seen in this suite on 3.11.7; python/cpython gh-106905). Every ast call here holds this lock.
+AST_LOCK = threading.Lock()
 CODE_BLOCK = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 OPS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt,
        ast.GtE: operator.ge, ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
@@ -63,7 +67,8 @@ def plan_assert(test: str) -> tuple[list[str], list, callable]:
     never sent into the sandbox, so a program cannot learn the expected value from the harness.
     Raises ValueError for anything but a single assert statement."""
     try:
-        tree = ast.parse(test.strip())
+        with AST_LOCK:
+            tree = ast.parse(test.strip())
     except SyntaxError as e:
         raise ValueError(f"code tests: {test!r} is not valid Python ({e.msg})") from None
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
@@ -86,12 +91,13 @@ def plan_assert(test: str) -> tuple[list[str], list, callable]:
         def check(v):
             return bool(v[0])
     sources, host = [], []
-    for p in parts:
-        try:
-            host.append((ast.literal_eval(p),))
-        except ValueError:
-            host.append(None)
-            sources.append(ast.unparse(p))
+    with AST_LOCK:
+        for p in parts:
+            try:
+                host.append((ast.literal_eval(p),))
+            except ValueError:
+                host.append(None)
+                sources.append(ast.unparse(p))
     return sources, host, check
 class CodeGrader:
     """Grades programs in a Sandbox; thread-safe; ``check()`` at start-up refuses to run without one."""
@@ -116,7 +122,9 @@ class CodeGrader:
         if payload.startswith("!"):
             return False
         try:
-            got = iter(ast.literal_eval(payload))
+            with AST_LOCK:
+                parsed = ast.literal_eval(payload)
+            got = iter(parsed)
             values = [h[0] if h is not None else next(got) for h in host]
             if next(got, _END) is not _END:
                 return False  # more values than asked for
@@ -171,7 +179,8 @@ def _parses(code: str) -> bool:
     """Whether the program is syntactically Python. ast.parse only builds a tree (no constant folding,
     nothing runs); pathological nesting raises and counts as not parsing."""
     try:
-        ast.parse(code)
+        with AST_LOCK:
+            ast.parse(code)
         return True
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False

@@ -1,0 +1,46 @@
+"""How a step's sequences go through the model: which rows need a backward pass at all, and how a
+micro-batch is cut into forward/backward passes of bounded size. Pure functions of masks and
+settings (the trainer decides when they apply).
+
+Dimension letters: N sequences (rows), P prompt tokens, T completion tokens, G group size.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def forward_passes(prompt_mask: Tensor, completion_mask: Tensor, rows: Tensor, *, budget: int, group_size: int,
+                   share_prompt: bool) -> list[Tensor]:
+    """``rows`` (indices into prompt_mask [N, P] and completion_mask [N, T]) cut, in order, into
+    passes of at most ``budget`` packed tokens each; with ``share_prompt`` a prompt counts once per
+    pass for the consecutive rows of its group (rows // group_size). A sequence longer than the budget
+    gets a pass of its own; budget 0 keeps one pass. The gradient summed over the passes is the
+    gradient of one pass (verl's dynamic batch size follows the same idea)."""
+    if not budget or len(rows) <= 1:
+        return [rows]
+    p_len = prompt_mask[rows].sum(1).tolist()
+    c_len = completion_mask[rows].sum(1).tolist()
+    passes, cur, cost = [], [], 0
+    for k, row in enumerate(rows.tolist()):
+        shared = share_prompt and cur and cur[-1] // group_size == row // group_size
+        add = c_len[k] + (0 if shared else p_len[k])
+        if cur and cost + add > budget:
+            passes.append(cur)
+            cur, cost, add = [], 0, c_len[k] + p_len[k]
+        cur.append(row)
+        cost += add
+    passes.append(cur)
+    return [torch.tensor(p, dtype=rows.dtype) for p in passes]
+
+
+def rows_with_gradient(advantages: Tensor, mask: Tensor, *, group_size: int) -> Tensor:
+    """Indices [n'] of the sequences whose advantage is non-zero on some counted token (advantages,
+    mask [N, T]). Where the objective has no other term (beta = 0, mu = 1, no entropy or covariance
+    term) the others have a zero gradient: their ratio is 1 and their surrogate 0. When none is
+    left, the first group is kept so that the step still has entropy, ratio and clip metrics."""
+    live = ((advantages != 0) & (mask > 0)).any(1)  # [N]
+    if not live.any():
+        live[:group_size] = True
+    return live.nonzero().flatten().cpu()
