@@ -17,11 +17,13 @@ within the rollout's length. Elsewhere the fast backend steps HF's own decoder.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
 from grpo.policy import sliding_window
-from grpo.rollout.kernels import onednn_available
+from grpo.rollout.kernels import onednn_available, packed_linear
 
 FUSED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -46,23 +48,10 @@ def fused_unsupported_reason(model, capacity: int) -> str | None:
     return None
 
 
-class _Linear:
-    """x @ W.T + b on a weight made once: oneDNN-packed where available, else the plain weight."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool):
-        self.bias = bias
-        self.packed = packed and onednn_available()
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 8) if self.packed else weight
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out]
-        if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [None], "")
-        return F.linear(x, self.weight, self.bias)
-
-
-def _fuse(*mods, packed: bool, scale: torch.Tensor | None = None) -> _Linear:
+def _fuse(*mods, packed: bool, scale: torch.Tensor | None = None):
     """One product for several projections of the same input: their weights stacked by rows, each
-    column times ``scale`` [in] (the RMSNorm weight before them: W (w * x) = (W diag w) x)."""
+    column times ``scale`` [in] (the RMSNorm weight before them: W (w * x) = (W diag w) x). Returns
+    x [n, in] -> [n, sum out]: oneDNN-packed (kernels.packed_linear) where asked and available."""
     weight = torch.cat([m.weight.detach() for m in mods])  # [sum out, in]
     if scale is not None:
         weight = weight * scale.detach()[None, :]
@@ -71,7 +60,9 @@ def _fuse(*mods, packed: bool, scale: torch.Tensor | None = None) -> _Linear:
     else:
         bias = torch.cat([m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.weight.shape[0])
                           for m in mods])
-    return _Linear(weight, bias, packed)
+    if packed and onednn_available():
+        return packed_linear(weight, bias)
+    return functools.partial(F.linear, weight=weight, bias=bias)
 
 
 class FusedDecoder:

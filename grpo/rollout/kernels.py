@@ -35,10 +35,8 @@ def packed_linears(model, *, enabled: bool = True, only=None):
             w = mod.weight if type(mod) is torch.nn.Linear else None
             if w is None or w.dtype != torch.float32 or w.device.type != "cpu":
                 continue
-            packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), 8)
-            bias = mod.bias.detach() if mod.bias is not None else None
             patched[mod] = vars(mod).get("forward")
-            mod.forward = _packed_forward(packed, bias)
+            mod.forward = packed_linear(w.detach(), mod.bias.detach() if mod.bias is not None else None)
     try:
         yield set(patched)
     finally:
@@ -49,7 +47,11 @@ def packed_linears(model, *, enabled: bool = True, only=None):
                 mod.forward = own
 
 
-def _packed_forward(packed: torch.Tensor, bias: torch.Tensor | None):
+def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None):
+    """x -> x @ weight.T + bias through oneDNN's inner product, the fp32 weight [out, in] reordered
+    once here into oneDNN's blocked layout (a copy, freed with the returned function)."""
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, 8)
+
     def forward(x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [None], "")
     return forward
