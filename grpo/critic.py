@@ -13,6 +13,7 @@ from torch import nn
 
 from grpo import core
 from grpo.policy import model_inputs
+from grpo.runtime import adamw
 
 
 def load_value_model(path: str, dtype: torch.dtype) -> nn.Module:
@@ -58,7 +59,7 @@ class Critic:
             nn.init.zeros_(self.head.bias)
             params = list(self.head.parameters())
         self.params = params
-        self.optimizer = torch.optim.AdamW(params, lr=learning_rate)
+        self.optimizer = adamw(params, lr=learning_rate)
         self.clip_range, self.max_grad_norm = clip_range, max_grad_norm
         self.divergence_factor, self.autocast = divergence_factor, autocast
         self.min_loss = math.inf

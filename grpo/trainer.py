@@ -37,7 +37,7 @@ from grpo.rewards.runner import RewardRunner
 from grpo.rewards.steps import process_supervision, resolve_step_reward
 from grpo.rollout import Rollout, sample_rollout
 from grpo.rollout.hf import row_keys
-from grpo.runtime import lr_lambda, make_run_dir, seed_everything
+from grpo.runtime import adamw, lr_lambda, make_run_dir, seed_everything
 
 
 @dataclass
@@ -110,8 +110,8 @@ class Trainer:
                              and sliding_window(self.policy.config) is None)
         self.attn_implementation = attn or "sdpa"
         params = [p for p in self.policy.parameters() if p.requires_grad]  # LoRA: adapters only
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                           weight_decay=cfg.weight_decay)
+        self.optimizer = adamw(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                               weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         self.critic = None
         if cfg.advantage_estimator == "gae":  # the PPO baseline: a learned value model
