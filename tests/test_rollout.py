@@ -7,7 +7,8 @@ import torch
 from grpo.models import load_models
 from grpo.policy import completion_logprobs
 from grpo.rollout import completion_mask_from_ids, generate_rollout
-from grpo.rollout.hf import KeyedSampler, row_keys
+from grpo.rollout import hf
+from grpo.rollout.hf import KeyedSampler, keyed_uniform, row_keys
 
 
 def test_mask_stops_after_first_eos():
@@ -49,7 +50,7 @@ def _warped_probs(logits: torch.Tensor, *, temperature: float, top_k: int, top_p
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8)])
 def test_keyed_sampler_draws_the_warped_softmax(temperature, top_k, top_p):
-    """Gumbel-max over warped logits samples exactly softmax(warped): 20,000 keyed draws from a fixed
+    """The keyed inverse-CDF draw samples exactly softmax(warped): 20,000 keyed draws from a fixed
     8-token distribution pass a chi-square test against the exact probabilities (the keys are fixed,
     so the test is deterministic), and tokens outside top-k/top-p are never drawn."""
     logits = torch.tensor([[2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0]])  # [1, V]
@@ -65,6 +66,27 @@ def test_keyed_sampler_draws_the_warped_softmax(temperature, top_k, top_p):
     chi2 = float(((counts[q > 0] - expected) ** 2 / expected).sum())
     dof = int((q > 0).sum()) - 1
     assert chi2 < dof + 5 * (2 * dof) ** 0.5, (chi2, counts.tolist(), expected.tolist())  # far from p < 1e-4 territory
+
+
+def test_keyed_uniform_is_uniform_and_fixed_by_key_and_step():
+    """Deciles of 20,000 keyed numbers are each within 10% of 2,000; the same (key, t) gives the same
+    number, and a different step or key a different one."""
+    u = torch.tensor([keyed_uniform(k, 3) for k in range(20_000)], dtype=torch.float64)
+    assert float(u.min()) >= 0.0 and float(u.max()) < 1.0
+    counts = torch.histc(u, bins=10, min=0.0, max=1.0)
+    assert bool(((counts - 2000).abs() < 200).all()), counts.tolist()
+    assert keyed_uniform(5, 7) == keyed_uniform(5, 7)
+    assert keyed_uniform(5, 7) != keyed_uniform(5, 8) and keyed_uniform(5, 7) != keyed_uniform(6, 7)
+
+
+@pytest.mark.parametrize("u,expected", [(0.0, 1), (1.0 - 2.0**-53, 4)])
+def test_keyed_draw_at_the_ends_of_the_unit_interval(monkeypatch, u, expected):
+    """The smallest number draws the first token of positive probability and the largest the last,
+    even where u * total rounds up to total: a token that top-k removed (probability 0) is never drawn."""
+    monkeypatch.setattr(hf, "keyed_uniform", lambda key, t: u)
+    logits = torch.tensor([[-1e9, 3.0, 2.0, 1.0, 0.5, -2.0, -2.5]])  # [1, V]
+    sampler = KeyedSampler([0], 0, temperature=1.0, top_p=1.0, top_k=4)  # keeps tokens 1, 2, 3, 4
+    assert int(sampler.draw(logits, 0, [0])[0]) == expected
 
 
 def test_keyed_rollouts_do_not_depend_on_the_batch(tiny_model_dir):
