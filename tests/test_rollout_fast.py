@@ -38,14 +38,15 @@ def _eos_biased(model, tok, bias: float):
     (PROMPTS[1:], 2, 1.3, 0, 0.8, 4.5),
     (PROMPTS[2:3], 8, 0.9, 20, 0.95, 2.5),
 ])
-def test_fast_tokens_equal_hf_tokens(tiny, prompts, g, temperature, top_k, top_p, eos_bias):
+@pytest.mark.parametrize("use_native", [True, False])
+def test_fast_tokens_equal_hf_tokens(tiny, prompts, g, temperature, top_k, top_p, eos_bias, use_native):
     model, tok = tiny
     if eos_bias:
         model = _eos_biased(model, tok, eos_bias)
     kw = dict(group_size=g, max_new_tokens=12, temperature=temperature, top_k=top_k, top_p=top_p,
               keys=row_keys(3, 5, 0, len(prompts) * g))
     ref = generate_rollout(model, tok, prompts, **kw)
-    fast = fast_rollout(model, tok, prompts, **kw)
+    fast = fast_rollout(model, tok, prompts, use_native=use_native, **kw)
     assert fast.backend == "fast"
     assert torch.equal(fast.completion_ids, ref.completion_ids)
     assert torch.equal(fast.completion_mask, ref.completion_mask)
@@ -75,24 +76,27 @@ def test_fast_refuses_what_it_cannot_run(tiny):
         fast_rollout(model, tok, PROMPTS, group_size=2, max_new_tokens=4, synced=True)
 
 
-def test_fast_prefills_each_prompt_once_and_drops_ended_rows(tiny, monkeypatch):
+@pytest.mark.parametrize("use_native", [True, False])
+def test_fast_prefills_each_prompt_once_and_drops_ended_rows(tiny, monkeypatch, use_native):
     """The forward batch sizes, read by a hook on the real model's decoder (the prefill) and on the
     fused decode step: the prefill sees B = 2 prompts (not N = 8 rows), the first decode step all 8
     rows, and later steps only the rows still going, so the batch never grows and ends as small as
     the number of rows of maximal length."""
     from grpo.rollout.fused import FusedDecoder
+    from grpo.rollout.native import NativeDecoder
 
+    cls = NativeDecoder if use_native else FusedDecoder
     model, tok = tiny
     model = _eos_biased(model, tok, 1.0)
     sizes = []
     handle = model.get_decoder().register_forward_pre_hook(lambda mod, args, kwargs: sizes.append(kwargs["input_ids"].shape),
                                              with_kwargs=True)
-    step = FusedDecoder.step
-    monkeypatch.setattr(FusedDecoder, "step", lambda self, tokens, *a: sizes.append(tokens[:, None].shape)
+    step = cls.step
+    monkeypatch.setattr(cls, "step", lambda self, tokens, *a: sizes.append(tokens[:, None].shape)
                         or step(self, tokens, *a))
     try:
         ro = fast_rollout(model, tok, PROMPTS[:2], group_size=4, max_new_tokens=12, temperature=0.7, top_k=5,
-                          keys=row_keys(3, 5, 0, 8))
+                          keys=row_keys(3, 5, 0, 8), use_native=use_native)
     finally:
         handle.remove()
     lengths = ro.lengths.tolist()

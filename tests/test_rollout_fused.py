@@ -1,9 +1,11 @@
-"""The fused decode step computes what HF's decoder computes, step after step, on left-padded
-prompts, for Llama and for Qwen2 (biases on q, k, v); and it declines the models it does not cover."""
+"""The fused decode steps (PyTorch small ops, and the C small ops of native.py) compute what HF's
+decoder computes, step after step, on left-padded prompts shared by G rows, as rows leave the batch,
+for Llama and for Qwen2 (biases on q, k, v); and they decline the models they do not cover."""
 
 import pytest
 import torch
 
+from grpo.rollout import native
 from grpo.rollout.fast import _buffer_cache
 from grpo.rollout.fused import FusedDecoder, fused_unsupported_reason
 
@@ -19,27 +21,59 @@ def _tiny(kind: str):
     return Qwen2ForCausalLM(Qwen2Config(**kw)).eval()
 
 
+def _decoder(kind: str, model, onednn: bool):
+    if kind == "torch":
+        return FusedDecoder(model, packed=onednn)
+    assert native.unavailable_reason() is None, native.unavailable_reason()  # a C compiler is on this machine
+    return native.NativeDecoder(model, native.library(), packed=onednn)
+
+
+@pytest.mark.parametrize("step_kind", ["torch", "native"])
 @pytest.mark.parametrize("onednn", [True, False])
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_fused_step_equals_hf_decoder_step(kind, onednn):
+def test_fused_step_equals_hf_decoder_step(kind, onednn, step_kind):
+    """Two prompts (one left-padded) x 2 rows each, 5 decode steps; after the third, row 1 ends and
+    leaves the batch. Every step's hidden states equal HF's decoder on its own (repeated) cache."""
     model = _tiny(kind)
     dec = model.get_decoder()
     ids = torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5]])  # [2, 5] the first prompt left-padded
     mask = (torch.arange(5)[None] >= torch.tensor([[2], [0]])).long()  # [2, 5]
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    g = 2
     caches = [_buffer_cache(model, 12), _buffer_cache(model, 12)]
     with torch.no_grad():
         for c in caches:
             dec(input_ids=ids, attention_mask=mask, position_ids=pos, cache=c, use_cache=True)
-        fused = FusedDecoder(model, packed=onednn)
-        tok, nxt, attn = torch.tensor([9, 11]), pos[:, -1:] + 1, mask
-        for _ in range(4):
-            attn = torch.cat([attn, attn.new_ones(2, 1)], 1)
+        caches[0].batch_repeat_interleave(g)
+        fused = _decoder(step_kind, model, onednn)
+        fused.start(caches[1], mask, g, 7)
+        rows, tok = torch.arange(4), torch.tensor([9, 11, 12, 13])
+        nxt, attn = pos[:, -1:].repeat_interleave(g, 0) + 1, mask.repeat_interleave(g, 0)
+        for t in range(5):
+            attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], 1)
             want = dec(input_ids=tok[:, None], attention_mask=attn, position_ids=nxt, cache=caches[0],
-                       use_cache=True).last_hidden_state[:, 0]  # [2, H]
-            got = fused.step(tok, nxt, caches[1], attn)  # [2, H]
+                       use_cache=True).last_hidden_state[:, 0]  # [n, H]
+            got = fused.step(tok, nxt, rows)  # [n, H]
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
             tok, nxt = (want @ model.lm_head.weight.T).argmax(-1), nxt + 1
+            if t == 2:  # row 1 ends: the reference drops its cache row, the decoder is told by `rows`
+                keep = torch.tensor([0, 2, 3])
+                caches[0].batch_select_indices(keep)
+                rows, tok, nxt, attn = rows[keep], tok[keep], nxt[keep], attn[keep]
+
+
+def test_native_library_is_rebuilt_into_a_fresh_cache(tmp_path, monkeypatch):
+    """With an empty cache folder the C file is compiled there (and loads); GRPO_NATIVE=0 turns it off."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    native.library.cache_clear()
+    try:
+        assert native.library() is not None, native.unavailable_reason()
+        assert len(list((tmp_path / "grpo").glob("decode_ops-*.so"))) == 1
+        native.library.cache_clear()
+        monkeypatch.setenv("GRPO_NATIVE", "0")
+        assert native.library() is None and native.unavailable_reason() == "GRPO_NATIVE=0"
+    finally:
+        native.library.cache_clear()
 
 
 def test_fused_declines_what_it_does_not_cover():

@@ -24,7 +24,8 @@ import torch
 from grpo.core import token_logprobs
 from grpo.rollout.base import Rollout, finish_rollout
 from grpo.rollout.hf import KeyedSampler, eos_token_ids
-from grpo.rollout.fused import FusedDecoder, fused_unsupported_reason
+from grpo.rollout import native
+from grpo.rollout.fused import FusedDecoder, RowCache, fused_unsupported_reason
 from grpo.rollout.kernels import head_chunks, packed_linears
 
 # Architectures whose forward and DynamicCache the loop below has been checked against.
@@ -89,23 +90,46 @@ def _buffer_cache(model, capacity: int):
     return cache
 
 
-def _logits(model, chunks, hidden: torch.Tensor) -> torch.Tensor:
-    """float32 logits [n, V] of the last position of ``hidden`` [n, S, H]."""
-    h = hidden[:, -1]  # [n, H]
+class HFStep(RowCache):
+    """A decode step through HF's own decoder (models the fused steps do not cover)."""
+
+    def __init__(self, model):
+        self.decoder = model.get_decoder()
+
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """RowCache.step's contract: tokens [n] of rows ``rows`` at positions [n, 1] -> hidden [n, H]."""
+        self.follow(rows)
+        return self.decoder(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=positions,
+                            cache=self.cache, use_cache=True).last_hidden_state[:, -1]  # [n, H]
+
+
+def _logits(model, chunks, h: torch.Tensor) -> torch.Tensor:
+    """float32 logits [n, V] of hidden states h [n, H]."""
     if chunks is None:
         return model.get_output_embeddings()(h).float()
     return torch.cat([torch.nn.functional.linear(h, w, b) for w, b in chunks], 1).float()  # [n, V]
+
+
+def _stepper(model, capacity: int, *, onednn: bool, use_native: bool):
+    """The decode step for ``model``: NativeDecoder (C small ops) where the fused step covers the
+    model and the C file builds, FusedDecoder (PyTorch small ops) where only the former holds, HF's
+    decoder elsewhere."""
+    if fused_unsupported_reason(model, capacity) is not None:
+        return HFStep(model)
+    lib = native.library() if use_native else None
+    return FusedDecoder(model, packed=onednn) if lib is None else native.NativeDecoder(model, lib, packed=onednn)
 
 
 @torch.no_grad()
 def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False,
                  max_prompt_length: int = 1024, with_logprobs: bool = True, keys: list[int] | None = None,
-                 synced: bool = False, onednn: bool = True) -> Rollout:
+                 synced: bool = False, onednn: bool = True, use_native: bool = True) -> Rollout:
     """``generate_rollout``'s signature and Rollout (backend="fast"); see the module docstring.
     ``onednn``: fp32 linears through oneDNN on weights packed once (grpo.rollout.kernels); off, plain
     products run (the logits equal HF's to fp32 rounding either way: the fused step folds the
-    RMSNorm weights into its products)."""
+    RMSNorm weights into its products). ``use_native``: the C small ops of native.py where they
+    build; off, FusedDecoder's PyTorch ops."""
     reason = fast_unsupported_reason(model, synced=synced)
     if reason is not None:
         raise ValueError(f"rollout_backend fast: {reason}")
@@ -123,15 +147,17 @@ def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_n
     was_training = model.training
     model.eval()
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a LoRA wrapper
-    # Llama-family models step through FusedDecoder (fused.py; it packs its own weights): only the
-    # output layer is packed here. Others step HF's decoder with every linear packed.
-    fused = fused_unsupported_reason(base, ids.shape[1] + max_new_tokens) is None
+    # Llama-family models step through NativeDecoder / FusedDecoder (native.py, fused.py; they pack
+    # their own weights): only the output layer is packed here. Others step HF's decoder with every
+    # linear packed.
+    stepper = _stepper(base, ids.shape[1] + max_new_tokens, onednn=onednn, use_native=use_native)
     try:
-        with packed_linears(base, enabled=onednn, only=[base.get_output_embeddings()] if fused else None) as packed:
+        only = None if isinstance(stepper, HFStep) else [base.get_output_embeddings()]
+        with packed_linears(base, enabled=onednn, only=only) as packed:
             out = _decode(base, ids, pmask, g=g, max_new_tokens=max_new_tokens, eos=eos, sampler=sampler, keys=keys,
                           with_logprobs=with_logprobs and not greedy, temperature=temperature,
                           pad_id=tokenizer.pad_token_id, head_packed=base.get_output_embeddings() in packed,
-                          fused=FusedDecoder(base, packed=onednn) if fused else None)
+                          stepper=stepper)
     finally:
         model.train(was_training)
     return finish_rollout(tokenizer, ids.repeat_interleave(g, 0), pmask.repeat_interleave(g, 0), out["ids"], eos,
@@ -140,8 +166,9 @@ def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_n
 
 def _decode(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new_tokens: int, eos: list[int],
             sampler: KeyedSampler | None, keys: list[int] | None, with_logprobs: bool, temperature: float,
-            pad_id: int | None, head_packed: bool = False, fused: FusedDecoder | None = None) -> dict:
-    """Prefill the B prompts once, share each cache with its G rows, decode until every row ended.
+            pad_id: int | None, stepper, head_packed: bool = False) -> dict:
+    """Prefill the B prompts once, hand their cache to ``stepper`` (which shares it with the G rows of
+    each prompt), decode until every row ended.
 
     ids, pmask: [B, P] left-padded. Returns {"ids": [N, T] (pad after a row ended), "logp": [N, T] or
     None}, T = the steps run (the longest completion), as ``generate`` pads them.
@@ -150,14 +177,13 @@ def _decode(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new_to
     n_rows = ids.shape[0] * g
     padded = bool((pmask == 0).any())
     pos = (pmask.long().cumsum(-1) - 1).masked_fill(pmask == 0, 0)  # [B, P] as generate numbers them
-    decoder, chunks = model.get_decoder(), None if head_packed else head_chunks(model.get_output_embeddings())
+    chunks = None if head_packed else head_chunks(model.get_output_embeddings())
     cache = _buffer_cache(model, ids.shape[1] + max_new_tokens)
-    out = decoder(input_ids=ids, attention_mask=pmask if padded else None, position_ids=pos, cache=cache,
-                  use_cache=True)
-    cache.batch_repeat_interleave(g)
-    scores = _logits(model, chunks, out.last_hidden_state).repeat_interleave(g, 0)  # [N, V]
+    out = model.get_decoder()(input_ids=ids, attention_mask=pmask if padded else None, position_ids=pos,
+                              cache=cache, use_cache=True)
+    stepper.start(cache, pmask, g, max_new_tokens)
+    scores = _logits(model, chunks, out.last_hidden_state[:, -1]).repeat_interleave(g, 0)  # [N, V]
     live = torch.arange(n_rows, device=device)  # [n] global row of each live row
-    attn = pmask.repeat_interleave(g, 0) if padded else None  # [n, P + t]
     next_pos = pos[:, -1:].repeat_interleave(g, 0) + 1  # [n, 1]
     eos_t = torch.tensor(eos, device=device)
     fill = 0 if pad_id is None else pad_id
@@ -174,19 +200,10 @@ def _decode(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new_to
         ended = torch.isin(tok, eos_t)  # [n]
         if t == max_new_tokens or bool(ended.all()):
             break
-        if bool(ended.any()):  # drop the rows that ended: their cache rows and bookkeeping
+        if bool(ended.any()):  # the rows that ended leave the batch (the stepper drops their cache rows)
             keep = (~ended).nonzero()[:, 0]  # [n']
-            cache.batch_select_indices(keep)
             live, tok, next_pos = live[keep], tok[keep], next_pos[keep]
-            attn = attn[keep] if attn is not None else None
             live_keys = [live_keys[i] for i in keep.tolist()] if live_keys is not None else None
-        if attn is not None:
-            attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], 1)  # [n, P + t]
-        if fused is not None:
-            hidden = fused.step(tok, next_pos, cache, attn)[:, None]  # [n, 1, H]
-        else:
-            hidden = decoder(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos, cache=cache,
-                             use_cache=True).last_hidden_state  # [n, 1, H]
-        scores = _logits(model, chunks, hidden)  # [n, V]
+        scores = _logits(model, chunks, stepper.step(tok, next_pos, live))  # [n, V]
         next_pos = next_pos + 1
     return {"ids": tokens[:, :t], "logp": logps[:, :t] if logps is not None else None}

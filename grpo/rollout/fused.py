@@ -65,7 +65,32 @@ def _fuse(*mods, packed: bool, scale: torch.Tensor | None = None):
     return functools.partial(F.linear, weight=weight, bias=bias)
 
 
-class FusedDecoder:
+class RowCache:
+    """A decode step's bookkeeping over HF's KV cache: the G rows of each prompt share its prefilled
+    cache (repeated once after the prefill), rows that ended leave the cache, and the attention mask
+    grows by one position per step (kept only where the prompts have padding)."""
+
+    def start(self, cache, prompt_mask: torch.Tensor, g: int, capacity: int) -> None:
+        """Take ``cache`` after the prefill of the B prompts, prompt_mask [B, P]."""
+        cache.batch_repeat_interleave(g)
+        self.cache = cache
+        padded = bool((prompt_mask == 0).any())
+        self.mask = prompt_mask.repeat_interleave(g, 0) if padded else None  # [N, P + t]
+        self.rows = torch.arange(prompt_mask.shape[0] * g, device=prompt_mask.device)  # [n] global rows
+
+    def follow(self, rows: torch.Tensor) -> None:
+        """Keep only the cache rows of ``rows`` (ascending global rows, a subset of the last ones) and
+        add this step's position to the mask."""
+        if len(rows) < len(self.rows):
+            keep = torch.searchsorted(self.rows, rows)  # [n']
+            self.cache.batch_select_indices(keep)
+            self.mask = self.mask[keep] if self.mask is not None else None
+            self.rows = rows
+        if self.mask is not None:
+            self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], 1)  # [n, P + t + 1]
+
+
+class FusedDecoder(RowCache):
     """Decode steps of ``model`` (see the module docstring) on weights fused and packed on creation;
     make one per rollout (the weights change every optimiser step) and drop it after."""
 
@@ -109,15 +134,16 @@ class FusedDecoder:
         return torch.matmul(torch.softmax(s, -1), values).view(n, hq * d)  # [n, Hq * D]
 
     @torch.no_grad()
-    def step(self, tokens: torch.Tensor, positions: torch.Tensor, cache, mask: torch.Tensor | None) -> torch.Tensor:
-        """Feed tokens [n] at positions [n, 1] through every layer, appending their keys and values to
-        ``cache`` (fast.py's buffer cache); mask [n, L + 1] (1 = attend) or None when nothing is
-        padding. Returns the final hidden states [n, H] (the output layer is the caller's)."""
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Feed tokens [n] of global rows ``rows`` [n] (ascending) at positions [n, 1] through every
+        layer, appending their keys and values to the cache taken by ``start`` (fast.py's buffer
+        cache). Returns the final hidden states [n, H] (the output layer is the caller's)."""
+        self.follow(rows)
         n, hq, hk, d = tokens.shape[0], self.hq, self.hk, self.d
         h = self.embed[tokens]  # [n, H]
         cos, sin = self.rotary(h[:, None], positions)  # [n, 1, D]
-        attn_mask = mask[:, None, None, :] == 0 if mask is not None else None  # [n, 1, 1, L + 1] True = masked
-        for w, layer in zip(self.layers, cache.layers):
+        attn_mask = self.mask[:, None, None, :] == 0 if self.mask is not None else None  # [n, 1, 1, L + 1] True = masked
+        for w, layer in zip(self.layers, self.cache.layers):
             qkv = w["qkv"](self._rms(h, w["eps1"]))  # [n, (Hq + 2 Hk) D]
             qk = self._rope(qkv[:, :(hq + hk) * d].view(n, hq + hk, d), cos, sin)  # [n, Hq + Hk, D]
             q, k = qk[:, :hq, None], qk[:, hq:, None]  # [n, Hq, 1, D], [n, Hk, 1, D]

@@ -1,0 +1,180 @@
+/* The small, memory-light parts of a Llama-family decode step, one call each instead of ~10-20
+ * PyTorch ops (native.py builds this file with the system C compiler and calls it through ctypes).
+ *
+ * Dimension letters: n live rows, H hidden size, Hq / Hk query / key-value heads, D head dim,
+ * I intermediate size, B prompts, P prompt positions, C completion positions, N = B * G rows.
+ * All tensors are contiguous float32, row-major.
+ *
+ * The arithmetic is HF's LlamaRMSNorm, apply_rotary_pos_emb, eager attention (softmax in float32)
+ * and SiLU MLP, summed in another order: equal to PyTorch's results to float32 rounding.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* exp(x) for float32 (Cephes' expf: x = k ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial for
+ * exp(r), times 2^k; ~1e-7 relative error), written so that the compiler vectorises the loops that
+ * call it (libm's expf is a scalar call). Inputs below -87 give ~1e-38 rather than 0. */
+static inline float fast_exp(float x) {
+    x = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;  /* (not fminf/fmaxf: their NaN rules stop vectorising) */
+    float k = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - k * 0.693359375f + k * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    int32_t bits = ((int32_t)k + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);  /* 2^k from its exponent bits (a bit cast that vectorises) */
+    return (p * r * r + r + 1.0f) * scale;
+}
+
+/* h[n, H] += delta[n, H] (when delta is not NULL), then x = h / sqrt(mean(h^2) + eps), times
+ * weight[H] when weight is not NULL (the RMSNorm weight; NULL where it is folded into the product
+ * that follows). */
+void add_rms(float *h, const float *delta, float *x, const float *weight, int64_t n, int64_t H, float eps) {
+    for (int64_t i = 0; i < n; i++) {
+        float *hi = h + i * H, *xi = x + i * H;
+        float ss = 0.0f;
+        if (delta) {
+            const float *di = delta + i * H;
+#pragma omp simd
+            for (int64_t j = 0; j < H; j++) hi[j] += di[j];
+        }
+#pragma omp simd reduction(+ : ss)
+        for (int64_t j = 0; j < H; j++) ss += hi[j] * hi[j];
+        float r = 1.0f / sqrtf(ss / (float)H + eps);
+        if (weight) {
+#pragma omp simd
+            for (int64_t j = 0; j < H; j++) xi[j] = weight[j] * (hi[j] * r);
+        } else {
+#pragma omp simd
+            for (int64_t j = 0; j < H; j++) xi[j] = hi[j] * r;
+        }
+    }
+}
+
+/* act[n, I] = silu(gu[:, :I]) * gu[:, I:] for gu [n, 2 I] (gate and up from one product). */
+void silu_mul(const float *gu, float *act, int64_t n, int64_t I) {
+    for (int64_t i = 0; i < n; i++) {
+        const float *g = gu + i * 2 * I, *u = g + I;
+        float *a = act + i * I;
+#pragma omp simd
+        for (int64_t j = 0; j < I; j++) a[j] = g[j] / (1.0f + fast_exp(-g[j])) * u[j];
+    }
+}
+
+/* out[D] = x * cos + rotate_half(x) * sin, rotate_half(x) = (-x[D/2:], x[:D/2]). */
+static void rope(const float *x, const float *cos, const float *sin, float *out, int64_t D) {
+    int64_t half = D / 2;
+    for (int64_t j = 0; j < half; j++) {
+        out[j] = x[j] * cos[j] - x[j + half] * sin[j];
+        out[j + half] = x[j + half] * cos[j + half] + x[j] * sin[j + half];
+    }
+}
+
+typedef float v16 __attribute__((vector_size(64), aligned(4)));  /* 16 floats; unaligned loads */
+
+/* s[l] = scale * sum_e q[e] kt[e, l] for l < len, keys transposed kt [D, stride]: 16 positions at a
+ * time in registers, four partial sums over e (independent chains hide the FMA latency).
+ * The last block may run past len: kt's rows are padded to a multiple of 16 (stride) and s has room
+ * for 15 more entries; what lands there is overwritten or never read. */
+static void scores(const float *q, const float *kt, int64_t stride, int64_t len, float scale, int64_t D,
+                   float *restrict s) {
+    for (int64_t l = 0; l < len; l += 16) {
+        v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        int64_t e = 0;
+        for (; e + 4 <= D; e += 4) {
+            a0 += q[e] * *(const v16 *)(kt + e * stride + l);
+            a1 += q[e + 1] * *(const v16 *)(kt + (e + 1) * stride + l);
+            a2 += q[e + 2] * *(const v16 *)(kt + (e + 2) * stride + l);
+            a3 += q[e + 3] * *(const v16 *)(kt + (e + 3) * stride + l);
+        }
+        for (; e < D; e++) a0 += q[e] * *(const v16 *)(kt + e * stride + l);
+        *(v16 *)(s + l) = ((a0 + a1) + (a2 + a3)) * scale;
+    }
+}
+
+/* acc[D] (= 0 first when fresh) += sum_l w[l] v[l, :] for v [len, D]: 16 columns at a time in
+ * registers, four partial sums over l; the last D % 16 columns one by one. */
+static void weighted_sum(const float *w, const float *v, int64_t len, int64_t D, float *restrict acc, int fresh) {
+    int64_t e = 0;
+    for (; e + 16 <= D; e += 16) {
+        v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        if (!fresh) a0 = *(const v16 *)(acc + e);
+        int64_t l = 0;
+        for (; l + 4 <= len; l += 4) {
+            a0 += w[l] * *(const v16 *)(v + l * D + e);
+            a1 += w[l + 1] * *(const v16 *)(v + (l + 1) * D + e);
+            a2 += w[l + 2] * *(const v16 *)(v + (l + 2) * D + e);
+            a3 += w[l + 3] * *(const v16 *)(v + (l + 3) * D + e);
+        }
+        for (; l < len; l++) a0 += w[l] * *(const v16 *)(v + l * D + e);
+        *(v16 *)(acc + e) = (a0 + a1) + (a2 + a3);
+    }
+    for (; e < D; e++) {
+        float a = fresh ? 0.0f : acc[e];
+        for (int64_t l = 0; l < len; l++) a += w[l] * v[l * D + e];
+        acc[e] = a;
+    }
+}
+
+/* One decode step of attention for every live row.
+ *   qkv [n, (Hq + 2 Hk) D]: this step's q, k, v (before the rotary embedding);
+ *   cos, sin [n, D]: each row's rotary angles at its position;
+ *   pkt [B, Hk, D, P16], pv [B, Hk, P, D]: the prompts' keys (transposed, rows padded to P16, a
+ *     multiple of 16) and values, one copy per prompt, read by its G rows;
+ *   pmask [B, P]: 1 where the prompt has a token (left padding is 0), or NULL when none is padding;
+ *   ckt [N, Hk, D, C], cv [N, Hk, C, D]: the completions' keys (transposed; C a multiple of 16) and
+ *     values by global row;
+ *     this step writes slot t, and each row attends to slots 0..t (every live row has decoded t
+ *     tokens before this one);
+ *   rows [n]: the global row of each live row, whose prompt is rows[i] / g;
+ *   work [Hq / Hk, P + C + 16] scratch; out [n, Hq D].
+ * Query head h reads key-value head h / (Hq / Hk), as HF's repeat_kv orders them. Keys are stored
+ * transposed so that scores are computed 16 positions at a time with no horizontal sums. */
+void decode_attention(const float *qkv, const float *cos, const float *sin, const float *pkt, const float *pv,
+                      const uint8_t *pmask, int64_t P, int64_t P16, float *ckt, float *cv, int64_t C, int64_t t,
+                      const int64_t *rows, int64_t g, int64_t n, int64_t Hq, int64_t Hk, int64_t D, float scale,
+                      float *work, float *out) {
+    int64_t G = Hq / Hk, L = P + t + 1, width = (Hq + 2 * Hk) * D, W = P + C + 16;
+    float q[Hq * D], kt[D], acc[D];
+    for (int64_t i = 0; i < n; i++) {
+        const float *x = qkv + i * width, *ci = cos + i * D, *si = sin + i * D;
+        int64_t r = rows[i], b = r / g;
+        for (int64_t h = 0; h < Hq; h++) rope(x + h * D, ci, si, q + h * D, D);
+        for (int64_t j = 0; j < Hk; j++) {  /* this step's key and value into slot t */
+            float *col = ckt + (r * Hk + j) * D * C + t, *vslot = cv + ((r * Hk + j) * C + t) * D;
+            rope(x + (Hq + j) * D, ci, si, kt, D);
+            for (int64_t e = 0; e < D; e++) col[e * C] = kt[e];
+            memcpy(vslot, x + (Hq + Hk + j) * D, D * sizeof(float));
+        }
+        const uint8_t *m = pmask ? pmask + b * P : 0;
+        for (int64_t j = 0; j < Hk; j++) {
+            const float *kp = pkt + (b * Hk + j) * D * P16, *vp = pv + (b * Hk + j) * P * D;
+            const float *kc = ckt + (r * Hk + j) * D * C, *vc = cv + (r * Hk + j) * C * D;
+            for (int64_t a = 0; a < G; a++) {  /* query head h = j G + a */
+                const float *qh = q + (j * G + a) * D;
+                float *restrict s = work + a * W, mx = -3.0e38f, sum = 0.0f;
+                scores(qh, kp, P16, P, scale, D, s);
+                scores(qh, kc, C, t + 1, scale, D, s + P);
+                if (m)  /* padding positions of the prompt: no weight */
+                    for (int64_t p = 0; p < P; p++) s[p] = m[p] ? s[p] : -3.0e38f;
+#pragma omp simd reduction(max : mx)
+                for (int64_t l = 0; l < L; l++) mx = s[l] > mx ? s[l] : mx;
+#pragma omp simd
+                for (int64_t l = 0; l < L; l++) s[l] = fast_exp(s[l] - mx);
+                if (m)
+                    for (int64_t p = 0; p < P; p++) s[p] = m[p] ? s[p] : 0.0f;
+#pragma omp simd reduction(+ : sum)
+                for (int64_t l = 0; l < L; l++) sum += s[l];
+                weighted_sum(s, vp, P, D, acc, 1);
+                weighted_sum(s + P, vc, t + 1, D, acc, 0);
+                float *o = out + i * Hq * D + (j * G + a) * D, inv = 1.0f / sum;
+                for (int64_t e = 0; e < D; e++) o[e] = acc[e] * inv;
+            }
+        }
+    }
+}
