@@ -31,6 +31,62 @@ static inline float fast_exp(float x) {
     return (p * r * r + r + 1.0f) * scale;
 }
 
+/* log(x) for normal float32 x > 0 (Cephes' logf: x = m 2^e with m in [sqrt(1/2), sqrt(2)), a
+ * polynomial in m - 1; ~1e-7 relative error), vectorisable like fast_exp. */
+static inline float fast_log(float x) {
+    int32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    float e = (float)(((bits >> 23) & 0xff) - 126);
+    bits = (bits & 0x007fffff) | 0x3f000000;  /* the mantissa as a float in [0.5, 1) */
+    float m;
+    memcpy(&m, &bits, sizeof m);
+    int small = m < 0.70710678f;
+    e = small ? e - 1.0f : e;
+    m = small ? m + m - 1.0f : m - 1.0f;
+    float z = m * m, y = 7.0376836292e-2f;
+    y = y * m - 1.1514610310e-1f;
+    y = y * m + 1.1676998740e-1f;
+    y = y * m - 1.2420140846e-1f;
+    y = y * m + 1.4249322787e-1f;
+    y = y * m - 1.6668057665e-1f;
+    y = y * m + 2.0000714765e-1f;
+    y = y * m - 2.4999993993e-1f;
+    y = y * m + 3.3333331174e-1f;
+    y = y * m * z - 2.12194440e-4f * e - 0.5f * z;
+    return m + y + 0.693359375f * e;
+}
+
+/* The keyed uniform number of token v in a row's stream: splitmix64 (Steele et al. 2014) of
+ * base + (v + 1) * golden, its top 24 bits as (k + 0.5) / 2^24, in (0, 1). hf.keyed_gumbel computes
+ * the same numbers with PyTorch integer ops. */
+static inline float keyed_u(uint64_t base, uint64_t v) {
+    uint64_t z = base + (v + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return ((float)(z >> 40) + 0.5f) * (1.0f / 16777216.0f);
+}
+
+/* tokens[i] = argmax_v scores[i, v] - log(-log(u_i(v))): the Gumbel-max draw from softmax(scores)
+ * (Gumbel 1954; Maddison et al. 2014) with row i's noise fixed by base[i]. scores [n, V] (-inf where
+ * a warper removed a token); work [V] scratch. The first of equal maxima wins, as torch.argmax. */
+void gumbel_argmax(const float *scores, int64_t n, int64_t V, const uint64_t *base, float *restrict work,
+                   int64_t *tokens) {
+    for (int64_t i = 0; i < n; i++) {
+        const float *s = scores + i * V;
+        uint64_t b = base[i];
+        float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+        for (int64_t v = 0; v < V; v++) {
+            work[v] = s[v] - fast_log(-fast_log(keyed_u(b, (uint64_t)v)));
+            mx = work[v] > mx ? work[v] : mx;
+        }
+        int64_t best = 0;
+        while (best < V - 1 && !(work[best] == mx)) best++;
+        tokens[i] = best;
+    }
+}
+
 /* h[n, H] += delta[n, H] (when delta is not NULL), then x = h / sqrt(mean(h^2) + eps), times
  * weight[H] when weight is not NULL (the RMSNorm weight; NULL where it is folded into the product
  * that follows). */

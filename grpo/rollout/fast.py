@@ -10,9 +10,9 @@ doing only the work those tokens need:
   - the fp32 linears run oneDNN's inner product on weights packed once per rollout (kernels.py: at
     8 rows MKL's sgemm reached ~60% of the core's peak, the output layer ~20%);
   - per step: one decoder forward on the live rows' last tokens, the output layer on the last
-    position only, the KeyedSampler's warpers and its per-(key, t) inverse-CDF draw on those rows.
-Sampling is KeyedSampler itself (the same warpers and uniform numbers), so a row's tokens depend only
-on its key, as in the HF path.
+    position only, the KeyedSampler's warpers and per-(key, t) Gumbel noise on those rows, an argmax.
+Sampling is KeyedSampler itself (the same warpers and noise), so a row's tokens depend only on its
+key, as in the HF path (Gumbel-max: Gumbel 1954; Maddison et al. 2014).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def fast_unsupported_reason(model, *, synced: bool = False) -> str | None:
 
 
 def _pick(scores: torch.Tensor, sampler: KeyedSampler | None, t: int, keys: list[int] | None) -> torch.Tensor:
-    """Next token of each live row from its float32 scores [n, V]: greedy, the keyed draw, or
+    """Next token of each live row from its float32 scores [n, V]: greedy, keyed Gumbel-max, or
     (no keys) a multinomial draw from the warped softmax, as ``generate(do_sample=True)``."""
     if sampler is None:
         return scores.argmax(-1)  # [n]

@@ -39,6 +39,7 @@ _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {
     "add_rms": [_P, _P, _P, _P, _I, _I, _F],
     "silu_mul": [_P, _P, _I, _I],
+    "gumbel_argmax": [_P, _I, _I, _P, _P, _P],
     "decode_attention": [_P, _P, _P, _P, _P, _P, _I, _I, _P, _P, _I, _I, _P, _I, _I, _I, _I, _I, _F, _P, _P],
 }
 _last_error: list[str] = []
