@@ -65,7 +65,11 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _assert_same_weights(a: dict, b: dict, tol: float = 1e-6) -> None:
+def _assert_same_weights(a: dict, b: dict, tol: float = 2e-6) -> None:
+    """Equal up to the order of the gradient sums (one process vs an all-reduce of two), which Adam's
+    normalised step amplifies where the second moment is tiny: after 3 steps at lr 1e-3 (at most
+    3e-3 of movement per weight) the worst difference measured 1.04e-6 for some draws (0.03% of a
+    full movement), 2e-6 leaves room for that and nothing more."""
     assert a.keys() == b.keys()
     worst = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
     assert worst <= tol, f"largest weight difference {worst:.3g} > {tol}"

@@ -1,0 +1,66 @@
+"""Grouped shared-prefix attention equals SDPA under the block mask, values and gradients, and the
+policy's packed forwards run through it."""
+
+import torch
+import torch.nn.functional as F
+
+from grpo import grouped_attention
+from grpo.grouped_attention import group_layout
+from grpo.policy import packed_attention_mask
+
+
+def test_group_layout_by_hand():
+    seg = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, -1],  # prompt 3, completions of 2 and 3 tokens, padding
+                        [0, 0, 1, 2, -1, -1, -1, -1, -1]])  # prompt 2, completions of 1 and 1 token
+    a, b = group_layout(seg)
+    assert a["prompt"] == 3 and a["index"].tolist() == [[3, 4, 3], [5, 6, 7]]
+    assert a["valid"].tolist() == [[True, True, False], [True, True, True]]
+    # completion 1, query 1 (column 4): every prompt key, its own keys 0 and 1, not its padding slot
+    assert a["mask"][0, 0, 1].tolist() == [True, True, True, True, True, False]
+    assert a["mask"][1, 0, 0].tolist() == [True, True, True, True, False, False]
+    assert a["mask"][0, 0, 2].tolist() == [True, True, True, True, True, False]  # padded query: no empty row
+    assert b["prompt"] == 2 and b["index"].tolist() == [[2], [3]] and b["mask"].shape == (2, 1, 1, 3)
+
+
+def test_grouped_attention_equals_sdpa_under_the_block_mask():
+    """Two rows, GQA (4 query heads on 2 key-value heads): outputs at real columns and the gradients
+    of q, k and v equal SDPA with packed_attention_mask's [R, 1, L, L] mask to 1e-5."""
+    torch.manual_seed(0)
+    seg = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, 3, -1],
+                        [0, 0, 1, 1, 1, 1, 2, -1, -1, -1]])
+    r, l, d = seg.shape[0], seg.shape[1], 8
+    q0, k0, v0 = torch.randn(r, 4, l, d), torch.randn(r, 2, l, d), torch.randn(r, 2, l, d)
+    real = (seg >= 0)[:, :, None, None]  # [R, L, 1, 1]
+
+    def run(grouped: bool):
+        q, k, v = (x.clone().requires_grad_() for x in (q0, k0, v0))
+        if grouped:
+            out = grouped_attention.grouped_attention(q, k, v, group_layout(seg), scaling=0.3)  # [R, L, Hq, D]
+        else:
+            mask = packed_attention_mask(seg, attn_implementation="sdpa", dtype=torch.float32)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True).transpose(1, 2)
+        out = out * real  # padding columns are not compared
+        (out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum().backward()
+        return out, q.grad, k.grad, v.grad
+
+    for got, want in zip(run(True), run(False)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_policy_forwards_run_through_it_and_restore_the_model(tiny_model_dir, monkeypatch):
+    """completion_logprobs with SDPA and shared prompts calls grouped_attention once per layer and puts
+    the model's own attention implementation back."""
+    from grpo.models import load_models
+    from grpo.policy import completion_logprobs
+
+    model = load_models(str(tiny_model_dir), need_reference=False).policy
+    calls = []
+    real = grouped_attention.grouped_attention
+    monkeypatch.setattr(grouped_attention, "grouped_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    prompt = torch.tensor([[5, 6, 7]] * 2)
+    comp = torch.tensor([[8, 9], [10, 0]])
+    out = completion_logprobs(model, prompt, torch.ones_like(prompt), comp, torch.tensor([[1, 1], [1, 0]]),
+                              temperature=1.0, share_prompt=True, attn_implementation="sdpa")
+    assert len(calls) == model.config.num_hidden_layers
+    assert model.config._attn_implementation == "sdpa"
+    assert out["logp"].shape == (2, 2) and bool(torch.isfinite(out["logp"]).all())
