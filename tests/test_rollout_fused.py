@@ -16,6 +16,8 @@ def _tiny(kind: str):
     torch.manual_seed(0)
     kw = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=128)
+    if kind == "llama-d16":  # head dim 16: the C attention's 16-lane blocks (8 runs its one-by-one tail)
+        return LlamaForCausalLM(LlamaConfig(**{**kw, "hidden_size": 64})).eval()
     if kind == "llama":
         return LlamaForCausalLM(LlamaConfig(**kw)).eval()
     return Qwen2ForCausalLM(Qwen2Config(**kw)).eval()
@@ -30,7 +32,7 @@ def _decoder(kind: str, model, onednn: bool):
 
 @pytest.mark.parametrize("step_kind", ["torch", "native"])
 @pytest.mark.parametrize("onednn", [True, False])
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama", "llama-d16", "qwen2"])
 def test_fused_step_equals_hf_decoder_step(kind, onednn, step_kind):
     """Two prompts (one left-padded) x 2 rows each, 5 decode steps; after the third, row 1 ends and
     leaves the batch. Every step's hidden states equal HF's decoder on its own (repeated) cache."""

@@ -133,43 +133,37 @@ static void rope(const float *x, const float *cos, const float *sin, float *out,
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));  /* 16 floats; unaligned loads */
 
-/* s[l] = scale * sum_e q[e] kt[e, l] for l < len, keys transposed kt [D, stride]: 16 positions at a
- * time in registers, four partial sums over e (independent chains hide the FMA latency).
- * The last block may run past len: kt's rows are padded to a multiple of 16 (stride) and s has room
- * for 15 more entries; what lands there is overwritten or never read. */
-static void scores(const float *q, const float *kt, int64_t stride, int64_t len, float scale, int64_t D,
-                   float *restrict s) {
-    for (int64_t l = 0; l < len; l += 16) {
-        v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-        int64_t e = 0;
-        for (; e + 4 <= D; e += 4) {
-            a0 += q[e] * *(const v16 *)(kt + e * stride + l);
-            a1 += q[e + 1] * *(const v16 *)(kt + (e + 1) * stride + l);
-            a2 += q[e + 2] * *(const v16 *)(kt + (e + 2) * stride + l);
-            a3 += q[e + 3] * *(const v16 *)(kt + (e + 3) * stride + l);
-        }
-        for (; e < D; e++) a0 += q[e] * *(const v16 *)(kt + e * stride + l);
-        *(v16 *)(s + l) = ((a0 + a1) + (a2 + a3)) * scale;
+/* init + sum_{i < count} c[i] * row_i[0:16], row_i = base + i * stride: 16 lanes in registers, four
+ * partial sums over i (independent chains hide the FMA latency). */
+static v16 sum_rows16(const float *c, const float *base, int64_t stride, int64_t count, v16 init) {
+    v16 a0 = init, a1 = {0}, a2 = {0}, a3 = {0};
+    int64_t i = 0;
+    for (; i + 4 <= count; i += 4) {
+        a0 += c[i] * *(const v16 *)(base + i * stride);
+        a1 += c[i + 1] * *(const v16 *)(base + (i + 1) * stride);
+        a2 += c[i + 2] * *(const v16 *)(base + (i + 2) * stride);
+        a3 += c[i + 3] * *(const v16 *)(base + (i + 3) * stride);
     }
+    for (; i < count; i++) a0 += c[i] * *(const v16 *)(base + i * stride);
+    return (a0 + a1) + (a2 + a3);
 }
 
-/* acc[D] (= 0 first when fresh) += sum_l w[l] v[l, :] for v [len, D]: 16 columns at a time in
- * registers, four partial sums over l; the last D % 16 columns one by one. */
+/* s[l] = scale * sum_e q[e] kt[e, l] for l < len, keys transposed kt [D, stride]: 16 positions at a
+ * time. The last block may run past len: kt's rows are padded to a multiple of 16 (stride) and s has
+ * room for 15 more entries; what lands there is overwritten or never read. */
+static void scores(const float *q, const float *kt, int64_t stride, int64_t len, float scale, int64_t D,
+                   float *restrict s) {
+    const v16 zero = {0};
+    for (int64_t l = 0; l < len; l += 16) *(v16 *)(s + l) = sum_rows16(q, kt + l, stride, D, zero) * scale;
+}
+
+/* acc[D] (= 0 first when fresh) += sum_l w[l] v[l, :] for v [len, D]: 16 columns at a time; the last
+ * D % 16 columns one by one. */
 static void weighted_sum(const float *w, const float *v, int64_t len, int64_t D, float *restrict acc, int fresh) {
+    const v16 zero = {0};
     int64_t e = 0;
-    for (; e + 16 <= D; e += 16) {
-        v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-        if (!fresh) a0 = *(const v16 *)(acc + e);
-        int64_t l = 0;
-        for (; l + 4 <= len; l += 4) {
-            a0 += w[l] * *(const v16 *)(v + l * D + e);
-            a1 += w[l + 1] * *(const v16 *)(v + (l + 1) * D + e);
-            a2 += w[l + 2] * *(const v16 *)(v + (l + 2) * D + e);
-            a3 += w[l + 3] * *(const v16 *)(v + (l + 3) * D + e);
-        }
-        for (; l < len; l++) a0 += w[l] * *(const v16 *)(v + l * D + e);
-        *(v16 *)(acc + e) = (a0 + a1) + (a2 + a3);
-    }
+    for (; e + 16 <= D; e += 16)
+        *(v16 *)(acc + e) = sum_rows16(w, v + e, D, len, fresh ? zero : *(const v16 *)(acc + e));
     for (; e < D; e++) {
         float a = fresh ? 0.0f : acc[e];
         for (int64_t l = 0; l < len; l++) a += w[l] * v[l * D + e];
