@@ -85,6 +85,10 @@ def test_fast_prefills_each_prompt_once_and_drops_ended_rows(tiny, monkeypatch, 
     from grpo.rollout.fused import FusedDecoder
     from grpo.rollout.native import NativeDecoder
 
+    if use_native:
+        from tests.test_rollout_fused import need_native
+
+        need_native()
     cls = NativeDecoder if use_native else FusedDecoder
     model, tok = tiny
     model = _eos_biased(model, tok, 1.0)
