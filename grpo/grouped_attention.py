@@ -23,6 +23,8 @@ the attention function. Without that argument it is plain SDPA.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -50,6 +52,18 @@ def register() -> str:
         AttentionMaskInterface.register(NAME, sdpa_mask)
         _registered = True
     return NAME
+
+
+@contextmanager
+def switched_to(config):
+    """Within the block, models with this transformers ``config`` attend through this implementation
+    (registered on first use); the config's own implementation is back on exit, also on error."""
+    saved = config._attn_implementation
+    config._attn_implementation = register()
+    try:
+        yield
+    finally:
+        config._attn_implementation = saved
 
 
 def group_layout(segments: Tensor) -> list[dict]:

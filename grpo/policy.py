@@ -5,6 +5,8 @@ Dimension letters: N sequences, P prompt tokens, T completion tokens, V vocabula
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor
 
@@ -133,11 +135,6 @@ def sliding_window(config) -> int | None:
     return int(window)
 
 
-def _config(model):
-    """The transformers config of ``model`` (through a DDP wrapper; PEFT and FSDP2 models have one)."""
-    return getattr(model, "module", model).config
-
-
 def completion_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
                         completion_mask: Tensor, *, temperature: float, with_entropy: bool = False,
                         autocast: bool = False, share_prompt: bool = False,
@@ -156,21 +153,17 @@ def completion_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completi
     pk = pack_sequences(prompt_ids, prompt_mask, completion_ids, completion_mask, share_prompt=share_prompt,
                         max_row_tokens=max_row_tokens)
     dtype = next(p for p in model.parameters()).dtype
-    kwargs, config = {}, _config(model)
-    grouped = attn_implementation == "sdpa" and int(pk["segments"].max()) > 1
-    if grouped:  # SDPA on only the blocks the mask allows (grouped_attention.py); no L x L mask
+    kwargs, switched = {}, contextlib.nullcontext()
+    if attn_implementation == "sdpa" and int(pk["segments"].max()) > 1:
+        # SDPA on only the blocks the mask allows (grouped_attention.py); no L x L mask
         kwargs, attn = {"grpo_groups": grouped_attention.group_layout(pk["segments"])}, None
+        switched = grouped_attention.switched_to(getattr(model, "module", model).config)  # through DDP
     else:
         attn = packed_attention_mask(pk["segments"], attn_implementation=attn_implementation,
                                      dtype=torch.bfloat16 if autocast else dtype)
-    saved = config._attn_implementation
-    config._attn_implementation = grouped_attention.register() if grouped else saved
-    try:
-        with torch.autocast(completion_ids.device.type, dtype=torch.bfloat16, enabled=autocast):
-            logits = model(input_ids=pk["input_ids"], attention_mask=attn, position_ids=pk["position_ids"],
-                           use_cache=False, logits_to_keep=pk["logits_to_keep"], **kwargs).logits  # [R, L - first, V]
-    finally:
-        config._attn_implementation = saved
+    with switched, torch.autocast(completion_ids.device.type, dtype=torch.bfloat16, enabled=autocast):
+        logits = model(input_ids=pk["input_ids"], attention_mask=attn, position_ids=pk["position_ids"],
+                       use_cache=False, logits_to_keep=pk["logits_to_keep"], **kwargs).logits  # [R, L - first, V]
     out = indexed_logprobs_and_entropy(logits.reshape(-1, logits.shape[-1]), pk["index"], pk["tokens"],
                                        temperature=temperature)  # a view: the model's logits are contiguous
     logp = torch.where(pk["valid"], out["logp"], 0.0)  # [N, T']

@@ -7,6 +7,7 @@ import time
 import torch
 
 from grpo.core import token_logprobs
+from grpo.rollout import native
 from grpo.rollout.base import Rollout, finish_rollout
 
 
@@ -26,7 +27,13 @@ def row_base(key: int, t: int) -> int:
 
 
 def _signed(x: int) -> int:
+    """A 64-bit unsigned integer as the int64 with the same bits."""
     return x - 2**64 if x >= 2**63 else x
+
+
+def _base_bits(bases: list[int], device=None) -> torch.Tensor:
+    """The stream starts ``bases`` as an int64 tensor [n] (the bits the C ops read as uint64)."""
+    return torch.tensor([_signed(b) for b in bases], dtype=torch.int64, device=device)
 
 
 def keyed_gumbel(bases: list[int], vocab: int, device=None) -> torch.Tensor:
@@ -37,7 +44,7 @@ def keyed_gumbel(bases: list[int], vocab: int, device=None) -> torch.Tensor:
     def shr(z, s):  # logical right shift on int64
         return (z >> s) & ((1 << (64 - s)) - 1)
 
-    base = torch.tensor([_signed(b) for b in bases], dtype=torch.int64, device=device)[:, None]  # [n, 1]
+    base = _base_bits(bases, device)[:, None]  # [n, 1]
     z = base + torch.arange(1, vocab + 1, dtype=torch.int64, device=device) * _signed(GOLDEN)  # [n, V]
     z = (z ^ shr(z, 30)) * _signed(MIX1)
     z = (z ^ shr(z, 27)) * _signed(MIX2)
@@ -83,8 +90,6 @@ class KeyedSampler:
     def draw(self, scores: torch.Tensor, t: int, keys: list[int], *, use_native: bool = True) -> torch.Tensor:
         """The sampled token [n] of rows ``keys`` at decoding step ``t`` from their scores [n, V] (also
         used by the fast backend on its live rows)."""
-        from grpo.rollout import native
-
         for w in self.warpers:
             scores = w(None, scores)  # [n, V]
         scores = scores.float().contiguous()
@@ -93,7 +98,7 @@ class KeyedSampler:
         if lib is None:
             return (scores + keyed_gumbel(bases, scores.shape[1], scores.device)).argmax(-1)  # [n]
         n, vocab = scores.shape
-        base = torch.tensor([_signed(b) for b in bases], dtype=torch.int64)  # [n] the bits of uint64
+        base = _base_bits(bases)  # [n]
         tokens, work = torch.empty(n, dtype=torch.int64), torch.empty(vocab)
         lib.gumbel_argmax(scores.data_ptr(), n, vocab, base.data_ptr(), work.data_ptr(), tokens.data_ptr())
         return tokens
