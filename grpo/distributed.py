@@ -47,6 +47,9 @@ def init_world() -> World:
         return World(device=torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu"))
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
+        if local_rank >= torch.cuda.device_count():
+            raise RuntimeError(f"LOCAL_RANK {local_rank}: only {torch.cuda.device_count()} GPU(s) visible; start at "
+                               "most one process per GPU, or hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on CPUs")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         backend = "cpu:gloo,cuda:nccl"  # rewards and metric sums are CPU tensors; NCCL is CUDA-only

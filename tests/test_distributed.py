@@ -33,6 +33,12 @@ def data_file(tmp_path_factory):
     return path
 
 
+def _env() -> dict:
+    """The subprocesses' environment: gloo on the CPU also where a GPU is present (two ranks cannot
+    share one GPU under NCCL)."""
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
 def _train(run_dir: Path, model_dir, data_file, *, procs: int, extra: list[str] = (), resume: bool = False):
     """`grpo train` on `procs` processes; returns the run folder."""
     launcher = [sys.executable, "-m", "grpo"] if procs == 1 else [
@@ -45,7 +51,7 @@ def _train(run_dir: Path, model_dir, data_file, *, procs: int, extra: list[str] 
             "num_threads=1", "seed=3"]
     if resume:
         args = ["train", "--resume", str(run_dir)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = _env()
     env.pop("WORLD_SIZE", None)
     proc = subprocess.run(launcher + args + list(extra), cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
@@ -143,7 +149,7 @@ def test_uneven_split_is_a_clear_error(tmp_path, tiny_model_dir, data_file):
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                 "-m", "grpo", "train", f"model={tiny_model_dir}", f"task={data_file}",
                 f"output_dir={tmp_path / 'run'}", "prompts_per_step=3", "eval_prompts=0", "progress=false"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = _env()
     proc = subprocess.run(launcher, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "prompts_per_step: 3 prompts cannot be split evenly over 2 processes" in proc.stderr
@@ -160,7 +166,7 @@ def test_fuse_stops_every_process_with_one_checkpoint(tmp_path, tiny_model_dir, 
            "eval_prompts=0", "rewards=tests.rewards_for_tests:digit_share", "learning_rate=0.05", "bf16=false",
            "progress=false", "report_to=none", "reward_timeout=0", "num_threads=1", "fuse_metric=kl",
            "fuse_max=0.001", "fuse_patience=2", f"distributed_strategy={strategy}"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = _env()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "fuse: kl" in proc.stderr, proc.stderr[-3000:]
     steps = [m["step"] for m in _metrics(run)]

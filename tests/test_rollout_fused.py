@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpo.rollout import native
-from grpo.rollout.fast import _buffer_cache
+from grpo.rollout.fast import _buffer_cache, cache_keyword
 from grpo.rollout.fused import FusedDecoder, fused_unsupported_reason
 
 
@@ -53,9 +53,10 @@ def test_fused_step_equals_hf_decoder_step(kind, onednn, step_kind):
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     g = 2
     caches = [_buffer_cache(model, 12), _buffer_cache(model, 12)]
+    kw = cache_keyword(dec)  # cache, or past_key_values before transformers 5.2x
     with torch.no_grad():
         for c in caches:
-            dec(input_ids=ids, attention_mask=mask, position_ids=pos, cache=c, use_cache=True)
+            dec(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{kw: c})
         caches[0].batch_repeat_interleave(g)
         fused = _decoder(step_kind, model, onednn)
         fused.start(caches[1], mask, g, 7)
@@ -63,8 +64,8 @@ def test_fused_step_equals_hf_decoder_step(kind, onednn, step_kind):
         nxt, attn = pos[:, -1:].repeat_interleave(g, 0) + 1, mask.repeat_interleave(g, 0)
         for t in range(5):
             attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], 1)
-            want = dec(input_ids=tok[:, None], attention_mask=attn, position_ids=nxt, cache=caches[0],
-                       use_cache=True).last_hidden_state[:, 0]  # [n, H]
+            want = dec(input_ids=tok[:, None], attention_mask=attn, position_ids=nxt, use_cache=True,
+                       **{kw: caches[0]}).last_hidden_state[:, 0]  # [n, H]
             got = fused.step(tok, nxt, rows)  # [n, H]
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
             tok, nxt = (want @ model.lm_head.weight.T).argmax(-1), nxt + 1

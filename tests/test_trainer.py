@@ -216,7 +216,7 @@ def _one_update(cfg, *, perturb_reference: bool = False) -> dict:
         g = torch.Generator().manual_seed(7)
         with torch.no_grad():
             for p in t.models.reference.parameters():
-                p.add_(0.05 * torch.randn(p.shape, generator=g))
+                p.add_(0.05 * torch.randn(p.shape, generator=g).to(p.device))
     grads = {}
     step = t._optimizer_step
 

@@ -17,6 +17,7 @@ key, as in the HF path (Gumbel-max: Gumbel 1954; Maddison et al. 2014).
 
 from __future__ import annotations
 
+import inspect
 import time
 
 import torch
@@ -90,17 +91,25 @@ def _buffer_cache(model, capacity: int):
     return cache
 
 
+def cache_keyword(decoder) -> str:
+    """The name ``decoder.forward`` takes its KV cache under: ``cache`` from transformers 5.2x on,
+    ``past_key_values`` before (where an unknown keyword is silently dropped and the model makes a
+    cache of its own, which the decode loop would never see)."""
+    return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+
+
 class HFStep(RowCache):
     """A decode step through HF's own decoder (models the fused steps do not cover)."""
 
     def __init__(self, model):
         self.decoder = model.get_decoder()
+        self.keyword = cache_keyword(self.decoder)
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """RowCache.step's contract: tokens [n] of rows ``rows`` at positions [n, 1] -> hidden [n, H]."""
         self.follow(rows)
         return self.decoder(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=positions,
-                            cache=self.cache, use_cache=True).last_hidden_state[:, -1]  # [n, H]
+                            use_cache=True, **{self.keyword: self.cache}).last_hidden_state[:, -1]  # [n, H]
 
 
 def _logits(model, chunks, h: torch.Tensor) -> torch.Tensor:
@@ -179,8 +188,9 @@ def _decode(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new_to
     pos = (pmask.long().cumsum(-1) - 1).masked_fill(pmask == 0, 0)  # [B, P] as generate numbers them
     chunks = None if head_packed else head_chunks(model.get_output_embeddings())
     cache = _buffer_cache(model, ids.shape[1] + max_new_tokens)
-    out = model.get_decoder()(input_ids=ids, attention_mask=pmask if padded else None, position_ids=pos,
-                              cache=cache, use_cache=True)
+    decoder = model.get_decoder()
+    out = decoder(input_ids=ids, attention_mask=pmask if padded else None, position_ids=pos, use_cache=True,
+                  **{cache_keyword(decoder): cache})
     stepper.start(cache, pmask, g, max_new_tokens)
     scores = _logits(model, chunks, out.last_hidden_state[:, -1]).repeat_interleave(g, 0)  # [N, V]
     live = torch.arange(n_rows, device=device)  # [n] global row of each live row
