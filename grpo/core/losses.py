@@ -73,10 +73,11 @@ class _IndexedLogProbEntropy(torch.autograd.Function):
             sl, p = slice(s, s + c), p_buf[:c]
             logp_all = torch.div(logits[sl], tau, out=grad[sl]).sub_(lse[sl, None])  # [C, V] log p
             torch.exp(logp_all, out=p)
-            # -p * (gl + ge * (log p + H)), built in place in the gradient's rows
-            logp_all.add_(ent[sl, None]).mul_(ge[sl, None]).add_(gl[sl, None]).mul_(p).neg_()
-        grad.index_put_((index, tokens), g_logp, accumulate=True)  # the onehot(y) part
-        return grad.div_(tau).to(logits.dtype), None, None, None, None
+            # -p * (gl + ge * (log p + H)) / tau, built in place in the gradient's rows while they
+            # are in cache (a division of the whole [K, V] gradient afterwards was one more pass over it)
+            logp_all.add_(ent[sl, None]).mul_(ge[sl, None]).add_(gl[sl, None]).mul_(p).mul_(-1.0 / tau)
+        grad.index_put_((index, tokens), g_logp / tau, accumulate=True)  # the onehot(y) part
+        return grad.to(logits.dtype), None, None, None, None
 
 
 def indexed_logprobs_and_entropy(logits: Tensor, index: Tensor, tokens: Tensor, *, temperature: float = 1.0,
