@@ -135,6 +135,30 @@ def sliding_window(config) -> int | None:
     return int(window)
 
 
+@contextlib.contextmanager
+def sparse_tied_embedding_grad(model, *, enabled: bool = True):
+    """Within the block, forwards of ``model`` give its input embedding a sparse gradient (the rows of
+    the tokens seen) where the embedding weight is trainable and tied to the output layer.
+
+    Every forward that scores tokens also runs the output layer, whose gradient for the same weight
+    is dense, and autograd sums the two before accumulating: the result is the same dense gradient,
+    without the dense [V, H] matrix of zeros the embedding's backward builds otherwise (113 MB for
+    SmolLM2, filled and added in full on each backward pass; issue 4). Single-process only: the
+    trainer leaves it off under DDP and FSDP2, whose gradient hooks expect dense gradients."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    emb, head = base.get_input_embeddings(), base.get_output_embeddings()
+    tied = (enabled and isinstance(emb, torch.nn.Embedding) and head is not None
+            and emb.weight is head.weight and emb.weight.requires_grad)
+    before = emb.sparse if tied else None
+    if tied:
+        emb.sparse = True
+    try:
+        yield tied
+    finally:
+        if tied:
+            emb.sparse = before
+
+
 def completion_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
                         completion_mask: Tensor, *, temperature: float, with_entropy: bool = False,
                         autocast: bool = False, share_prompt: bool = False,

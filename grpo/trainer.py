@@ -32,7 +32,7 @@ from grpo.data import PromptSampler, load_task, render_prompt
 from grpo.evaluate import evaluate
 from grpo.logger import NullLogger, RunLogger
 from grpo.models import keep_head_fp32, load_models, native_bf16, reset_reference
-from grpo.policy import SHARED_PREFIX_ATTENTION, completion_logprobs, sliding_window
+from grpo.policy import SHARED_PREFIX_ATTENTION, completion_logprobs, sliding_window, sparse_tied_embedding_grad
 from grpo.rewards.runner import RewardRunner
 from grpo.rewards.steps import process_supervision, resolve_step_reward
 from grpo.rollout import Rollout, sample_rollout
@@ -316,12 +316,13 @@ class Trainer:
     def _micro_loss(self, batch: Batch, idx: torch.Tensor, total) -> dict:
         """The objective on micro-batch rows ``idx``, through the (possibly wrapped) policy."""
         cfg, ro, k = self.cfg, batch.rollout, self.stability  # k: this step's knobs (eps, beta, ...)
-        cur = completion_logprobs(self.engine, ro.prompt_ids[idx], ro.prompt_mask[idx],
-                                  ro.completion_ids[idx], ro.completion_mask[idx],
-                                  temperature=k.temperature, with_entropy=k.entropy_coef > 0,
-                                  autocast=self.amp, share_prompt=self.share_prompt,
-                                  attn_implementation=self.attn_implementation,
-                                  max_row_tokens=cfg.max_tokens_per_forward)
+        with sparse_tied_embedding_grad(self.policy, enabled=not self.world.distributed):
+            cur = completion_logprobs(self.engine, ro.prompt_ids[idx], ro.prompt_mask[idx],
+                                      ro.completion_ids[idx], ro.completion_mask[idx],
+                                      temperature=k.temperature, with_entropy=k.entropy_coef > 0,
+                                      autocast=self.amp, share_prompt=self.share_prompt,
+                                      attn_implementation=self.attn_implementation,
+                                      max_row_tokens=cfg.max_tokens_per_forward)
         logp = cur["logp"]  # [n, T]
         old = batch.old_logp[idx] if batch.old_logp is not None else logp.detach()
         out = core.policy_loss(
