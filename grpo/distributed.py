@@ -47,10 +47,7 @@ def init_world() -> World:
         return World(device=torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu"))
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
-        if local_rank >= torch.cuda.device_count():
-            raise RuntimeError(f"LOCAL_RANK {local_rank}: only {torch.cuda.device_count()} GPU(s) visible; start at "
-                               "most one process per GPU, or hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on CPUs")
-        device = torch.device("cuda", local_rank)
+        device = torch.device("cuda", gpu_index(local_rank, torch.cuda.device_count()))
         torch.cuda.set_device(device)
         backend = "cpu:gloo,cuda:nccl"  # rewards and metric sums are CPU tensors; NCCL is CUDA-only
     else:
@@ -58,6 +55,17 @@ def init_world() -> World:
     if not dist.is_initialized():
         dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
     return World(rank=rank, size=size, local_rank=local_rank, device=device)
+
+
+def gpu_index(local_rank: int, visible: int) -> int:
+    """The GPU this process trains on: its local rank among the visible GPUs, or the only one it sees
+    (a launcher that binds one GPU to each process through CUDA_VISIBLE_DEVICES)."""
+    if visible == 1:
+        return 0
+    if local_rank >= visible:
+        raise RuntimeError(f"LOCAL_RANK {local_rank}: only {visible} GPUs visible; start at most one process per "
+                           "GPU, or hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on CPUs")
+    return local_rank
 
 
 def close_world(world: World) -> None:

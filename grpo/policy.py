@@ -140,15 +140,17 @@ def sparse_tied_embedding_grad(model, *, enabled: bool = True):
     """Within the block, forwards of ``model`` give its input embedding a sparse gradient (the rows of
     the tokens seen) where the embedding weight is trainable and tied to the output layer.
 
-    Every forward that scores tokens also runs the output layer, whose gradient for the same weight
-    is dense, and autograd sums the two before accumulating: the result is the same dense gradient,
-    without the dense [V, H] matrix of zeros the embedding's backward builds otherwise (113 MB for
-    SmolLM2, filled and added in full on each backward pass; issue 4). Single-process only: the
-    trainer leaves it off under DDP and FSDP2, whose gradient hooks expect dense gradients."""
+    Use it only around forwards whose loss depends on the output layer (completion_logprobs): that
+    layer's gradient for the same weight is dense, and autograd sums the two before accumulating, so
+    the result is the same dense gradient, without the dense [V, H] matrix of zeros the embedding's
+    backward builds otherwise (113 MB for SmolLM2, filled and added in full on each backward pass;
+    issue 4). A forward whose loss skips the output layer would leave a sparse ``.grad`` (the
+    trainer densifies one before clipping). The trainer uses it on one process only: it is not
+    tested under DDP and FSDP2."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     emb, head = base.get_input_embeddings(), base.get_output_embeddings()
-    tied = (enabled and isinstance(emb, torch.nn.Embedding) and head is not None
-            and emb.weight is head.weight and emb.weight.requires_grad)
+    tied = (enabled and isinstance(emb, torch.nn.Embedding) and emb.weight.requires_grad
+            and getattr(head, "weight", None) is emb.weight)
     before = emb.sparse if tied else None
     if tied:
         emb.sparse = True

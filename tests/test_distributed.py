@@ -172,3 +172,12 @@ def test_fuse_stops_every_process_with_one_checkpoint(tmp_path, tiny_model_dir, 
     steps = [m["step"] for m in _metrics(run)]
     assert steps == list(range(1, steps[-1] + 1)) and steps[-1] < 8
     assert (run / "checkpoints" / f"step-{steps[-1]}" / "trainer_state.pt").is_file()
+
+
+def test_gpu_index_per_process():
+    from grpo.distributed import gpu_index
+
+    assert gpu_index(3, 4) == 3
+    assert gpu_index(3, 1) == 0  # one GPU bound to each process through CUDA_VISIBLE_DEVICES
+    with pytest.raises(RuntimeError, match="LOCAL_RANK 3: only 2 GPUs visible"):
+        gpu_index(3, 2)

@@ -118,3 +118,14 @@ def test_auto_backend_falls_back_to_generate(tiny):
     assert resolve_backend("hf", model) == "hf"
     with pytest.raises(ValueError, match="valid: auto, hf, fast"):
         resolve_backend("vllm", model)
+
+
+def test_a_decoder_that_ignores_the_cache_is_a_clear_error(tiny, monkeypatch):
+    """A decoder that drops the cache it is given (as transformers 5.17 dropped an unknown 'cache'
+    keyword) would leave the decode loop reading an empty cache: it is refused after the prefill."""
+    from grpo.rollout import fast
+
+    model, tok = tiny
+    monkeypatch.setattr(fast, "cache_keyword", lambda decoder: "unused_keyword")
+    with pytest.raises(RuntimeError, match="ignored the cache"):
+        fast_rollout(model, tok, PROMPTS[:1], group_size=2, max_new_tokens=3, keys=row_keys(0, 0, 0, 2))

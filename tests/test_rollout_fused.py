@@ -53,7 +53,7 @@ def test_fused_step_equals_hf_decoder_step(kind, onednn, step_kind):
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     g = 2
     caches = [_buffer_cache(model, 12), _buffer_cache(model, 12)]
-    kw = cache_keyword(dec)  # cache, or past_key_values before transformers 5.2x
+    kw = cache_keyword(dec)  # cache (transformers 5.24), past_key_values (5.17)
     with torch.no_grad():
         for c in caches:
             dec(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{kw: c})

@@ -64,8 +64,10 @@ class _IndexedLogProbEntropy(torch.autograd.Function):
         logits, index, tokens, lse, ent = ctx.saved_tensors
         tau, chunk = ctx.temperature, ctx.chunk
         k = logits.shape[0]
-        gl = torch.zeros(k, dtype=torch.float32, device=logits.device).index_add_(0, index, g_logp)  # [K]
-        ge = torch.zeros(k, dtype=torch.float32, device=logits.device).index_add_(0, index, g_ent)  # [K]
+        # the per-row weights carry -1/tau, so no pass over [C, V] (nor over the whole gradient) applies it
+        zeros = torch.zeros(k, dtype=torch.float32, device=logits.device)  # [K]
+        gl = zeros.index_add(0, index, g_logp).mul_(-1.0 / tau)  # [K]
+        ge = zeros.index_add(0, index, g_ent).mul_(-1.0 / tau)  # [K]
         grad = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)  # [K, V]
         p_buf = torch.empty(min(chunk, k), logits.shape[1], dtype=torch.float32, device=logits.device)
         for s in range(0, k, chunk):
@@ -73,9 +75,8 @@ class _IndexedLogProbEntropy(torch.autograd.Function):
             sl, p = slice(s, s + c), p_buf[:c]
             logp_all = torch.div(logits[sl], tau, out=grad[sl]).sub_(lse[sl, None])  # [C, V] log p
             torch.exp(logp_all, out=p)
-            # -p * (gl + ge * (log p + H)) / tau, built in place in the gradient's rows while they
-            # are in cache (a division of the whole [K, V] gradient afterwards was one more pass over it)
-            logp_all.add_(ent[sl, None]).mul_(ge[sl, None]).add_(gl[sl, None]).mul_(p).mul_(-1.0 / tau)
+            # -p * (gl + ge * (log p + H)) / tau, built in place in the gradient's rows
+            logp_all.add_(ent[sl, None]).mul_(ge[sl, None]).add_(gl[sl, None]).mul_(p)
         grad.index_put_((index, tokens), g_logp / tau, accumulate=True)  # the onehot(y) part
         return grad.to(logits.dtype), None, None, None, None
 

@@ -92,10 +92,15 @@ def _buffer_cache(model, capacity: int):
 
 
 def cache_keyword(decoder) -> str:
-    """The name ``decoder.forward`` takes its KV cache under: ``cache`` from transformers 5.2x on,
-    ``past_key_values`` before (where an unknown keyword is silently dropped and the model makes a
-    cache of its own, which the decode loop would never see)."""
-    return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+    """The name ``decoder.forward`` takes its KV cache under: ``cache`` in transformers 5.24 (tested;
+    ``past_key_values`` is its deprecated alias until 5.40), ``past_key_values`` in 5.17 (tested),
+    where an unknown keyword is silently dropped and the model makes a cache of its own."""
+    params = inspect.signature(decoder.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    raise ValueError(f"rollout_backend fast: {type(decoder).__name__}.forward takes no 'cache' or "
+                     "'past_key_values'; use rollout_backend=hf")
 
 
 class HFStep(RowCache):
@@ -191,6 +196,10 @@ def _decode(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new_to
     decoder = model.get_decoder()
     out = decoder(input_ids=ids, attention_mask=pmask if padded else None, position_ids=pos, use_cache=True,
                   **{cache_keyword(decoder): cache})
+    if cache.get_seq_length() != ids.shape[1]:  # the decoder made a cache of its own: ours saw nothing
+        raise RuntimeError(f"rollout_backend fast: the prefill filled {cache.get_seq_length()} of {ids.shape[1]} "
+                           f"cache positions ({type(decoder).__name__} ignored the cache it was given); "
+                           "use rollout_backend=hf")
     stepper.start(cache, pmask, g, max_new_tokens)
     scores = _logits(model, chunks, out.last_hidden_state[:, -1]).repeat_interleave(g, 0)  # [N, V]
     live = torch.arange(n_rows, device=device)  # [n] global row of each live row
