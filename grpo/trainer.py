@@ -54,6 +54,18 @@ class Batch:
     returns: torch.Tensor | None = None  # [N, T] GAE returns, the critic's targets (PPO)
 
 
+def _check_world(cfg: Config, world: dist_io.World) -> None:
+    """What cannot run on this many processes, refused before anything loads."""
+    if cfg.prompts_per_step % world.size:
+        raise ConfigError(f"prompts_per_step: {cfg.prompts_per_step} prompts cannot be split evenly over "
+                          f"{world.size} processes (each group stays on one process)")
+    if world.distributed and cfg.advantage_estimator == "gae":
+        raise ConfigError("advantage_estimator: gae (PPO with a critic) runs on one process only")
+    if world.distributed and cfg.dynamic_sampling:
+        raise ConfigError("dynamic_sampling: runs on one process only (its rounds keep a varying number "
+                          "of groups per process)")
+
+
 class Trainer:
     def __init__(self, cfg: Config, *, models=None, task=None):
         self.cfg = cfg
@@ -62,14 +74,7 @@ class Trainer:
         seed_everything(cfg.seed)
         self.world = dist_io.init_world()  # torchrun's environment, or one process
         world = self.world
-        if cfg.prompts_per_step % world.size:
-            raise ConfigError(f"prompts_per_step: {cfg.prompts_per_step} prompts cannot be split evenly over "
-                              f"{world.size} processes (each group stays on one process)")
-        if world.distributed and cfg.advantage_estimator == "gae":
-            raise ConfigError("advantage_estimator: gae (PPO with a critic) runs on one process only")
-        if world.distributed and cfg.dynamic_sampling:
-            raise ConfigError("dynamic_sampling: runs on one process only (its rounds keep a varying number "
-                              "of groups per process)")
+        _check_world(cfg, world)
         # Everything that can be wrong with the input is checked before the model loads.
         self.rewards = RewardRunner(cfg.reward_names, cfg.reward_weights, timeout=cfg.reward_timeout,
                                     workers=cfg.reward_workers, reward_model=cfg.reward_model)
@@ -87,6 +92,29 @@ class Trainer:
                                             lora_dropout=cfg.lora_dropout,
                                             lora_target_modules=cfg.lora_target_modules)
         self.policy, self.tok = self.models.policy, self.models.tokenizer
+        self._place_models()
+        self._build_optimizers()
+        self.sampler = PromptSampler(len(self.task.train), seed=cfg.seed)
+        self.step = 0
+        self.skipped_updates = 0
+        self.consecutive_skips = 0
+        self.reward_failures = 0
+        self.ref_reset_at = 0  # step at which the reference last became a copy of the policy
+        self._stop_signal: str | None = None
+        # helpers whose state the next step depends on (controllers, filters): name -> object with
+        # state_dict()/load_state_dict(); saved in and restored from every checkpoint
+        self.stateful: dict = {}
+        self.stability = stab.Stability(cfg)  # the step's knobs (eps, beta, temperature, ...) and their controllers
+        if self.stability.controllers or self.stability.fuse is not None:
+            self.stateful["stability"] = self.stability
+        path = resume.resume_path(cfg.resume_from_checkpoint, self.run_dir)
+        if path is not None:
+            resume.restore(self, path)
+
+    def _place_models(self) -> None:
+        """Policy and reference onto this process's device; bf16 autocast or not; the module the
+        training forward runs through; whether groups share one prompt pass."""
+        cfg, world = self.cfg, self.world
         self.policy.train()
         if world.device.type != "cpu":
             for m in (self.policy, self.models.reference):
@@ -109,6 +137,10 @@ class Trainer:
         self.share_prompt = (cfg.shared_prefix and attn in SHARED_PREFIX_ATTENTION
                              and sliding_window(self.policy.config) is None)
         self.attn_implementation = attn or "sdpa"
+
+    def _build_optimizers(self) -> None:
+        """AdamW on the trainable parameters with its schedule, and the critic for PPO."""
+        cfg = self.cfg
         params = [p for p in self.policy.parameters() if p.requires_grad]  # LoRA: adapters only
         self.optimizer = adamw(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                weight_decay=cfg.weight_decay)
@@ -119,23 +151,8 @@ class Trainer:
                                  learning_rate=cfg.critic_learning_rate, clip_range=cfg.cliprange_value,
                                  max_grad_norm=cfg.max_grad_norm, divergence_factor=cfg.critic_divergence_factor,
                                  autocast=self.amp, vf_coef=cfg.vf_coef,
-                                 shared_policy=self.policy if cfg.critic_shared_trunk else None, device=device)
-        self.sampler = PromptSampler(len(self.task.train), seed=cfg.seed)
-        self.step = 0
-        self.skipped_updates = 0
-        self.consecutive_skips = 0
-        self.reward_failures = 0
-        self.ref_reset_at = 0  # step at which the reference last became a copy of the policy
-        self._stop_signal: str | None = None
-        # helpers whose state the next step depends on (controllers, filters): name -> object with
-        # state_dict()/load_state_dict(); saved in and restored from every checkpoint
-        self.stateful: dict = {}
-        self.stability = stab.Stability(cfg)  # the step's knobs (eps, beta, temperature, ...) and their controllers
-        if self.stability.controllers or self.stability.fuse is not None:
-            self.stateful["stability"] = self.stability
-        path = resume.resume_path(cfg.resume_from_checkpoint, self.run_dir)
-        if path is not None:
-            resume.restore(self, path)
+                                 shared_policy=self.policy if cfg.critic_shared_trunk else None,
+                                 device=next(self.policy.parameters()).device)
 
     # ---- one step -------------------------------------------------------------------------------
     def sample(self, round: int = 0) -> tuple[list[dict], Rollout]:
