@@ -1,13 +1,17 @@
+import pytest
 import torch
 
 from grpo.runtime import adamw
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # CI has no GPU
 
-def test_adamw_is_fused_on_cpu_and_takes_the_foreach_step():
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_adamw_is_fused_and_takes_the_foreach_step(device):
     """The fused AdamW makes the same update as the default implementation, to fp32 rounding, over
     several steps with weight decay (the state it saves has the same keys, so checkpoints carry over)."""
     torch.manual_seed(0)
-    ours = [torch.randn(64, 32, requires_grad=True), torch.randn(32, requires_grad=True)]
+    ours = [torch.randn(64, 32, device=device, requires_grad=True), torch.randn(32, device=device, requires_grad=True)]
     plain = [p.detach().clone().requires_grad_() for p in ours]
     opt = adamw(ours, lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1)
     ref = torch.optim.AdamW(plain, lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1, foreach=True)
