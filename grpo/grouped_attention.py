@@ -71,7 +71,9 @@ def group_layout(segments: Tensor) -> list[dict]:
     length ``prompt``, the columns of each completion's tokens ``index`` [G, T] (padded with the
     completion's first column), which of them are real ``valid`` [G, T], and the completions'
     attention mask ``mask`` [G, 1, T, P + T] (True = attend): every prompt key, and its own keys up to
-    the query. Padded queries see the prompt only, so no mask row is empty."""
+    the query. Padded queries see the prompt only, so no mask row is empty. Also ``columns`` [M] and
+    ``slots`` [M]: the M real tokens' columns in the row and their places in the flattened [G * T]
+    (``index[valid]`` and ``valid``'s flat positions, computed here once rather than in every layer)."""
     layout = []
     for seg in segments.cpu():
         p = int((seg == 0).sum())
@@ -83,7 +85,8 @@ def group_layout(segments: Tensor) -> list[dict]:
         own = torch.ones(t, t, dtype=torch.bool).tril()[None] & valid[:, None, :]  # [G, T, T] causal, real keys
         mask = torch.cat([torch.ones(g, t, p, dtype=torch.bool), own], 2)[:, None]  # [G, 1, T, P + T]
         layout.append({"prompt": p, "index": index.to(segments.device), "valid": valid.to(segments.device),
-                       "mask": mask.to(segments.device)})
+                       "mask": mask.to(segments.device), "columns": index[valid].to(segments.device),
+                       "slots": valid.flatten().nonzero()[:, 0].to(segments.device)})
     return layout
 
 
@@ -94,7 +97,7 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor, groups: list[di
     padding columns are 0."""
     out = None
     for r, grp in enumerate(groups):
-        p, index, valid = grp["prompt"], grp["index"], grp["valid"]
+        p, index = grp["prompt"], grp["index"]
         q, k, v = query[r], key[r], value[r]  # [Hq, L, D], [Hk, L, D]
         op = F.scaled_dot_product_attention(q[None, :, :p], k[None, :, :p], v[None, :, :p], is_causal=True,
                                             scale=scaling, enable_gqa=True)[0]  # [Hq, P, D]
@@ -107,5 +110,6 @@ def grouped_attention(query: Tensor, key: Tensor, value: Tensor, groups: list[di
         vc = torch.cat([v[None, :, :p].expand(g, -1, -1, -1), v[:, index].transpose(0, 1)], 2)  # [G, Hk, P + T, D]
         oc = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=grp["mask"], scale=scaling,
                                             enable_gqa=True)  # [G, Hq, T, D]
-        out[r, :, index[valid]] = oc.transpose(0, 1)[:, valid]  # the real completion tokens' rows
+        oc = oc.transpose(0, 1).flatten(1, 2)  # [Hq, G * T, D]
+        out[r, :, grp["columns"]] = oc[:, grp["slots"]]  # the real completion tokens' rows
     return out.transpose(1, 2).contiguous()  # [R, L, Hq, D]

@@ -4,6 +4,7 @@ saved to a folder so tests load them through the real ``from_pretrained`` path."
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -28,6 +29,16 @@ def build_tokenizer():
     fast.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<|pad|>"]})
     fast.chat_template = CHAT_TEMPLATE
     return fast
+
+
+def need_native() -> None:
+    """Skip where no C compiler is installed (the native decode ops are optional); where one is, the
+    build must succeed."""
+    from grpo.rollout import native
+
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler on PATH: the native decode ops are not built here")
+    assert native.unavailable_reason() is None, native.unavailable_reason()
 
 
 def build_tiny_model(vocab_size: int, seed: int = 0, eos_id: int | None = None, pad_id: int | None = None):

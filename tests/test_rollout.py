@@ -82,7 +82,7 @@ def test_keyed_noise_is_uniform_and_fixed_by_key_and_step():
 def test_native_draw_equals_the_pytorch_draw():
     """decode_ops.c's gumbel_argmax draws the tokens the PyTorch noise draws, on 64 rows of random
     scores over 3,000 tokens at 5 steps, with top-k leaving -inf scores."""
-    from tests.test_rollout_fused import need_native
+    from tests.conftest import need_native
 
     need_native()
     torch.manual_seed(0)

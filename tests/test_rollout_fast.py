@@ -86,7 +86,7 @@ def test_fast_prefills_each_prompt_once_and_drops_ended_rows(tiny, monkeypatch, 
     from grpo.rollout.native import NativeDecoder
 
     if use_native:
-        from tests.test_rollout_fused import need_native
+        from tests.conftest import need_native
 
         need_native()
     cls = NativeDecoder if use_native else FusedDecoder

@@ -2,22 +2,13 @@
 decoder computes, step after step, on left-padded prompts shared by G rows, as rows leave the batch,
 for Llama and for Qwen2 (biases on q, k, v); and they decline the models they do not cover."""
 
-import shutil
-
 import pytest
 import torch
 
 from grpo.rollout import native
 from grpo.rollout.fast import _buffer_cache, cache_keyword
 from grpo.rollout.fused import FusedDecoder, fused_unsupported_reason
-
-
-def need_native() -> None:
-    """Skip where no C compiler is installed (the native ops are optional); where one is, the build
-    must succeed."""
-    if not (shutil.which("cc") or shutil.which("gcc")):
-        pytest.skip("no C compiler on PATH: the native decode ops are not built here")
-    assert native.unavailable_reason() is None, native.unavailable_reason()
+from tests.conftest import need_native
 
 
 def _tiny(kind: str):
