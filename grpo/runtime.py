@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import math
 import random
+import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -30,6 +32,24 @@ def make_run_dir(cfg: Config) -> Path:
                           f"grpo train --resume {run_dir}, or choose another output_dir")
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc's malloc keep freed memory for reuse: no allocation served by its own mmap (which
+    free() unmaps) and no trimming of the heap's top. PyTorch's CPU allocator calls malloc and free
+    per tensor, so without this each large temporary of a training step is new memory to the kernel,
+    faulted in and zeroed page by page (4 KiB each); with it, steps after the heap has grown to the
+    step's peak touch only pages they already own. Process-wide; False (and nothing changed) off
+    Linux or without glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # glibc only: musl and others have no such mallopt parameters
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
+    return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
 
 
 def adamw(params: list, **settings) -> torch.optim.AdamW:

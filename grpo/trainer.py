@@ -37,7 +37,7 @@ from grpo.rewards.runner import RewardRunner
 from grpo.rewards.steps import process_supervision, resolve_step_reward
 from grpo.rollout import Rollout, sample_rollout
 from grpo.rollout.hf import row_keys
-from grpo.runtime import adamw, lr_lambda, make_run_dir, seed_everything
+from grpo.runtime import adamw, keep_freed_memory, lr_lambda, make_run_dir, seed_everything
 
 
 @dataclass
@@ -75,6 +75,8 @@ class Trainer:
         self.world = dist_io.init_world()  # torchrun's environment, or one process
         world = self.world
         _check_world(cfg, world)
+        if cfg.reuse_freed_memory and world.device.type == "cpu":
+            keep_freed_memory()
         # Everything that can be wrong with the input is checked before the model loads.
         self.rewards = RewardRunner(cfg.reward_names, cfg.reward_weights, timeout=cfg.reward_timeout,
                                     workers=cfg.reward_workers, reward_model=cfg.reward_model)
