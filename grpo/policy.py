@@ -43,17 +43,22 @@ def pack_sequences(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tens
     """Lay N (prompt, completion) pairs out as R packed rows of real tokens only, right-padded to L.
 
     With ``share_prompt``, consecutive sequences with the same prompt (the G completions of a group)
-    share one row: [prompt, c_1, c_2, ...], each completion attending to the one prompt pass and to
-    itself (shared-prefix training, Prefix Grouper 2025), so the prompt is computed once and every
-    completion's gradient flows into it; a row that would pass ``max_row_tokens`` (0 = no limit)
-    starts again with the prompt, which bounds attention's quadratic cost. Without sharing each
-    sequence is its own row [prompt, c]. ``completion_mask`` must be a 0/1 prefix mask (tokens up to
-    and including EOS); every prompt must have a token.
+    share one block [prompt, c_1, c_2, ...] of a row, each completion attending to the one prompt pass
+    and to itself (shared-prefix training, Prefix Grouper 2025), so the prompt is computed once and
+    every completion's gradient flows into it. The next group's block follows in the same row while
+    the row stays within ``max_row_tokens`` (0 = no limit), so a forward pass holds one row of real
+    tokens rather than one row per group padded to the longest (issue 4: 4 groups of 32 completions
+    were 1,380 columns for 997 tokens); a block that would pass the limit starts a new row, with its
+    prompt again if the group continues, which bounds a row's length. Without sharing each sequence
+    is its own row [prompt, c]. ``completion_mask`` must be a 0/1 prefix mask (tokens up to and
+    including EOS); every prompt must have a token.
 
-    Returns input_ids, position_ids, segments [R, L] (0 prompt, j for the row's j-th completion,
-    -1 padding); logits_to_keep (int: the model's logits are needed for the last L - first columns
-    only); index [N, T'] (the row of those logits, flattened to [R * (L - first), V], that scores
-    each completion token), tokens [N, T'] and valid [N, T'] (bool), T' the longest completion.
+    Returns input_ids, position_ids, segments and blocks [R, L] (segments: 0 prompt, j for the
+    block's j-th completion, -1 padding; blocks: the block's number in its row, -1 padding);
+    logits_to_keep (the columns whose logits are needed: an int L - first when they are the last
+    columns, else a 1-D tensor of them, ascending); index [N, T'] (the row of those logits, flattened
+    to [R * K, V], that scores each completion token), tokens [N, T'] and valid [N, T'] (bool), T'
+    the longest completion.
     """
     n, dev = prompt_ids.shape[0], completion_ids.device
     c_len = completion_mask.long().sum(1)  # [N]
@@ -63,52 +68,73 @@ def pack_sequences(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tens
         raise ValueError("prompt_mask: every sequence needs at least one prompt token")
     c_len = c_len.tolist()
     rows: list[dict] = []
-    seq_row, seq_start = [], []  # each sequence's row and the offset of its first completion token
+    seq_row, seq_start, seq_prompt_end = [], [], []  # each sequence's row, first completion column, prompt end
     for i in range(n):
         prompt = prompt_ids[i][prompt_mask[i].bool()]  # [P_i]
+        p, c = len(prompt), completion_ids[i, :c_len[i]]  # [L_i]
         row = rows[-1] if rows else None
+        room = max_row_tokens - row["len"] if row is not None and max_row_tokens else None
         if not (share_prompt and row is not None and torch.equal(row["prompt"], prompt)
-                and not (max_row_tokens and row["len"] + c_len[i] > max_row_tokens)):
-            row = {"prompt": prompt, "ids": [prompt], "pos": [torch.arange(len(prompt))],
-                   "seg": [torch.zeros(len(prompt), dtype=torch.long)], "len": len(prompt)}
-            rows.append(row)
-        p, c = len(row["prompt"]), completion_ids[i, :c_len[i]]  # [L_i]
+                and (room is None or len(c) <= room)):
+            if not (share_prompt and row is not None and (room is None or p + len(c) <= room)):
+                row = {"ids": [], "pos": [], "seg": [], "blk": [], "len": 0, "block": -1}
+                rows.append(row)
+            row.update(prompt=prompt, block=row["block"] + 1, prompt_end=row["len"] + p, members=0)
+            _append(row, prompt, torch.arange(p), 0)
+        row["members"] += 1
         seq_row.append(len(rows) - 1)
         seq_start.append(row["len"])
-        row["ids"].append(c)
-        row["pos"].append(torch.arange(p, p + len(c)))
-        row["seg"].append(torch.full((len(c),), len(row["ids"]) - 1, dtype=torch.long))
-        row["len"] += len(c)
+        seq_prompt_end.append(row["prompt_end"])
+        _append(row, c, torch.arange(p, p + len(c)), row["members"])
     r, width = len(rows), max(row["len"] for row in rows)
     ids = completion_ids.new_zeros(r, width)  # [R, L]
     pos = torch.zeros(r, width, dtype=torch.long)  # [R, L]
     seg = torch.full((r, width), -1, dtype=torch.long)  # [R, L]
+    blk = torch.full((r, width), -1, dtype=torch.long)  # [R, L]
     for k, row in enumerate(rows):
-        ids[k, :row["len"]] = torch.cat(row["ids"])
-        pos[k, :row["len"]] = torch.cat(row["pos"])
-        seg[k, :row["len"]] = torch.cat(row["seg"])
+        for out, key in ((ids, "ids"), (pos, "pos"), (seg, "seg"), (blk, "blk")):
+            out[k, :row["len"]] = torch.cat(row[key])
     # column q scores the token at q + 1; a completion's first token is scored at its prompt's end
     t_max = max(max(c_len), 1)
     row_of = torch.tensor(seq_row)[:, None].expand(n, t_max)  # [N, T']
     col = torch.zeros(n, t_max, dtype=torch.long)  # [N, T']
     for i in range(n):
         if c_len[i]:
-            col[i, 0] = len(rows[seq_row[i]]["prompt"]) - 1
+            col[i, 0] = seq_prompt_end[i] - 1
             col[i, 1:c_len[i]] = torch.arange(seq_start[i], seq_start[i] + c_len[i] - 1)
     valid = torch.arange(t_max)[None, :] < torch.tensor(c_len)[:, None]  # [N, T']
-    first = int(col[valid].min()) if bool(valid.any()) else width - 1  # the model keeps columns first..L-1
-    index = torch.where(valid, row_of * (width - first) + (col - first), 0)  # [N, T']
+    keep = torch.unique(col[valid]) if bool(valid.any()) else torch.tensor([width - 1])  # [K] ascending
+    if len(keep) == width - int(keep[0]):  # the last K columns: the model's plain int form
+        keep = width - int(keep[0])
+        index = row_of * keep + (col - (width - keep))
+    else:
+        index = row_of * len(keep) + torch.searchsorted(keep, col)
+    index = torch.where(valid, index, 0)  # [N, T']
     tokens = torch.where(valid.to(dev), completion_ids[:, :t_max], 0)  # [N, T']
-    return {"input_ids": ids, "position_ids": pos.to(dev), "segments": seg.to(dev), "logits_to_keep": width - first,
+    return {"input_ids": ids, "position_ids": pos.to(dev), "segments": seg.to(dev), "blocks": blk.to(dev),
+            "logits_to_keep": keep if isinstance(keep, int) else keep.to(dev),
             "index": index.to(dev), "tokens": tokens, "valid": valid.to(dev)}
 
 
-def packed_attention_mask(segments: Tensor, *, attn_implementation: str, dtype: torch.dtype) -> Tensor:
-    """The attention mask of packed rows (segments [R, L]): a [R, L] padding mask when no row holds
-    more than one completion; else [R, 1, L, L], query q seeing key k <= q of the prompt or of its
-    own completion (boolean for SDPA, additive for eager attention). Padding queries see the prompt,
-    so no row of the mask is empty."""
-    if int(segments.max()) <= 1:
+def _append(row: dict, ids: Tensor, pos: Tensor, segment: int) -> None:
+    """Add tokens ``ids`` at positions ``pos`` to a packed row as segment ``segment`` of its current block."""
+    row["ids"].append(ids)
+    row["pos"].append(pos)
+    row["seg"].append(torch.full((len(ids),), segment, dtype=torch.long))
+    row["blk"].append(torch.full((len(ids),), row["block"], dtype=torch.long))
+    row["len"] += len(ids)
+
+
+def packed_attention_mask(segments: Tensor, blocks: Tensor | None = None, *, attn_implementation: str,
+                          dtype: torch.dtype) -> Tensor:
+    """The attention mask of packed rows (segments and blocks [R, L], as pack_sequences makes them;
+    blocks None: one block per row): a [R, L] padding mask when no row holds more than one
+    completion; else [R, 1, L, L], query q seeing key k <= q of its block's prompt or of its own
+    completion (boolean for SDPA, additive for eager attention). Padding queries see the first
+    block's prompt, so no row of the mask is empty."""
+    if blocks is None:
+        blocks = torch.where(segments >= 0, 0, -1)  # [R, L]
+    if int(segments.max()) <= 1 and int(blocks.max()) <= 0:
         return (segments >= 0).long()  # [R, L]
     if attn_implementation not in SHARED_PREFIX_ATTENTION:
         raise ValueError(f"shared-prefix training needs attention in {list(SHARED_PREFIX_ATTENTION)}; "
@@ -116,7 +142,9 @@ def packed_attention_mask(segments: Tensor, *, attn_implementation: str, dtype: 
     q, k = segments[:, :, None], segments[:, None, :]  # [R, L, 1], [R, 1, L]
     width = segments.shape[1]
     causal = torch.ones(width, width, dtype=torch.bool, device=segments.device).tril()  # [L, L]
-    allowed = (causal & ((k == 0) | (k == q)))[:, None]  # [R, 1, L, L]
+    bq, bk = blocks[:, :, None], blocks[:, None, :]  # [R, L, 1], [R, 1, L]
+    block = (bq == bk) | ((bq < 0) & (bk == 0))  # [R, L, L] padding queries: the first block
+    allowed = (causal & block & ((k == 0) | (k == q)))[:, None]  # [R, 1, L, L]
     if attn_implementation == "sdpa":
         return allowed
     return torch.zeros(allowed.shape, dtype=dtype, device=segments.device).masked_fill_(~allowed, torch.finfo(dtype).min)
@@ -170,9 +198,9 @@ def completion_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completi
 
     Sequences are packed without padding work (``pack_sequences``); with ``share_prompt`` the G
     completions of a group share one prompt pass (rows of at most ``max_row_tokens``). Positions
-    continue from each prompt's real tokens, as during generation. Only the columns from the first
-    that scores a completion token on go through the LM head (``logits_to_keep``), and no
-    full-vocabulary copy of the logits is made. ``autocast`` runs the
+    continue from each prompt's real tokens, as during generation. Only the columns that score a
+    completion token go through the LM head (``logits_to_keep``), and no full-vocabulary copy of
+    the logits is made. ``autocast`` runs the
     transformer body in bf16 (see ``models.keep_head_fp32`` for the head).
     """
     n, t_full = completion_ids.shape
@@ -180,16 +208,16 @@ def completion_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completi
                         max_row_tokens=max_row_tokens)
     dtype = next(p for p in model.parameters()).dtype
     kwargs, switched = {}, contextlib.nullcontext()
-    if attn_implementation == "sdpa" and int(pk["segments"].max()) > 1:
+    if attn_implementation == "sdpa" and (int(pk["segments"].max()) > 1 or int(pk["blocks"].max()) > 0):
         # SDPA on only the blocks the mask allows (grouped_attention.py); no L x L mask
-        kwargs, attn = {"grpo_groups": grouped_attention.group_layout(pk["segments"])}, None
+        kwargs, attn = {"grpo_groups": grouped_attention.group_layout(pk["segments"], pk["blocks"])}, None
         switched = grouped_attention.switched_to(getattr(model, "module", model).config)  # through DDP
     else:
-        attn = packed_attention_mask(pk["segments"], attn_implementation=attn_implementation,
+        attn = packed_attention_mask(pk["segments"], pk["blocks"], attn_implementation=attn_implementation,
                                      dtype=torch.bfloat16 if autocast else dtype)
     with switched, torch.autocast(completion_ids.device.type, dtype=torch.bfloat16, enabled=autocast):
         logits = model(input_ids=pk["input_ids"], attention_mask=attn, position_ids=pk["position_ids"],
-                       use_cache=False, logits_to_keep=pk["logits_to_keep"], **kwargs).logits  # [R, L - first, V]
+                       use_cache=False, logits_to_keep=pk["logits_to_keep"], **kwargs).logits  # [R, K, V]
     out = indexed_logprobs_and_entropy(logits.reshape(-1, logits.shape[-1]), pk["index"], pk["tokens"],
                                        temperature=temperature)  # a view: the model's logits are contiguous
     logp = torch.where(pk["valid"], out["logp"], 0.0)  # [N, T']

@@ -52,8 +52,10 @@ def _grads(model, logp, ent, w1, w2):
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-@pytest.mark.parametrize("share", [False, True])
-def test_packed_logprobs_and_gradients_equal_one_sequence_at_a_time(attn, share):
+@pytest.mark.parametrize("share,max_row_tokens", [(False, 0), (True, 0), (True, 21)])
+def test_packed_logprobs_and_gradients_equal_one_sequence_at_a_time(attn, share, max_row_tokens):
+    """Every group in one row (max_row_tokens 0), or rows of at most 21 tokens: the first group split
+    over rows, and one row with two groups' blocks."""
     model = build_tiny_model(40, seed=1).double()  # float64: the check is of the layout, not of rounding
     model.config._attn_implementation = attn
     batch = _batch()
@@ -61,7 +63,7 @@ def test_packed_logprobs_and_gradients_equal_one_sequence_at_a_time(attn, share)
     ref_lp, ref_ent = _one_by_one(model, batch, 0.7)
     g_ref = _grads(model, ref_lp, ref_ent, w1, w2)
     out = completion_logprobs(model, *batch, temperature=0.7, with_entropy=True, share_prompt=share,
-                              attn_implementation=attn)
+                              attn_implementation=attn, max_row_tokens=max_row_tokens)
     torch.testing.assert_close(out["logp"], ref_lp.to(out["logp"].dtype), atol=1e-5, rtol=0)
     torch.testing.assert_close(out["entropy"], ref_ent.to(out["entropy"].dtype), atol=1e-5, rtol=0)
     g = _grads(model, out["logp"].double(), out["entropy"].double(), w1, w2)
@@ -83,31 +85,42 @@ def test_shared_prefix_in_float32_matches_per_sequence_to_1e5():
         torch.testing.assert_close(g_shared[name], g_plain[name], atol=1e-5, rtol=0, msg=name)
 
 
-def test_shared_prefix_packs_each_group_into_one_row_of_real_tokens():
+def test_shared_prefix_packs_groups_into_rows_of_real_tokens():
     batch = _batch(groups=((3, 2), (2, 2)), t=4)
+    l0, l1, l2, l3 = batch[3].sum(1).tolist()
     pk = pack_sequences(*batch, share_prompt=True)
-    lengths = batch[3].sum(1).tolist()
-    width = max(3 + lengths[0] + lengths[1], 2 + lengths[2] + lengths[3])
-    assert pk["input_ids"].shape == (2, width)  # one row per group, real tokens only
-    assert pk["segments"][0, :3].tolist() == [0, 0, 0]
-    first = batch[2][0, :lengths[0]].tolist()
-    assert pk["input_ids"][0, 3:3 + lengths[0]].tolist() == first
-    # the second completion restarts its positions right after the prompt
-    assert pk["position_ids"][0, 3 + lengths[0]].item() == 3
-    # a group's first tokens are all scored at its prompt's last position; the logits start there
+    # one row, two blocks: [prompt 3, c0, c1 | prompt 2, c2, c3], real tokens only
+    second = 3 + l0 + l1
+    assert pk["input_ids"].shape == (1, second + 2 + l2 + l3)
+    assert pk["blocks"][0].tolist() == [0] * second + [1] * (2 + l2 + l3)
+    assert pk["segments"][0].tolist() == [0] * 3 + [1] * l0 + [2] * l1 + [0] * 2 + [1] * l2 + [2] * l3
+    assert pk["input_ids"][0, 3:3 + l0].tolist() == batch[2][0, :l0].tolist()
+    assert pk["input_ids"][0, second:second + 2].tolist() == batch[0][2, -2:].tolist()
+    # positions restart after each block's prompt for each completion, and from 0 for each block
+    assert pk["position_ids"][0, 3 + l0].item() == 3 and pk["position_ids"][0, second].item() == 0
+    # a group's first tokens are all scored at its prompt's last position
     assert pk["index"][0, 0] == pk["index"][1, 0] and pk["index"][2, 0] == pk["index"][3, 0]
-    assert pk["logits_to_keep"] == width - 1  # the shorter prompt ends at column 1
+    # only the scoring columns reach the LM head: each prompt's last, each completion's but its last
+    want = [2, *range(3, 3 + l0 - 1), *range(3 + l0, second - 1), second + 1,
+            *range(second + 2, second + 2 + l2 - 1), *range(second + 2 + l2, second + 2 + l2 + l3 - 1)]
+    assert pk["logits_to_keep"].tolist() == sorted(set(want))
     valid = pk["index"][pk["valid"]]
     assert len(set(valid.tolist())) == len(valid) - 2  # every other scored token has its own position
     unshared = pack_sequences(*batch, share_prompt=False)
-    assert unshared["input_ids"].shape[0] == 4
-    assert len(set(unshared["index"][unshared["valid"]].tolist())) == sum(lengths)
-    cap = 3 + lengths[0]
-    capped = pack_sequences(*batch, share_prompt=True, max_row_tokens=cap)
-    # the first group's second completion starts a new row (with the prompt again); the second
-    # group's does when its two completions do not fit beside its prompt
-    assert capped["input_ids"].shape[0] == 3 + (2 + lengths[2] + lengths[3] > cap)
+    assert unshared["input_ids"].shape[0] == 4 and int(unshared["blocks"].max()) == 0
+    assert len(set(unshared["index"][unshared["valid"]].tolist())) == l0 + l1 + l2 + l3
+    # a row capped at the first group's block: the second group starts a new row
+    capped = pack_sequences(*batch, share_prompt=True, max_row_tokens=second)
+    assert capped["input_ids"].shape[0] == 2 and int(capped["blocks"].max()) == 0
+    # completions of 4, 1 | 1, 3 tokens in rows of at most 7: [p0 c0], [p0 c1 p1 c2], [p1 c3]; the
+    # first group's second completion starts a row with its prompt again, the second group's block follows
+    lengths = torch.tensor([4, 1, 1, 3])
+    mask = (torch.arange(4) < lengths[:, None]).long()
+    capped = pack_sequences(batch[0], batch[1], batch[2] * mask, mask, share_prompt=True, max_row_tokens=7)
+    assert capped["blocks"].tolist() == [[0] * 7, [0, 0, 0, 0, 1, 1, 1], [0] * 5 + [-1] * 2]
+    assert capped["segments"].tolist() == [[0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 1, 0, 0, 1], [0, 0, 1, 1, 1, -1, -1]]
     assert capped["input_ids"][1, :3].tolist() == batch[0][1, -3:].tolist()
+    assert capped["input_ids"][2, :2].tolist() == batch[0][2, -2:].tolist()
 
 
 def test_bad_masks_are_clear_errors():
