@@ -163,30 +163,59 @@ def sliding_window(config) -> int | None:
     return int(window)
 
 
-@contextlib.contextmanager
-def sparse_tied_embedding_grad(model, *, enabled: bool = True):
-    """Within the block, forwards of ``model`` give its input embedding a sparse gradient (the rows of
-    the tokens seen) where the embedding weight is trainable and tied to the output layer.
+class _EmbeddingIntoGrad(torch.autograd.Function):
+    """An embedding lookup whose weight gradient is added in place into ``weight.grad`` (rows of the
+    tokens seen) rather than handed to autograd; see tied_embedding_grad_in_place. The weight is no
+    input of the graph (so autograd accumulates the output layer's gradient alone, as soon as it is
+    ready, taking its buffer as ``.grad``); ``anchor``, an empty leaf, makes the output require grad."""
 
-    Use it only around forwards whose loss depends on the output layer (completion_logprobs): that
-    layer's gradient for the same weight is dense, and autograd sums the two before accumulating, so
-    the result is the same dense gradient, without the dense [V, H] matrix of zeros the embedding's
-    backward builds otherwise (113 MB for SmolLM2, filled and added in full on each backward pass;
-    issue 4). A forward whose loss skips the output layer would leave a sparse ``.grad`` (the
-    trainer densifies one before clipping). The trainer uses it on one process only: it is not
-    tested under DDP and FSDP2."""
+    @staticmethod
+    def forward(ctx, ids: Tensor, anchor: Tensor, emb: torch.nn.Embedding) -> Tensor:
+        ctx.save_for_backward(ids)
+        ctx.emb = emb
+        return torch.nn.functional.embedding(ids, emb.weight, emb.padding_idx)  # [..., H]
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):  # [..., H]
+        (ids,) = ctx.saved_tensors
+        w, padding_idx = ctx.emb.weight, ctx.emb.padding_idx
+        ids, g = ids.reshape(-1), grad_out.reshape(-1, grad_out.shape[-1]).to(w.dtype)  # [M], [M, H]
+        if padding_idx is not None:  # as F.embedding: the padding row gets no gradient
+            g = g * (ids != padding_idx)[:, None]
+        if w.grad is None:  # no output-layer gradient yet: it is added to this one when it comes
+            w.grad = torch.zeros_like(w)
+        w.grad.index_add_(0, ids, g)
+        return None, None, None
+
+
+_ANCHOR = torch.empty(0, requires_grad=True)
+
+
+@contextlib.contextmanager
+def tied_embedding_grad_in_place(model, *, enabled: bool = True):
+    """Within the block, forwards of ``model`` add its input embedding's weight gradient straight
+    into ``weight.grad`` (index_add_ over the rows of the tokens seen) where that weight is trainable
+    and tied to the output layer. The result is the same dense gradient: the output layer's part
+    reaches ``.grad`` through autograd (first: the output layer's backward runs before the
+    embedding's), and the two add up.
+
+    Why: autograd sums a tied weight's two gradients before accumulating them, and the embedding's
+    (dense, or sparse with ``sparse=True``) was summed by building a new [V, H] matrix: 113 MB for
+    SmolLM2, filled or copied on each backward pass, 0.1-0.3 s on the 2-core bench machine (issue 4).
+    Only a plain ``torch.nn.Embedding`` without max_norm or scale_grad_by_freq qualifies (subclasses
+    such as Gemma's scaled embedding keep their own forward). The trainer uses it on one process
+    only: DDP and FSDP2 synchronise gradients that go through autograd, which this one does not."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     emb, head = base.get_input_embeddings(), base.get_output_embeddings()
-    tied = (enabled and isinstance(emb, torch.nn.Embedding) and emb.weight.requires_grad
-            and getattr(head, "weight", None) is emb.weight)
-    before = emb.sparse if tied else None
+    tied = (enabled and type(emb) is torch.nn.Embedding and emb.weight.requires_grad
+            and getattr(head, "weight", None) is emb.weight and emb.max_norm is None and not emb.scale_grad_by_freq)
     if tied:
-        emb.sparse = True
+        emb.forward = lambda ids: _EmbeddingIntoGrad.apply(ids, _ANCHOR, emb)
     try:
         yield tied
     finally:
         if tied:
-            emb.sparse = before
+            del emb.forward  # the class's forward again
 
 
 def completion_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,

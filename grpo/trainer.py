@@ -32,7 +32,7 @@ from grpo.data import PromptSampler, load_task, render_prompt
 from grpo.evaluate import evaluate
 from grpo.logger import NullLogger, RunLogger
 from grpo.models import keep_head_fp32, load_models, native_bf16, reset_reference
-from grpo.policy import SHARED_PREFIX_ATTENTION, completion_logprobs, sliding_window, sparse_tied_embedding_grad
+from grpo.policy import SHARED_PREFIX_ATTENTION, completion_logprobs, sliding_window, tied_embedding_grad_in_place
 from grpo.rewards.runner import RewardRunner
 from grpo.rewards.steps import process_supervision, resolve_step_reward
 from grpo.rollout import Rollout, sample_rollout
@@ -335,7 +335,7 @@ class Trainer:
     def _micro_loss(self, batch: Batch, idx: torch.Tensor, total) -> dict:
         """The objective on micro-batch rows ``idx``, through the (possibly wrapped) policy."""
         cfg, ro, k = self.cfg, batch.rollout, self.stability  # k: this step's knobs (eps, beta, ...)
-        with sparse_tied_embedding_grad(self.policy, enabled=not self.world.distributed):
+        with tied_embedding_grad_in_place(self.policy, enabled=not self.world.distributed):
             cur = completion_logprobs(self.engine, ro.prompt_ids[idx], ro.prompt_mask[idx],
                                       ro.completion_ids[idx], ro.completion_mask[idx],
                                       temperature=k.temperature, with_entropy=k.entropy_coef > 0,
@@ -357,7 +357,7 @@ class Trainer:
 
     def _optimizer_step(self) -> float:
         params = [p for p in self.policy.parameters() if p.grad is not None]
-        for p in params:  # clipping and the fused AdamW take dense gradients (see sparse_tied_embedding_grad)
+        for p in params:  # clipping and the fused AdamW take dense gradients
             if p.grad.is_sparse:
                 p.grad = p.grad.to_dense()
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else float("inf")

@@ -151,40 +151,43 @@ def test_flash_attention_is_refused_for_shared_prefix():
 
 
 @pytest.mark.parametrize("share", [False, True])
-def test_sparse_tied_embedding_grad_gives_the_same_dense_gradient(share):
-    """The tied embedding's sparse gradient, summed with the output layer's, is the dense gradient of
-    the plain backward (to fp32 rounding), over two accumulated backward passes; the flag is restored."""
-    from grpo.policy import sparse_tied_embedding_grad
+def test_tied_embedding_grad_in_place_gives_the_same_dense_gradient(share):
+    """The tied embedding's gradient added in place into .grad, with the output layer's through
+    autograd, is the dense gradient of the plain backward (to fp32 rounding), over two accumulated
+    backward passes, with a padding_idx whose row gets none; the module's own forward is back after."""
+    from grpo.policy import tied_embedding_grad_in_place
 
     model = build_tiny_model(40, seed=4)
+    model.get_input_embeddings().padding_idx = 3
     batch = _batch(seed=2)
     w = torch.randn(batch[2].shape, generator=torch.Generator().manual_seed(6))
 
-    def grads(sparse: bool):
+    def grads(in_place: bool):
         model.zero_grad(set_to_none=True)
         for half in (slice(0, 7), slice(7, None)):  # two passes accumulate into the same gradients
-            with sparse_tied_embedding_grad(model, enabled=sparse) as used:
+            with tied_embedding_grad_in_place(model, enabled=in_place) as used:
                 out = completion_logprobs(model, *(x[half] for x in batch), temperature=0.7, share_prompt=share)
-            assert used == sparse
+            assert used == in_place
             (out["logp"] * w[half]).sum().backward()
         return {n: p.grad.clone() for n, p in model.named_parameters()}
 
-    plain, sparse = grads(False), grads(True)
-    assert model.get_input_embeddings().sparse is False
-    for name, g in sparse.items():
+    plain, in_place = grads(False), grads(True)
+    assert "forward" not in vars(model.get_input_embeddings())
+    assert bool((batch[0] == 3).any() | (batch[2] == 3).any())  # the padding row's token occurs
+    for name, g in in_place.items():
         assert g.layout == torch.strided, name  # dense: what clipping and the fused AdamW take
         torch.testing.assert_close(g, plain[name], rtol=1e-5, atol=1e-7)
 
 
-def test_sparse_tied_embedding_grad_leaves_untied_and_frozen_embeddings_alone():
+def test_tied_embedding_grad_in_place_leaves_untied_and_frozen_embeddings_alone():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from grpo.policy import sparse_tied_embedding_grad
+    from grpo.policy import tied_embedding_grad_in_place
 
     untied = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                           num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False))
     frozen = build_tiny_model(40)
     frozen.get_input_embeddings().weight.requires_grad_(False)
     for model in (untied, frozen):
-        with sparse_tied_embedding_grad(model) as used:
-            assert not used and model.get_input_embeddings().sparse is False
+        with tied_embedding_grad_in_place(model) as used:
+            assert not used and "forward" not in vars(model.get_input_embeddings())
