@@ -2,6 +2,9 @@
 decoder computes, step after step, on left-padded prompts shared by G rows, as rows leave the batch,
 for Llama and for Qwen2 (biases on q, k, v); and they decline the models they do not cover."""
 
+import os
+import shutil
+
 import pytest
 import torch
 
@@ -28,15 +31,20 @@ def _decoder(kind: str, model, onednn: bool):
     if kind == "torch":
         return FusedDecoder(model, packed=onednn)
     need_native()
-    return native.NativeDecoder(model, native.library(), packed=onednn)
+    lib = native.library()
+    if kind == "native-serial":  # the build without OpenMP: attention's rows on one thread
+        lib = native.load(native.built(os.environ.get("CC") or shutil.which("cc") or "gcc", native.SERIAL_FLAGS))
+        assert lib.attention_threads() == 1
+    return native.NativeDecoder(model, lib, packed=onednn)
 
 
-@pytest.mark.parametrize("step_kind", ["torch", "native"])
+@pytest.mark.parametrize("step_kind", ["torch", "native", "native-serial"])
 @pytest.mark.parametrize("onednn", [True, False])
 @pytest.mark.parametrize("kind", ["llama", "llama-d16", "qwen2"])
 def test_fused_step_equals_hf_decoder_step(kind, onednn, step_kind):
     """Two prompts (one left-padded) x 2 rows each, 5 decode steps; after the third, row 1 ends and
-    leaves the batch. Every step's hidden states equal HF's decoder on its own (repeated) cache."""
+    leaves the batch. Every step's hidden states equal HF's decoder on its own (repeated) cache.
+    (native: 4 rows split over OpenMP's threads, then 3 rows on one.)"""
     model = _tiny(kind)
     dec = model.get_decoder()
     ids = torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5]])  # [2, 5] the first prompt left-padded
@@ -74,6 +82,8 @@ def test_native_library_is_rebuilt_into_a_fresh_cache(tmp_path, monkeypatch):
     try:
         assert native.library() is not None, native.unavailable_reason()
         assert len(list((tmp_path / "grpo").glob("decode_ops-*.so"))) == 1
+        # built with OpenMP, on PyTorch's runtime: its threads
+        assert native.library().attention_threads() == torch.get_num_threads()
         native.library.cache_clear()
         monkeypatch.setenv("GRPO_NATIVE", "0")
         assert native.library() is None and native.unavailable_reason() == "GRPO_NATIVE=0"
