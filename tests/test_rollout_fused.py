@@ -35,10 +35,14 @@ def _decoder(kind: str, model, onednn: bool):
     if kind == "native-serial":  # the build without OpenMP: attention's rows on one thread
         lib = native.load(native.built(os.environ.get("CC") or shutil.which("cc") or "gcc", native.SERIAL_FLAGS))
         assert lib.attention_threads() == 1
+    if kind == "native-panels":  # a rollout of at most 8 rows: every product through panel_linear8
+        dec = native.NativeDecoder(model, lib, packed=onednn, rows=4)
+        assert dec.panels and all("panel_linear" in w[k].__qualname__ for w in dec.layers for k in ("qkv", "o", "gate_up", "down"))
+        return dec
     return native.NativeDecoder(model, lib, packed=onednn)
 
 
-@pytest.mark.parametrize("step_kind", ["torch", "native", "native-serial"])
+@pytest.mark.parametrize("step_kind", ["torch", "native", "native-serial", "native-panels"])
 @pytest.mark.parametrize("onednn", [True, False])
 @pytest.mark.parametrize("kind", ["llama", "llama-d16", "qwen2"])
 def test_fused_step_equals_hf_decoder_step(kind, onednn, step_kind):

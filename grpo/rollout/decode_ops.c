@@ -249,3 +249,29 @@ void decode_attention(const float *qkv, const float *cos, const float *sin, cons
         }
     }
 }
+
+/* y[8, N] = x[8, K] @ W^T for weights packed in panels of 32 output columns, wp [N / 32, K, 32] (each
+ * panel's K x 32 block contiguous, read start to end): 16 sums of 16 lanes in registers per panel, every
+ * weight read once for the 8 rows, each x value broadcast. The panels are split over the OpenMP threads. */
+void panel_linear8(const float *x, int64_t K, const float *wp, int64_t N, float *y) {
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < N / 32; p++) {
+        const float *w = wp + p * K * 32;
+        v16 a0 = {0}, b0 = {0}, a1 = {0}, b1 = {0}, a2 = {0}, b2 = {0}, a3 = {0}, b3 = {0};
+        v16 a4 = {0}, b4 = {0}, a5 = {0}, b5 = {0}, a6 = {0}, b6 = {0}, a7 = {0}, b7 = {0};
+        for (int64_t k = 0; k < K; k++) {
+            v16 u = *(const v16 *)(w + k * 32), v = *(const v16 *)(w + k * 32 + 16);
+            float x0 = x[k], x1 = x[K + k], x2 = x[2 * K + k], x3 = x[3 * K + k];
+            float x4 = x[4 * K + k], x5 = x[5 * K + k], x6 = x[6 * K + k], x7 = x[7 * K + k];
+            a0 += x0 * u; b0 += x0 * v; a1 += x1 * u; b1 += x1 * v;
+            a2 += x2 * u; b2 += x2 * v; a3 += x3 * u; b3 += x3 * v;
+            a4 += x4 * u; b4 += x4 * v; a5 += x5 * u; b5 += x5 * v;
+            a6 += x6 * u; b6 += x6 * v; a7 += x7 * u; b7 += x7 * v;
+        }
+        float *o = y + p * 32;
+        *(v16 *)(o) = a0; *(v16 *)(o + 16) = b0; *(v16 *)(o + N) = a1; *(v16 *)(o + N + 16) = b1;
+        *(v16 *)(o + 2 * N) = a2; *(v16 *)(o + 2 * N + 16) = b2; *(v16 *)(o + 3 * N) = a3; *(v16 *)(o + 3 * N + 16) = b3;
+        *(v16 *)(o + 4 * N) = a4; *(v16 *)(o + 4 * N + 16) = b4; *(v16 *)(o + 5 * N) = a5; *(v16 *)(o + 5 * N + 16) = b5;
+        *(v16 *)(o + 6 * N) = a6; *(v16 *)(o + 6 * N + 16) = b6; *(v16 *)(o + 7 * N) = a7; *(v16 *)(o + 7 * N + 16) = b7;
+    }
+}

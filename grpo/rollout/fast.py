@@ -124,14 +124,16 @@ def _logits(model, chunks, h: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.nn.functional.linear(h, w, b) for w, b in chunks], 1).float()  # [n, V]
 
 
-def _stepper(model, capacity: int, *, onednn: bool, use_native: bool):
+def _stepper(model, capacity: int, *, onednn: bool, use_native: bool, rows: int | None = None):
     """The decode step for ``model``: NativeDecoder (C small ops) where the fused step covers the
     model and the C file builds, FusedDecoder (PyTorch small ops) where only the former holds, HF's
     decoder elsewhere."""
     if fused_unsupported_reason(model, capacity) is not None:
         return HFStep(model)
     lib = native.library() if use_native else None
-    return FusedDecoder(model, packed=onednn) if lib is None else native.NativeDecoder(model, lib, packed=onednn)
+    if lib is None:
+        return FusedDecoder(model, packed=onednn)
+    return native.NativeDecoder(model, lib, packed=onednn, rows=rows if onednn else None)
 
 
 @torch.no_grad()
@@ -164,7 +166,8 @@ def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_n
     # Llama-family models step through NativeDecoder / FusedDecoder (native.py, fused.py; they pack
     # their own weights): only the output layer is packed here. Others step HF's decoder with every
     # linear packed.
-    stepper = _stepper(base, ids.shape[1] + max_new_tokens, onednn=onednn, use_native=use_native)
+    stepper = _stepper(base, ids.shape[1] + max_new_tokens, onednn=onednn, use_native=use_native,
+                       rows=n_rows)
     try:
         only = None if isinstance(stepper, HFStep) else [base.get_output_embeddings()]
         with packed_linears(base, enabled=onednn, only=only) as packed:
