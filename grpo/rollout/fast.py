@@ -8,7 +8,8 @@ doing only the work those tokens need:
     as completions end instead of computing padding up to the longest one;
   - the KV cache is written into buffers made once (no per-step concatenation of the whole cache);
   - the fp32 linears run oneDNN's inner product on weights packed once per rollout (kernels.py: at
-    8 rows MKL's sgemm reached ~60% of the core's peak, the output layer ~20%);
+    8 rows MKL's sgemm reached ~60% of the core's peak, the output layer ~20%), or, for a rollout of
+    at most 8 rows on the native step, decode_ops.c's panel products (native.py);
   - per step: one decoder forward on the live rows' last tokens, the output layer on the last
     position only, the KeyedSampler's warpers and per-(key, t) Gumbel noise on those rows, an argmax.
 Sampling is KeyedSampler itself (the same warpers and noise), so a row's tokens depend only on its
