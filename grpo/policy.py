@@ -125,6 +125,12 @@ def _append(row: dict, ids: Tensor, pos: Tensor, segment: int) -> None:
     row["len"] += len(ids)
 
 
+def _shares_rows(segments: Tensor, blocks: Tensor) -> bool:
+    """Whether some packed row holds more than one sequence (two completions, or two blocks), so
+    that attention needs more than a padding mask."""
+    return int(segments.max()) > 1 or int(blocks.max()) > 0
+
+
 def packed_attention_mask(segments: Tensor, blocks: Tensor | None = None, *, attn_implementation: str,
                           dtype: torch.dtype) -> Tensor:
     """The attention mask of packed rows (segments and blocks [R, L], as pack_sequences makes them;
@@ -134,7 +140,7 @@ def packed_attention_mask(segments: Tensor, blocks: Tensor | None = None, *, att
     block's prompt, so no row of the mask is empty."""
     if blocks is None:
         blocks = torch.where(segments >= 0, 0, -1)  # [R, L]
-    if int(segments.max()) <= 1 and int(blocks.max()) <= 0:
+    if not _shares_rows(segments, blocks):
         return (segments >= 0).long()  # [R, L]
     if attn_implementation not in SHARED_PREFIX_ATTENTION:
         raise ValueError(f"shared-prefix training needs attention in {list(SHARED_PREFIX_ATTENTION)}; "
@@ -237,7 +243,7 @@ def completion_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completi
                         max_row_tokens=max_row_tokens)
     dtype = next(p for p in model.parameters()).dtype
     kwargs, switched = {}, contextlib.nullcontext()
-    if attn_implementation == "sdpa" and (int(pk["segments"].max()) > 1 or int(pk["blocks"].max()) > 0):
+    if attn_implementation == "sdpa" and _shares_rows(pk["segments"], pk["blocks"]):
         # SDPA on only the blocks the mask allows (grouped_attention.py); no L x L mask
         kwargs, attn = {"grpo_groups": grouped_attention.group_layout(pk["segments"], pk["blocks"])}, None
         switched = grouped_attention.switched_to(getattr(model, "module", model).config)  # through DDP

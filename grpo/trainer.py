@@ -357,9 +357,6 @@ class Trainer:
 
     def _optimizer_step(self) -> float:
         params = [p for p in self.policy.parameters() if p.grad is not None]
-        for p in params:  # clipping and the fused AdamW take dense gradients
-            if p.grad.is_sparse:
-                p.grad = p.grad.to_dense()
         max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor

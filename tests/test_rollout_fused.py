@@ -2,9 +2,6 @@
 decoder computes, step after step, on left-padded prompts shared by G rows, as rows leave the batch,
 for Llama and for Qwen2 (biases on q, k, v); and they decline the models they do not cover."""
 
-import os
-import shutil
-
 import pytest
 import torch
 
@@ -33,7 +30,7 @@ def _decoder(kind: str, model, onednn: bool):
     need_native()
     lib = native.library()
     if kind == "native-serial":  # the build without OpenMP: attention's rows on one thread
-        lib = native.load(native.built(os.environ.get("CC") or shutil.which("cc") or "gcc", native.SERIAL_FLAGS))
+        lib = native.load(native.built(native.compiler(), native.SERIAL_FLAGS))
         assert lib.attention_threads() == 1
     if kind == "native-panels":  # a rollout of at most 8 rows: every product through panel_linear8
         dec = native.NativeDecoder(model, lib, packed=onednn, rows=4)

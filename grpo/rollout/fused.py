@@ -48,11 +48,19 @@ def fused_unsupported_reason(model, capacity: int) -> str | None:
     return None
 
 
-def _fuse(*mods, packed: bool, scale: torch.Tensor | None = None, linear=None):
+def default_linear(packed: bool):
+    """The product factory (weight [out, in], bias [out] or None) -> (x [n, in] -> [n, out]) a decode
+    step uses unless told otherwise: oneDNN on the weight packed once (kernels.packed_linear) where
+    asked and available, else F.linear."""
+    if packed and onednn_available():
+        return packed_linear
+    return lambda weight, bias: functools.partial(F.linear, weight=weight, bias=bias)
+
+
+def _fuse(*mods, linear, scale: torch.Tensor | None = None):
     """One product for several projections of the same input: their weights stacked by rows, each
     column times ``scale`` [in] (the RMSNorm weight before them: W (w * x) = (W diag w) x). Returns
-    x [n, in] -> [n, sum out]: ``linear(weight, bias)`` where given, else oneDNN-packed
-    (kernels.packed_linear) where asked and available, else F.linear."""
+    ``linear(weight, bias)``: x [n, in] -> [n, sum out]."""
     weight = torch.cat([m.weight.detach() for m in mods])  # [sum out, in]
     if scale is not None:
         weight = weight * scale.detach()[None, :]
@@ -61,11 +69,7 @@ def _fuse(*mods, packed: bool, scale: torch.Tensor | None = None, linear=None):
     else:
         bias = torch.cat([m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.weight.shape[0])
                           for m in mods])
-    if linear is not None:  # the caller's product (native.py's panels at <= 8 rows)
-        return linear(weight, bias)
-    if packed and onednn_available():
-        return packed_linear(weight, bias)
-    return functools.partial(F.linear, weight=weight, bias=bias)
+    return linear(weight, bias)
 
 
 class RowCache:
@@ -98,6 +102,8 @@ class FusedDecoder(RowCache):
     make one per rollout (the weights change every optimiser step) and drop it after."""
 
     def __init__(self, model, *, packed: bool = True, linear=None):
+        """``linear``: the product factory (``default_linear(packed)`` when None)."""
+        linear = linear or default_linear(packed)
         cfg, dec = model.config, model.get_decoder()
         self.rotary, self.embed = dec.rotary_emb, dec.embed_tokens.weight.detach()
         self.hq, self.hk = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -108,11 +114,10 @@ class FusedDecoder(RowCache):
             a, m = layer.self_attn, layer.mlp
             n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
             self.layers.append({  # the RMSNorm weights are folded into the products that follow them
-                "eps1": n1.variance_epsilon, "qkv": _fuse(a.q_proj, a.k_proj, a.v_proj, packed=packed, scale=n1.weight,
-                                                                   linear=linear),
-                "o": _fuse(a.o_proj, packed=packed, linear=linear), "scale": a.scaling, "eps2": n2.variance_epsilon,
-                "gate_up": _fuse(m.gate_proj, m.up_proj, packed=packed, scale=n2.weight, linear=linear),
-                "down": _fuse(m.down_proj, packed=packed, linear=linear)})
+                "eps1": n1.variance_epsilon, "qkv": _fuse(a.q_proj, a.k_proj, a.v_proj, linear=linear, scale=n1.weight),
+                "o": _fuse(a.o_proj, linear=linear), "scale": a.scaling, "eps2": n2.variance_epsilon,
+                "gate_up": _fuse(m.gate_proj, m.up_proj, linear=linear, scale=n2.weight),
+                "down": _fuse(m.down_proj, linear=linear)})
         self.norm = (dec.norm.weight.detach(), dec.norm.variance_epsilon)
 
     @staticmethod

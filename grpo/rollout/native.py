@@ -33,10 +33,8 @@ import tempfile
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from grpo.rollout.fused import FusedDecoder
-from grpo.rollout.kernels import onednn_available, packed_linear
+from grpo.rollout.fused import FusedDecoder, default_linear
 
 SOURCE = Path(__file__).with_name("decode_ops.c")
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC"]
@@ -70,7 +68,7 @@ def library() -> ctypes.CDLL | None:
     if os.environ.get("GRPO_NATIVE", "1") == "0":
         _last_error.append("GRPO_NATIVE=0")
         return None
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    cc = compiler()
     if cc is None:
         _last_error.append("no C compiler (cc or gcc) on PATH")
         return None
@@ -115,6 +113,11 @@ def built(cc: str, flags: list[str]) -> Path:
     return path
 
 
+def compiler() -> str | None:
+    """The C compiler decode_ops.c is built with: $CC, else cc or gcc on PATH (None: none found)."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
 def unavailable_reason() -> str | None:
     """Why ``library()`` is None (None when it loaded)."""
     return None if library() is not None else (_last_error[-1] if _last_error else "unknown")
@@ -123,10 +126,10 @@ def unavailable_reason() -> str | None:
 PANEL_ROWS = 8
 
 
-def _panel_linear(lib: ctypes.CDLL, weight: torch.Tensor, bias: torch.Tensor | None):
+def _panel_linear(lib: ctypes.CDLL, fallback, weight: torch.Tensor, bias: torch.Tensor | None):
     """x [n, in] -> x @ weight.T + bias [n, out] for n <= 8 through decode_ops.c's panel_linear8, the
     weight [out, in] repacked once into panels [out / 32, in, 32] (a copy; where out is no multiple of
-    32, oneDNN's product or F.linear instead). x must be the first n rows of a contiguous buffer of at
+    32, ``fallback``'s product instead). x must be the first n rows of a contiguous buffer of at
     least 8 (the kernel computes 8; rows past n are ignored). The result is a view of a buffer the next
     call overwrites.
 
@@ -135,7 +138,7 @@ def _panel_linear(lib: ctypes.CDLL, weight: torch.Tensor, bias: torch.Tensor | N
     30 layers of SmolLM2: 23.3 -> 16.3 ms)."""
     n_out, k = weight.shape
     if n_out % 32:
-        return packed_linear(weight, bias) if onednn_available() else functools.partial(F.linear, weight=weight, bias=bias)
+        return fallback(weight, bias)
     panels = weight.view(n_out // 32, 32, k).transpose(1, 2).contiguous()  # [out / 32, in, 32]
     out = torch.empty(PANEL_ROWS, n_out)  # [8, out]
 
@@ -154,7 +157,8 @@ class NativeDecoder(FusedDecoder):
         """``rows``: the rollout's N rows; at most PANEL_ROWS of them, the products run panel_linear8
         (weights in panels, read once per step at close to memory bandwidth) instead of oneDNN."""
         self.panels = rows is not None and rows <= PANEL_ROWS
-        super().__init__(model, packed=packed, linear=functools.partial(_panel_linear, lib) if self.panels else None)
+        linear = functools.partial(_panel_linear, lib, default_linear(packed)) if self.panels else None
+        super().__init__(model, packed=packed, linear=linear)
         self.lib = lib
         self.hidden = model.config.hidden_size
 
