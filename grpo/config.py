@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from grpo.config_types import ConfigError, parse_value
 from grpo.core import (AGGREGATIONS, COV_MODES, ESTIMATORS, GROUP_ESTIMATORS, KL_ESTIMATORS, PF_MODES,
                        RATIO_LEVELS)
 
@@ -24,10 +25,6 @@ DEFAULT_MODEL = "embedded:SmolLM2-135M-Instruct"
 SCHEDULES = ("constant", "cosine", "linear")
 DTYPES = ("float32", "bfloat16", "float16")
 REPORT_TO = ("tensorboard", "wandb", "none")
-
-
-class ConfigError(ValueError):
-    """A bad configuration value; the message names the key."""
 
 
 @dataclass
@@ -400,51 +397,9 @@ def _hints() -> dict[str, Any]:
     return _HINTS
 
 
-def _parse_value(key: str, raw: Any, hint: Any) -> Any:
-    """Turn a YAML value or a command-line string into the field's type, or fail naming the key."""
-    args = typing.get_args(hint)
-    optional = type(None) in args
-    base = next((a for a in args if a is not type(None)), hint) if args else hint
-    if raw is None or (isinstance(raw, str) and raw.lower() in ("none", "null") and optional):
-        if optional:
-            return None
-        raise ConfigError(f"{key}: may not be null")
-    origin = typing.get_origin(base)
-    try:
-        if origin is list:
-            items = raw if isinstance(raw, list) else yaml.safe_load(raw) if str(raw).startswith("[") \
-                else str(raw).split(",")
-            return [float(x) for x in items]
-        if base is bool:
-            if isinstance(raw, bool):
-                return raw
-            if str(raw).lower() in ("true", "1", "yes", "on"):
-                return True
-            if str(raw).lower() in ("false", "0", "no", "off"):
-                return False
-            raise ValueError
-        if base is int:
-            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
-                raise ValueError
-            return int(float(raw)) if isinstance(raw, str) and "e" in raw.lower() else int(raw)
-        if base is float:
-            if isinstance(raw, bool):
-                raise ValueError
-            return float(raw)
-        if base is str:
-            return str(raw)
-    except (TypeError, ValueError):
-        pass
-    name = getattr(base, "__name__", str(base))
-    raise ConfigError(f"{key}: expected {name}{' or null' if optional else ''}, got {raw!r}")
-
-
 def _coerce_types(c: Config) -> None:
     for f in fields(c):
-        setattr(c, f.name, _parse_value(f.name, getattr(c, f.name), _hints()[f.name]))
-
-
-# Short names accepted on input for keys whose canonical (TRL) name is long; saved configs use the latter.
+        setattr(c, f.name, parse_value(f.name, getattr(c, f.name), _hints()[f.name]))
 
 
 if __name__ == "__main__":  # python -m grpo.config --update-readme

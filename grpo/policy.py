@@ -212,9 +212,9 @@ def tied_embedding_grad_in_place(model, *, enabled: bool = True):
     such as Gemma's scaled embedding keep their own forward). The trainer uses it on one process
     only: DDP and FSDP2 synchronise gradients that go through autograd, which this one does not."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    emb, head = base.get_input_embeddings(), base.get_output_embeddings()
-    tied = (enabled and type(emb) is torch.nn.Embedding and emb.weight.requires_grad
-            and getattr(head, "weight", None) is emb.weight and emb.max_norm is None and not emb.scale_grad_by_freq)
+    emb, head = (base.get_input_embeddings(), base.get_output_embeddings()) if enabled else (None, None)
+    tied = (type(emb) is torch.nn.Embedding and emb.weight.requires_grad and getattr(head, "weight", None) is emb.weight
+            and emb.max_norm is None and not emb.scale_grad_by_freq)
     if tied:
         emb.forward = lambda ids: _EmbeddingIntoGrad.apply(ids, _ANCHOR, emb)
     try:

@@ -5,8 +5,9 @@
                -> mu passes of micro-batched updates of the clipped objective + beta * KL
 
 Dimension letters: B prompts, G group size, N = B*G sequences, T completion tokens.
-Only this file knows about the config, devices, the optimizer and the run folder; every formula
-comes from grpo.core.
+Only the trainer knows about the config, devices, the optimizer and the run folder: this file, with
+batch.py (a step's batch: advantages, old and reference log-probs) and forwards.py (how a model runs
+over a rollout's sequences). Every formula comes from grpo.core.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import json
 import math
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,30 +28,18 @@ from grpo import resume
 from grpo import stability as stab
 from grpo.config import Config, ConfigError
 from grpo.critic import Critic
+from grpo.batch import Batch, prepare_batch
 from grpo.data import PromptSampler, load_task, render_prompt
 from grpo.evaluate import evaluate
+from grpo.forwards import Forwards
 from grpo.logger import NullLogger, RunLogger
 from grpo.models import keep_head_fp32, load_models, native_bf16, reset_reference
-from grpo.policy import SHARED_PREFIX_ATTENTION, completion_logprobs, sliding_window, tied_embedding_grad_in_place
+from grpo.policy import SHARED_PREFIX_ATTENTION, sliding_window
 from grpo.rewards.runner import RewardRunner
-from grpo.rewards.steps import process_supervision, resolve_step_reward
+from grpo.rewards.steps import resolve_step_reward
 from grpo.rollout import Rollout, sample_rollout
 from grpo.rollout.hf import row_keys
 from grpo.runtime import adamw, keep_freed_memory, lr_lambda, make_run_dir, seed_everything
-
-
-@dataclass
-class Batch:
-    """Everything the mu update passes need, computed once per step."""
-
-    rollout: Rollout
-    advantages: torch.Tensor  # [N, T]
-    mask: torch.Tensor  # [N, T] completion tokens that count (failed rewards masked out)
-    old_logp: torch.Tensor | None  # [N, T] when mu > 1, else None (ratio uses detached current logp)
-    ref_logp: torch.Tensor | None  # [N, T] when beta > 0
-    kl_in_loss: bool = True  # GRPO: KL is its own loss term; PPO: it is already in the reward
-    values: torch.Tensor | None = None  # [N, T] critic values at sampling time (PPO)
-    returns: torch.Tensor | None = None  # [N, T] GAE returns, the critic's targets (PPO)
 
 
 def _check_world(cfg: Config, world: dist_io.World) -> None:
@@ -136,9 +124,11 @@ class Trainer:
             dist_io.shard(self.models.reference)
         attn = getattr(self.policy.config, "_attn_implementation", None)
         # else one sequence per row; a custom mask would also replace a model's sliding-window mask
-        self.share_prompt = (cfg.shared_prefix and attn in SHARED_PREFIX_ATTENTION
-                             and sliding_window(self.policy.config) is None)
-        self.attn_implementation = attn or "sdpa"
+        share = cfg.shared_prefix and attn in SHARED_PREFIX_ATTENTION and sliding_window(self.policy.config) is None
+        self.forwards = Forwards(group_size=cfg.num_generations, share_prompt=share,
+                                 attn_implementation=attn or "sdpa", autocast=self.amp,
+                                 max_tokens=cfg.max_tokens_per_forward, sharded=self.sharded,
+                                 tied_grad_in_place=not world.distributed)
 
     def _build_optimizers(self) -> None:
         """AdamW on the trainable parameters with its schedule, and the critic for PPO."""
@@ -194,76 +184,6 @@ class Trainer:
                        reward_failures_total=self.reward_failures, reward_timeouts_total=timeouts)
         return total.float().view(cfg.prompts_per_step, cfg.num_generations), metrics
 
-    def prepare(self, ro: Rollout, rewards: torch.Tensor, samples: list[dict] | None = None) -> tuple[Batch, dict]:
-        """This process's batch from its rollout and the step's global rewards [B, G]: advantages
-        are computed on all B groups (identically on every process), then each keeps its rows.
-        ``samples`` (this process's prompts) are needed by process supervision's step rewards."""
-        cfg = self.cfg
-        rewards = rewards.to(ro.completion_mask.device)  # [B, G] scored on the CPU
-        rows = slice(self.world.rank * ro.completion_ids.shape[0], (self.world.rank + 1) * ro.completion_ids.shape[0])
-        lengths = dist_io.gather_rows(ro.lengths, self.world)  # [N_global]
-        truncated = dist_io.gather_rows(ro.truncated, self.world)  # [N_global]
-        # overlong penalty, PF-PPO: on the whole step's groups, from every process's lengths
-        rewards, keep, filter_metrics = stab.reshape_rewards(rewards, lengths=lengths, truncated=truncated, cfg=cfg)
-        failed = torch.isnan(rewards)  # [B, G]
-        # A failed reward neither rewards nor punishes: it takes its group's mean and leaves the loss.
-        group_mean = torch.nan_to_num(torch.nanmean(rewards, dim=1, keepdim=True), nan=0.0)  # [B, 1]
-        filled = torch.where(failed, group_mean.expand_as(rewards), rewards)  # [B, G]
-        mask = ro.completion_mask * (~failed & keep).reshape(-1, 1)[rows]  # [n, T]
-        old_logp = self._logps(self.policy, ro) if cfg.num_iterations > 1 else None
-        ref_logp = self._ref_logps(ro) if cfg.beta > 0 else None
-        metrics = {"reward_mean": float(torch.nanmean(rewards)),
-                   "reward_std": float(rewards[~failed].std(correction=0)) if (~failed).sum() > 1 else 0.0,
-                   "zero_variance_share": float(core.zero_variance_share(filled)), **filter_metrics,
-                   "completion_length_mean": float(lengths.float().mean()),
-                   "completion_length_max": float(lengths.max()), "truncated_share": float(truncated.float().mean())}
-        if cfg.supervision == "process":  # DeepSeekMath 4.1.3: per-step rewards, token advantages
-            adv_tok, mask, step_metrics = process_supervision(
-                self.step_reward, self.tok, ro, samples, mask, group_size=cfg.num_generations,
-                std_eps=cfg.std_eps, unbiased_std=cfg.scale_rewards_unbiased)  # [N, T]
-            metrics.update(step_metrics)
-            return Batch(ro, adv_tok, mask, old_logp, ref_logp), metrics
-        if self.critic is None:
-            adv = core.compute_advantages(filled, estimator=cfg.advantage_estimator, std_eps=cfg.std_eps,
-                                          unbiased_std=cfg.scale_rewards_unbiased)  # [B, G]
-            adv_tok = adv.reshape(-1, 1)[rows].expand_as(mask).contiguous()  # [n, T]
-            metrics["advantage_variance"] = float(core.advantage_group_variance(adv))
-            return Batch(ro, adv_tok, mask, old_logp, ref_logp), metrics
-        # PPO (DeepSeekMath eq. 2): KL penalty in the per-token reward, GAE on critic values, whitened.
-        # The KL in the reward compares pi_old and pi_ref computed the same way (same kernels, same
-        # precision), so it is exactly 0 while the policy still equals the reference.
-        behaviour = None if ref_logp is None else old_logp if old_logp is not None else self._logps(self.policy, ro)
-        est = self.critic.advantages(ro, filled.flatten(), behaviour, ref_logp, mask, kl_coef=self.stability.beta,
-                                     gamma=cfg.gamma, lam=cfg.lam, micro_batch=cfg.per_device_train_batch_size)
-        seq_adv = core.masked_mean(est["advantages"], mask, dim=1).view_as(filled)  # [B, G]
-        metrics.update(advantage_variance=float(core.advantage_group_variance(seq_adv)), **est["metrics"])
-        return Batch(ro, est["advantages"], mask, old_logp, ref_logp, kl_in_loss=False, values=est["values"],
-                     returns=est["returns"]), metrics
-
-    def _logps(self, model, ro: Rollout) -> torch.Tensor:
-        """Log-probs [N, T] of the rollout under ``model`` (reference or old policy), in inference mode:
-        no activations kept, no autograd bookkeeping. Cloned outside it into a normal tensor, which
-        the loss may save for backward."""
-        mb = self.cfg.per_device_train_batch_size
-        parts = []
-        # FSDP2 reuses its all-gather buffers in training, which must not be inference tensors
-        with torch.no_grad() if self.sharded else torch.inference_mode():
-            for idx in (p for rows in torch.arange(ro.completion_ids.shape[0]).split(mb) for p in self._passes(ro, rows)):
-                parts.append(completion_logprobs(model, ro.prompt_ids[idx], ro.prompt_mask[idx],
-                                                 ro.completion_ids[idx], ro.completion_mask[idx],
-                                                 temperature=self.stability.temperature, autocast=self.amp,
-                                                 share_prompt=self.share_prompt,
-                                                 attn_implementation=self.attn_implementation,
-                                                 max_row_tokens=self.cfg.max_tokens_per_forward)["logp"])
-            logp = torch.cat(parts)  # [N, T]
-        return logp.clone()
-
-    def _ref_logps(self, ro: Rollout) -> torch.Tensor:
-        if self.models.reference is not None:
-            return self._logps(self.models.reference, ro)
-        with self.policy.disable_adapter():  # LoRA: the base model is the reference
-            return self._logps(self.policy, ro)
-
     def update(self, batch: Batch) -> dict:
         """mu passes; each pass accumulates micro-batch gradients and takes one optimizer step."""
         cfg, ro, world = self.cfg, batch.rollout, self.world
@@ -279,7 +199,7 @@ class Trainer:
         micro = rows.split(cfg.per_device_train_batch_size)
         for _ in range(cfg.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
-            todo = [p for rows_mb in micro for p in self._passes(ro, rows_mb)]
+            todo = [p for rows_mb in micro for p in self.forwards.passes(ro, rows_mb)]
             for i, idx in enumerate(todo):
                 with dist_io.grad_sync(self.engine, world, enabled=i == len(todo) - 1):
                     out = self._micro_loss(batch, idx, total)
@@ -312,13 +232,6 @@ class Trainer:
             metrics.update(critic_metrics)
         return metrics
 
-    def _passes(self, ro: Rollout, rows: torch.Tensor) -> list[torch.Tensor]:
-        """One micro-batch's rows in forward passes of at most ``max_tokens_per_forward`` tokens; one
-        pass under FSDP2, whose sharded forward every process must run the same number of times."""
-        return passes.forward_passes(ro.prompt_mask, ro.completion_mask, rows,
-                                     budget=0 if self.sharded else self.cfg.max_tokens_per_forward,
-                                     group_size=self.cfg.num_generations, share_prompt=self.share_prompt)
-
     def _trained_rows(self, batch: Batch) -> torch.Tensor:
         """The sequences that go through forward and backward: with beta = 0, mu = 1 and no entropy or
         covariance term, those with a non-zero advantage (passes.rows_with_gradient); the loss's
@@ -335,13 +248,8 @@ class Trainer:
     def _micro_loss(self, batch: Batch, idx: torch.Tensor, total) -> dict:
         """The objective on micro-batch rows ``idx``, through the (possibly wrapped) policy."""
         cfg, ro, k = self.cfg, batch.rollout, self.stability  # k: this step's knobs (eps, beta, ...)
-        with tied_embedding_grad_in_place(self.policy, enabled=not self.world.distributed):
-            cur = completion_logprobs(self.engine, ro.prompt_ids[idx], ro.prompt_mask[idx],
-                                      ro.completion_ids[idx], ro.completion_mask[idx],
-                                      temperature=k.temperature, with_entropy=k.entropy_coef > 0,
-                                      autocast=self.amp, share_prompt=self.share_prompt,
-                                      attn_implementation=self.attn_implementation,
-                                      max_row_tokens=cfg.max_tokens_per_forward)
+        cur = self.forwards.logprobs(self.engine, ro, idx, temperature=k.temperature,
+                                     with_entropy=k.entropy_coef > 0)
         logp = cur["logp"]  # [n, T]
         old = batch.old_logp[idx] if batch.old_logp is not None else logp.detach()
         out = core.policy_loss(
@@ -390,7 +298,7 @@ class Trainer:
             samples, ro = self.sample()
             rewards, metrics = self.score(samples, ro)
         metrics.update(self.stability.knobs())  # the knob values this step trains with
-        batch, adv_metrics = self.prepare(ro, rewards, samples)
+        batch, adv_metrics = prepare_batch(self, ro, rewards, samples)
         metrics.update(adv_metrics)
         metrics.update(self.update(batch))
         self.step += 1

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from grpo.batch import prepare_batch
 from grpo.checkpoint import STATE_FILE
 from grpo.cli import main as cli_main
 from grpo.config import Config, ConfigError
@@ -196,7 +197,7 @@ def test_overlong_penalty_shifts_reward_and_filter_masks_truncated(tmp_path, tin
     t2 = Trainer(make_cfg(tmp_path / "filt", tiny_model_dir, tiny_dataset, eval_prompts=0, overlong_filter=True))
     samples, ro = t2.sample()
     rewards, _ = t2.score(samples, ro)
-    batch, _ = t2.prepare(ro, rewards)
+    batch, _ = prepare_batch(t2, ro, rewards)
     assert ro.truncated.any()
     assert torch.equal(batch.mask.sum(1) == 0, ro.truncated)  # exactly the truncated rows leave the loss
 
@@ -208,7 +209,7 @@ def test_policy_filter_and_cov_modes_act_in_training(tmp_path, tiny_model_dir, t
                          policy_filter_min_std=0.05))
     samples, ro = t.sample()
     rewards, _ = t.score(samples, ro)
-    batch, metrics = t.prepare(ro, rewards)
+    batch, metrics = prepare_batch(t, ro, rewards)
     keep = policy_filter(rewards, mode="variance", min_std=0.05).flatten()  # [N]
     assert torch.equal(batch.mask.sum(1) > 0, keep & (ro.completion_mask.sum(1) > 0))
     assert metrics["policy_filter_kept_share"] == float(keep.float().mean())

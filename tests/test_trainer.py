@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from grpo.batch import prepare_batch
 from grpo.config import Config
 from grpo.core import AGGREGATIONS, ESTIMATORS
 from grpo.logger import NullLogger
@@ -227,7 +228,7 @@ def _one_update(cfg, *, perturb_reference: bool = False) -> dict:
     t._optimizer_step = capture
     samples, ro = t.sample()
     rewards, _ = t.score(samples, ro)
-    batch, _ = t.prepare(ro, rewards)
+    batch, _ = prepare_batch(t, ro, rewards)
     return {"metrics": t.update(batch), "rewards": rewards, "grads": grads}
 
 

@@ -1,0 +1,53 @@
+"""Turning YAML values and command-line strings into a config field's type (its type hint), or a
+ConfigError naming the key. Kept apart from config.py so that the dataclass file holds the fields,
+their docstrings and their validation."""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message names the key."""
+
+
+def parse_value(key: str, raw: Any, hint: Any) -> Any:
+    """Turn a YAML value or a command-line string into the field's type, or fail naming the key."""
+    args = typing.get_args(hint)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), hint) if args else hint
+    if raw is None or (isinstance(raw, str) and raw.lower() in ("none", "null") and optional):
+        if optional:
+            return None
+        raise ConfigError(f"{key}: may not be null")
+    origin = typing.get_origin(base)
+    try:
+        if origin is list:
+            items = raw if isinstance(raw, list) else yaml.safe_load(raw) if str(raw).startswith("[") \
+                else str(raw).split(",")
+            return [float(x) for x in items]
+        if base is bool:
+            if isinstance(raw, bool):
+                return raw
+            if str(raw).lower() in ("true", "1", "yes", "on"):
+                return True
+            if str(raw).lower() in ("false", "0", "no", "off"):
+                return False
+            raise ValueError
+        if base is int:
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError
+            return int(float(raw)) if isinstance(raw, str) and "e" in raw.lower() else int(raw)
+        if base is float:
+            if isinstance(raw, bool):
+                raise ValueError
+            return float(raw)
+        if base is str:
+            return str(raw)
+    except (TypeError, ValueError):
+        pass
+    name = getattr(base, "__name__", str(base))
+    raise ConfigError(f"{key}: expected {name}{' or null' if optional else ''}, got {raw!r}")

@@ -1,0 +1,55 @@
+"""How the trainer runs a model over a rollout's sequences: the layout (one prompt pass per group,
+packed rows, forward passes of bounded size) and the precision are fixed once per run; the
+temperature, which a controller may move, is given per call.
+
+Dimension letters: N sequences (rows), T completion tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from grpo import passes
+from grpo.policy import completion_logprobs, tied_embedding_grad_in_place
+from grpo.rollout import Rollout
+
+
+@dataclass(frozen=True)
+class Forwards:
+    group_size: int
+    share_prompt: bool  # the G completions of a group attend to one prompt pass (Prefix Grouper)
+    attn_implementation: str
+    autocast: bool  # bf16 autocast of the transformer body
+    max_tokens: int  # tokens per forward pass and per packed row; 0: no limit
+    sharded: bool  # FSDP2: one pass per micro-batch (every process runs the same count), no inference tensors
+    tied_grad_in_place: bool  # policy.tied_embedding_grad_in_place; one process only
+
+    def passes(self, ro: Rollout, rows: Tensor) -> list[Tensor]:
+        """One micro-batch's rows [n] in forward passes of at most ``max_tokens`` tokens."""
+        return passes.forward_passes(ro.prompt_mask, ro.completion_mask, rows,
+                                     budget=0 if self.sharded else self.max_tokens,
+                                     group_size=self.group_size, share_prompt=self.share_prompt)
+
+    def logprobs(self, model, ro: Rollout, idx: Tensor, *, temperature: float, with_entropy: bool = False) -> dict:
+        """{"logp": [n, T], "entropy": [n, T] or None} of rows ``idx`` under ``model`` (the policy,
+        possibly wrapped by DDP or FSDP2, or the reference)."""
+        with tied_embedding_grad_in_place(model, enabled=self.tied_grad_in_place and torch.is_grad_enabled()):
+            return completion_logprobs(model, ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx],
+                                       ro.completion_mask[idx], temperature=temperature, with_entropy=with_entropy,
+                                       autocast=self.autocast, share_prompt=self.share_prompt,
+                                       attn_implementation=self.attn_implementation, max_row_tokens=self.max_tokens)
+
+    def frozen_logps(self, model, ro: Rollout, *, temperature: float, micro_batch: int) -> Tensor:
+        """Log-probs [N, T] of the whole rollout under ``model`` (reference or old policy) in
+        inference mode: no activations kept, no autograd bookkeeping. Cloned outside it into a normal
+        tensor, which the loss may save for backward."""
+        rows = torch.arange(ro.completion_ids.shape[0])  # [N]
+        # FSDP2 reuses its all-gather buffers in training, which must not be inference tensors
+        with torch.no_grad() if self.sharded else torch.inference_mode():
+            parts = [self.logprobs(model, ro, idx, temperature=temperature)["logp"]
+                     for mb in rows.split(micro_batch) for idx in self.passes(ro, mb)]
+            logp = torch.cat(parts)  # [N, T]
+        return logp.clone()
