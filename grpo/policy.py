@@ -94,8 +94,22 @@ def pack_sequences(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tens
     for k, row in enumerate(rows):
         for out, key in ((ids, "ids"), (pos, "pos"), (seg, "seg"), (blk, "blk")):
             out[k, :row["len"]] = torch.cat(row[key])
-    # column q scores the token at q + 1; a completion's first token is scored at its prompt's end
-    t_max = max(max(c_len), 1)
+    keep, index, valid = _scoring_columns(seq_row, seq_start, seq_prompt_end, c_len, width)
+    t_max = valid.shape[1]
+    tokens = torch.where(valid.to(dev), completion_ids[:, :t_max], 0)  # [N, T']
+    return {"input_ids": ids, "position_ids": pos.to(dev), "segments": seg.to(dev), "blocks": blk.to(dev),
+            "logits_to_keep": keep if isinstance(keep, int) else keep.to(dev),
+            "index": index.to(dev), "tokens": tokens, "valid": valid.to(dev)}
+
+
+def _scoring_columns(seq_row: list[int], seq_start: list[int], seq_prompt_end: list[int], c_len: list[int],
+                     width: int) -> tuple:
+    """Which columns of the packed rows [R, L] need logits, and where each completion token's are.
+    Column q scores the token at q + 1, so a completion's first token is scored at its prompt's last
+    column and the others at their own predecessors. Returns (keep, index [N, T'], valid [N, T']):
+    keep is an int K when the columns are the last K of every row (the model's plain form), else the
+    ascending 1-D tensor of them; index is the flattened [R * K] row scoring each token."""
+    n, t_max = len(c_len), max(max(c_len), 1)
     row_of = torch.tensor(seq_row)[:, None].expand(n, t_max)  # [N, T']
     col = torch.zeros(n, t_max, dtype=torch.long)  # [N, T']
     for i in range(n):
@@ -109,11 +123,7 @@ def pack_sequences(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tens
         index = row_of * keep + (col - (width - keep))
     else:
         index = row_of * len(keep) + torch.searchsorted(keep, col)
-    index = torch.where(valid, index, 0)  # [N, T']
-    tokens = torch.where(valid.to(dev), completion_ids[:, :t_max], 0)  # [N, T']
-    return {"input_ids": ids, "position_ids": pos.to(dev), "segments": seg.to(dev), "blocks": blk.to(dev),
-            "logits_to_keep": keep if isinstance(keep, int) else keep.to(dev),
-            "index": index.to(dev), "tokens": tokens, "valid": valid.to(dev)}
+    return keep, torch.where(valid, index, 0), valid  # index [N, T']
 
 
 def _append(row: dict, ids: Tensor, pos: Tensor, segment: int) -> None:
