@@ -54,6 +54,15 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _plain(v) -> bool:
+    """Whether ``v`` is JSON as it is (numbers, strings, lists and dicts of them)."""
+    if isinstance(v, dict):
+        return all(isinstance(k, str) and _plain(x) for k, x in v.items())
+    if isinstance(v, (list, tuple)):
+        return all(_plain(x) for x in v)
+    return v is None or isinstance(v, (int, float, str, bool))
+
+
 def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict, *, keep: int = 0,
                     weights: dict | None = None) -> Path:
     """Write checkpoints/step-N atomically, point ``latest`` at it, then prune to the newest ``keep``
@@ -69,8 +78,8 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict, *, 
     model.save_pretrained(tmp, **({} if weights is None else {"state_dict": weights}))
     tokenizer.save_pretrained(tmp)
     torch.save(state, tmp / STATE_FILE)
-    readable = {k: v for k, v in state.items() if isinstance(v, (int, float, str, bool, dict)) and k != "rng"}
-    (tmp / "trainer_state.json").write_text(json.dumps(readable, indent=2, default=str))
+    readable = {k: v for k, v in state.items() if _plain(v)}  # step, counters, controller states; no tensors
+    (tmp / "trainer_state.json").write_text(json.dumps(readable, indent=2))
     _fsync_tree(tmp)
     if final.exists():  # re-saving the same step (e.g. SIGINT right after a periodic save)
         shutil.rmtree(final)

@@ -78,7 +78,7 @@ def _train(argv: list[str]) -> int:
     main = trainer.world.is_main  # under torchrun, rank 0 speaks for the run
     if main:
         print(f"run folder: {trainer.run_dir}", flush=True)
-    if main and getattr(trainer, "resumed_from", None):
+    if main and trainer.resumed_from:
         print(f"resumed from {trainer.resumed_from} at step {trainer.step}", flush=True)
     try:
         result = trainer.train()

@@ -181,7 +181,7 @@ class Config:
     lr_scheduler_type: str = "constant"
     """Schedule after warmup: constant, cosine or linear (decay to 0 at max_steps)."""
     warmup_steps: int = 0
-    """Linear warmup steps from 0 to learning_rate."""
+    """Training steps of linear warmup from 0 to learning_rate (counted like max_steps)."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     adam_beta1: float = 0.9
@@ -384,6 +384,8 @@ def _validate_stability(c: Config) -> None:
                           "(pip install wandb), or use report_to=tensorboard")
     if c.fuse_metric and c.fuse_min is None and c.fuse_max is None:
         raise ConfigError("fuse_metric: set fuse_min and/or fuse_max, the band the metric must stay in")
+    if c.fuse_metric.startswith("consistency_") and not c.consistency_steps:
+        raise ConfigError(f"fuse_metric: {c.fuse_metric} is logged only with consistency_steps > 0")
 
 
 # ---- types, YAML, key=value ----------------------------------------------------------------------

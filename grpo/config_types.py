@@ -38,9 +38,14 @@ def parse_value(key: str, raw: Any, hint: Any) -> Any:
                 return False
             raise ValueError
         if base is int:
-            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+            if isinstance(raw, bool):
                 raise ValueError
-            return int(float(raw)) if isinstance(raw, str) and "e" in raw.lower() else int(raw)
+            if isinstance(raw, int):
+                return raw
+            value = float(raw)  # "1e3" and 1000.0 are whole numbers; "25e-1" and 2.5 are not
+            if not value.is_integer():
+                raise ValueError
+            return int(value)
         if base is float:
             if isinstance(raw, bool):
                 raise ValueError

@@ -63,13 +63,15 @@ def adamw(params: list, **settings) -> torch.optim.AdamW:
 
 
 def lr_lambda(cfg: Config):
-    """Multiplier of learning_rate at a given optimizer step: linear warmup, then the schedule."""
+    """Multiplier of learning_rate at a given optimizer step: linear warmup, then the schedule. Both
+    are counted in training steps, as max_steps is, each taking num_iterations optimizer steps."""
     total = max(1, cfg.max_steps * cfg.num_iterations)
+    warm = cfg.warmup_steps * cfg.num_iterations
 
     def f(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / (cfg.warmup_steps + 1)
-        progress = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
+        if step < warm:
+            return (step + 1) / (warm + 1)
+        progress = (step - warm) / max(1, total - warm)
         if cfg.lr_scheduler_type == "cosine":
             return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
         if cfg.lr_scheduler_type == "linear":

@@ -80,18 +80,25 @@ class AdaptiveKL:
 
 
 class Fuse:
-    """Blow when ``metric`` lies outside [low, high] (or is not finite) for ``patience`` steps in a row."""
+    """Blow when ``metric`` lies outside [low, high] (or is not finite) for ``patience`` steps in a row.
+    A step that does not log the metric (consistency_cv comes every consistency_steps) neither strikes
+    nor resets; one that has not appeared in the first ``grace`` steps is no metric of this run, and
+    blows the fuse with the list of those there are (the run stops with a checkpoint, not a traceback)."""
 
-    def __init__(self, *, metric: str, low: float, high: float, patience: int):
-        self.metric, self.low, self.high, self.patience = metric, low, high, patience
-        self.strikes = 0
+    def __init__(self, *, metric: str, low: float, high: float, patience: int, grace: int = 1):
+        self.metric, self.low, self.high, self.patience, self.grace = metric, low, high, patience, grace
+        self.strikes, self.seen, self.missing = 0, False, 0
 
     def update(self, metrics: dict) -> str | None:
         """The reason to stop, or None."""
         x = metrics.get(self.metric)
         if x is None:
-            raise KeyError(f"fuse_metric: {self.metric!r} is not a logged metric; "
-                           f"choose one of {sorted(k for k, v in metrics.items() if isinstance(v, (int, float)))}")
+            self.missing += not self.seen
+            if self.seen or self.missing < self.grace:
+                return None
+            return (f"fuse_metric: {self.metric!r} was not logged in {self.missing} steps; the metrics this run "
+                    f"logs are {sorted(k for k, v in metrics.items() if isinstance(v, (int, float)))}")
+        self.seen = True
         outside = not (isinstance(x, (int, float)) and math.isfinite(x) and self.low <= x <= self.high)
         self.strikes = self.strikes + 1 if outside else 0
         if self.strikes >= self.patience:
@@ -100,10 +107,11 @@ class Fuse:
         return None
 
     def state_dict(self) -> dict:
-        return {"strikes": self.strikes}
+        return {"strikes": self.strikes, "seen": self.seen, "missing": self.missing}
 
     def load_state_dict(self, state: dict) -> None:
         self.strikes = state["strikes"]
+        self.seen, self.missing = state.get("seen", True), state.get("missing", 0)  # older checkpoints: none
 
 
 class Stability:
@@ -132,7 +140,8 @@ class Stability:
         self.fuse = None
         if cfg.fuse_metric:
             self.fuse = Fuse(metric=cfg.fuse_metric, low=-math.inf if cfg.fuse_min is None else cfg.fuse_min,
-                             high=math.inf if cfg.fuse_max is None else cfg.fuse_max, patience=cfg.fuse_patience)
+                             high=math.inf if cfg.fuse_max is None else cfg.fuse_max, patience=cfg.fuse_patience,
+                             grace=max(1, cfg.consistency_steps))
         self._apply()
 
     def _apply(self) -> None:

@@ -30,6 +30,7 @@ from grpo.config import Config, ConfigError
 from grpo.critic import Critic
 from grpo.batch import Batch, prepare_batch
 from grpo.data import PromptSampler, load_task, render_prompt
+from grpo.data.tasks import DataError
 from grpo.evaluate import evaluate
 from grpo.forwards import Forwards
 from grpo.logger import NullLogger, RunLogger
@@ -73,7 +74,7 @@ class Trainer:
                                       ops=cfg.arithmetic_ops, prompt_field=cfg.prompt_field,
                                       answer_field=cfg.answer_field, split=cfg.task_split)
         if not self.task.train:
-            raise ValueError(f"task {cfg.task!r} has no training prompts")
+            raise DataError(f"task {cfg.task!r} has no training prompts")
         self.run_dir = dist_io.broadcast_object(make_run_dir(cfg) if world.is_main else None, world)
         if world.is_main:
             cfg.save(self.run_dir / "config.yaml")
@@ -91,6 +92,9 @@ class Trainer:
         self.reward_failures = 0
         self.ref_reset_at = 0  # step at which the reference last became a copy of the policy
         self._stop_signal: str | None = None
+        self.fuse_reason: str | None = None
+        self.resumed_from = None  # the checkpoint this run continues, set by resume.restore
+        self.logger = NullLogger()  # train() replaces it with the run's logger on rank 0
         # helpers whose state the next step depends on (controllers, filters): name -> object with
         # state_dict()/load_state_dict(); saved in and restored from every checkpoint
         self.stateful: dict = {}

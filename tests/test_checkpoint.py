@@ -100,6 +100,8 @@ def test_keep_newest_k(tmp_path, tiny_model_dir, tiny_dataset):
                      save_total_limit=2))
     t.train()
     assert [p.name for p in list_checkpoints(t.run_dir)] == ["step-3", "step-4"]
+    readable = json.loads((t.run_dir / "checkpoints" / "step-4" / "trainer_state.json").read_text())
+    assert readable["step"] == 4 and "optimizer" not in readable and "tensor(" not in json.dumps(readable)
 
 
 _KILL_SCRIPT = """

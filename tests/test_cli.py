@@ -20,6 +20,14 @@ def test_bad_value_lists_choices(capsys):
     assert "seq_mean_token_mean" in capsys.readouterr().err
 
 
+def test_unknown_reward_is_one_line_error(capsys, tiny_dataset, tmp_path):
+    """Rewards are resolved before the model loads; an unknown one is an error naming the key."""
+    assert main(["train", "model=./no/such/model", f"task={tiny_dataset}", "rewards=nosuch",
+                 f"output_dir={tmp_path / 'r'}"]) == 2
+    err = capsys.readouterr().err
+    assert "rewards: unknown name 'nosuch'" in err and "numeric" in err and "Traceback" not in err
+
+
 def test_missing_model_path_is_one_line_error(capsys, tiny_dataset, tmp_path):
     code = main(["train", "model=./no/such/model", f"task={tiny_dataset}", f"output_dir={tmp_path / 'r'}",
                  "eval_prompts=0"])

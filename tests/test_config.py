@@ -49,10 +49,18 @@ def test_yaml_then_overrides(tmp_path):
     ("dual_clip=0.5", "dual_clip"),
     ("num_generations=1", "num_generations"),
     ("max_steps=2.5", "max_steps"),
+    ("max_steps=25e-1", "max_steps"),  # e-notation is no way around a whole number
+    ("max_steps=1.5e0", "max_steps"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key):
         load_config(None, [override])
+
+
+def test_whole_numbers_in_e_notation_are_integers():
+    cfg = load_config(None, ["max_steps=1e3", "save_steps=2.0", "warmup_steps=20E-1"])
+    assert (cfg.max_steps, cfg.save_steps, cfg.warmup_steps) == (1000, 2, 2)
+    assert all(type(v) is int for v in (cfg.max_steps, cfg.save_steps, cfg.warmup_steps))
 
 
 def test_choices_are_listed():

@@ -2,6 +2,7 @@
 
 import pytest
 
+from grpo.config import ConfigError
 from grpo.rewards import extract_answer, math_reward, numeric_reward, parse_number, resolve_reward
 from grpo.rewards import score_completions
 
@@ -40,9 +41,9 @@ def test_math_reward_equivalence():
 
 
 def test_resolve_reward_errors_list_builtins():
-    with pytest.raises(ValueError, match="numeric"):
+    with pytest.raises(ConfigError, match="rewards: unknown name 'nope'.*numeric"):
         resolve_reward("nope")
-    with pytest.raises(ValueError, match="cannot load"):
+    with pytest.raises(ConfigError, match="cannot load"):
         resolve_reward("no.such.module:fn")
     assert resolve_reward("tests.rewards_for_tests:digit_share")("a1", {}) == 0.5
 

@@ -64,8 +64,21 @@ def test_fuse_needs_consecutive_strikes_and_names_the_metric():
     assert f.update({"kl": 0.5}) is None
     msg = f.update({"kl": float("nan")})  # not finite counts as outside
     assert msg is not None and "kl" in msg and "2 consecutive" in msg
-    with pytest.raises(KeyError, match="not a logged metric"):
-        f.update({"entropy": 1.0})
+    assert f.update({"entropy": 1.0}) is None  # a step without the metric: no strike, no reset
+    assert "3 consecutive" in f.update({"kl": 0.5})  # the count went on over the gap
+
+
+def test_fuse_waits_for_a_periodic_metric_and_names_an_unknown_one():
+    f = Fuse(metric="consistency_cv", low=0.1, high=math.inf, patience=1, grace=3)
+    assert f.update({"kl": 0.0}) is None and f.update({"kl": 0.0}) is None  # logged every 3rd step
+    assert f.update({"kl": 0.0, "consistency_cv": 0.5}) is None
+    assert f.update({"kl": 0.0}) is None  # seen once: later gaps are fine
+    assert "consistency_cv = 0.05" in f.update({"consistency_cv": 0.05})
+    typo = Fuse(metric="kll", low=0.0, high=1.0, patience=1)
+    msg = typo.update({"kl": 0.0, "entropy": 1.0})
+    assert "'kll' was not logged" in msg and "['entropy', 'kl']" in msg
+    with pytest.raises(ConfigError, match="consistency_steps"):
+        Config(fuse_metric="consistency_cv", fuse_min=0.1)
 
 
 def test_concat_and_select_rollouts_pad_to_a_common_shape(tmp_path, tiny_model_dir, tiny_dataset):

@@ -1,38 +1,43 @@
-"""Extracting a final answer from a completion: the last \\boxed{...}, else the last number."""
+"""Reading answers out of text: \\boxed{...} contents, the numbers in a text, number parsing, and
+extract_answer (the last box, else the last number). The built-in rewards judge with
+mathverify.candidates, which builds on these."""
 
 from __future__ import annotations
 
 import re
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} with balanced braces, or None."""
-    start = text.rfind("\\boxed")
-    while start != -1:
-        i = text.find("{", start)
-        if i == -1:
-            return None
-        depth, j = 0, i
+# a number as written, with or without thousands separators ('1,234.5' whole, not '1' and '234.5')
+NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\d)|-?\d+(?:\.\d+)?")
+THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+def all_boxed(text: str) -> list[str]:
+    """Contents of every \\boxed{...} / \\fbox{...} with balanced braces, in order (unclosed ones skipped)."""
+    out, pos = [], 0
+    while (m := BOX_OPEN.search(text, pos)) is not None:
+        depth, j = 0, m.end() - 1
         while j < len(text):
-            if text[j] == "{":
-                depth += 1
-            elif text[j] == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[i + 1:j]
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            if depth == 0:
+                break
             j += 1
-        start = text.rfind("\\boxed", 0, start)
-    return None
+        if depth != 0:
+            break
+        out.append(text[m.end():j])
+        pos = j + 1
+    return out
 
 
 def numbers_in(text: str) -> list[str]:
     """Every number in the text, in order, as written."""
-    return re.findall(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\d)|-?\d+(?:\.\d+)?", text)
+    return NUMBER.findall(text)
 
 
 def parse_number(text: str) -> float | None:
     """A number written with optional thousands separators, sign, decimals, $ or %; else None."""
     t = text.strip().replace("$", "").replace("%", "").rstrip(".")
-    if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?", t):
+    if THOUSANDS.fullmatch(t):
         t = t.replace(",", "")
     try:
         return float(t)
@@ -42,8 +47,8 @@ def parse_number(text: str) -> float | None:
 
 def extract_answer(completion: str) -> str | None:
     """The completion's final answer: the last \\boxed{} content, else the last number, else None."""
-    boxed = last_boxed(completion)
-    if boxed is not None:
-        return boxed.strip()
+    boxes = all_boxed(completion)
+    if boxes:
+        return boxes[-1].strip()
     nums = numbers_in(completion)
     return nums[-1] if nums else None

@@ -7,7 +7,8 @@ import math
 import re
 from typing import Callable
 
-from grpo.rewards.answers import last_boxed, parse_number
+from grpo.config_types import ConfigError
+from grpo.rewards.answers import all_boxed, parse_number
 from grpo.rewards.code import code_batch_reward, code_strict_batch_reward
 from grpo.rewards.mathverify import candidates, gold_answer, math_reward, normalize_number_text
 from grpo.rewards.reward_model import reward_model_reward
@@ -31,7 +32,7 @@ def numeric_reward(completion: str, sample: dict) -> float:
 def format_reward(completion: str, sample: dict) -> float:
     """1.0 when the completion states one final answer in a recognised form: \\boxed{...},
     '#### n' or 'answer is n'."""
-    if last_boxed(completion) is not None:
+    if all_boxed(completion):
         return 1.0
     return float(bool(re.search(r"####\s*-?[\d,.]+|answer is:?\s*\$?-?[\d,.]+", completion, re.IGNORECASE)))
 
@@ -81,15 +82,15 @@ def resolve_named(name: str, registry: dict, *, field: str):
     if name in registry:
         return registry[name]
     if ":" not in name:
-        raise ValueError(f"{field}: unknown name {name!r}; built-ins: {sorted(registry)}, "
+        raise ConfigError(f"{field}: unknown name {name!r}; built-ins: {sorted(registry)}, "
                          f"or give a module:function path")
     module, func = name.split(":", 1)
     try:
         fn = getattr(importlib.import_module(module), func)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"{field}: cannot load {name!r}: {e}") from None
+        raise ConfigError(f"{field}: cannot load {name!r}: {e}") from None
     if not callable(fn):
-        raise ValueError(f"{field}: {name!r} is not callable")
+        raise ConfigError(f"{field}: {name!r} is not callable")
     return fn
 
 

@@ -30,31 +30,12 @@ import sys
 import threading
 from pathlib import Path
 
-from grpo.rewards.answers import numbers_in, parse_number
+from grpo.rewards.answers import NUMBER, THOUSANDS, all_boxed, numbers_in, parse_number
 
-THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 PLAIN_NUMBER = re.compile(r"\$?-?\d+(?:\.\d+)?\s*(?:\\?%)?\$?")
 HEDGE_WORDS = re.compile(r"(?:\bor\b|\\lor|\\text\{\s*or\s*\}|\\pm|±|\band/or\b|\bmaybe\b|\beither\b)", re.IGNORECASE)
 LIST_MARKS = re.compile(r"[,;|&]|\\(?:vee|wedge|mid|lor|land)\b|\\{|\\}|\\cup\b|\\cap\b|\\in\b|\\(?:le|ge|leq|geq|lt|gt|neq)\b|[<>≤≥]|\\infty\b|"
                         r"\\[lc]?dots\b|\.\.\.")
-
-
-def all_boxed(text: str) -> list[str]:
-    """Contents of every \\boxed{...} / \\fbox{...} with balanced braces, in order (unclosed ones skipped)."""
-    out, pos = [], 0
-    pattern = re.compile(r"\\(?:boxed|fbox)\s*\{")
-    while (m := pattern.search(text, pos)) is not None:
-        depth, j = 0, m.end() - 1
-        while j < len(text):
-            depth += {"{": 1, "}": -1}.get(text[j], 0)
-            if depth == 0:
-                break
-            j += 1
-        if depth != 0:
-            break
-        out.append(text[m.end():j])
-        pos = j + 1
-    return out
 
 
 def gold_answer(answer: str) -> str:
@@ -86,7 +67,6 @@ def _last_math_span(text: str) -> str | None:
     return next(g for g in spans[-1].groups() if g is not None).strip()
 
 
-NUMBER_TOKEN = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\d)|-?\d+(?:\.\d+)?")
 SENTENCE_END = re.compile(r"(?<!\d)[.!?](?!\d)|\n")
 # what joins the last two numbers of a list or a range: 'a, b', 'a; b', 'between a and b'
 LIST_JOIN = re.compile(r"\s*(?:,|;|and)\s*(?:\$|\\\$)?\s*", re.IGNORECASE)
@@ -97,10 +77,10 @@ def _hedged_sentence(text: str) -> bool:
     number before it in its sentence as a list or range ('41, 42, 43', 'between 40 and 50', '7,2'),
     or by a hedge word ('42 or 43', '42, or maybe 43'). Only the last two numbers are looked at, so
     'the sum of 3 and 4 is 7' or '10 - 3 = 7' are not hedges."""
-    last = list(NUMBER_TOKEN.finditer(text))[-1]
+    last = list(NUMBER.finditer(text))[-1]
     starts = [m.end() for m in SENTENCE_END.finditer(text, 0, last.start())]
     start = starts[-1] if starts else 0
-    nums = list(NUMBER_TOKEN.finditer(text, start, last.end()))
+    nums = list(NUMBER.finditer(text, start, last.end()))
     if len(nums) < 2:
         return False
     between = text[nums[-2].end():last.start()]
