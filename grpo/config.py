@@ -388,7 +388,7 @@ def _validate_stability(c: Config) -> None:
         raise ConfigError(f"fuse_metric: {c.fuse_metric} is logged only with consistency_steps > 0")
 
 
-# ---- types, YAML, key=value ----------------------------------------------------------------------
+# ---- field types (parsing: grpo/config_types.py) ----------------------------------------------------------------------
 
 _HINTS: dict[str, Any] = {}
 

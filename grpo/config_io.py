@@ -55,7 +55,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def field_docs() -> dict[str, str]:
-    """Each field's docstring, read from this class's source (the one place they are written)."""
+    """Each field's docstring, read from Config's source in grpo/config.py (the one place they are written)."""
     tree = ast.parse(inspect.getsource(Config))
     body = tree.body[0].body
     docs = {}
@@ -66,7 +66,7 @@ def field_docs() -> dict[str, str]:
 
 
 def markdown_table() -> str:
-    """The README's table of config fields, generated from the docstrings above."""
+    """The README's table of config fields, generated from Config's field docstrings."""
     docs = field_docs()
     rows = ["| key | default | meaning |", "| --- | --- | --- |"]
     for f in fields(Config):

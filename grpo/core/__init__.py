@@ -6,8 +6,8 @@ from grpo.core.losses import (AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS, aggrega
                               clipped_value_loss,
                               indexed_logprobs_and_entropy, kl_penalty, log_ratio, masked_mean, token_logprobs,
                               token_logprobs_and_entropy)
-from grpo.core.metrics import (advantage_group_variance, clip_fractions, explained_variance, mean_entropy, mean_kl,
-                               reward_stats, zero_variance_share)
+from grpo.core.metrics import (advantage_group_variance, clip_fractions, explained_variance, reward_stats,
+                               zero_variance_share)
 from grpo.core.objective import grpo_loss, policy_loss
 from grpo.core.stability import (COV_MODES, PF_MODES, high_covariance_tokens, informative_groups, overlong_penalty,
                                  policy_filter, reward_cv, token_covariance)
@@ -16,8 +16,8 @@ __all__ = [
     "AGGREGATIONS", "ESTIMATORS", "GROUP_ESTIMATORS", "KL_ESTIMATORS", "RATIO_LEVELS",
     "advantage_group_variance", "aggregate", "clip_fractions", "clipped_surrogate", "clipped_value_loss",
     "compute_advantages", "explained_variance", "kl_shaped_rewards",
-    "gae", "get_estimator", "grpo_loss", "indexed_logprobs_and_entropy", "kl_penalty", "log_ratio", "masked_mean", "mean_entropy",
-    "mean_kl", "policy_loss", "process_advantages", "reward_stats", "token_logprobs",
+    "gae", "get_estimator", "grpo_loss", "indexed_logprobs_and_entropy", "kl_penalty", "log_ratio", "masked_mean",
+    "policy_loss", "process_advantages", "reward_stats", "token_logprobs",
     "token_logprobs_and_entropy", "whiten", "zero_variance_share",
     "COV_MODES", "PF_MODES", "high_covariance_tokens", "informative_groups", "overlong_penalty", "policy_filter",
     "reward_cv", "token_covariance",

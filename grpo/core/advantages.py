@@ -189,15 +189,13 @@ def gae(rewards_tok: Tensor, values: Tensor, mask: Tensor, *, gamma: float = 1.0
     return {"advantages": adv, "returns": (adv + values) * m}
 
 
-def whiten(x: Tensor, mask: Tensor, *, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+def whiten(x: Tensor, mask: Tensor, *, eps: float = 1e-8) -> Tensor:
     """Normalize x to zero mean and unit variance over the tokens where mask is 1. [N, T] -> [N, T]."""
     m = mask.to(x.dtype)  # [N, T]
     count = m.sum().clamp(min=1)  # []
     mean = (x * m).sum() / count  # []
     var = (((x - mean) * m) ** 2).sum() / count  # []
     out = (x - mean) * torch.rsqrt(var + eps)  # [N, T]
-    if not shift_mean:
-        out = out + mean
     return out * m  # [N, T]
 
 

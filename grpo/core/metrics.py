@@ -51,16 +51,6 @@ def reward_stats(rewards: Tensor) -> dict[str, Tensor]:
     }
 
 
-def mean_kl(kl_tok: Tensor, mask: Tensor) -> Tensor:
-    """Token-mean of a per-token KL estimate. [N, T], [N, T] -> []."""
-    return masked_mean(kl_tok, mask)
-
-
-def mean_entropy(entropy: Tensor, mask: Tensor) -> Tensor:
-    """Token-mean of per-token policy entropy. [N, T], [N, T] -> []."""
-    return masked_mean(entropy, mask)
-
-
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
     """1 - Var[returns - values] / Var[returns] over masked tokens: 1 is a perfect critic, 0 no better
     than a constant, negative worse. values, returns, mask: [N, T] -> []."""
