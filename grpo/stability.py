@@ -8,11 +8,13 @@ in ``trainer.stateful`` so a resumed run continues with the exact knob values it
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
 from grpo import core
+from grpo import distributed as dist_io
 from grpo.data import render_prompt
 from grpo.rollout import Rollout, generate_rollout
 
@@ -211,34 +213,51 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
                    [s for r in parts for s in r.texts], parts[0].backend, sum(r.seconds for r in parts))
 
 
+def rollout_to(ro: Rollout, device) -> Rollout:
+    """The rollout with its tensors on ``device``."""
+    return dataclasses.replace(ro, **{f.name: getattr(ro, f.name).to(device) for f in dataclasses.fields(ro)
+                                      if isinstance(getattr(ro, f.name), torch.Tensor)})
+
+
 def dynamic_sample(trainer) -> tuple[list[dict], Rollout, torch.Tensor, dict]:
     """DAPO dynamic sampling (arXiv 2503.14476, section 3.2): sample and score rounds of B prompts, keep
     only groups whose rewards are not all equal, until B groups are kept or ``dynamic_sampling_rounds``
-    rounds are spent. Returns (samples, rollout, rewards [b, G], metrics) with b <= B kept groups. When
-    no round kept a group the last round is trained as it is (its groups have zero advantage, so only
-    the KL term acts) and dynamic_sampling_empty is 1."""
-    cfg, g = trainer.cfg, trainer.cfg.num_generations
-    kept_s, kept_ro, kept_r, seen, metrics = [], [], [], 0, {}
+    rounds are spent. Returns this process's (samples, rollout), the step's rewards [b', G] and the
+    metrics, b' <= B kept groups. When no round kept a group the last round is trained as it is (its
+    groups have zero advantage, so only the KL term acts) and dynamic_sampling_empty is 1.
+
+    On several processes the kept groups are the same as on one, in the same order (the first
+    informative groups of each round, by their index in the step's draw); each process then trains
+    an equal, contiguous share of them (groups move between processes as CPU tensors), so DDP and
+    FSDP2 see the same number of sequences everywhere. A remainder of fewer groups than processes,
+    possible only when the rounds run out, is left out of the step (counted as dropped)."""
+    cfg, world, g, n = trainer.cfg, trainer.world, trainer.cfg.num_generations, trainer.cfg.prompts_per_step
+    b = n // world.size  # prompts per process and round
+    mine, kept_rewards, seen, n_kept, seconds = [], [], 0, 0, 0.0
     for round in range(cfg.dynamic_sampling_rounds):
         samples, ro = trainer.sample(round)  # fresh sampling keys each round
-        rewards, metrics = trainer.score(samples, ro)  # [B, G]
-        keep = core.informative_groups(rewards)  # [B]
-        seen += len(samples)
-        idx = keep.nonzero().flatten()[: cfg.prompts_per_step - sum(len(s) for s in kept_s)]  # [k]
-        if len(idx):
-            seq = (idx[:, None] * g + torch.arange(g)).flatten()  # [k * G]
-            kept_s.append([samples[i] for i in idx.tolist()])
-            kept_ro.append(select_rollout(ro, seq))
-            kept_r.append(rewards[idx])
-        if sum(len(s) for s in kept_s) >= cfg.prompts_per_step:
+        rewards, metrics = trainer.score(samples, ro)  # [B, G] of the whole step
+        seen, seconds = seen + n, seconds + ro.seconds
+        idx = core.informative_groups(rewards).nonzero().flatten()[: n - n_kept]  # [k] indices into the step's B
+        kept_rewards.append(rewards[idx])  # [k, G]
+        n_kept += len(idx)
+        for i in idx.tolist():  # this process's kept groups: (round, index, sample, its G rows)
+            j = i - world.rank * b
+            if 0 <= j < b:
+                rows = select_rollout(ro, torch.arange(j * g, (j + 1) * g))
+                mine.append((round, i, samples[j], rollout_to(rows, "cpu") if world.distributed else rows))
+        if n_kept >= n:
             break
-    b = sum(len(s) for s in kept_s)
-    metrics.update(dynamic_sampling_rounds=seen // cfg.prompts_per_step, dynamic_sampling_dropped_share=1.0 - b / seen,
-                   dynamic_sampling_empty=int(b == 0), trained_groups=b or len(samples))
-    if b == 0:
+    n_used = n_kept - n_kept % world.size
+    metrics.update(dynamic_sampling_rounds=seen // n, dynamic_sampling_dropped_share=1.0 - n_used / seen,
+                   dynamic_sampling_empty=int(n_used == 0), trained_groups=n_used or n)
+    if n_used == 0:
         return samples, ro, rewards, metrics
-    merged = concat_rollouts(kept_ro, trainer.tok.pad_token_id)
-    return [s for part in kept_s for s in part], merged, torch.cat(kept_r), metrics
+    kept = sorted((x for part in dist_io.gather_objects(mine, world) for x in part), key=lambda x: x[:2])[:n_used]
+    share = kept[world.rank * n_used // world.size:(world.rank + 1) * n_used // world.size]
+    merged = concat_rollouts([x[3] for x in share], trainer.tok.pad_token_id)
+    merged = dataclasses.replace(rollout_to(merged, ro.completion_ids.device), seconds=seconds)
+    return [x[2] for x in share], merged, torch.cat(kept_rewards)[:n_used], metrics
 
 
 def reshape_rewards(rewards: torch.Tensor, *, lengths: torch.Tensor, truncated: torch.Tensor,

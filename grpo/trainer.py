@@ -50,9 +50,6 @@ def _check_world(cfg: Config, world: dist_io.World) -> None:
                           f"{world.size} processes (each group stays on one process)")
     if world.distributed and cfg.advantage_estimator == "gae":
         raise ConfigError("advantage_estimator: gae (PPO with a critic) runs on one process only")
-    if world.distributed and cfg.dynamic_sampling:
-        raise ConfigError("dynamic_sampling: runs on one process only (its rounds keep a varying number "
-                          "of groups per process)")
 
 
 class Trainer:

@@ -1,6 +1,6 @@
 """One process versus two under torchrun (gloo, CPU): the same global batch, seeds and data give the
-same weights and the same metrics, with DDP and with FSDP2; a two-process run resumes exactly, on
-two processes or on one.
+same weights and the same metrics, with DDP and with FSDP2, also under dynamic sampling; a two-process
+run resumes exactly, on two processes or on one.
 
 Each run is a real `grpo train` subprocess (torchrun for two processes) on the tiny random Llama.
 """
@@ -92,7 +92,12 @@ SETTINGS = {
     "grpo": ["aggregation=seq_mean_token_mean", "advantage_estimator=grpo"],
     "token_mean": ["aggregation=token_mean", "advantage_estimator=grpo"],
     "batch_std": ["aggregation=seq_mean_token_mean", "advantage_estimator=batch_std"],
+    # DAPO dynamic sampling with a 0/1 reward: rounds keep different numbers of groups on each
+    # process, and the kept groups are dealt out evenly (moved between processes)
+    "dynamic": ["aggregation=seq_mean_token_mean", "advantage_estimator=grpo", "dynamic_sampling=true",
+                "rewards=tests.rewards_for_tests:has_digit"],
 }
+DYNAMIC = ("dynamic_sampling_rounds", "dynamic_sampling_dropped_share", "trained_groups")
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +130,9 @@ def test_two_processes_equal_one(tmp_path, tiny_model_dir, data_file, single, se
     moved = max(float((w1[k] - initial[k]).abs().max()) for k in initial if k in w1)
     assert moved > 1e-4, "the weights did not move: the comparison would be vacuous"
     _assert_same_metrics(_metrics(one), _metrics(two))
+    if setting == "dynamic":  # groups were dropped and more rounds drawn, the same on 1 and 2 processes
+        assert any(m["dynamic_sampling_dropped_share"] > 0 for m in _metrics(one))
+        assert [[m[k] for k in DYNAMIC] for m in _metrics(one)] == [[m[k] for k in DYNAMIC] for m in _metrics(two)]
     # one metrics file and one progress stream: only rank 0 writes
     assert len(_metrics(two)) == STEPS
 
