@@ -89,7 +89,10 @@ def restore(t, ckpt: Path) -> None:
         obj.load_state_dict(state["stateful"][name])
     dist_io.load_full_optimizer_state(t.policy, t.optimizer, state["optimizer"])
     t.scheduler.load_state_dict(state["scheduler"])
-    t.sampler.load_state_dict(state["sampler"])
+    try:
+        t.sampler.load_state_dict(state["sampler"])
+    except ValueError as e:  # the run's data file changed since the checkpoint
+        raise ckpt_io.CheckpointError(f"{ckpt}: {e}; resume with the data the run started with") from None
     t.step, t.ref_reset_at = state["step"], state["ref_reset_at"]
     t.skipped_updates, t.consecutive_skips = state["skipped_updates"], state["consecutive_skips"]
     t.reward_failures = state["reward_failures"]
