@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from grpo import core
+from grpo import grouped_attention
 from grpo import checkpoint as ckpt_io
 from grpo import distributed as dist_io
 from grpo import passes
@@ -117,15 +118,20 @@ class Trainer:
             for m in (self.policy, self.models.reference):
                 if m is not None:
                     keep_head_fp32(m)
+        attn = getattr(self.policy.config, "_attn_implementation", None)
+        # else one sequence per row; a custom mask would also replace a model's sliding-window mask
+        share = cfg.shared_prefix and attn in SHARED_PREFIX_ATTENTION and sliding_window(self.policy.config) is None
+        if cfg.gradient_checkpointing:
+            self.policy.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            if share and attn == "sdpa":  # the backward's recompute looks the attention function up in the
+                # config: it must find the grouped one there too, not only inside the training forward
+                self.policy.config._attn_implementation = grouped_attention.register()
         # the module the training forward runs through (DDP wrapper, or the policy sharded in place by
         # FSDP2); self.policy stays the model itself, for generation, LoRA switches and saving
         self.engine = dist_io.wrap_policy(self.policy, world, cfg.distributed_strategy)
         self.sharded = world.distributed and cfg.distributed_strategy == "fsdp2"
         if self.sharded and self.models.reference is not None:
             dist_io.shard(self.models.reference)
-        attn = getattr(self.policy.config, "_attn_implementation", None)
-        # else one sequence per row; a custom mask would also replace a model's sliding-window mask
-        share = cfg.shared_prefix and attn in SHARED_PREFIX_ATTENTION and sliding_window(self.policy.config) is None
         self.forwards = Forwards(group_size=cfg.num_generations, share_prompt=share,
                                  attn_implementation=attn or "sdpa", autocast=self.amp,
                                  max_tokens=cfg.max_tokens_per_forward, sharded=self.sharded,

@@ -208,9 +208,10 @@ def test_ppo_shared_trunk_trains_head_and_body(tmp_path, tiny_model_dir, tiny_da
     assert math.isfinite(line["value_loss"]) and math.isfinite(line["explained_variance"])
 
 
-def _one_update(cfg, *, perturb_reference: bool = False) -> dict:
+def _one_update(cfg, *, perturb_reference: bool = False, before_update=None) -> dict:
     """Sample, score, prepare and update once; returns the update's metrics, the rewards [B, G] and the
-    summed gradient each parameter had at the optimizer step."""
+    summed gradient each parameter had at the optimizer step. ``before_update(trainer)`` runs just
+    before the update."""
     t = Trainer(cfg)
     t.logger = NullLogger()
     if perturb_reference:  # a reference unlike the policy, so the KL term has a gradient at step 1
@@ -229,6 +230,8 @@ def _one_update(cfg, *, perturb_reference: bool = False) -> dict:
     samples, ro = t.sample()
     rewards, _ = t.score(samples, ro)
     batch, _ = prepare_batch(t, ro, rewards)
+    if before_update is not None:
+        before_update(t)
     return {"metrics": t.update(batch), "rewards": rewards, "grads": grads}
 
 
@@ -272,6 +275,30 @@ def test_shared_prefix_gives_the_same_update(tmp_path, tiny_model_dir, tiny_data
     for key in ("loss", "kl", "entropy", "policy_loss"):
         assert b["metrics"][key] == pytest.approx(a["metrics"][key], rel=1e-5, abs=1e-7), key
     _assert_same_grads(a["grads"], b["grads"])
+
+
+@pytest.mark.parametrize("shared_prefix, use_peft", [(True, False), (False, False), (True, True)])
+def test_gradient_checkpointing_gives_the_same_update(tmp_path, tiny_model_dir, tiny_dataset, shared_prefix, use_peft):
+    """Recomputing each decoder layer in the backward pass changes memory, not the update: the same
+    loss, KL and gradient (shared prefix: the recompute must attend through the grouped attention
+    too), and the layers did run twice."""
+    kw = dict(eval_prompts=0, beta=0.1, per_device_train_batch_size=8, bf16=False, shared_prefix=shared_prefix,
+              use_peft=use_peft)
+    runs = {}
+    for on in (False, True):
+        calls = []
+
+        def count_mlp_calls(t):
+            base = t.policy.get_base_model() if use_peft else t.policy
+            base.model.layers[0].mlp.register_forward_pre_hook(lambda *_: calls.append(1))
+
+        runs[on] = _one_update(make_cfg(tmp_path / str(on), tiny_model_dir, tiny_dataset, gradient_checkpointing=on,
+                                        **kw), perturb_reference=not use_peft, before_update=count_mlp_calls)
+        runs[on]["mlp_calls"] = len(calls)
+    assert runs[True]["mlp_calls"] == 2 * runs[False]["mlp_calls"] > 0  # forward, then the recompute
+    for key in ("loss", "kl", "entropy", "policy_loss"):
+        assert runs[True]["metrics"][key] == pytest.approx(runs[False]["metrics"][key], rel=1e-5, abs=1e-7), key
+    _assert_same_grads(runs[False]["grads"], runs[True]["grads"])
 
 
 def test_token_budget_splits_passes_with_the_same_update(tmp_path, tiny_model_dir, tiny_dataset, monkeypatch):
