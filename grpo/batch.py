@@ -25,7 +25,7 @@ class Batch:
     rollout: Rollout
     advantages: torch.Tensor  # [N, T]
     mask: torch.Tensor  # [N, T] completion tokens that count (failed rewards masked out)
-    old_logp: torch.Tensor | None  # [N, T] when mu > 1, else None (ratio uses detached current logp)
+    old_logp: torch.Tensor | None  # [N, T] when mu > 1 or mini_batches > 1, else None (ratio uses detached current logp)
     ref_logp: torch.Tensor | None  # [N, T] when beta > 0
     kl_in_loss: bool = True  # GRPO: KL is its own loss term; PPO: it is already in the reward
     values: torch.Tensor | None = None  # [N, T] critic values at sampling time (PPO)
@@ -61,7 +61,8 @@ def prepare_batch(trainer, ro: Rollout, rewards: torch.Tensor, samples: list[dic
     group_mean = torch.nan_to_num(torch.nanmean(rewards, dim=1, keepdim=True), nan=0.0)  # [B, 1]
     filled = torch.where(failed, group_mean.expand_as(rewards), rewards)  # [B, G]
     mask = ro.completion_mask * (~failed & keep).reshape(-1, 1)[rows]  # [n, T]
-    old_logp = frozen_logps(trainer, trainer.policy, ro) if cfg.num_iterations > 1 else None
+    # the sampling policy's log-probs, once the policy can have moved: after the first pass or mini-batch
+    old_logp = frozen_logps(trainer, trainer.policy, ro) if cfg.num_iterations > 1 or cfg.mini_batches > 1 else None
     ref_logp = reference_logps(trainer, ro) if cfg.beta > 0 else None
     metrics = {"reward_mean": float(torch.nanmean(rewards)),
                "reward_std": float(rewards[~failed].std(correction=0)) if (~failed).sum() > 1 else 0.0,

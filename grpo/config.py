@@ -106,6 +106,8 @@ class Config:
     """Weight of an entropy bonus in the loss (0 = off)."""
     num_iterations: int = 1
     """mu: optimisation passes over each batch of rollouts (PPO epochs)."""
+    mini_batches: int = 1
+    """Optimizer steps per pass over the step's batch: its groups are dealt into this many mini-batches (group j to mini-batch j mod mini_batches), each one optimizer step, in each of the num_iterations passes (verl's ppo_mini_batch_size = B * G / mini_batches; TRL's steps_per_generation). Above 1 the sampling policy's log-probs are computed once (one more inference forward), as for num_iterations > 1."""
     ref_reset_steps: int = 0
     """Iterative GRPO: every this many steps the reference becomes the current policy (0 = never)."""
 
@@ -296,7 +298,7 @@ def _validate(c: Config) -> None:
     _choice("rollout_backend", c.rollout_backend, ("auto", "hf", "fast"))
     positive = ["reward_workers", "num_generations", "prompts_per_step", "max_prompt_length", "max_completion_length",
                 "num_iterations", "per_device_train_batch_size", "eval_max_new_tokens", "eval_batch_size",
-                "logging_steps", "lora_r"]
+                "logging_steps", "lora_r", "mini_batches"]
     for key in positive:
         if getattr(c, key) < 1:
             raise ConfigError(f"{key}: must be >= 1, got {getattr(c, key)}")
@@ -322,6 +324,9 @@ def _validate(c: Config) -> None:
     if c.sequences_per_step % c.per_device_train_batch_size:
         raise ConfigError(f"per_device_train_batch_size: prompts_per_step * num_generations = "
                           f"{c.sequences_per_step} is not a multiple of {c.per_device_train_batch_size}")
+    if c.prompts_per_step % c.mini_batches:
+        raise ConfigError(f"mini_batches: {c.prompts_per_step} prompts per step cannot be split into "
+                          f"{c.mini_batches} mini-batches of whole groups")
     if not c.reward_names:
         raise ConfigError("rewards: name at least one reward function")
     if c.reward_weights is not None and len(c.reward_weights) != len(c.reward_names):
@@ -364,13 +369,15 @@ def _validate_stability(c: Config) -> None:
         raise ConfigError(f"cov_fraction: must lie in [0, 1], got {c.cov_fraction}")
     if c.clip_target_band is not None and c.epsilon <= 0:
         raise ConfigError("clip_target_band: adaptive clipping scales epsilon and needs epsilon > 0")
-    # with one pass per batch the ratio is exactly 1: nothing is clipped and |logp - old_logp| has no
-    # gradient, so these tools would silently do nothing
-    if c.num_iterations == 1 and c.clip_target_band is not None:
-        raise ConfigError("clip_target_band: needs num_iterations > 1 (with one pass nothing is ever clipped)")
-    if c.num_iterations == 1 and c.cov_mode == "kl_cov":
-        raise ConfigError("cov_mode: kl_cov penalises |logp - old_logp|, which is 0 with no gradient when "
-                          "num_iterations = 1; use num_iterations > 1 or cov_mode=clip_cov")
+    # with one optimizer step per batch the ratio is exactly 1: nothing is clipped and |logp - old_logp|
+    # has no gradient, so these tools would silently do nothing
+    one_step = c.num_iterations == 1 and c.mini_batches == 1
+    if one_step and c.clip_target_band is not None:
+        raise ConfigError("clip_target_band: needs num_iterations > 1 or mini_batches > 1 (with one optimizer "
+                          "step per batch nothing is ever clipped)")
+    if one_step and c.cov_mode == "kl_cov":
+        raise ConfigError("cov_mode: kl_cov penalises |logp - old_logp|, which is 0 with no gradient with one "
+                          "optimizer step per batch; use num_iterations > 1, mini_batches > 1 or cov_mode=clip_cov")
     if not 0 < c.clip_epsilon_min <= c.clip_epsilon_max:
         raise ConfigError(f"clip_epsilon_min/max: need 0 < min <= max, got {c.clip_epsilon_min}, {c.clip_epsilon_max}")
     if c.controller_factor <= 1:

@@ -1,5 +1,6 @@
-"""How a step's sequences go through the model: which rows need a backward pass at all, and how a
-micro-batch is cut into forward/backward passes of bounded size. Pure functions of masks and
+"""How a step's sequences go through the model: which rows need a backward pass at all, which rows
+form each mini-batch (one optimizer step), and how a micro-batch is cut into forward/backward passes
+of bounded size. Pure functions of masks and
 settings (the trainer decides when they apply).
 
 Dimension letters: N sequences (rows), P prompt tokens, T completion tokens, G group size.
@@ -44,3 +45,15 @@ def rows_with_gradient(advantages: Tensor, mask: Tensor, *, group_size: int) -> 
     if not live.any():
         live[:group_size] = True
     return live.nonzero().flatten().cpu()
+
+
+def mini_batch_rows(groups: int, group_size: int, mini_batches: int) -> list[Tensor]:
+    """The rows of each mini-batch of a process's ``groups`` groups of ``group_size`` consecutive rows:
+    group j goes to mini-batch j mod ``mini_batches``. Striding, rather than cutting blocks, makes the
+    step's mini-batches the same on any number of processes that each hold an equal, contiguous share
+    of its groups (global group r * b + j has j's residue when mini_batches divides b), so one process
+    and several take the same optimizer steps. With fewer groups than mini-batches (a dynamic-sampling
+    step that ran out of rounds) some are empty, on every process alike."""
+    g = torch.arange(groups)  # [groups]
+    return [(g[g % mini_batches == k][:, None] * group_size + torch.arange(group_size)).flatten()
+            for k in range(mini_batches)]  # each [groups / mini_batches * group_size]

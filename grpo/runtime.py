@@ -64,9 +64,11 @@ def adamw(params: list, **settings) -> torch.optim.AdamW:
 
 def lr_lambda(cfg: Config):
     """Multiplier of learning_rate at a given optimizer step: linear warmup, then the schedule. Both
-    are counted in training steps, as max_steps is, each taking num_iterations optimizer steps."""
-    total = max(1, cfg.max_steps * cfg.num_iterations)
-    warm = cfg.warmup_steps * cfg.num_iterations
+    are counted in training steps, as max_steps is, each taking num_iterations x mini_batches
+    optimizer steps."""
+    per_step = cfg.num_iterations * cfg.mini_batches
+    total = max(1, cfg.max_steps * per_step)
+    warm = cfg.warmup_steps * per_step
 
     def f(step: int) -> float:
         if step < warm:

@@ -25,6 +25,7 @@ from grpo import grouped_attention
 from grpo import checkpoint as ckpt_io
 from grpo import distributed as dist_io
 from grpo import passes
+from grpo.passes import mini_batch_rows
 from grpo import resume
 from grpo import stability as stab
 from grpo.config import Config, ConfigError
@@ -49,6 +50,9 @@ def _check_world(cfg: Config, world: dist_io.World) -> None:
     if cfg.prompts_per_step % world.size:
         raise ConfigError(f"prompts_per_step: {cfg.prompts_per_step} prompts cannot be split evenly over "
                           f"{world.size} processes (each group stays on one process)")
+    if (cfg.prompts_per_step // world.size) % cfg.mini_batches:
+        raise ConfigError(f"mini_batches: each process's {cfg.prompts_per_step // world.size} prompts cannot be "
+                          f"split into {cfg.mini_batches} mini-batches of whole groups")
     if world.distributed and cfg.advantage_estimator == "gae":
         raise ConfigError("advantage_estimator: gae (PPO with a critic) runs on one process only")
 
@@ -192,38 +196,44 @@ class Trainer:
         return total.float().view(cfg.prompts_per_step, cfg.num_generations), metrics
 
     def update(self, batch: Batch) -> dict:
-        """mu passes; each pass accumulates micro-batch gradients and takes one optimizer step."""
+        """mu passes over the batch; each pass takes one optimizer step per mini-batch, accumulating
+        its micro-batch gradients."""
         cfg, ro, world = self.cfg, batch.rollout, self.world
         n = ro.completion_ids.shape[0]
-        # the loss's denominator is the whole step's (tokens or sequences over all processes); DDP and
-        # FSDP2 average gradients over processes, so each divides by total / world to make that a sum
-        total = (dist_io.all_sum(batch.mask.sum(), world) if cfg.aggregation == "token_mean"
-                 else n * world.size) / world.size
         sums: dict[str, float] = {}
         tokens_seen = 0.0
         grad_norms = []
         rows = self._trained_rows(batch)  # [n'] the sequences that can have a gradient
-        micro = rows.split(cfg.per_device_train_batch_size)
+        minis = [m for m in mini_batch_rows(n // cfg.num_generations, cfg.num_generations, cfg.mini_batches) if len(m)]
+        steps = cfg.num_iterations * len(minis)  # optimizer steps of this update
         for _ in range(cfg.num_iterations):
-            self.optimizer.zero_grad(set_to_none=True)
-            todo = [p for rows_mb in micro for p in self.forwards.passes(ro, rows_mb)]
-            for i, idx in enumerate(todo):
-                with dist_io.grad_sync(self.engine, world, enabled=i == len(todo) - 1):
-                    out = self._micro_loss(batch, idx, total)
-                    out["loss"].backward()
-                w = float(batch.mask[idx].sum())  # token weight of this micro-batch's means
-                tokens_seen += w
-                for key in ("kl", "entropy", "ratio_mean", "clip_fraction", "clip_fraction_low", "clip_fraction_high",
-                            "cov_token_share"):
-                    if key in out:
-                        sums[key] = sums.get(key, 0.0) + float(out[key]) * w
-                sums["loss"] = sums.get("loss", 0.0) + float(out["loss"].detach()) / cfg.num_iterations
-                sums["policy_loss"] = sums.get("policy_loss", 0.0) + float(out["policy_loss"]) / cfg.num_iterations
-            if self.critic is not None:  # PPO epochs train the critic on the same batch; with a shared
-                # trunk its value-loss gradients join the policy's before the policy steps
-                critic_metrics = self.critic.update(ro, batch.values, batch.returns, batch.mask,
-                                                    micro_batch=cfg.per_device_train_batch_size)
-            grad_norms.append(self._optimizer_step())
+            for mini in minis:
+                # the loss's denominator is the mini-batch's (tokens or sequences over all processes); DDP
+                # and FSDP2 average gradients over processes, so each divides by total / world for a sum
+                total = (dist_io.all_sum(batch.mask[mini].sum(), world) if cfg.aggregation == "token_mean"
+                         else len(mini) * world.size) / world.size
+                self.optimizer.zero_grad(set_to_none=True)
+                live = mini[torch.isin(mini, rows)] if len(rows) < n else mini  # [m'] sequences with a gradient
+                todo = [p for rows_mb in live.split(cfg.per_device_train_batch_size)
+                        for p in self.forwards.passes(ro, rows_mb)]
+                for i, idx in enumerate(todo):
+                    with dist_io.grad_sync(self.engine, world, enabled=i == len(todo) - 1):
+                        out = self._micro_loss(batch, idx, total)
+                        out["loss"].backward()
+                    w = float(batch.mask[idx].sum())  # token weight of this micro-batch's means
+                    tokens_seen += w
+                    for key in ("kl", "entropy", "ratio_mean", "clip_fraction", "clip_fraction_low",
+                                "clip_fraction_high", "cov_token_share"):
+                        if key in out:
+                            sums[key] = sums.get(key, 0.0) + float(out[key]) * w
+                    sums["loss"] = sums.get("loss", 0.0) + float(out["loss"].detach()) / steps
+                    sums["policy_loss"] = sums.get("policy_loss", 0.0) + float(out["policy_loss"]) / steps
+                if self.critic is not None:  # PPO epochs train the critic on the same mini-batch; with a
+                    # shared trunk its value-loss gradients join the policy's before the policy steps
+                    critic_metrics = self.critic.update(stab.select_rollout(ro, mini), batch.values[mini],
+                                                        batch.returns[mini], batch.mask[mini],
+                                                        micro_batch=cfg.per_device_train_batch_size)
+                grad_norms.append(self._optimizer_step())
         # token-weighted means and loss shares of every process (each loss share is world x its part)
         keys = sorted(sums)
         summed = dist_io.all_sum(torch.tensor([sums[k] for k in keys] + [tokens_seen], dtype=torch.float64), world)
@@ -240,14 +250,14 @@ class Trainer:
         return metrics
 
     def _trained_rows(self, batch: Batch) -> torch.Tensor:
-        """The sequences that go through forward and backward: with beta = 0, mu = 1 and no entropy or
+        """The sequences that go through forward and backward: with beta = 0, mu = 1, one mini-batch and no entropy or
         covariance term, those with a non-zero advantage (passes.rows_with_gradient); the loss's
         denominator still counts the others, so the loss is unchanged. All of them on more than one
         process (DDP needs each to run the same micro-batches) and under an entropy target (its
         controller reads the entropy of the whole batch)."""
         cfg, k = self.cfg, self.stability
-        if (not cfg.skip_zero_advantage or self.world.distributed or cfg.num_iterations > 1 or k.beta > 0
-                or k.entropy_coef > 0 or cfg.cov_mode is not None or self.critic is not None
+        if (not cfg.skip_zero_advantage or self.world.distributed or cfg.num_iterations > 1 or cfg.mini_batches > 1
+                or k.beta > 0 or k.entropy_coef > 0 or cfg.cov_mode is not None or self.critic is not None
                 or cfg.entropy_target_band is not None):
             return torch.arange(batch.mask.shape[0])
         return passes.rows_with_gradient(batch.advantages, batch.mask, group_size=cfg.num_generations)

@@ -1,6 +1,6 @@
 """One process versus two under torchrun (gloo, CPU): the same global batch, seeds and data give the
-same weights and the same metrics, with DDP and with FSDP2, also under dynamic sampling and gradient
-checkpointing; a two-process run resumes exactly, on two processes or on one.
+same weights and the same metrics, with DDP and with FSDP2, also under dynamic sampling, gradient
+checkpointing and mini-batches; a two-process run resumes exactly, on two processes or on one.
 
 Each run is a real `grpo train` subprocess (torchrun for two processes) on the tiny random Llama.
 """
@@ -97,6 +97,8 @@ SETTINGS = {
     "dynamic": ["aggregation=seq_mean_token_mean", "advantage_estimator=grpo", "dynamic_sampling=true",
                 "rewards=tests.rewards_for_tests:has_digit"],
     "checkpointing": ["aggregation=seq_mean_token_mean", "advantage_estimator=grpo", "gradient_checkpointing=true"],
+    # two optimizer steps per pass: the same mini-batches (groups 0, 2 and 1, 3 of the step) on 1 and 2 processes
+    "mini_batches": ["aggregation=token_mean", "advantage_estimator=grpo", "mini_batches=2"],
 }
 DYNAMIC = ("dynamic_sampling_rounds", "dynamic_sampling_dropped_share", "trained_groups")
 

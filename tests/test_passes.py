@@ -2,7 +2,7 @@
 
 import torch
 
-from grpo.passes import forward_passes, rows_with_gradient
+from grpo.passes import forward_passes, mini_batch_rows, rows_with_gradient
 
 
 def _masks(prompt_lens, completion_lens, p=6, t=5):
@@ -30,3 +30,10 @@ def test_rows_with_gradient_keeps_nonzero_advantages_on_counted_tokens():
     assert rows_with_gradient(adv, mask, group_size=2).tolist() == [1]  # row 2's tokens do not count
     none = rows_with_gradient(torch.zeros(4, 2), mask, group_size=2)
     assert none.tolist() == [0, 1]  # nothing to learn: the first group still runs, for its metrics
+
+
+def test_mini_batches_take_every_other_group():
+    # 4 groups of 2 rows, 2 mini-batches: groups 0 and 2 (rows 0, 1, 4, 5), then groups 1 and 3
+    assert [m.tolist() for m in mini_batch_rows(4, 2, 2)] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert [m.tolist() for m in mini_batch_rows(3, 1, 1)] == [[0, 1, 2]]
+    assert [m.tolist() for m in mini_batch_rows(1, 2, 2)] == [[0, 1], []]  # fewer groups than mini-batches

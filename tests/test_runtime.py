@@ -75,6 +75,8 @@ def test_keep_freed_memory_stops_page_faults_once_the_heap_has_grown():
                              cwd=Path(__file__).parents[1])
         return [int(n) for n in res.stdout.split()]
 
-    default, keep = sum(faults("default")[5:]), sum(faults("keep")[5:])  # the last five steps
-    assert default > 50_000  # measured: ~100k
-    assert keep < default / 4  # measured: 0-25k (the heap still grows now and then, into fragments)
+    default, keep = sorted(faults("default")[5:]), sorted(faults("keep")[5:])  # the last five steps
+    # measured per step: default 16-37k every step; keep mostly 0, now and then 2-12k as the heap
+    # grows into fragments (a sum over steps was too noisy a measure)
+    assert default[0] > 4096  # every default step maps fresh memory for its temporaries
+    assert keep[2] * 4 < default[2]  # the median step under keep_freed_memory: (almost) no faults

@@ -161,9 +161,10 @@ class _Quiet:
         pass
 
 
-def test_ppo_three_steps_policy_and_critic_change(tmp_path, tiny_model_dir, tiny_dataset):
+@pytest.mark.parametrize("mini_batches", [1, 2])  # 2: policy and critic step on each half of the groups
+def test_ppo_three_steps_policy_and_critic_change(tmp_path, tiny_model_dir, tiny_dataset, mini_batches):
     cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, advantage_estimator="gae", beta=0.05, eval_prompts=0,
-                   critic_learning_rate=1e-2)
+                   critic_learning_rate=1e-2, mini_batches=mini_batches)
     t = Trainer(cfg)
     before = _params(t.policy)
     v_before = {k: v.detach().clone() for k, v in t.critic.model.named_parameters()}
@@ -209,9 +210,9 @@ def test_ppo_shared_trunk_trains_head_and_body(tmp_path, tiny_model_dir, tiny_da
 
 
 def _one_update(cfg, *, perturb_reference: bool = False, before_update=None) -> dict:
-    """Sample, score, prepare and update once; returns the update's metrics, the rewards [B, G] and the
-    summed gradient each parameter had at the optimizer step. ``before_update(trainer)`` runs just
-    before the update."""
+    """Sample, score, prepare and update once; returns the update's metrics, the rewards [B, G], the
+    summed gradient each parameter had at the (last) optimizer step, those of every optimizer step and
+    the batch. ``before_update(trainer)`` runs just before the update."""
     t = Trainer(cfg)
     t.logger = NullLogger()
     if perturb_reference:  # a reference unlike the policy, so the KL term has a gradient at step 1
@@ -219,11 +220,12 @@ def _one_update(cfg, *, perturb_reference: bool = False, before_update=None) -> 
         with torch.no_grad():
             for p in t.models.reference.parameters():
                 p.add_(0.05 * torch.randn(p.shape, generator=g).to(p.device))
-    grads = {}
+    grads, grad_steps = {}, []
     step = t._optimizer_step
 
     def capture():
-        grads.update({n: p.grad.clone() for n, p in t.policy.named_parameters() if p.grad is not None})
+        grad_steps.append({n: p.grad.clone() for n, p in t.policy.named_parameters() if p.grad is not None})
+        grads.update(grad_steps[-1])
         return step()
 
     t._optimizer_step = capture
@@ -232,7 +234,7 @@ def _one_update(cfg, *, perturb_reference: bool = False, before_update=None) -> 
     batch, _ = prepare_batch(t, ro, rewards)
     if before_update is not None:
         before_update(t)
-    return {"metrics": t.update(batch), "rewards": rewards, "grads": grads}
+    return {"metrics": t.update(batch), "rewards": rewards, "grads": grads, "grad_steps": grad_steps, "batch": batch}
 
 
 def _assert_same_grads(a: dict, b: dict) -> None:
@@ -299,6 +301,25 @@ def test_gradient_checkpointing_gives_the_same_update(tmp_path, tiny_model_dir, 
     for key in ("loss", "kl", "entropy", "policy_loss"):
         assert runs[True]["metrics"][key] == pytest.approx(runs[False]["metrics"][key], rel=1e-5, abs=1e-7), key
     _assert_same_grads(runs[False]["grads"], runs[True]["grads"])
+
+
+def test_mini_batches_split_the_batch_gradient(tmp_path, tiny_model_dir, tiny_dataset):
+    """mini_batches=2 takes two optimizer steps per pass, each on the token-mean loss of its own groups
+    (group j in mini-batch j mod 2). At learning rate 0 the weights stay put, so the two gradients,
+    weighted by their mini-batches' token counts, add up to the whole batch's gradient times its count."""
+    kw = dict(eval_prompts=0, beta=0.1, aggregation="token_mean", learning_rate=0.0, per_device_train_batch_size=4,
+              prompts_per_step=4, num_generations=2, bf16=False)
+    full = _one_update(make_cfg(tmp_path / "a", tiny_model_dir, tiny_dataset, **kw), perturb_reference=True)
+    split = _one_update(make_cfg(tmp_path / "b", tiny_model_dir, tiny_dataset, mini_batches=2, **kw),
+                        perturb_reference=True)
+    assert len(full["grad_steps"]) == 1 and len(split["grad_steps"]) == 2
+    assert split["batch"].old_logp is not None  # the policy may have moved before the second mini-batch
+    mask = full["batch"].mask  # [8, T], rows: groups (0, 1), (2, 3), (4, 5), (6, 7)
+    tokens = [float(mask[rows].sum()) for rows in ([0, 1, 4, 5], [2, 3, 6, 7])]  # groups 0, 2 and 1, 3
+    combined = {k: (split["grad_steps"][0][k] * tokens[0] + split["grad_steps"][1][k] * tokens[1]) / sum(tokens)
+                for k in full["grads"]}
+    _assert_same_grads(full["grads"], combined)
+    assert split["metrics"]["kl"] == pytest.approx(full["metrics"]["kl"], rel=1e-5)  # token-weighted over both
 
 
 def test_token_budget_splits_passes_with_the_same_update(tmp_path, tiny_model_dir, tiny_dataset, monkeypatch):
