@@ -86,9 +86,10 @@ def prepare_batch(trainer, ro: Rollout, rewards: torch.Tensor, samples: list[dic
     # precision), so it is exactly 0 while the policy still equals the reference.
     behaviour = None if ref_logp is None else old_logp if old_logp is not None else \
         frozen_logps(trainer, trainer.policy, ro)
-    est = trainer.critic.advantages(ro, filled.flatten(), behaviour, ref_logp, mask, kl_coef=trainer.stability.beta,
-                                    gamma=cfg.gamma, lam=cfg.lam, micro_batch=cfg.per_device_train_batch_size)
-    seq_adv = core.masked_mean(est["advantages"], mask, dim=1).view_as(filled)  # [B, G]
+    est = trainer.critic.advantages(ro, filled.flatten()[rows], behaviour, ref_logp, mask,
+                                    kl_coef=trainer.stability.beta, gamma=cfg.gamma, lam=cfg.lam,
+                                    micro_batch=cfg.per_device_train_batch_size)  # this process's rows
+    seq_adv = dist_io.gather_rows(core.masked_mean(est["advantages"], mask, dim=1), world).view_as(filled)  # [B, G]
     metrics.update(advantage_variance=float(core.advantage_group_variance(seq_adv)), **est["metrics"])
     return Batch(ro, est["advantages"], mask, old_logp, ref_logp, kl_in_loss=False, values=est["values"],
                  returns=est["returns"]), metrics

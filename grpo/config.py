@@ -201,9 +201,9 @@ class Config:
     gradient_checkpointing: bool = False
     """Keep only each decoder layer's input in the training forward and recompute the layer in the backward pass (transformers' non-reentrant checkpointing): much less activation memory for about a third more training compute. Same gradients."""
     skip_zero_advantage: bool = True
-    """With beta = 0, mu = 1 and no entropy or Clip-Cov/KL-Cov term, sequences whose advantage is 0 have no gradient: leave them out of the forward and backward pass (the loss is unchanged; entropy and clip metrics then cover the trained sequences). One process only; off while an entropy target reads the entropy."""
+    """With beta = 0, mu = 1, one mini-batch and no entropy or Clip-Cov/KL-Cov term, sequences whose advantage is 0 have no gradient: leave them out of the forward and backward pass (the loss is unchanged; entropy and clip metrics then cover the trained sequences). One process only; off while an entropy target reads the entropy."""
     max_steps: int = 25
-    """Optimisation steps (each: sample, score, mu passes of updates)."""
+    """Training steps (each: sample, score, then mu passes of mini_batches optimizer steps)."""
     use_peft: bool = False
     """Train LoRA adapters (PEFT) instead of all weights; the reference is the base model with adapters off."""
     lora_r: int = 16
@@ -233,7 +233,7 @@ class Config:
     resume_from_checkpoint: str | None = None
     """Continue a run exactly: a run folder, 'auto' (output_dir's latest checkpoint if any), or null."""
     max_consecutive_skips: int = 3
-    """Abort after this many consecutive updates skipped for a non-finite loss or gradient norm."""
+    """Abort after this many consecutive optimizer steps skipped for a non-finite loss or gradient norm."""
     logging_steps: int = 1
     """Write a metrics line every this many steps."""
     log_completions_steps: int = 5

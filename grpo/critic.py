@@ -12,13 +12,14 @@ import torch
 from torch import nn
 
 from grpo import core
+from grpo import distributed as dist_io
 from grpo.policy import model_inputs
 from grpo.runtime import adamw
 
 
 def load_value_model(path: str, dtype: torch.dtype) -> nn.Module:
     """A copy of the policy's architecture with a scalar head, initialised from the policy's weights
-    (the head itself starts at zero so initial values are 0, not noise)."""
+    (the head itself starts at zero so initial values are 0, not noise), without dropout."""
     from transformers import AutoModelForTokenClassification
 
     model = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=dtype)
@@ -30,6 +31,11 @@ def load_value_model(path: str, dtype: torch.dtype) -> nn.Module:
                 head.bias.zero_()
     if getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = 0
+    # no dropout: token-classification heads add one (0.1 for Llama) that would make the values used
+    # for GAE random and the critic differ with the random stream (TRL's PPO disables it too)
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
     return model
 
 
@@ -41,16 +47,26 @@ class Critic:
     scaled by ``vf_coef``, also sends gradients into the policy's body, which the policy's optimizer
     applies together with the policy-loss gradients (the joint loss L_pi + vf_coef * L_V); only the
     head is stepped here. No second model in memory.
+
+    On several processes (``world``) the separate value model is wrapped like the policy (DDP, or
+    sharded in place by FSDP2), its loss is normalised by the tokens of all processes, and the
+    advantages are whitened and its metrics computed with statistics of all processes, so the
+    processes' critics stay one critic. A shared trunk runs on one process only.
     """
 
     def __init__(self, path: str, *, dtype: torch.dtype, learning_rate: float, clip_range: float | None,
                  max_grad_norm: float, divergence_factor: float, autocast: bool,
                  shared_policy: nn.Module | None = None, vf_coef: float = 1.0,
-                 device: torch.device = torch.device("cpu")):
+                 device: torch.device = torch.device("cpu"), world: dist_io.World | None = None,
+                 strategy: str = "ddp"):
+        self.world = world or dist_io.World(rank=0, size=1, local_rank=0, device=device)
+        self.engine = None
         if shared_policy is None:
             self.model, self.head, self.loss_scale = load_value_model(path, dtype).to(device), None, 1.0
             self.model.train()
-            params = list(self.model.parameters())
+            # the module the training forward runs through: DDP, the model sharded in place, or itself
+            self.engine = dist_io.wrap_policy(self.model, self.world, strategy)
+            params = list(self.model.parameters())  # after sharding: FSDP2's parameters
         else:
             hidden = shared_policy.config.hidden_size
             self.model, self.loss_scale = shared_policy, vf_coef
@@ -71,7 +87,7 @@ class Critic:
         t = inp.pop("completion_ids").shape[1]
         with torch.autocast(completion_ids.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             if self.head is None:
-                out = self.model(**inp).logits  # [N, P' + T', 1]
+                out = self.engine(**inp).logits  # [N, P' + T', 1]
             else:
                 hidden = self.model(**inp, output_hidden_states=True, logits_to_keep=1).hidden_states[-1]
                 out = self.head(hidden.to(self.head.weight.dtype))  # [N, P' + T', 1]
@@ -98,43 +114,76 @@ class Critic:
         behaviour = torch.zeros_like(values) if behaviour_logp is None else behaviour_logp  # [N, T]
         rewards_tok = core.kl_shaped_rewards(scores, behaviour, ref_logp, mask, kl_coef=kl_coef)  # [N, T]
         est = core.gae(rewards_tok, values, mask, gamma=gamma, lam=lam)
-        metrics = {"value_mean": float(core.masked_mean(values, mask)),
-                   "explained_variance": float(core.explained_variance(values, est["returns"], mask))}
-        return {"advantages": core.whiten(est["advantages"], mask), "returns": est["returns"], "values": values,
-                "metrics": metrics}
+        if not self.world.distributed:
+            metrics = {"value_mean": float(core.masked_mean(values, mask)),
+                       "explained_variance": float(core.explained_variance(values, est["returns"], mask))}
+            return {"advantages": core.whiten(est["advantages"], mask), "returns": est["returns"],
+                    "values": values, "metrics": metrics}
+        # every process's tokens: one whitening and one set of metrics for the whole step
+        adv_mean, adv_var = self._moments(est["advantages"], mask)
+        ret_mean, ret_var = self._moments(est["returns"], mask)
+        _, res_var = self._moments(est["returns"] - values, mask)
+        metrics = {"value_mean": float(self._moments(values, mask)[0]),
+                   "explained_variance": float(1 - res_var / ret_var.clamp(min=1e-8))}
+        return {"advantages": core.whiten(est["advantages"], mask, mean=adv_mean, var=adv_var),
+                "returns": est["returns"], "values": values, "metrics": metrics}
+
+    def _moments(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and variance of x [N, T] over the tokens where mask is 1 on every process."""
+        m = mask.to(x.dtype)  # [N, T]
+        count = dist_io.all_sum(m.sum(), self.world).clamp(min=1)  # []
+        mean = dist_io.all_sum((x * m).sum(), self.world) / count  # []
+        return mean, dist_io.all_sum((((x - mean) * m) ** 2).sum(), self.world) / count
 
     def update(self, ro, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
                micro_batch: int) -> dict:
-        """One optimizer step of the clipped value loss over the batch, in micro-batches."""
+        """One optimizer step of the clipped value loss over the (mini-)batch, in micro-batches; its
+        loss, clip fraction and gradient norm (step_metrics folds a training step's updates)."""
         n = ro.completion_ids.shape[0]
-        total_tokens = mask.sum().clamp(min=1)
+        # every process's tokens, over world: DDP and FSDP2 average the gradients into the batch's sum
+        total_tokens = (dist_io.all_sum(mask.sum(), self.world) / self.world.size).clamp(min=1)
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum, clip_sum = 0.0, 0.0
-        for idx in torch.arange(n).split(micro_batch):
-            v = self._values(ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx],
-                             ro.completion_mask[idx])  # [n, T]
-            out = core.clipped_value_loss(v, old_values[idx], returns[idx], mask[idx], clip_range=self.clip_range)
-            share = mask[idx].sum() / total_tokens  # token-weighted, so micro-batches add up to the batch
-            (out["loss"] * share * self.loss_scale).backward()
-            loss_sum += float(out["loss"].detach() * share)
-            clip_sum += float(out["clip_fraction"] * share)
+        sums = torch.zeros(2, dtype=torch.float64)  # this process's shares of the loss and clip fraction
+        micro = torch.arange(n).split(micro_batch)
+        for i, idx in enumerate(micro):
+            with dist_io.grad_sync(self.engine or self.model, self.world, enabled=i == len(micro) - 1):
+                v = self._values(ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx],
+                                 ro.completion_mask[idx])  # [n, T]
+                out = core.clipped_value_loss(v, old_values[idx], returns[idx], mask[idx],
+                                              clip_range=self.clip_range)
+                share = mask[idx].sum() / total_tokens  # token-weighted: micro-batches add up to the batch
+                (out["loss"] * share * self.loss_scale).backward()
+            sums += torch.stack([out["loss"].detach() * share, out["clip_fraction"] * share]).double().cpu()
+        loss_sum, clip_sum = (dist_io.all_sum(sums, self.world) / self.world.size).tolist()
         max_norm = self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
-        norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
         if math.isfinite(norm):
             self.optimizer.step()
-        diverged = math.isfinite(self.min_loss) and loss_sum > self.divergence_factor * self.min_loss
+        return {"value_loss": loss_sum, "value_clip_fraction": clip_sum, "value_grad_norm": norm}
+
+    def step_metrics(self, updates: list[dict]) -> dict:
+        """A training step's critic metrics from its updates (one per pass and mini-batch): their means,
+        and a divergence check on the mean value loss against the lowest mean seen so far."""
+        if not updates:
+            return {}
+        out = {k: sum(u[k] for u in updates) / len(updates) for k in updates[0]}
+        diverged = math.isfinite(self.min_loss) and out["value_loss"] > self.divergence_factor * self.min_loss
         self.divergence_events += int(diverged)
-        self.min_loss = min(self.min_loss, loss_sum)
-        return {"value_loss": loss_sum, "value_clip_fraction": clip_sum, "value_grad_norm": norm,
+        self.min_loss = min(self.min_loss, out["value_loss"])
+        return {**out, "value_grad_norm_max": max(u["value_grad_norm"] for u in updates),
                 "critic_diverged": int(diverged), "critic_divergence_events": self.divergence_events}
 
     def state_dict(self) -> dict:
-        # shared trunk: the body is the policy, saved with it; only the head is the critic's own
+        """Unsharded and keyed by parameter name (a collective under FSDP2: every process calls it),
+        so it resumes on any number of processes. Shared trunk: the body is the policy, saved with
+        it; only the head is the critic's own."""
         own = self.model if self.head is None else self.head
-        return {"model": own.state_dict(), "optimizer": self.optimizer.state_dict(),
+        return {"model": dist_io.full_model_state(own), "optimizer": dist_io.full_optimizer_state(own, self.optimizer),
                 "min_loss": self.min_loss, "divergence_events": self.divergence_events}
 
     def load_state_dict(self, state: dict) -> None:
-        (self.model if self.head is None else self.head).load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        own = self.model if self.head is None else self.head
+        dist_io.load_full_model_state(own, state["model"])
+        dist_io.load_full_optimizer_state(own, self.optimizer, state["optimizer"])
         self.min_loss, self.divergence_events = state["min_loss"], state["divergence_events"]

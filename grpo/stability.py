@@ -229,8 +229,9 @@ def dynamic_sample(trainer) -> tuple[list[dict], Rollout, torch.Tensor, dict]:
     On several processes the kept groups are the same as on one, in the same order (the first
     informative groups of each round, by their index in the step's draw); each process then trains
     an equal, contiguous share of them (groups move between processes as CPU tensors), so DDP and
-    FSDP2 see the same number of sequences everywhere. A remainder of fewer groups than processes,
-    possible only when the rounds run out, is left out of the step (counted as dropped)."""
+    FSDP2 see the same number of sequences everywhere. A remainder that would not fill every process's
+    mini-batches alike (fewer groups than processes x mini_batches), possible only when the rounds run
+    out, is left out of the step (counted as dropped), on one process as on several."""
     cfg, world, g, n = trainer.cfg, trainer.world, trainer.cfg.num_generations, trainer.cfg.prompts_per_step
     b = n // world.size  # prompts per process and round
     mine, kept_rewards, seen, n_kept, seconds = [], [], 0, 0, 0.0
@@ -248,7 +249,10 @@ def dynamic_sample(trainer) -> tuple[list[dict], Rollout, torch.Tensor, dict]:
                 mine.append((round, i, samples[j], rollout_to(rows, "cpu") if world.distributed else rows))
         if n_kept >= n:
             break
-    n_used = n_kept - n_kept % world.size
+    # whole mini-batches on every process when there are enough groups (then 1 and N processes take
+    # the same mini-batches, passes.mini_batch_rows), else whole groups per process
+    unit = world.size * cfg.mini_batches if n_kept >= world.size * cfg.mini_batches else world.size
+    n_used = n_kept - n_kept % unit
     metrics.update(dynamic_sampling_rounds=seen // n, dynamic_sampling_dropped_share=1.0 - n_used / seen,
                    dynamic_sampling_empty=int(n_used == 0), trained_groups=n_used or n)
     if n_used == 0:

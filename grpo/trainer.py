@@ -2,7 +2,8 @@
 
     every ref_reset_steps steps: reference <- policy               (iterative GRPO)
     each step: sample B prompts -> G completions each -> rewards [B, G] -> advantages
-               -> mu passes of micro-batched updates of the clipped objective + beta * KL
+               -> mu passes, each one optimizer step per mini-batch of the clipped objective + beta * KL
+                  (gradients accumulated over micro-batches)
 
 Dimension letters: B prompts, G group size, N = B*G sequences, T completion tokens.
 Only the trainer knows about the config, devices, the optimizer and the run folder: this file, with
@@ -53,8 +54,9 @@ def _check_world(cfg: Config, world: dist_io.World) -> None:
     if (cfg.prompts_per_step // world.size) % cfg.mini_batches:
         raise ConfigError(f"mini_batches: each process's {cfg.prompts_per_step // world.size} prompts cannot be "
                           f"split into {cfg.mini_batches} mini-batches of whole groups")
-    if world.distributed and cfg.advantage_estimator == "gae":
-        raise ConfigError("advantage_estimator: gae (PPO with a critic) runs on one process only")
+    if world.distributed and cfg.advantage_estimator == "gae" and cfg.critic_shared_trunk:
+        raise ConfigError("critic_shared_trunk: runs on one process only (the value loss's gradients in the "
+                          "policy's body would bypass the policy's DDP/FSDP2 wrapper)")
 
 
 class Trainer:
@@ -155,7 +157,8 @@ class Trainer:
                                  max_grad_norm=cfg.max_grad_norm, divergence_factor=cfg.critic_divergence_factor,
                                  autocast=self.amp, vf_coef=cfg.vf_coef,
                                  shared_policy=self.policy if cfg.critic_shared_trunk else None,
-                                 device=next(self.policy.parameters()).device)
+                                 device=next(self.policy.parameters()).device, world=self.world,
+                                 strategy=cfg.distributed_strategy)
 
     # ---- one step -------------------------------------------------------------------------------
     def sample(self, round: int = 0) -> tuple[list[dict], Rollout]:
@@ -200,54 +203,64 @@ class Trainer:
         its micro-batch gradients."""
         cfg, ro, world = self.cfg, batch.rollout, self.world
         n = ro.completion_ids.shape[0]
-        sums: dict[str, float] = {}
-        tokens_seen = 0.0
-        grad_norms = []
         rows = self._trained_rows(batch)  # [n'] the sequences that can have a gradient
-        minis = [m for m in mini_batch_rows(n // cfg.num_generations, cfg.num_generations, cfg.mini_batches) if len(m)]
-        steps = cfg.num_iterations * len(minis)  # optimizer steps of this update
+        minis = mini_batch_rows(n // cfg.num_generations, cfg.num_generations, cfg.mini_batches)
+        # tokens that count in each mini-batch, over all processes: one without any (absent, filtered or
+        # failed groups) has no loss and takes no optimizer step, though the schedule moves on
+        counts = dist_io.all_sum(torch.stack([batch.mask[m].sum() for m in minis]).double(), world).tolist()
+        steps = cfg.num_iterations * sum(c > 0 for c in counts)  # optimizer steps of this update
+        acc: dict = {"sums": {}, "tokens": 0.0, "grad_norms": [], "critic": []}
         for _ in range(cfg.num_iterations):
-            for mini in minis:
+            for mini, count in zip(minis, counts):
+                if count == 0:
+                    self.scheduler.step()
+                    continue
                 # the loss's denominator is the mini-batch's (tokens or sequences over all processes); DDP
                 # and FSDP2 average gradients over processes, so each divides by total / world for a sum
-                total = (dist_io.all_sum(batch.mask[mini].sum(), world) if cfg.aggregation == "token_mean"
-                         else len(mini) * world.size) / world.size
-                self.optimizer.zero_grad(set_to_none=True)
+                total = (count if cfg.aggregation == "token_mean" else len(mini) * world.size) / world.size
                 live = mini[torch.isin(mini, rows)] if len(rows) < n else mini  # [m'] sequences with a gradient
-                todo = [p for rows_mb in live.split(cfg.per_device_train_batch_size)
-                        for p in self.forwards.passes(ro, rows_mb)]
-                for i, idx in enumerate(todo):
-                    with dist_io.grad_sync(self.engine, world, enabled=i == len(todo) - 1):
-                        out = self._micro_loss(batch, idx, total)
-                        out["loss"].backward()
-                    w = float(batch.mask[idx].sum())  # token weight of this micro-batch's means
-                    tokens_seen += w
-                    for key in ("kl", "entropy", "ratio_mean", "clip_fraction", "clip_fraction_low",
-                                "clip_fraction_high", "cov_token_share"):
-                        if key in out:
-                            sums[key] = sums.get(key, 0.0) + float(out[key]) * w
-                    sums["loss"] = sums.get("loss", 0.0) + float(out["loss"].detach()) / steps
-                    sums["policy_loss"] = sums.get("policy_loss", 0.0) + float(out["policy_loss"]) / steps
+                self._mini_batch_step(batch, live, total, acc, weight=1.0 / steps)
                 if self.critic is not None:  # PPO epochs train the critic on the same mini-batch; with a
                     # shared trunk its value-loss gradients join the policy's before the policy steps
-                    critic_metrics = self.critic.update(stab.select_rollout(ro, mini), batch.values[mini],
-                                                        batch.returns[mini], batch.mask[mini],
-                                                        micro_batch=cfg.per_device_train_batch_size)
-                grad_norms.append(self._optimizer_step())
+                    acc["critic"].append(self.critic.update(stab.select_rollout(ro, mini), batch.values[mini],
+                                                            batch.returns[mini], batch.mask[mini],
+                                                            micro_batch=cfg.per_device_train_batch_size))
+                acc["grad_norms"].append(self._optimizer_step())
         # token-weighted means and loss shares of every process (each loss share is world x its part)
+        sums = acc["sums"]
         keys = sorted(sums)
-        summed = dist_io.all_sum(torch.tensor([sums[k] for k in keys] + [tokens_seen], dtype=torch.float64), world)
+        summed = dist_io.all_sum(torch.tensor([sums[k] for k in keys] + [acc["tokens"]], dtype=torch.float64), world)
         sums, tokens_seen = dict(zip(keys, summed[:-1].tolist())), float(summed[-1])
-        for key in ("loss", "policy_loss"):
-            if key in sums:
-                sums[key] /= world.size
         metrics = {k: v / max(tokens_seen, 1.0) for k, v in sums.items() if k not in ("loss", "policy_loss")}
-        metrics.update(loss=sums.get("loss", 0.0), policy_loss=sums.get("policy_loss", 0.0), grad_norm=grad_norms[-1],
+        norms = acc["grad_norms"] or [0.0]
+        metrics.update(loss=sums.get("loss", 0.0) / world.size, policy_loss=sums.get("policy_loss", 0.0) / world.size,
+                       grad_norm=norms[-1], grad_norm_max=max(norms), optimizer_steps=len(acc["grad_norms"]),
                        trained_sequence_share=len(rows) / max(n, 1),
                        skipped_updates=self.skipped_updates, learning_rate=self.scheduler.get_last_lr()[0])
         if self.critic is not None:
-            metrics.update(critic_metrics)
+            metrics.update(self.critic.step_metrics(acc["critic"]))
         return metrics
+
+    def _mini_batch_step(self, batch: Batch, rows: torch.Tensor, total, acc: dict, *, weight: float) -> None:
+        """Forward and backward passes over one mini-batch's ``rows`` [m], in micro-batches cut into
+        passes of bounded size; the gradients accumulate (synced on the last pass). Adds the token-
+        weighted metric sums, and the loss times ``weight`` (1 / the update's optimizer steps), to ``acc``."""
+        cfg, world, sums = self.cfg, self.world, acc["sums"]
+        self.optimizer.zero_grad(set_to_none=True)
+        todo = [p for rows_mb in rows.split(cfg.per_device_train_batch_size)
+                for p in self.forwards.passes(batch.rollout, rows_mb)]
+        for i, idx in enumerate(todo):
+            with dist_io.grad_sync(self.engine, world, enabled=i == len(todo) - 1):
+                out = self._micro_loss(batch, idx, total)
+                out["loss"].backward()
+            w = float(batch.mask[idx].sum())  # token weight of this micro-batch's means
+            acc["tokens"] += w
+            for key in ("kl", "entropy", "ratio_mean", "clip_fraction", "clip_fraction_low", "clip_fraction_high",
+                        "cov_token_share"):
+                if key in out:
+                    sums[key] = sums.get(key, 0.0) + float(out[key]) * w
+            sums["loss"] = sums.get("loss", 0.0) + float(out["loss"].detach()) * weight
+            sums["policy_loss"] = sums.get("policy_loss", 0.0) + float(out["policy_loss"]) * weight
 
     def _trained_rows(self, batch: Batch) -> torch.Tensor:
         """The sequences that go through forward and backward: with beta = 0, mu = 1, one mini-batch and no entropy or

@@ -1,6 +1,6 @@
 """One process versus two under torchrun (gloo, CPU): the same global batch, seeds and data give the
 same weights and the same metrics, with DDP and with FSDP2, also under dynamic sampling, gradient
-checkpointing and mini-batches; a two-process run resumes exactly, on two processes or on one.
+checkpointing, mini-batches and PPO with a critic; a two-process run resumes exactly, on two processes or on one.
 
 Each run is a real `grpo train` subprocess (torchrun for two processes) on the tiny random Llama.
 """
@@ -99,7 +99,11 @@ SETTINGS = {
     "checkpointing": ["aggregation=seq_mean_token_mean", "advantage_estimator=grpo", "gradient_checkpointing=true"],
     # two optimizer steps per pass: the same mini-batches (groups 0, 2 and 1, 3 of the step) on 1 and 2 processes
     "mini_batches": ["aggregation=token_mean", "advantage_estimator=grpo", "mini_batches=2"],
+    # PPO: a value model wrapped like the policy, whitening and value-loss normalisation over both processes
+    "ppo": ["aggregation=seq_mean_token_mean", "advantage_estimator=gae", "critic_learning_rate=1e-2"],
 }
+CRITIC = ("value_loss", "value_grad_norm", "value_mean", "explained_variance")  # not the clip fraction: a
+# count, where float rounding may move one token across the clip boundary (7 vs 8 of 128 seen)
 DYNAMIC = ("dynamic_sampling_rounds", "dynamic_sampling_dropped_share", "trained_groups")
 
 
@@ -133,6 +137,10 @@ def test_two_processes_equal_one(tmp_path, tiny_model_dir, data_file, single, se
     moved = max(float((w1[k] - initial[k]).abs().max()) for k in initial if k in w1)
     assert moved > 1e-4, "the weights did not move: the comparison would be vacuous"
     _assert_same_metrics(_metrics(one), _metrics(two))
+    if setting == "ppo":
+        for ma, mb in zip(_metrics(one), _metrics(two)):
+            for k in CRITIC:
+                assert ma[k] == pytest.approx(mb[k], rel=1e-5, abs=1e-6), (ma["step"], k, ma[k], mb[k])
     if setting == "dynamic":  # groups were dropped and more rounds drawn, the same on 1 and 2 processes
         assert any(m["dynamic_sampling_dropped_share"] > 0 for m in _metrics(one))
         assert [[m[k] for k in DYNAMIC] for m in _metrics(one)] == [[m[k] for k in DYNAMIC] for m in _metrics(two)]
@@ -141,11 +149,12 @@ def test_two_processes_equal_one(tmp_path, tiny_model_dir, data_file, single, se
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
-def test_two_process_resume_is_exact(tmp_path, tiny_model_dir, data_file, single, strategy):
+@pytest.mark.parametrize("setting", ["grpo", "ppo"])  # ppo: the critic's weights and optimizer are state too
+def test_two_process_resume_is_exact(tmp_path, tiny_model_dir, data_file, single, setting, strategy):
     """Stop a 2-process run after step 2, resume it on 2 processes and, separately, on 1: both end
     where the uninterrupted run ends."""
-    one = single("grpo")
-    extra = SETTINGS["grpo"] + [f"distributed_strategy={strategy}"]
+    one = single(setting)
+    extra = SETTINGS[setting] + [f"distributed_strategy={strategy}"]
     part = _train(tmp_path / "part", tiny_model_dir, data_file, procs=2, extra=extra + ["max_steps=2"])
     copy = tmp_path / "part-copy"
     subprocess.run(["cp", "-r", str(part), str(copy)], check=True)

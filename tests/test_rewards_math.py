@@ -106,6 +106,8 @@ def test_numeric_reward_follows_the_same_hedge_rules(completion, gold, expected)
 
 def test_answer_extraction_pieces():
     assert all_boxed("a \\boxed{1} b \\fbox{2} c \\boxed{\\frac{3}{4}}") == ["1", "2", "\\frac{3}{4}"]
+    assert all_boxed("so \\boxed{1 hmm wait. Final: \\boxed{2}") == ["2"]  # an unclosed box is skipped
+    assert all_boxed("\\boxed{3") == []
     assert gold_answer("3 + 4 = 7\n#### 1,234") == "1234"
     assert candidates("\\boxed{ }", "4") is None
     assert candidates("it is 7", "7") == ["7"]

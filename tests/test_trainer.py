@@ -211,8 +211,8 @@ def test_ppo_shared_trunk_trains_head_and_body(tmp_path, tiny_model_dir, tiny_da
 
 def _one_update(cfg, *, perturb_reference: bool = False, before_update=None) -> dict:
     """Sample, score, prepare and update once; returns the update's metrics, the rewards [B, G], the
-    summed gradient each parameter had at the (last) optimizer step, those of every optimizer step and
-    the batch. ``before_update(trainer)`` runs just before the update."""
+    summed gradient each parameter had at the (last) optimizer step, those of every optimizer step, the
+    batch and the scheduler's step count. ``before_update(trainer, batch)`` runs just before the update."""
     t = Trainer(cfg)
     t.logger = NullLogger()
     if perturb_reference:  # a reference unlike the policy, so the KL term has a gradient at step 1
@@ -233,8 +233,10 @@ def _one_update(cfg, *, perturb_reference: bool = False, before_update=None) -> 
     rewards, _ = t.score(samples, ro)
     batch, _ = prepare_batch(t, ro, rewards)
     if before_update is not None:
-        before_update(t)
-    return {"metrics": t.update(batch), "rewards": rewards, "grads": grads, "grad_steps": grad_steps, "batch": batch}
+        before_update(t, batch)
+    metrics = t.update(batch)
+    return {"metrics": metrics, "rewards": rewards, "grads": grads, "grad_steps": grad_steps, "batch": batch,
+            "schedule_steps": t.scheduler.last_epoch}
 
 
 def _assert_same_grads(a: dict, b: dict) -> None:
@@ -290,7 +292,7 @@ def test_gradient_checkpointing_gives_the_same_update(tmp_path, tiny_model_dir, 
     for on in (False, True):
         calls = []
 
-        def count_mlp_calls(t):
+        def count_mlp_calls(t, _batch):
             base = t.policy.get_base_model() if use_peft else t.policy
             base.model.layers[0].mlp.register_forward_pre_hook(lambda *_: calls.append(1))
 
@@ -320,6 +322,22 @@ def test_mini_batches_split_the_batch_gradient(tmp_path, tiny_model_dir, tiny_da
                 for k in full["grads"]}
     _assert_same_grads(full["grads"], combined)
     assert split["metrics"]["kl"] == pytest.approx(full["metrics"]["kl"], rel=1e-5)  # token-weighted over both
+
+
+def test_a_mini_batch_without_counted_tokens_takes_no_step(tmp_path, tiny_model_dir, tiny_dataset):
+    """token_mean, 2 mini-batches, every token of the second (groups 1 and 3) masked out, as when their
+    rewards failed: it has no loss (0 / 0 before), so only the first takes an optimizer step, the
+    update stays finite and the schedule still moves two steps per pass."""
+    def mask_second_mini_batch(t, batch):
+        batch.mask[[2, 3, 6, 7]] = 0  # 4 groups of 2 rows; groups 1 and 3 form mini-batch 2
+
+    kw = dict(eval_prompts=0, beta=0.1, aggregation="token_mean", per_device_train_batch_size=4, prompts_per_step=4,
+              num_generations=2, bf16=False, mini_batches=2, num_iterations=2)
+    run = _one_update(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, **kw), before_update=mask_second_mini_batch)
+    m = run["metrics"]
+    assert m["optimizer_steps"] == 2 and len(run["grad_steps"]) == 2  # one per pass
+    assert run["schedule_steps"] == 4
+    assert math.isfinite(m["loss"]) and m["skipped_updates"] == 0 and math.isfinite(m["grad_norm"])
 
 
 def test_token_budget_splits_passes_with_the_same_update(tmp_path, tiny_model_dir, tiny_dataset, monkeypatch):

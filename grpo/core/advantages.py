@@ -189,12 +189,16 @@ def gae(rewards_tok: Tensor, values: Tensor, mask: Tensor, *, gamma: float = 1.0
     return {"advantages": adv, "returns": (adv + values) * m}
 
 
-def whiten(x: Tensor, mask: Tensor, *, eps: float = 1e-8) -> Tensor:
-    """Normalize x to zero mean and unit variance over the tokens where mask is 1. [N, T] -> [N, T]."""
+def whiten(x: Tensor, mask: Tensor, *, eps: float = 1e-8, mean: Tensor | None = None,
+           var: Tensor | None = None) -> Tensor:
+    """Normalize x to zero mean and unit variance over the tokens where mask is 1. [N, T] -> [N, T].
+    ``mean`` and ``var`` ([]) replace the statistics of x's own tokens (those of a batch split over
+    processes)."""
     m = mask.to(x.dtype)  # [N, T]
-    count = m.sum().clamp(min=1)  # []
-    mean = (x * m).sum() / count  # []
-    var = (((x - mean) * m) ** 2).sum() / count  # []
+    if mean is None or var is None:
+        count = m.sum().clamp(min=1)  # []
+        mean = (x * m).sum() / count  # []
+        var = (((x - mean) * m) ** 2).sum() / count  # []
     out = (x - mean) * torch.rsqrt(var + eps)  # [N, T]
     return out * m  # [N, T]
 
