@@ -17,6 +17,7 @@ import json
 import math
 import signal
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -213,7 +214,9 @@ class Trainer:
         for _ in range(cfg.num_iterations):
             for mini, count in zip(minis, counts):
                 if count == 0:
-                    self.scheduler.step()
+                    with warnings.catch_warnings():  # before the run's first optimizer step PyTorch warns
+                        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+                        self.scheduler.step()
                     continue
                 # the loss's denominator is the mini-batch's (tokens or sequences over all processes); DDP
                 # and FSDP2 average gradients over processes, so each divides by total / world for a sum
