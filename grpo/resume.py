@@ -26,7 +26,9 @@ def trainer_state(t) -> dict:
              "skipped_updates": t.skipped_updates, "consecutive_skips": t.consecutive_skips,
              "reward_failures": t.reward_failures, "ref_reset_at": t.ref_reset_at,
              "logged_failures": sorted(t.rewards.logged), "reward_timeouts": t.rewards.timeouts,
-             "model": t.cfg.model}
+             "model": t.cfg.model,
+             # the schedule counts optimizer steps: this many per training step
+             "optimizer_steps_per_step": t.cfg.num_iterations * t.cfg.mini_batches}
     if t.critic is not None:
         state["critic"] = t.critic.state_dict()
     state["stateful"] = {name: obj.state_dict() for name, obj in t.stateful.items()}
@@ -59,6 +61,12 @@ def restore(t, ckpt: Path) -> None:
     if state.get("model") != t.cfg.model:
         raise ckpt_io.CheckpointError(f"{ckpt}: was trained from model {state.get('model')!r}, "
                                       f"but this config's model is {t.cfg.model!r}")
+    per_step = t.cfg.num_iterations * t.cfg.mini_batches
+    if state.get("optimizer_steps_per_step", per_step) != per_step:
+        raise ckpt_io.CheckpointError(
+            f"{ckpt}: was trained with {state['optimizer_steps_per_step']} optimizer steps per training step, "
+            f"this config takes {per_step} (num_iterations x mini_batches); the learning-rate schedule counts "
+            f"optimizer steps, so resume with the values the run started with")
     files = sorted(ckpt.glob("*.safetensors"))
     if not files:
         raise ckpt_io.CheckpointError(f"{ckpt}: no *.safetensors weights")

@@ -200,13 +200,22 @@ def test_resume_with_another_model_is_refused(tmp_path, tiny_model_dir, tiny_dat
         Trainer(_cfg(tmp_path, "run", other, tiny_dataset, resume_from_checkpoint=str(t.run_dir)))
 
 
+def test_resume_with_another_number_of_optimizer_steps_is_refused(tmp_path, tiny_model_dir, tiny_dataset):
+    t = Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, max_steps=1, num_iterations=1))
+    t.train()
+    with pytest.raises(CheckpointError, match="1 optimizer steps per training step, this config takes 2"):
+        Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, num_iterations=2,
+                     resume_from_checkpoint=str(t.run_dir)))
+
+
 def test_resume_with_changed_data_is_refused(tmp_path, tiny_model_dir, tiny_dataset):
     t = Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, max_steps=1, num_iterations=1))
     t.train()
     with open(tiny_dataset, "a") as f:
         f.write('{"prompt": "What is 9 + 9?", "answer": "18"}\n')
     with pytest.raises(CheckpointError, match="dataset of 24 prompts, this one has 25; resume with the data"):
-        Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, resume_from_checkpoint=str(t.run_dir)))
+        Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, num_iterations=1,
+                     resume_from_checkpoint=str(t.run_dir)))
 
 
 def test_fresh_run_refuses_an_existing_run_folder(tmp_path, tiny_model_dir, tiny_dataset):
