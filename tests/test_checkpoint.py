@@ -200,21 +200,18 @@ def test_resume_with_another_model_is_refused(tmp_path, tiny_model_dir, tiny_dat
         Trainer(_cfg(tmp_path, "run", other, tiny_dataset, resume_from_checkpoint=str(t.run_dir)))
 
 
-def test_resume_with_another_number_of_optimizer_steps_is_refused(tmp_path, tiny_model_dir, tiny_dataset):
+@pytest.mark.parametrize("change, message", [
+    ("num_iterations", "1 optimizer steps per training step, this config takes 2"),  # the schedule's unit
+    ("data", "dataset of 24 prompts, this one has 25; resume with the data"),
+])
+def test_resume_with_a_changed_run_is_refused(tmp_path, tiny_model_dir, tiny_dataset, change, message):
     t = Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, max_steps=1, num_iterations=1))
     t.train()
-    with pytest.raises(CheckpointError, match="1 optimizer steps per training step, this config takes 2"):
-        Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, num_iterations=2,
-                     resume_from_checkpoint=str(t.run_dir)))
-
-
-def test_resume_with_changed_data_is_refused(tmp_path, tiny_model_dir, tiny_dataset):
-    t = Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, max_steps=1, num_iterations=1))
-    t.train()
-    with open(tiny_dataset, "a") as f:
-        f.write('{"prompt": "What is 9 + 9?", "answer": "18"}\n')
-    with pytest.raises(CheckpointError, match="dataset of 24 prompts, this one has 25; resume with the data"):
-        Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, num_iterations=1,
+    if change == "data":
+        with open(tiny_dataset, "a") as f:
+            f.write('{"prompt": "What is 9 + 9?", "answer": "18"}\n')
+    with pytest.raises(CheckpointError, match=message):
+        Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, num_iterations=2 if change == "num_iterations" else 1,
                      resume_from_checkpoint=str(t.run_dir)))
 
 
