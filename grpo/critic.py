@@ -114,24 +114,21 @@ class Critic:
         behaviour = torch.zeros_like(values) if behaviour_logp is None else behaviour_logp  # [N, T]
         rewards_tok = core.kl_shaped_rewards(scores, behaviour, ref_logp, mask, kl_coef=kl_coef)  # [N, T]
         est = core.gae(rewards_tok, values, mask, gamma=gamma, lam=lam)
-        if not self.world.distributed:
-            metrics = {"value_mean": float(core.masked_mean(values, mask)),
-                       "explained_variance": float(core.explained_variance(values, est["returns"], mask))}
-            return {"advantages": core.whiten(est["advantages"], mask), "returns": est["returns"],
-                    "values": values, "metrics": metrics}
-        # every process's tokens: one whitening and one set of metrics for the whole step
-        adv_mean, adv_var = self._moments(est["advantages"], mask)
-        ret_mean, ret_var = self._moments(est["returns"], mask)
-        _, res_var = self._moments(est["returns"] - values, mask)
-        metrics = {"value_mean": float(self._moments(values, mask)[0]),
-                   "explained_variance": float(1 - res_var / ret_var.clamp(min=1e-8))}
+        # statistics over every process's tokens (on one process, its own: the same as core.whiten,
+        # core.masked_mean and core.explained_variance): one whitening and one set of metrics a step
+        m = mask.to(values.dtype)  # [N, T]
+        count = dist_io.all_sum(m.sum(), self.world).clamp(min=1)  # []
+        adv_mean, adv_var = self._moments(est["advantages"], m, count)
+        _, ret_var = self._moments(est["returns"], m, count)
+        _, res_var = self._moments(est["returns"] - values, m, count)
+        metrics = {"value_mean": float(dist_io.all_sum((values * m).sum(), self.world) / count),
+                   "explained_variance": float(1 - res_var / ret_var.clamp(min=1e-12))}
         return {"advantages": core.whiten(est["advantages"], mask, mean=adv_mean, var=adv_var),
                 "returns": est["returns"], "values": values, "metrics": metrics}
 
-    def _moments(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean and variance of x [N, T] over the tokens where mask is 1 on every process."""
-        m = mask.to(x.dtype)  # [N, T]
-        count = dist_io.all_sum(m.sum(), self.world).clamp(min=1)  # []
+    def _moments(self, x: torch.Tensor, m: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and variance of x [N, T] over the tokens where m [N, T] is 1 on every process (``count``
+        of them)."""
         mean = dist_io.all_sum((x * m).sum(), self.world) / count  # []
         return mean, dist_io.all_sum((((x - mean) * m) ** 2).sum(), self.world) / count
 

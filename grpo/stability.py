@@ -234,11 +234,11 @@ def dynamic_sample(trainer) -> tuple[list[dict], Rollout, torch.Tensor, dict]:
     out, is left out of the step (counted as dropped), on one process as on several."""
     cfg, world, g, n = trainer.cfg, trainer.world, trainer.cfg.num_generations, trainer.cfg.prompts_per_step
     b = n // world.size  # prompts per process and round
-    mine, kept_rewards, seen, n_kept, seconds = [], [], 0, 0, 0.0
+    mine, kept_rewards, n_kept, seconds = [], [], 0, 0.0
     for round in range(cfg.dynamic_sampling_rounds):
         samples, ro = trainer.sample(round)  # fresh sampling keys each round
         rewards, metrics = trainer.score(samples, ro)  # [B, G] of the whole step
-        seen, seconds = seen + n, seconds + ro.seconds
+        seconds += ro.seconds
         idx = core.informative_groups(rewards).nonzero().flatten()[: n - n_kept]  # [k] indices into the step's B
         kept_rewards.append(rewards[idx])  # [k, G]
         n_kept += len(idx)
@@ -253,7 +253,8 @@ def dynamic_sample(trainer) -> tuple[list[dict], Rollout, torch.Tensor, dict]:
     # the same mini-batches, passes.mini_batch_rows), else whole groups per process
     unit = world.size * cfg.mini_batches if n_kept >= world.size * cfg.mini_batches else world.size
     n_used = n_kept - n_kept % unit
-    metrics.update(dynamic_sampling_rounds=seen // n, dynamic_sampling_dropped_share=1.0 - n_used / seen,
+    rounds = round + 1
+    metrics.update(dynamic_sampling_rounds=rounds, dynamic_sampling_dropped_share=1.0 - n_used / (rounds * n),
                    dynamic_sampling_empty=int(n_used == 0), trained_groups=n_used or n)
     if n_used == 0:
         return samples, ro, rewards, metrics
