@@ -18,6 +18,8 @@ from typing import Any
 import yaml
 
 from grpo.config_types import ConfigError, parse_value
+from grpo.rollout import ROLLOUT_BACKENDS
+from grpo.rollout.tuning import parse_override
 from grpo.core import (AGGREGATIONS, COV_MODES, ESTIMATORS, GROUP_ESTIMATORS, KL_ESTIMATORS, PF_MODES,
                        RATIO_LEVELS)
 
@@ -79,7 +81,9 @@ class Config:
     top_k: int = 0
     """Top-k sampling (0 = off)."""
     rollout_backend: str = "auto"
-    """Sampler: hf (transformers generate), fast (our decode loop: one prefill per prompt, ended rows leave the batch; same tokens as hf for the same keys), or auto (fast where the model supports it, else hf)."""
+    """Sampler: hf (transformers generate), fast (our decode loop: one prefill per prompt, ended rows leave the batch; same tokens as hf for the same keys), or auto (fast where the model supports it and its decode step measured no slower than generate's on this machine, else hf)."""
+    decode_kernels: str = "auto"
+    """The fast backend's matrix products: auto (each of qkv, o, gate_up, down, head measured once per machine and shape, cached), one of panel, onednn, mkl for all, or role=name pairs such as 'head=onednn,qkv=panel' (the rest measured)."""
 
     # ---- the objective ----
     advantage_estimator: str = "grpo"
@@ -295,7 +299,11 @@ def _validate(c: Config) -> None:
     _choice("dtype", c.dtype, DTYPES)
     _choice("report_to", c.report_to, REPORT_TO)
     _choice("distributed_strategy", c.distributed_strategy, ("ddp", "fsdp2"))
-    _choice("rollout_backend", c.rollout_backend, ("auto", "hf", "fast"))
+    _choice("rollout_backend", c.rollout_backend, ("auto", *ROLLOUT_BACKENDS))
+    try:
+        parse_override(c.decode_kernels)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     positive = ["reward_workers", "num_generations", "prompts_per_step", "max_prompt_length", "max_completion_length",
                 "num_iterations", "per_device_train_batch_size", "eval_max_new_tokens", "eval_batch_size",
                 "logging_steps", "lora_r", "mini_batches"]

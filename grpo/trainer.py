@@ -43,6 +43,7 @@ from grpo.policy import SHARED_PREFIX_ATTENTION, sliding_window
 from grpo.rewards.runner import RewardRunner
 from grpo.rewards.steps import resolve_step_reward
 from grpo.rollout import Rollout, sample_rollout
+from grpo.rollout.tuning import take_messages
 from grpo.rollout.hf import row_keys
 from grpo.runtime import adamw, keep_freed_memory, lr_lambda, make_run_dir, seed_everything
 
@@ -176,7 +177,9 @@ class Trainer:
                             max_new_tokens=cfg.max_completion_length, temperature=self.stability.temperature,
                             top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length,
                             with_logprobs=False,  # the loss recomputes them; keeping [N, T, V] logits costs memory
-                            keys=keys, synced=self.sharded)
+                            keys=keys, synced=self.sharded, kernels=cfg.decode_kernels)
+        for msg in take_messages():  # what the rollout measured or read about this machine's kernels, once
+            self.logger.note(msg)
         return samples, ro
 
     def score(self, samples: list[dict], ro: Rollout) -> tuple[torch.Tensor, dict]:

@@ -8,6 +8,7 @@ import torch
 from grpo.rollout import native
 from grpo.rollout.fast import _buffer_cache, cache_keyword
 from grpo.rollout.fused import FusedDecoder, fused_unsupported_reason
+from grpo.rollout.tuning import PRODUCTS
 from tests.conftest import need_native
 
 
@@ -30,11 +31,12 @@ def _decoder(kind: str, model, onednn: bool):
     need_native()
     lib = native.library()
     if kind == "native-serial":  # the build without OpenMP: attention's rows on one thread
-        lib = native.load(native.built(native.compiler(), native.SERIAL_FLAGS))
+        lib = native.load(native.built(native.compiler(), native.serial_flags()))
         assert lib.attention_threads() == 1
-    if kind == "native-panels":  # a rollout of at most 8 rows: every product through panel_linear8
-        dec = native.NativeDecoder(model, lib, packed=onednn, rows=4)
-        assert dec.panels and all("panel_linear" in w[k].__qualname__ for w in dec.layers for k in ("qkv", "o", "gate_up", "down"))
+    if kind == "native-panels":  # every product through decode_ops.c's panel_linear (4 rows, then 3: padded to 8)
+        panel = PRODUCTS["panel"].make
+        dec = native.NativeDecoder(model, lib, linears=dict.fromkeys(("qkv", "o", "gate_up", "down"), panel))
+        assert all("panel_product" in w[k].__qualname__ for w in dec.layers for k in ("qkv", "o", "gate_up", "down"))
         return dec
     return native.NativeDecoder(model, lib, packed=onednn)
 
@@ -97,8 +99,41 @@ def test_fused_declines_what_it_does_not_cover():
     assert fused_unsupported_reason(model, 64) is None
     from peft import LoraConfig, get_peft_model
 
-    lora = get_peft_model(_tiny("llama"), LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
-    assert "LoRA" in fused_unsupported_reason(lora.get_base_model(), 64)
+    lora = get_peft_model(_tiny("llama"), LoraConfig(r=2, target_modules=["q_proj", "v_proj"], use_dora=True))
+    assert "LoRA" in fused_unsupported_reason(lora.get_base_model(), 64)  # DoRA is not W + B A
     assert "float32" in fused_unsupported_reason(_tiny("llama").to(torch.bfloat16), 64)
     model.config.hidden_act = "gelu"
     assert "hidden_act" in fused_unsupported_reason(model, 64)
+
+
+@pytest.mark.parametrize("step_kind", ["torch", "native"])
+def test_fused_step_of_a_lora_policy_equals_its_peft_forward(step_kind):
+    """A LoRA policy (adapters with non-zero B, so they change the output) steps through the fused
+    decoder with the adapters merged into its weights: the hidden states equal the PEFT model's
+    own decoder step, and with the adapters disabled those of the base model."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(_tiny("llama"), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+    torch.manual_seed(1)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            p.data.normal_(0, 0.5)
+    base = model.get_base_model().eval()
+    assert fused_unsupported_reason(base, 64) is None
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    for disabled in (False, True):
+        ctx = model.disable_adapter() if disabled else torch.enable_grad()
+        with ctx, torch.no_grad():
+            caches = [_buffer_cache(base, 12), _buffer_cache(base, 12)]
+            dec = base.get_decoder()
+            for c in caches:
+                dec(input_ids=ids, use_cache=True, **{cache_keyword(dec): c})
+            fused = _decoder(step_kind, base, True)
+            fused.start(caches[1], torch.ones_like(ids), 1, 7)
+            tok, pos = torch.tensor([7]), torch.tensor([[5]])
+            want = dec(input_ids=tok[:, None], position_ids=pos, use_cache=True,
+                       **{cache_keyword(dec): caches[0]}).last_hidden_state[:, 0]
+            torch.testing.assert_close(fused.step(tok, pos, torch.arange(1)), want, atol=1e-5, rtol=1e-5)
+        if not disabled:
+            lora_out = want
+    assert (lora_out - want).abs().max() > 1e-2  # the adapters did change the step

@@ -77,25 +77,31 @@ static inline float keyed_u(uint64_t base, uint64_t v) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     z ^= z >> 31;
-    return ((float)(z >> 40) + 0.5f) * (1.0f / 16777216.0f);
+    /* top 24 bits through int32 (exact): AVX2 has no vector uint64 -> float conversion, and GCC
+     * emulated it lane by lane (the whole draw ran at 32 ns a token, 20x slower than on AVX-512) */
+    int32_t k = (int32_t)(z >> 40);
+    return ((float)k + 0.5f) * (1.0f / 16777216.0f);
 }
 
 /* tokens[i] = argmax_v scores[i, v] - log(-log(u_i(v))): the Gumbel-max draw from softmax(scores)
  * (Gumbel 1954; Maddison et al. 2014) with row i's noise fixed by base[i]. scores [n, V] (-inf where
- * a warper removed a token); work [V] scratch. The first of equal maxima wins, as torch.argmax. */
+ * a warper removed a token); work [n, V] scratch. The first of equal maxima wins, as torch.argmax.
+ * Rows are independent and split over the OpenMP threads. */
 void gumbel_argmax(const float *scores, int64_t n, int64_t V, const uint64_t *base, float *restrict work,
                    int64_t *tokens) {
+#pragma omp parallel for schedule(static) if (n >= 2)
     for (int64_t i = 0; i < n; i++) {
         const float *s = scores + i * V;
+        float *restrict w = work + i * V;
         uint64_t b = base[i];
         float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
         for (int64_t v = 0; v < V; v++) {
-            work[v] = s[v] - fast_log(-fast_log(keyed_u(b, (uint64_t)v)));
-            mx = work[v] > mx ? work[v] : mx;
+            w[v] = s[v] - fast_log(-fast_log(keyed_u(b, (uint64_t)v)));
+            mx = w[v] > mx ? w[v] : mx;
         }
         int64_t best = 0;
-        while (best < V - 1 && !(work[best] == mx)) best++;
+        while (best < V - 1 && !(w[best] == mx)) best++;
         tokens[i] = best;
     }
 }
@@ -144,39 +150,50 @@ static void rope(const float *x, const float *cos, const float *sin, float *out,
     }
 }
 
-typedef float v16 __attribute__((vector_size(64), aligned(4)));  /* 16 floats; unaligned loads */
+/* The vector width the build targets: 16 floats (one zmm register) where the compiler may use AVX-512,
+ * else 8 (one ymm, AVX2). GCC splits a wider vector type into halves and, when the halves do not fit
+ * the 16 ymm registers of AVX2, spills them through the stack on every use: the 16 accumulators of
+ * 16 lanes that panel_linear8 keeps on AVX-512 ran at 0.6 GB/s on an AVX2 core (20 GB/s with these). */
+#if defined(__AVX512F__)
+#define VL 16
+#else
+#define VL 8
+#endif
+typedef float vec __attribute__((vector_size(VL * 4), aligned(4)));  /* VL floats; unaligned loads */
 
-/* init + sum_{i < count} c[i] * row_i[0:16], row_i = base + i * stride: 16 lanes in registers, four
+int64_t vector_lanes(void) { return VL; }
+
+/* init + sum_{i < count} c[i] * row_i[0:VL], row_i = base + i * stride: VL lanes in registers, four
  * partial sums over i (independent chains hide the FMA latency). */
-static v16 sum_rows16(const float *c, const float *base, int64_t stride, int64_t count, v16 init) {
-    v16 a0 = init, a1 = {0}, a2 = {0}, a3 = {0};
+static inline vec sum_rows(const float *c, const float *base, int64_t stride, int64_t count, vec init) {
+    vec a0 = init, a1 = {0}, a2 = {0}, a3 = {0};
     int64_t i = 0;
     for (; i + 4 <= count; i += 4) {
-        a0 += c[i] * *(const v16 *)(base + i * stride);
-        a1 += c[i + 1] * *(const v16 *)(base + (i + 1) * stride);
-        a2 += c[i + 2] * *(const v16 *)(base + (i + 2) * stride);
-        a3 += c[i + 3] * *(const v16 *)(base + (i + 3) * stride);
+        a0 += c[i] * *(const vec *)(base + i * stride);
+        a1 += c[i + 1] * *(const vec *)(base + (i + 1) * stride);
+        a2 += c[i + 2] * *(const vec *)(base + (i + 2) * stride);
+        a3 += c[i + 3] * *(const vec *)(base + (i + 3) * stride);
     }
-    for (; i < count; i++) a0 += c[i] * *(const v16 *)(base + i * stride);
+    for (; i < count; i++) a0 += c[i] * *(const vec *)(base + i * stride);
     return (a0 + a1) + (a2 + a3);
 }
 
-/* s[l] = scale * sum_e q[e] kt[e, l] for l < len, keys transposed kt [D, stride]: 16 positions at a
- * time. The last block may run past len: kt's rows are padded to a multiple of 16 (stride) and s has
- * room for 15 more entries; what lands there is overwritten or never read. */
+/* s[l] = scale * sum_e q[e] kt[e, l] for l < len, keys transposed kt [D, stride]: VL positions at a
+ * time. The last block may run past len: kt's rows are padded to a multiple of 16 (stride; VL
+ * divides 16) and s has room for 15 more entries; what lands there is overwritten or never read. */
 static void scores(const float *q, const float *kt, int64_t stride, int64_t len, float scale, int64_t D,
                    float *restrict s) {
-    const v16 zero = {0};
-    for (int64_t l = 0; l < len; l += 16) *(v16 *)(s + l) = sum_rows16(q, kt + l, stride, D, zero) * scale;
+    const vec zero = {0};
+    for (int64_t l = 0; l < len; l += VL) *(vec *)(s + l) = sum_rows(q, kt + l, stride, D, zero) * scale;
 }
 
-/* acc[D] (= 0 first when fresh) += sum_l w[l] v[l, :] for v [len, D]: 16 columns at a time; the last
- * D % 16 columns one by one. */
+/* acc[D] (= 0 first when fresh) += sum_l w[l] v[l, :] for v [len, D]: VL columns at a time; the last
+ * D % VL columns one by one. */
 static void weighted_sum(const float *w, const float *v, int64_t len, int64_t D, float *restrict acc, int fresh) {
-    const v16 zero = {0};
+    const vec zero = {0};
     int64_t e = 0;
-    for (; e + 16 <= D; e += 16)
-        *(v16 *)(acc + e) = sum_rows16(w, v + e, D, len, fresh ? zero : *(const v16 *)(acc + e));
+    for (; e + VL <= D; e += VL)
+        *(vec *)(acc + e) = sum_rows(w, v + e, D, len, fresh ? zero : *(const vec *)(acc + e));
     for (; e < D; e++) {
         float a = fresh ? 0.0f : acc[e];
         for (int64_t l = 0; l < len; l++) a += w[l] * v[l * D + e];
@@ -199,7 +216,7 @@ static void weighted_sum(const float *w, const float *v, int64_t len, int64_t D,
  * Rows are independent (each writes its own cache slots and output row), so they are split over the
  * threads; at batch 32 this step was ~20% of a decode step on one core.
  * Query head h reads key-value head h / (Hq / Hk), as HF's repeat_kv orders them. Keys are stored
- * transposed so that scores are computed 16 positions at a time with no horizontal sums. */
+ * transposed so that scores are computed VL positions at a time with no horizontal sums. */
 void decode_attention(const float *qkv, const float *cos, const float *sin, const float *pkt, const float *pv,
                       const uint8_t *pmask, int64_t P, int64_t P16, float *ckt, float *cv, int64_t C, int64_t t,
                       const int64_t *rows, int64_t g, int64_t n, int64_t Hq, int64_t Hk, int64_t D, float scale,
@@ -250,28 +267,52 @@ void decode_attention(const float *qkv, const float *cos, const float *sin, cons
     }
 }
 
-/* y[8, N] = x[8, K] @ W^T for weights packed in panels of 32 output columns, wp [N / 32, K, 32] (each
- * panel's K x 32 block contiguous, read start to end): 16 sums of 16 lanes in registers per panel, every
- * weight read once for the 8 rows, each x value broadcast. The panels are split over the OpenMP threads. */
-void panel_linear8(const float *x, int64_t K, const float *wp, int64_t N, float *y) {
+/* Output columns per weight panel of panel_linear8: two vectors on AVX-512 (32 zmm registers hold
+ * 8 rows x 2 accumulators, the two weight vectors and a broadcast), one on AVX2 (16 ymm registers:
+ * 8 accumulators, the weight vector, a broadcast). Measured on one AVX2 core: one vector per panel
+ * 19.6-20.1 GB/s on the four layer products, two 14.2-14.5 GB/s (spilled), two with 4 rows a pass
+ * 15.7-16.1. */
+#if VL == 16
+#define PANEL_VECTORS 2
+#else
+#define PANEL_VECTORS 1
+#endif
+#define PANEL (PANEL_VECTORS * VL)
+
+int64_t panel_width(void) { return PANEL; }
+
+/* y[n8, N] = x[n8, K] @ W^T for weights packed in panels of PANEL output columns, wp [N / PANEL, K, PANEL]
+ * (each panel's K x PANEL block contiguous, read start to end), n8 a multiple of 8: for each panel and
+ * block of 8 rows, 8 x PANEL_VECTORS accumulators in registers, each x value broadcast. Every weight
+ * comes from memory once for all rows (the panel, 18-49 KiB, stays in L1/L2 while the row blocks pass
+ * over it). The panels are split over the OpenMP threads (static schedule: a thread's panels are
+ * consecutive, so its prefetches run into the panel it reads next). */
+void panel_linear(const float *x, int64_t n8, int64_t K, const float *wp, int64_t N, float *y) {
 #pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < N / 32; p++) {
-        const float *w = wp + p * K * 32;
-        v16 a0 = {0}, b0 = {0}, a1 = {0}, b1 = {0}, a2 = {0}, b2 = {0}, a3 = {0}, b3 = {0};
-        v16 a4 = {0}, b4 = {0}, a5 = {0}, b5 = {0}, a6 = {0}, b6 = {0}, a7 = {0}, b7 = {0};
-        for (int64_t k = 0; k < K; k++) {
-            v16 u = *(const v16 *)(w + k * 32), v = *(const v16 *)(w + k * 32 + 16);
-            float x0 = x[k], x1 = x[K + k], x2 = x[2 * K + k], x3 = x[3 * K + k];
-            float x4 = x[4 * K + k], x5 = x[5 * K + k], x6 = x[6 * K + k], x7 = x[7 * K + k];
-            a0 += x0 * u; b0 += x0 * v; a1 += x1 * u; b1 += x1 * v;
-            a2 += x2 * u; b2 += x2 * v; a3 += x3 * u; b3 += x3 * v;
-            a4 += x4 * u; b4 += x4 * v; a5 += x5 * u; b5 += x5 * v;
-            a6 += x6 * u; b6 += x6 * v; a7 += x7 * u; b7 += x7 * v;
+    for (int64_t p = 0; p < N / PANEL; p++) {
+        const float *w = wp + p * K * PANEL;
+        for (int64_t r0 = 0; r0 < n8; r0 += 8) {
+            const float *xb = x + r0 * K;
+            vec acc[8][PANEL_VECTORS];
+            for (int r = 0; r < 8; r++)
+                for (int v = 0; v < PANEL_VECTORS; v++) acc[r][v] = (vec){0};
+            for (int64_t k = 0; k < K; k++) {
+                /* one prefetch per 64-byte line, 4 KiB ahead, on the first pass: the hardware
+                 * prefetcher alone kept one AVX2 core at 13.6 GB/s on 30 layers' weights (past the
+                 * caches), this at 16.9 (2 cores: 21.6 -> 29.5) */
+                if (r0 == 0)
+                    for (int64_t c = 0; c < PANEL; c += 16)
+                        if ((k * PANEL + c) % 16 == 0) __builtin_prefetch(w + k * PANEL + c + 1024, 0, 0);
+                vec wv[PANEL_VECTORS];
+                for (int v = 0; v < PANEL_VECTORS; v++) wv[v] = *(const vec *)(w + k * PANEL + v * VL);
+                for (int r = 0; r < 8; r++) {
+                    float xr = xb[r * K + k];
+                    for (int v = 0; v < PANEL_VECTORS; v++) acc[r][v] += xr * wv[v];
+                }
+            }
+            for (int r = 0; r < 8; r++)
+                for (int v = 0; v < PANEL_VECTORS; v++)
+                    *(vec *)(y + (r0 + r) * N + p * PANEL + v * VL) = acc[r][v];
         }
-        float *o = y + p * 32;
-        *(v16 *)(o) = a0; *(v16 *)(o + 16) = b0; *(v16 *)(o + N) = a1; *(v16 *)(o + N + 16) = b1;
-        *(v16 *)(o + 2 * N) = a2; *(v16 *)(o + 2 * N + 16) = b2; *(v16 *)(o + 3 * N) = a3; *(v16 *)(o + 3 * N + 16) = b3;
-        *(v16 *)(o + 4 * N) = a4; *(v16 *)(o + 4 * N + 16) = b4; *(v16 *)(o + 5 * N) = a5; *(v16 *)(o + 5 * N + 16) = b5;
-        *(v16 *)(o + 6 * N) = a6; *(v16 *)(o + 6 * N + 16) = b6; *(v16 *)(o + 7 * N) = a7; *(v16 *)(o + 7 * N + 16) = b7;
     }
 }

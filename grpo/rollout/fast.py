@@ -7,9 +7,9 @@ doing only the work those tokens need:
   - a row that emits EOS leaves the batch (its cache rows are dropped), so the decode batch shrinks
     as completions end instead of computing padding up to the longest one;
   - the KV cache is written into buffers made once (no per-step concatenation of the whole cache);
-  - the fp32 linears run oneDNN's inner product on weights packed once per rollout (kernels.py: at
-    8 rows MKL's sgemm reached ~60% of the core's peak, the output layer ~20%), or, for a rollout of
-    at most 8 rows on the native step, decode_ops.c's panel products (native.py);
+  - each fp32 product (q/k/v, o, gate/up, down, the output layer) runs the kernel measured fastest
+    for this machine, model and row count (tuning.py: decode_ops.c's panel product, oneDNN's inner
+    product on weights packed once per rollout, or MKL), LoRA adapters merged into those weights;
   - per step: one decoder forward on the live rows' last tokens, the output layer on the last
     position only, the KeyedSampler's warpers and per-(key, t) Gumbel noise on those rows, an argmax.
 Sampling is KeyedSampler itself (the same warpers and noise), so a row's tokens depend only on its
@@ -28,7 +28,8 @@ from grpo.rollout.base import Rollout, finish_rollout
 from grpo.rollout.hf import KeyedSampler, eos_token_ids
 from grpo.rollout import native
 from grpo.rollout.fused import FusedDecoder, RowCache, fused_unsupported_reason
-from grpo.rollout.kernels import head_chunks, packed_linears
+from grpo.rollout.kernels import onednn_available, packed_linears
+from grpo.rollout.tuning import KernelPlan, kernel_plan, parse_override
 
 # Architectures whose forward and DynamicCache the loop below has been checked against.
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -118,35 +119,44 @@ class HFStep(RowCache):
                             use_cache=True, **{self.keyword: self.cache}).last_hidden_state[:, -1]  # [n, H]
 
 
-def _logits(model, chunks, h: torch.Tensor) -> torch.Tensor:
-    """float32 logits [n, V] of hidden states h [n, H]."""
-    if chunks is None:
-        return model.get_output_embeddings()(h).float()
-    return torch.cat([torch.nn.functional.linear(h, w, b) for w, b in chunks], 1).float()  # [n, V]
+def _logits(head, h: torch.Tensor) -> torch.Tensor:
+    """float32 logits [n, V] of hidden states h [n, H] through the output product ``head``."""
+    return head(h).float()
 
 
-def _stepper(model, capacity: int, *, onednn: bool, use_native: bool, rows: int | None = None):
+def _stepper(model, *, plan: KernelPlan | None, use_native: bool):
     """The decode step for ``model``: NativeDecoder (C small ops) where the fused step covers the
-    model and the C file builds, FusedDecoder (PyTorch small ops) where only the former holds, HF's
-    decoder elsewhere."""
-    if fused_unsupported_reason(model, capacity) is not None:
+    model (``plan`` is not None) and the C file builds, FusedDecoder (PyTorch small ops) where only the
+    former holds, HF's decoder elsewhere; the products as ``plan`` says (the panel product only beside
+    the C ops)."""
+    if plan is None:
         return HFStep(model)
     lib = native.library() if use_native else None
+    linears = {r: plan.factory(r) for r in ("qkv", "o", "gate_up", "down") if lib is not None or plan.products[r] != "panel"}
     if lib is None:
-        return FusedDecoder(model, packed=onednn)
-    return native.NativeDecoder(model, lib, packed=onednn, rows=rows if onednn else None)
+        return FusedDecoder(model, linears=linears)
+    return native.NativeDecoder(model, lib, linears=linears)
+
+
+def _head(model, plan: KernelPlan | None, use_native: bool):
+    """The output layer's product: the plan's, on the layer's weight (its module's own forward where
+    HF's decoder steps)."""
+    head = model.get_output_embeddings()
+    if plan is None or type(head) is not torch.nn.Linear or (plan.products["head"] == "panel" and not use_native):
+        return head
+    return plan.factory("head")(head.weight.detach(), head.bias.detach() if head.bias is not None else None)
 
 
 @torch.no_grad()
 def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False,
                  max_prompt_length: int = 1024, with_logprobs: bool = True, keys: list[int] | None = None,
-                 synced: bool = False, onednn: bool = True, use_native: bool = True) -> Rollout:
+                 synced: bool = False, kernels: str = "auto", use_native: bool = True) -> Rollout:
     """``generate_rollout``'s signature and Rollout (backend="fast"); see the module docstring.
-    ``onednn``: fp32 linears through oneDNN on weights packed once (grpo.rollout.kernels); off, plain
-    products run (the logits equal HF's to fp32 rounding either way: the fused step folds the
-    RMSNorm weights into its products). ``use_native``: the C small ops of native.py where they
-    build; off, FusedDecoder's PyTorch ops."""
+    ``kernels``: the ``decode_kernels`` setting (tuning.parse_override: 'auto' measures each product's
+    kernel once per machine and shape); the logits equal HF's to fp32 rounding whichever runs (the
+    fused step folds the RMSNorm weights into its products). ``use_native``: the C small ops of
+    native.py where they build; off, FusedDecoder's PyTorch ops."""
     reason = fast_unsupported_reason(model, synced=synced)
     if reason is not None:
         raise ValueError(f"rollout_backend fast: {reason}")
@@ -163,28 +173,36 @@ def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_n
     sampler = None if greedy else KeyedSampler([], ids.shape[1], temperature=temperature, top_p=top_p, top_k=top_k)
     was_training = model.training
     model.eval()
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a LoRA wrapper
-    # Llama-family models step through NativeDecoder / FusedDecoder (native.py, fused.py; they pack
-    # their own weights): only the output layer is packed here. Others step HF's decoder with every
-    # linear packed.
-    stepper = _stepper(base, ids.shape[1] + max_new_tokens, onednn=onednn, use_native=use_native,
-                       rows=n_rows)
     try:
-        only = None if isinstance(stepper, HFStep) else [base.get_output_embeddings()]
-        with packed_linears(base, enabled=onednn, only=only) as packed:
-            out = _decode(base, ids, pmask, g=g, max_new_tokens=max_new_tokens, eos=eos, sampler=sampler, keys=keys,
-                          with_logprobs=with_logprobs and not greedy, temperature=temperature,
-                          pad_id=tokenizer.pad_token_id, head_packed=base.get_output_embeddings() in packed,
-                          stepper=stepper)
+        out = decode_ids(model, ids, pmask, g=g, max_new_tokens=max_new_tokens, eos=eos, sampler=sampler, keys=keys,
+                         with_logprobs=with_logprobs and not greedy, temperature=temperature,
+                         pad_id=tokenizer.pad_token_id, kernels=kernels, use_native=use_native)
     finally:
         model.train(was_training)
     return finish_rollout(tokenizer, ids.repeat_interleave(g, 0), pmask.repeat_interleave(g, 0), out["ids"], eos,
                           sampling_logp=out["logp"], backend="fast", seconds=time.perf_counter() - start)
 
 
+def decode_ids(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new_tokens: int, eos: list[int],
+               kernels: str = "auto", use_native: bool = True, clock: list[float] | None = None, **kw) -> dict:
+    """Token-level fast decoding of left-padded prompt ids [B, P] (``_decode``'s result), on a model or
+    a LoRA wrapper (the base model runs, adapters merged into the packed weights). ``clock``: the
+    time after each decode step is appended (the backend probe in grpo.rollout.choice)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a LoRA wrapper
+    fused = fused_unsupported_reason(base, ids.shape[1] + max_new_tokens) is None
+    plan = kernel_plan(base, ids.shape[0] * g, kernels) if fused else None
+    stepper = _stepper(base, plan=plan, use_native=use_native)
+    # HF's decoder (models the fused steps do not cover) runs with its plain linears packed for oneDNN
+    # unless the setting says MKL
+    hf_packed = plan is None and onednn_available() and parse_override(kernels).get("head") != "mkl"
+    with packed_linears(base, enabled=hf_packed):
+        return _decode(base, ids, pmask, g=g, max_new_tokens=max_new_tokens, eos=eos, stepper=stepper,
+                       head=_head(base, plan, use_native), clock=clock, **kw)
+
+
 def _decode(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new_tokens: int, eos: list[int],
             sampler: KeyedSampler | None, keys: list[int] | None, with_logprobs: bool, temperature: float,
-            pad_id: int | None, stepper, head_packed: bool = False) -> dict:
+            pad_id: int | None, stepper, head, clock: list[float] | None = None) -> dict:
     """Prefill the B prompts once, hand their cache to ``stepper`` (which shares it with the G rows of
     each prompt), decode until every row ended.
 
@@ -195,7 +213,6 @@ def _decode(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new_to
     n_rows = ids.shape[0] * g
     padded = bool((pmask == 0).any())
     pos = (pmask.long().cumsum(-1) - 1).masked_fill(pmask == 0, 0)  # [B, P] as generate numbers them
-    chunks = None if head_packed else head_chunks(model.get_output_embeddings())
     cache = _buffer_cache(model, ids.shape[1] + max_new_tokens)
     decoder = model.get_decoder()
     out = decoder(input_ids=ids, attention_mask=pmask if padded else None, position_ids=pos, use_cache=True,
@@ -205,7 +222,7 @@ def _decode(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new_to
                            f"cache positions ({type(decoder).__name__} ignored the cache it was given); "
                            "use rollout_backend=hf")
     stepper.start(cache, pmask, g, max_new_tokens)
-    scores = _logits(model, chunks, out.last_hidden_state[:, -1]).repeat_interleave(g, 0)  # [N, V]
+    scores = _logits(head, out.last_hidden_state[:, -1]).repeat_interleave(g, 0)  # [N, V]
     live = torch.arange(n_rows, device=device)  # [n] global row of each live row
     next_pos = pos[:, -1:].repeat_interleave(g, 0) + 1  # [n, 1]
     eos_t = torch.tensor(eos, device=device)
@@ -227,6 +244,8 @@ def _decode(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new_to
             keep = (~ended).nonzero()[:, 0]  # [n']
             live, tok, next_pos = live[keep], tok[keep], next_pos[keep]
             live_keys = [live_keys[i] for i in keep.tolist()] if live_keys is not None else None
-        scores = _logits(model, chunks, stepper.step(tok, next_pos, live))  # [n, V]
+        scores = _logits(head, stepper.step(tok, next_pos, live))  # [n, V]
         next_pos = next_pos + 1
+        if clock is not None:
+            clock.append(time.perf_counter())
     return {"ids": tokens[:, :t], "logp": logps[:, :t] if logps is not None else None}

@@ -11,8 +11,10 @@ embedding, two cache writes and one SDPA call. The arithmetic is HF's: the same 
 rotary angles (from the model's own ``rotary_emb``) and attention, equal to fp32 rounding.
 
 Used only where it is exactly HF's computation: model types llama, mistral and qwen2 with plain
-``nn.Linear`` projections (no LoRA wrapper), SiLU MLPs, no per-head q/k norms, and no sliding window
-within the rollout's length. Elsewhere the fast backend steps HF's own decoder.
+``nn.Linear`` projections or PEFT LoRA linears (their adapters merged into the copy of the weights a
+rollout reads: W + scaling * B A, the adapter's forward in eval mode, so sampling from a LoRA policy
+costs what sampling from the plain model costs), SiLU MLPs, no per-head q/k norms, and no sliding
+window within the rollout's length. Elsewhere the fast backend steps HF's own decoder.
 """
 
 from __future__ import annotations
@@ -28,6 +30,29 @@ from grpo.rollout.kernels import onednn_available, packed_linear
 FUSED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
 
+def linear_weight(mod) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """The (weight [out, in], bias [out] or None) that ``mod``'s eval-mode forward applies: a plain
+    ``nn.Linear``'s own, or a PEFT LoRA linear's base weight plus scaling * B @ A of each active
+    adapter (nothing added when the adapters are merged or disabled). None for anything else (DoRA,
+    other adapter types, other layers)."""
+    if type(mod) is torch.nn.Linear:
+        return mod.weight.detach(), (mod.bias.detach() if mod.bias is not None else None)
+    base = getattr(mod, "base_layer", None)
+    if type(base) is not torch.nn.Linear or not hasattr(mod, "lora_A"):
+        return None
+    weight = base.weight.detach()
+    if getattr(mod, "merged", False) or getattr(mod, "disable_adapters", False):
+        return weight, (base.bias.detach() if base.bias is not None else None)
+    active = [a for a in mod.active_adapters if a in mod.lora_A]
+    if getattr(mod, "fan_in_fan_out", False) or any(mod.use_dora.get(a, False) for a in active) \
+            or any(a in getattr(mod, "lora_embedding_A", {}) for a in active):
+        return None
+    for a in active:  # LoRA (Hu et al. 2021): h = W x + scaling * B A x
+        delta = mod.lora_B[a].weight.detach() @ mod.lora_A[a].weight.detach()  # [out, in]
+        weight = weight + mod.scaling[a] * delta.to(weight.dtype)
+    return weight, (base.bias.detach() if base.bias is not None else None)
+
+
 def fused_unsupported_reason(model, capacity: int) -> str | None:
     """Why ``FusedDecoder`` cannot step ``model`` (a CausalLM, not a LoRA wrapper); None when it can."""
     cfg = model.config
@@ -41,9 +66,10 @@ def fused_unsupported_reason(model, capacity: int) -> str | None:
     for layer in model.get_decoder().layers:
         a, m = layer.self_attn, layer.mlp
         mods = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
-        if any(type(x) is not torch.nn.Linear for x in mods) or hasattr(a, "q_norm"):
-            return "projections are not plain nn.Linear (LoRA) or the attention has q/k norms"
-        if any(x.weight.dtype != torch.float32 or x.weight.device.type != "cpu" for x in mods):
+        weights = [linear_weight(x) for x in mods]
+        if any(w is None for w in weights) or hasattr(a, "q_norm"):
+            return "projections are neither nn.Linear nor LoRA linears, or the attention has q/k norms"
+        if any(w.dtype != torch.float32 or w.device.type != "cpu" for w, _ in weights):
             return "not float32 on the CPU"
     return None
 
@@ -61,14 +87,14 @@ def _fuse(*mods, linear, scale: torch.Tensor | None = None):
     """One product for several projections of the same input: their weights stacked by rows, each
     column times ``scale`` [in] (the RMSNorm weight before them: W (w * x) = (W diag w) x). Returns
     ``linear(weight, bias)``: x [n, in] -> [n, sum out]."""
-    weight = torch.cat([m.weight.detach() for m in mods])  # [sum out, in]
+    pairs = [linear_weight(m) for m in mods]
+    weight = torch.cat([w for w, _ in pairs])  # [sum out, in]
     if scale is not None:
         weight = weight * scale.detach()[None, :]
-    if all(m.bias is None for m in mods):
+    if all(b is None for _, b in pairs):
         bias = None
     else:
-        bias = torch.cat([m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.weight.shape[0])
-                          for m in mods])
+        bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in pairs])
     return linear(weight, bias)
 
 
@@ -101,9 +127,10 @@ class FusedDecoder(RowCache):
     """Decode steps of ``model`` (see the module docstring) on weights fused and packed on creation;
     make one per rollout (the weights change every optimiser step) and drop it after."""
 
-    def __init__(self, model, *, packed: bool = True, linear=None):
-        """``linear``: the product factory (``default_linear(packed)`` when None)."""
-        linear = linear or default_linear(packed)
+    def __init__(self, model, *, packed: bool = True, linears: dict | None = None):
+        """``linears``: role (qkv, o, gate_up, down) -> product factory (grpo.rollout.tuning's plan);
+        ``default_linear(packed)`` for the roles not given."""
+        lin = {role: (linears or {}).get(role) or default_linear(packed) for role in ("qkv", "o", "gate_up", "down")}
         cfg, dec = model.config, model.get_decoder()
         self.rotary, self.embed = dec.rotary_emb, dec.embed_tokens.weight.detach()
         self.hq, self.hk = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -114,10 +141,10 @@ class FusedDecoder(RowCache):
             a, m = layer.self_attn, layer.mlp
             n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
             self.layers.append({  # the RMSNorm weights are folded into the products that follow them
-                "eps1": n1.variance_epsilon, "qkv": _fuse(a.q_proj, a.k_proj, a.v_proj, linear=linear, scale=n1.weight),
-                "o": _fuse(a.o_proj, linear=linear), "scale": a.scaling, "eps2": n2.variance_epsilon,
-                "gate_up": _fuse(m.gate_proj, m.up_proj, linear=linear, scale=n2.weight),
-                "down": _fuse(m.down_proj, linear=linear)})
+                "eps1": n1.variance_epsilon, "qkv": _fuse(a.q_proj, a.k_proj, a.v_proj, linear=lin["qkv"], scale=n1.weight),
+                "o": _fuse(a.o_proj, linear=lin["o"]), "scale": a.scaling, "eps2": n2.variance_epsilon,
+                "gate_up": _fuse(m.gate_proj, m.up_proj, linear=lin["gate_up"], scale=n2.weight),
+                "down": _fuse(m.down_proj, linear=lin["down"])})
         self.norm = (dec.norm.weight.detach(), dec.norm.variance_epsilon)
 
     @staticmethod

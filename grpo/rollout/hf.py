@@ -99,7 +99,7 @@ class KeyedSampler:
             return (scores + keyed_gumbel(bases, scores.shape[1], scores.device)).argmax(-1)  # [n]
         n, vocab = scores.shape
         base = _base_bits(bases)  # [n]
-        tokens, work = torch.empty(n, dtype=torch.int64), torch.empty(vocab)
+        tokens, work = torch.empty(n, dtype=torch.int64), torch.empty(n, vocab)  # work: per-row scratch
         lib.gumbel_argmax(scores.data_ptr(), n, vocab, base.data_ptr(), work.data_ptr(), tokens.data_ptr())
         return tokens
 

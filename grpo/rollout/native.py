@@ -34,12 +34,28 @@ from pathlib import Path
 
 import torch
 
-from grpo.rollout.fused import FusedDecoder, default_linear
+from grpo.rollout.fused import FusedDecoder
 
 SOURCE = Path(__file__).with_name("decode_ops.c")
-FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC"]
-# without an OpenMP runtime to link: the same code, one thread (the pragmas' SIMD hints kept)
-SERIAL_FLAGS = [f if f != "-fopenmp" else "-fopenmp-simd" for f in FLAGS]
+
+
+def march() -> str:
+    """The -march the C file is built for: ``native`` (this CPU), or ``$GRPO_NATIVE_MARCH``, e.g.
+    ``x86-64-v3`` (AVX2 + FMA, no AVX-512) to run an AVX-512 machine's build as an AVX2 one's
+    (docs/perf.md: emulating the other CPU class)."""
+    return os.environ.get("GRPO_NATIVE_MARCH", "native")
+
+
+def flags() -> list[str]:
+    """The compiler flags: with OpenMP (attention and the panel products split rows over PyTorch's
+    threads)."""
+    return ["-O3", f"-march={march()}", "-fno-math-errno", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC"]
+
+
+def serial_flags() -> list[str]:
+    """Without an OpenMP runtime to link: the same code, one thread (the pragmas' SIMD hints kept)."""
+    return [f if f != "-fopenmp" else "-fopenmp-simd" for f in flags()]
+
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {
     "add_rms": [_P, _P, _P, _P, _I, _I, _F],
@@ -47,18 +63,29 @@ SIGNATURES = {
     "gumbel_argmax": [_P, _I, _I, _P, _P, _P],
     "decode_attention": [_P, _P, _P, _P, _P, _P, _I, _I, _P, _P, _I, _I, _P, _I, _I, _I, _I, _I, _F, _P, _P],
     "attention_threads": [],
-    "panel_linear8": [_P, _I, _P, _I, _P],
+    "vector_lanes": [],
+    "panel_width": [],
+    "panel_linear": [_P, _I, _I, _P, _I, _P],
 }
+_COUNTS = ("attention_threads", "vector_lanes", "panel_width")  # functions returning an int64
 _last_error: list[str] = []
 
 
-def _cpu_id() -> str:
+def cpu_id() -> str:
     """What -march=native compiles for: the CPU's model and feature flags."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return os.uname().machine
     return "\n".join(sorted({x for x in lines if x.startswith(("model name", "flags", "Features"))}))
+
+
+def cpu_flags() -> list[str]:
+    """The CPU's feature flags (/proc/cpuinfo; empty where there is none)."""
+    for line in cpu_id().splitlines():
+        if line.startswith(("flags", "Features")):
+            return line.split(":", 1)[1].split()
+    return []
 
 
 @functools.cache
@@ -73,12 +100,12 @@ def library() -> ctypes.CDLL | None:
         _last_error.append("no C compiler (cc or gcc) on PATH")
         return None
     errors = []
-    for flags in (FLAGS, SERIAL_FLAGS):
+    for options in (flags(), serial_flags()):
         try:
-            return load(built(cc, flags))
+            return load(built(cc, options))
         except (OSError, subprocess.SubprocessError) as e:
             detail = getattr(e, "stderr", b"") or b""
-            errors.append(f"{' '.join(flags)}: {e} {detail.decode(errors='replace')[:400]}")
+            errors.append(f"{' '.join(options)}: {e} {detail.decode(errors='replace')[:400]}")
     _last_error.append(f"building {SOURCE.name} failed: " + " | ".join(errors))
     return None
 
@@ -88,16 +115,17 @@ def load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     for name, args in SIGNATURES.items():
         getattr(lib, name).argtypes, getattr(lib, name).restype = args, None
-    lib.attention_threads.restype = ctypes.c_int64
+    for name in _COUNTS:
+        getattr(lib, name).restype = ctypes.c_int64
     return lib
 
 
-def built(cc: str, flags: list[str]) -> Path:
+def built(cc: str, options: list[str]) -> Path:
     """The shared library of decode_ops.c built with ``flags``: from the cache, or compiled into it.
     With -fopenmp it links libgomp.so.1, which resolves to the copy PyTorch's CPU wheels load (one
     OpenMP runtime, one thread pool in the process)."""
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join([cc, *flags]).encode() + _cpu_id().encode()).hexdigest()[:16]
+    key = hashlib.sha256(source + " ".join([cc, *options]).encode() + cpu_id().encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "grpo"
     path = cache / f"decode_ops-{key}.so"
     if not path.exists():
@@ -105,7 +133,7 @@ def built(cc: str, flags: list[str]) -> Path:
         fd, tmp = tempfile.mkstemp(dir=cache, suffix=".so")
         os.close(fd)
         try:  # built beside its final name, then renamed: a concurrent process never loads half a file
-            subprocess.run([cc, *flags, "-o", tmp, str(SOURCE)], check=True, capture_output=True, timeout=120)
+            subprocess.run([cc, *options, "-o", tmp, str(SOURCE)], check=True, capture_output=True, timeout=120)
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):
@@ -123,28 +151,35 @@ def unavailable_reason() -> str | None:
     return None if library() is not None else (_last_error[-1] if _last_error else "unknown")
 
 
-PANEL_ROWS = 8
+def panel_product(lib: ctypes.CDLL, weight: torch.Tensor, bias: torch.Tensor | None):
+    """x [n, in] -> x @ weight.T + bias [n, out] through decode_ops.c's panel_linear, the weight
+    [out, in] repacked once into panels [out / W, in, W] of W = ``lib.panel_width()`` output columns
+    (32 on AVX-512, 8 on AVX2; a copy; where out is no multiple of W, F.linear instead). The kernel
+    works on blocks of 8 rows: a row count that is no multiple of 8 goes through a padded copy of x.
+    The result is a view of a buffer the next call with as many rows (rounded up to 8) overwrites.
 
-
-def _panel_linear(lib: ctypes.CDLL, fallback, weight: torch.Tensor, bias: torch.Tensor | None):
-    """x [n, in] -> x @ weight.T + bias [n, out] for n <= 8 through decode_ops.c's panel_linear8, the
-    weight [out, in] repacked once into panels [out / 32, in, 32] (a copy; where out is no multiple of
-    32, ``fallback``'s product instead). x must be the first n rows of a contiguous buffer of at
-    least 8 (the kernel computes 8; rows past n are ignored). The result is a view of a buffer the next
-    call overwrites.
-
-    Why: at 8 rows, oneDNN's inner product ran at ~15-20 GB/s here, the machine's bandwidth being ~28;
-    this kernel reads each weight once for the 8 rows at ~21-29 GB/s (a batch-8 step's four products,
-    30 layers of SmolLM2: 23.3 -> 16.3 ms)."""
+    Why: at 8 rows oneDNN's inner product and MKL's sgemm read the weights below memory bandwidth
+    (AVX-512 core: oneDNN ~15-20 GB/s of ~28; AVX2 core: MKL 10.5, oneDNN 13-16 of ~20); this kernel
+    reads each weight once for all the rows (AVX-512: 21-29 GB/s; AVX2, one core: 19.6-20.1 GB/s).
+    Whether it wins on a machine and shape is measured (grpo.rollout.tuning)."""
     n_out, k = weight.shape
-    if n_out % 32:
-        return fallback(weight, bias)
-    panels = weight.view(n_out // 32, 32, k).transpose(1, 2).contiguous()  # [out / 32, in, 32]
-    out = torch.empty(PANEL_ROWS, n_out)  # [8, out]
+    width = lib.panel_width()
+    if n_out % width:
+        return functools.partial(torch.nn.functional.linear, weight=weight, bias=bias)
+    panels = weight.view(n_out // width, width, k).transpose(1, 2).contiguous()  # [out / W, in, W]
+    buffers = {}  # rows -> (x [n8, in], y [n8, out]), made on first use
 
     def forward(x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out]
-        lib.panel_linear8(x.data_ptr(), k, panels.data_ptr(), n_out, out.data_ptr())
-        y = out[:x.shape[0]]
+        n = x.shape[0]
+        n8 = -(-n // 8) * 8
+        if n8 not in buffers:
+            buffers[n8] = (torch.zeros(n8, k), torch.empty(n8, n_out))
+        xb, yb = buffers[n8]
+        if n != n8 or not x.is_contiguous():
+            xb[:n] = x
+            x = xb
+        lib.panel_linear(x.data_ptr(), n8, k, panels.data_ptr(), n_out, yb.data_ptr())
+        y = yb[:n]
         return y + bias if bias is not None else y
     return forward
 
@@ -153,12 +188,10 @@ class NativeDecoder(FusedDecoder):
     """FusedDecoder's products with decode_ops.c between them (module docstring). Same interface:
     ``start`` with the prefilled prompt cache, then ``step`` per token."""
 
-    def __init__(self, model, lib: ctypes.CDLL, *, packed: bool = True, rows: int | None = None):
-        """``rows``: the rollout's N rows; at most PANEL_ROWS of them, the products run panel_linear8
-        (weights in panels, read once per step at close to memory bandwidth) instead of oneDNN."""
-        self.panels = rows is not None and rows <= PANEL_ROWS
-        linear = functools.partial(_panel_linear, lib, default_linear(packed)) if self.panels else None
-        super().__init__(model, packed=packed, linear=linear)
+    def __init__(self, model, lib: ctypes.CDLL, *, packed: bool = True, linears: dict | None = None):
+        """``linears``: role -> product factory (grpo.rollout.tuning's plan); FusedDecoder's default
+        for the roles not given."""
+        super().__init__(model, packed=packed, linears=linears)
         self.lib = lib
         self.hidden = model.config.hidden_size
 
@@ -178,10 +211,9 @@ class NativeDecoder(FusedDecoder):
         self.pmask = prompt_mask.to(torch.uint8).contiguous() if padded else None  # [B, P]
         self.g, self.p, self.p16, self.c16, self.capacity, self.t = g, p, p16, c16, capacity, 0
         self.work = torch.empty(self.lib.attention_threads(), self.hq // self.hk, p + c16 + 16)  # scratch scores
-        rows = max(n_rows, PANEL_ROWS) if self.panels else n_rows  # panel_linear8 reads 8 rows
-        self.x = torch.zeros(rows, self.hidden)  # [N, H] the normed input of the next product
-        self.att = torch.zeros(rows, self.hq * d)  # [N, Hq D]
-        self.act = torch.zeros(rows, self.inter)  # [N, I]
+        self.x = torch.zeros(n_rows, self.hidden)  # [N, H] the normed input of the next product
+        self.att = torch.zeros(n_rows, self.hq * d)  # [N, Hq D]
+        self.act = torch.zeros(n_rows, self.inter)  # [N, I]
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,87 @@
+"""``rollout_backend=auto``: our decode loop where it is faster than ``generate`` on this machine, at
+this batch, measured; ``generate`` elsewhere.
+
+Dimension letters: B prompts, G group size, N = B * G rows, P probe prompt positions.
+
+Why: a decode loop tuned on one CPU was measured at 0.26x ``generate``'s speed on another (batch 8,
+AVX2 without AVX-512, before its kernels were fixed). Both backends draw the same tokens for the same
+keys (tested), so choosing between them by speed changes no result. The probe prefills B synthetic
+prompts of P tokens (ids from a local generator: a run's random state is untouched), then times
+STEPS one-token steps of each: our loop (the decoder step and output layer, its kernels as the plan
+says) and HF's decoder forward on its own cache at the same N rows, the per-step work ``generate``
+does before its logits processors (which both share). The median step decides; the result is kept
+per (machine, model shapes, N, threads) in this process and in the cache folder, like the kernels.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from grpo.rollout import tuning
+from grpo.rollout.fast import decode_ids
+
+PROBE_PROMPT, PROBE_STEPS = 48, 6
+_decisions: dict[str, dict] = {}
+
+
+def _probe_ids(model, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """B synthetic prompts [B, P] of ids below the vocabulary size, and their (full) mask."""
+    vocab = model.get_output_embeddings().weight.shape[0]
+    ids = torch.randint(0, vocab, (b, PROBE_PROMPT), generator=torch.Generator().manual_seed(0))  # [B, P]
+    return ids, torch.ones_like(ids)
+
+
+@torch.no_grad()
+def fast_step_seconds(model, b: int, g: int, kernels: str) -> float:
+    """Median seconds of one decode step of our loop at N = B * G rows (no row ends: no EOS)."""
+    ids, mask = _probe_ids(model, b)
+    clock: list[float] = []
+    decode_ids(model, ids, mask, g=g, max_new_tokens=PROBE_STEPS + 1, eos=[], kernels=kernels, sampler=None,
+               keys=None, with_logprobs=False, temperature=1.0, pad_id=0, clock=clock)
+    return statistics.median(b - a for a, b in zip(clock, clock[1:]))
+
+
+@torch.no_grad()
+def hf_step_seconds(model, b: int, g: int) -> float:
+    """Median seconds of one HF forward of N one-token rows on the model's own KV cache."""
+    from transformers import DynamicCache
+
+    ids, mask = _probe_ids(model, b)
+    ids, mask = ids.repeat_interleave(g, 0), mask.repeat_interleave(g, 0)  # [N, P] as generate runs them
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+    tok = out.logits[:, -1].argmax(-1, keepdim=True)  # [N, 1]
+    times = []
+    for _ in range(PROBE_STEPS):
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], 1)
+        t = time.perf_counter()
+        out = model(input_ids=tok, attention_mask=mask, past_key_values=out.past_key_values, use_cache=True)
+        tok = out.logits[:, -1].argmax(-1, keepdim=True)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def fast_or_hf(model, *, rows: int, group_size: int, kernels: str = "auto") -> str:
+    """'fast' where our loop's step is at most HF's at ``rows`` rows, else 'hf' (measured once per key)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    key = tuning.plan_key(base, rows, kind=f"backend {kernels}")
+    if key in _decisions:
+        return _decisions[key]["backend"]
+    decision, source = tuning.read_cached(key), "cache"
+    if decision is None or decision.get("backend") not in ("fast", "hf"):
+        b, source = max(1, rows // group_size), "measured"
+        was_training = model.training
+        model.eval()
+        try:
+            fast, hf = fast_step_seconds(model, b, group_size, kernels), hf_step_seconds(model, b, group_size)
+        finally:
+            model.train(was_training)
+        decision = {"backend": "fast" if fast <= hf else "hf", "fast": fast, "hf": hf}
+        tuning.write_cached(key, decision)
+    tuning.note(f"rollout_backend auto ({source}, {rows} rows, {tuning.machine_summary()}): decode step fast "
+                f"{decision['fast'] * 1e3:.1f} ms, generate {decision['hf'] * 1e3:.1f} ms -> {decision['backend']}")
+    _decisions[key] = decision
+    return decision["backend"]
