@@ -9,9 +9,12 @@ bound is the larger), then measures
     every step runs the full batch;
   - end-to-end tokens/s of both backends on real prompts (EOS on: rows that end leave the fast batch);
 and prints our decode step as a multiple of the bound. fp32 throughout (the sampling policy's own
-precision). Quiet machine wanted: check ``uptime`` first; the load average is printed.
+precision). Quiet machine wanted: check ``uptime`` first; the load average is printed, and so are
+the CPU class (AVX-512 or AVX2, or the emulated class under bench/as_avx2.sh) and the kernels the
+fast backend measured and chose for each batch.
 
     PYTHONPATH=. python bench/decode_limit.py [--model embedded:SmolLM2-135M-Instruct] [--threads 2]
+    bench/as_avx2.sh .venv/bin/python bench/decode_limit.py      # an AVX-512 machine run as an AVX2 one
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch
 from grpo.models import load_models
 from grpo.rollout.fast import fast_rollout
 from grpo.rollout.hf import generate_rollout, row_keys
+from grpo.rollout.tuning import kernel_plan, machine_summary
 
 QUESTIONS = ["What is 12 + 30? Explain step by step.", "Name three prime numbers and say why they are prime.",
              "Write a haiku about the sea.", "How many legs do four spiders have?"]
@@ -90,7 +94,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, threads {args.threads}, load average {os.getloadavg()}")
+    print(f"torch {torch.__version__}, threads {args.threads}, load average {os.getloadavg()}; CPU: {machine_summary()}")
     hw = machine()
     print(f"machine: bandwidth {hw['bandwidth'] / 1e9:.1f} GB/s, fp32 GEMM {hw['flops'] / 1e9:.1f} GFLOP/s")
     m = load_models(args.model, need_reference=False)
@@ -103,14 +107,16 @@ def main() -> None:
         b = bound(model, n, hw)
         print(f"\nbatch {n} ({len(prompts)} prompts x {g}): weights {b['weight_bytes'] / 2**20:.0f} MiB -> "
               f"bound {b['t_mem'] * 1e3:.1f} ms (bandwidth), {b['t_flop'] * 1e3:.1f} ms (FLOPs)")
+        print("  " + kernel_plan(model, n).describe(n))
         hf_step = step_time(generate_rollout, model, tok, prompts, g, args.repeats)
         fast_step = step_time(fast_rollout, model, tok, prompts, g, args.repeats)
         print(f"  decode step, full batch: hf {hf_step * 1e3:.1f} ms, fast {fast_step * 1e3:.1f} ms "
-              f"(x{hf_step / fast_step:.2f}); fast = {fast_step / b['t_bound']:.2f} x bound")
+              f"(x{hf_step / fast_step:.2f} generate's speed); fast = {fast_step / b['t_bound']:.2f} x bound, "
+              f"{fast_step / b['t_flop']:.2f} x the FLOP bound")
         ratio[n] = fast_step / b["t_bound"]
-        if n == 8:  # the kernel choice alone: the same loop with the model's own (MKL) linears
-            mkl = step_time(functools.partial(fast_rollout, onednn=False), model, tok, prompts, g, args.repeats)
-            print(f"  fast with MKL linears (onednn=False): {mkl * 1e3:.1f} ms")
+        if n == 8:  # the kernel choice alone: the same loop with MKL's products everywhere
+            mkl = step_time(functools.partial(fast_rollout, kernels="mkl"), model, tok, prompts, g, args.repeats)
+            print(f"  fast with MKL products (decode_kernels=mkl): {mkl * 1e3:.1f} ms")
         hf, fast = (end_to_end(f, model, tok, prompts, g, args.repeats) for f in (generate_rollout, fast_rollout))
         same = torch.equal(hf["ro"].completion_ids, fast["ro"].completion_ids)
         print(f"  rollout, 64 new tokens, EOS on: hf {hf['tokens'] / hf['seconds']:.1f} tok/s ({hf['seconds']:.2f} s), "

@@ -142,6 +142,9 @@ def native_bf16(device: torch.device) -> bool:
     """Whether bf16 matrix products run natively: CUDA with bf16, or a CPU with AVX512-BF16/AMX."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()  # capped below AVX512-BF16 (bench/as_avx2.sh)
+    if isa not in ("ALL", "DEFAULT") and "BF16" not in isa and "AMX" not in isa:
+        return False
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):

@@ -21,7 +21,7 @@ import time
 import torch
 
 from grpo.rollout import tuning
-from grpo.rollout.fast import decode_ids
+from grpo.rollout.fast import cache_keyword, decode_ids
 
 PROBE_PROMPT, PROBE_STEPS = 48, 6
 _decisions: dict[str, dict] = {}
@@ -51,14 +51,15 @@ def hf_step_seconds(model, b: int, g: int) -> float:
 
     ids, mask = _probe_ids(model, b)
     ids, mask = ids.repeat_interleave(g, 0), mask.repeat_interleave(g, 0)  # [N, P] as generate runs them
-    cache = DynamicCache(config=model.config)
-    out = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a LoRA wrapper passes it on
+    kw = {cache_keyword(base): DynamicCache(config=model.config)}  # the model's own name for its cache
+    out = model(input_ids=ids, attention_mask=mask, use_cache=True, **kw)
     tok = out.logits[:, -1].argmax(-1, keepdim=True)  # [N, 1]
     times = []
     for _ in range(PROBE_STEPS):
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], 1)
         t = time.perf_counter()
-        out = model(input_ids=tok, attention_mask=mask, past_key_values=out.past_key_values, use_cache=True)
+        out = model(input_ids=tok, attention_mask=mask, use_cache=True, **kw)
         tok = out.logits[:, -1].argmax(-1, keepdim=True)
         times.append(time.perf_counter() - t)
     return statistics.median(times)
@@ -67,7 +68,8 @@ def hf_step_seconds(model, b: int, g: int) -> float:
 def fast_or_hf(model, *, rows: int, group_size: int, kernels: str = "auto") -> str:
     """'fast' where our loop's step is at most HF's at ``rows`` rows, else 'hf' (measured once per key)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    key = tuning.plan_key(base, rows, kind=f"backend {kernels}")
+    # generate's speed differs with a LoRA wrapper (its adapters run beside every linear); ours does not
+    key = tuning.plan_key(base, rows, kind=f"backend {kernels} {'peft' if base is not model else 'plain'}")
     if key in _decisions:
         return _decisions[key]["backend"]
     decision, source = tuning.read_cached(key), "cache"

@@ -1,0 +1,127 @@
+"""The decode kernels are chosen by measurement: every product computes F.linear's result at any
+row count, the plan keeps the fastest measured candidate per role and reads it back from the cache,
+the config overrides it, and rollout_backend=auto runs whichever backend measured faster. The C file
+built for AVX2 (as on an AVX-512 machine run as an AVX2 one) computes the same products."""
+
+import pytest
+import torch
+
+from grpo.config import Config, ConfigError
+from grpo.models import load_models
+from grpo.rollout import choice, native, resolve_backend, sample_rollout, tuning
+from grpo.rollout.hf import row_keys
+from tests.conftest import need_native
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache(tmp_path, monkeypatch):
+    """Each test measures into a cache folder of its own, with this process's memory of plans empty."""
+    monkeypatch.setenv("GRPO_CACHE", str(tmp_path))
+    monkeypatch.setattr(tuning, "_plans", {})
+    monkeypatch.setattr(choice, "_decisions", {})
+    tuning.take_messages()
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    m = load_models(str(tiny_model_dir), need_reference=False)
+    return m.policy, m.tokenizer
+
+
+@pytest.mark.parametrize("name", list(tuning.PRODUCTS))
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 17])
+def test_every_product_computes_the_linear(name, rows):
+    if tuning.PRODUCTS[name].unavailable():
+        pytest.skip(tuning.PRODUCTS[name].unavailable())
+    torch.manual_seed(rows)
+    weight, bias = torch.randn(96, 40), torch.randn(96)
+    fn = tuning.PRODUCTS[name].make(weight, bias)
+    for n in (rows, max(1, rows - 2), rows):  # the row count changes as rows end (panel: padded blocks)
+        x = torch.randn(n, 40)
+        torch.testing.assert_close(fn(x), torch.nn.functional.linear(x, weight, bias), atol=1e-4, rtol=1e-5)
+
+
+def test_the_avx2_build_computes_the_same_products():
+    """decode_ops.c built for x86-64-v3 (AVX2 + FMA, no AVX-512: bench/as_avx2.sh) has 8 lanes and
+    8-column panels, and its panel product equals F.linear, like the native build's."""
+    need_native()
+    import os
+
+    os.environ["GRPO_NATIVE_MARCH"] = "x86-64-v3"
+    try:
+        assert "-march=x86-64-v3" in native.flags()
+        lib = native.load(native.built(native.compiler(), native.flags()))
+    finally:
+        del os.environ["GRPO_NATIVE_MARCH"]
+    assert lib.vector_lanes() == 8 and lib.panel_width() == 8
+    assert native.library().panel_width() in (8, 32)  # this machine's own build: AVX2 or AVX-512
+    weight, x = torch.randn(64, 24), torch.randn(5, 24)
+    for built in (lib, native.library()):
+        got = native.panel_product(built, weight, None)(x)
+        torch.testing.assert_close(got, x @ weight.T, atol=1e-4, rtol=1e-5)
+
+
+def test_the_plan_keeps_the_fastest_measured_kernel_and_reads_it_back(tiny):
+    model, _ = tiny
+    plan = tuning.kernel_plan(model, 8)
+    assert plan.source == "measured" and set(plan.products) == set(tuning.ROLES)
+    for role, seconds in plan.seconds.items():
+        assert plan.products[role] == min(seconds, key=seconds.get)  # the argmin of what was timed
+        assert set(seconds) == {n for n, p in tuning.PRODUCTS.items() if p.unavailable() is None}
+    messages = tuning.take_messages()
+    assert len(messages) == 1 and messages[0].startswith("decode kernels (measured, 8 rows")
+    assert tuning.kernel_plan(model, 8) is plan and tuning.take_messages() == []  # once per process
+    tuning._plans.clear()
+    again = tuning.kernel_plan(model, 8)  # a new process: from the cache folder, not measured again
+    assert again.source == "cache" and again.products == plan.products
+    assert tuning.kernel_plan(model, 16).source == "measured"  # another row count is another shape
+
+
+def test_the_config_overrides_roles(tiny):
+    model, _ = tiny
+    assert tuning.kernel_plan(model, 8, "mkl").products == dict.fromkeys(tuning.ROLES, "mkl")
+    mixed = tuning.kernel_plan(model, 8, "head=onednn,qkv=mkl")
+    assert mixed.products["head"] == "onednn" and mixed.products["qkv"] == "mkl"
+    assert mixed.source == "config + measured" and "head" not in mixed.seconds
+    with pytest.raises(ValueError, match="unknown product 'fast'; valid: auto, panel, onednn, mkl"):
+        tuning.parse_override("fast")
+    with pytest.raises(ValueError, match="unknown role 'lm'"):
+        tuning.parse_override("lm=mkl")
+    with pytest.raises(ConfigError, match="decode_kernels: unknown product"):
+        Config(decode_kernels="qkv=gemm")
+
+
+def test_auto_runs_the_backend_that_measured_faster(tiny):
+    """The decision is the argmin of the two measured steps, kept for the next call, and the rollout
+    auto runs is that backend's; both draw the same tokens (test_rollout_fast), so only speed differs."""
+    model, tok = tiny
+    backend = resolve_backend("auto", model, rows=4, group_size=2)
+    key = tuning.plan_key(model, 4, kind="backend auto plain")
+    decision = tuning.read_cached(key)
+    assert backend == ("fast" if decision["fast"] <= decision["hf"] else "hf")
+    assert any(m.startswith("rollout_backend auto (measured, 4 rows") for m in tuning.take_messages())
+    ro = sample_rollout("auto", model, tok, ["Hi", "x"], group_size=2, max_new_tokens=4, keys=row_keys(0, 0, 0, 4))
+    assert ro.backend == backend
+    assert resolve_backend("auto", model) == "fast"  # no row count given: the architecture decides
+
+
+def test_a_lora_policy_samples_on_the_fast_path_with_the_same_tokens(tiny):
+    """LoRA adapters (made non-trivial) are merged into the fast step's weights: the fast backend
+    draws exactly the tokens ``generate`` draws from the PEFT model."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    from grpo.rollout import fast_rollout, generate_rollout
+    model, tok = tiny
+    lora = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    torch.manual_seed(0)
+    for name, p in lora.named_parameters():
+        if "lora_B" in name:
+            p.data.normal_(0, 0.3)
+    kw = dict(group_size=3, max_new_tokens=10, temperature=1.0, keys=row_keys(1, 2, 0, 6))
+    ref = generate_rollout(lora, tok, ["What is 1 + 1?", "Hi"], **kw)
+    fast = fast_rollout(lora, tok, ["What is 1 + 1?", "Hi"], **kw)
+    assert torch.equal(fast.completion_ids, ref.completion_ids)
+    plain = generate_rollout(model, tok, ["What is 1 + 1?", "Hi"], **kw)
+    assert not torch.equal(plain.completion_ids, ref.completion_ids)  # the adapters changed the policy
