@@ -29,7 +29,7 @@ def test_packed_linears_compute_the_same_products_and_restore_forwards():
 def test_head_chunks_give_bitwise_the_same_logits():
     head = torch.nn.Linear(16, 5000)
     h = torch.randn(8, 16)
-    chunks = head_chunks(head)
+    chunks = head_chunks(head.weight, head.bias)
     assert len(chunks) == 3  # 2048 + 2048 + 904 rows
     with torch.no_grad():
         blocked = torch.cat([torch.nn.functional.linear(h, w, b) for w, b in chunks], 1)

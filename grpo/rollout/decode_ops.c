@@ -153,7 +153,7 @@ static void rope(const float *x, const float *cos, const float *sin, float *out,
 /* The vector width the build targets: 16 floats (one zmm register) where the compiler may use AVX-512,
  * else 8 (one ymm, AVX2). GCC splits a wider vector type into halves and, when the halves do not fit
  * the 16 ymm registers of AVX2, spills them through the stack on every use: the 16 accumulators of
- * 16 lanes that panel_linear8 keeps on AVX-512 ran at 0.6 GB/s on an AVX2 core (20 GB/s with these). */
+ * 16 lanes that panel_linear kept on AVX-512 ran at 0.6 GB/s on an AVX2 core (20 GB/s with these). */
 #if defined(__AVX512F__)
 #define VL 16
 #else
@@ -267,7 +267,7 @@ void decode_attention(const float *qkv, const float *cos, const float *sin, cons
     }
 }
 
-/* Output columns per weight panel of panel_linear8: two vectors on AVX-512 (32 zmm registers hold
+/* Output columns per weight panel of panel_linear: two vectors on AVX-512 (32 zmm registers hold
  * 8 rows x 2 accumulators, the two weight vectors and a broadcast), one on AVX2 (16 ymm registers:
  * 8 accumulators, the weight vector, a broadcast). Measured on one AVX2 core: one vector per panel
  * 19.6-20.1 GB/s on the four layer products, two 14.2-14.5 GB/s (spilled), two with 4 rows a pass

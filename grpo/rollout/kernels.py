@@ -57,11 +57,9 @@ def packed_linear(weight: torch.Tensor, bias: torch.Tensor | None):
     return forward
 
 
-def head_chunks(head) -> tuple | None:
-    """The output layer's rows in blocks of 2048 when it is a plain Linear (else None). Without
-    oneDNN, MKL runs 8 rows x [49152, 576]^T ~1.5x faster block by block (each block stays in cache
-    while the rows go by), with bitwise the same logits: each block is the same dot products."""
-    if type(head) is not torch.nn.Linear:
-        return None
-    bias = head.bias.split(2048) if head.bias is not None else [None] * -(-head.weight.shape[0] // 2048)
-    return tuple(zip(head.weight.split(2048), bias))
+def head_chunks(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple:
+    """An output layer's (weight [V, H], bias [V] or None) in blocks of 2048 rows. MKL runs 8 rows x
+    [49152, 576]^T ~1.5x faster block by block (each block stays in cache while the rows go by), with
+    bitwise the same logits: each block is the same dot products."""
+    blocks = -(-weight.shape[0] // 2048)
+    return tuple(zip(weight.split(2048), bias.split(2048) if bias is not None else [None] * blocks))
