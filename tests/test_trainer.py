@@ -14,6 +14,7 @@ from grpo.config import Config
 from grpo.core import AGGREGATIONS, ESTIMATORS
 from grpo.logger import NullLogger
 from grpo.trainer import Trainer
+from tests.conftest import TEST_SEED, first_seed
 
 
 def make_cfg(tmp_path, model_dir, dataset, **kw) -> Config:
@@ -21,9 +22,22 @@ def make_cfg(tmp_path, model_dir, dataset, **kw) -> Config:
                 num_generations=4, prompts_per_step=2, per_device_train_batch_size=4, max_completion_length=8,
                 eval_prompts=4, eval_max_new_tokens=6, eval_pass_k=2, eval_pass_prompts=2,
                 rewards="tests.rewards_for_tests:digit_share", learning_rate=1e-2, temperature=1.0,
-                progress=False, report_to="none", log_completions_steps=1, seed=0, reward_timeout=0.0)
+                progress=False, report_to="none", log_completions_steps=1, seed=TEST_SEED, reward_timeout=0.0,
+                bf16=False)
     base.update(kw)
     return Config(**base)
+
+
+def signal_seed(tmp_path, model_dir, dataset, **kw) -> int:
+    """A seed (from GRPO_TEST_SEED on) whose step-1 draw has reward signal: a group whose rewards are
+    not all equal, so the first update moves the policy (a check that needs movement needs this)."""
+    def has_signal(seed: int) -> bool:
+        t = Trainer(make_cfg(tmp_path / f"probe{seed}", model_dir, dataset, **{**kw, "seed": seed}))
+        samples, ro = t.sample()
+        rewards, _ = t.score(samples, ro)
+        return bool((rewards.std(1) > 0).any())
+
+    return first_seed(has_signal, "reward signal at step 1")
 
 
 def _params(model):
@@ -71,8 +85,9 @@ def test_three_steps_every_aggregation_and_checkpoint_reloads(tmp_path, tiny_mod
 
 
 def test_mu_two_second_pass_moves_ratio_and_clips(tmp_path, tiny_model_dir, tiny_dataset):
-    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, num_iterations=2, learning_rate=0.5, eval_prompts=0,
-                   max_grad_norm=0.0, epsilon=0.05, beta=0.0)
+    kw = dict(num_iterations=2, learning_rate=0.5, eval_prompts=0, max_grad_norm=0.0, epsilon=0.05, beta=0.0)
+    seed = signal_seed(tmp_path, tiny_model_dir, tiny_dataset, **kw)
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, seed=seed, **kw)
     t = Trainer(cfg)
     t.logger = _Quiet()
     metrics = t.train_step()
@@ -131,8 +146,9 @@ def test_fast_rollout_backend_trains_the_same_trajectory(tmp_path, tiny_model_di
 
 
 def test_lora_reference_is_base_model(tmp_path, tiny_model_dir, tiny_dataset):
-    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, use_peft=True, lora_r=4, beta=0.1, eval_prompts=0,
-                   learning_rate=5e-2)
+    kw = dict(use_peft=True, lora_r=4, beta=0.1, eval_prompts=0, learning_rate=5e-2)
+    seed = signal_seed(tmp_path, tiny_model_dir, tiny_dataset, **kw)
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, seed=seed, **kw)
     t, before, _ = _run(cfg)
     assert t.models.reference is None  # no second copy in memory
     trainable = [k for k, p in t.policy.named_parameters() if p.requires_grad]
@@ -252,14 +268,16 @@ def test_zero_advantage_sequences_skip_the_backward_with_the_same_update(tmp_pat
     forward and backward pass gives the same loss and the same gradient."""
     kw = dict(eval_prompts=0, beta=0.0, rewards="tests.rewards_for_tests:has_digit", aggregation=aggregation, bf16=False,
               prompts_per_step=4, per_device_train_batch_size=8)
-    for seed in range(10):  # the first seed whose draw has both kinds of group (the check needs both)
-        full = _one_update(make_cfg(tmp_path / f"a{seed}", tiny_model_dir, tiny_dataset, skip_zero_advantage=False,
-                                    seed=seed, **kw))
-        r = full["rewards"]
-        if 0 < (r.std(1) == 0).sum().item() < r.shape[0]:
-            break
-    else:
-        pytest.fail("no seed in 0..9 drew both zero-variance and mixed groups")
+    updates = {}
+
+    def both_kinds(seed: int) -> bool:  # the check needs zero-variance and mixed groups in one draw
+        updates[seed] = _one_update(make_cfg(tmp_path / f"a{seed}", tiny_model_dir, tiny_dataset,
+                                             skip_zero_advantage=False, seed=seed, **kw))
+        r = updates[seed]["rewards"]
+        return 0 < (r.std(1) == 0).sum().item() < r.shape[0]
+
+    seed = first_seed(both_kinds, "both zero-variance and mixed groups at step 1")
+    full = updates[seed]
     skip = _one_update(make_cfg(tmp_path / "b", tiny_model_dir, tiny_dataset, skip_zero_advantage=True, seed=seed,
                                 **kw))
     assert full["metrics"]["trained_sequence_share"] == 1 and skip["metrics"]["trained_sequence_share"] < 1
