@@ -52,7 +52,7 @@ def test_train_then_eval_run_folder(capsys, tmp_path, tiny_model_dir, tiny_datas
     args = ["train", f"model={tiny_model_dir}", f"task={tiny_dataset}", f"output_dir={run}", "max_steps=2",
             "num_generations=4", "prompts_per_step=2", "per_device_train_batch_size=4", "max_completion_length=6",
             "eval_prompts=4", "eval_max_new_tokens=4", "eval_pass_k=2", "eval_pass_prompts=2", "progress=false",
-            "report_to=none", "rewards=tests.rewards_for_tests:digit_share"]
+            "report_to=none", "rewards=tests.rewards_for_tests:digit_share", "bf16=false"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "held-out greedy accuracy on 4 prompts" in out and str(run) in out
