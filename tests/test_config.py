@@ -47,7 +47,7 @@ def test_yaml_then_overrides(tmp_path):
     ("temperature=0", "temperature"),
     ("per_device_train_batch_size=5", "per_device_train_batch_size"),
     ("dual_clip=0.5", "dual_clip"),
-    ("num_generations=1", "num_generations"),
+    ("num_generations=1", r"num_generations: 'grpo' compares completions within a group and needs num_generations >= 2"),
     ("max_steps=2.5", "max_steps"),
     ("max_steps=25e-1", "max_steps"),  # e-notation is no way around a whole number
     ("max_steps=1.5e0", "max_steps"),
