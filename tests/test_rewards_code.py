@@ -180,10 +180,6 @@ def test_hostile_programs_do_not_starve_correct_ones_in_the_same_step():
     assert scores == [0.0 if p is hung else 1.0 for p in programs]
 
 
-def test_hostile_table_is_large_enough():
-    assert len(HOSTILE) >= 20
-
-
 @pytest.mark.parametrize("program,sample", [(GOOD_ASSERT, ASSERTS), (GOOD_IO, IO),
                                             ("def f(x):\n    return [x, x]\n", {"tests": ["assert f(1) == [1, 1]"]}),
                                             ("def f(x):\n    return x % 2 == 0\n",

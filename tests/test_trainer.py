@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 from grpo.batch import prepare_batch
 from grpo.config import Config
 from grpo.core import AGGREGATIONS, ESTIMATORS
+from grpo.evaluate import evaluate
 from grpo.logger import NullLogger
 from grpo.trainer import Trainer
 from tests.conftest import TEST_SEED, first_seed
@@ -80,7 +81,11 @@ def test_three_steps_every_aggregation_and_checkpoint_reloads(tmp_path, tiny_mod
         torch.testing.assert_close(v, t.policy.state_dict()[k])
     ev = json.loads((t.run_dir / "eval.json").read_text())
     assert set(ev) >= {"before", "after", "n_prompts"} and ev["n_prompts"] == 4
-    assert 0 <= ev["after"]["accuracy"] <= 1 and ev["after"]["pass@k"] is not None
+    # "after" is the checkpoint's greedy evaluation: the reloaded weights give the same answers
+    again = evaluate(reloaded, t.tok, t.task.eval, t.rewards.fns[cfg.reward_names[0]], system_prompt=cfg.system_prompt,
+                     max_new_tokens=cfg.eval_max_new_tokens)
+    assert (again["accuracy"], again["mean_length"]) == (ev["after"]["accuracy"], ev["after"]["mean_length"])
+    assert ev["after"]["k"] == 2 and ev["after"]["pass@k"] in (0.0, 0.5, 1.0)  # 2 prompts, n = k = 2
     assert (t.run_dir / "config.yaml").is_file() and (t.run_dir / "samples.jsonl").is_file()
 
 
@@ -229,8 +234,9 @@ def test_reward_that_hangs_is_cut_at_its_deadline(tmp_path, tiny_model_dir, tiny
 
 
 def test_ppo_shared_trunk_trains_head_and_body(tmp_path, tiny_model_dir, tiny_dataset):
-    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, advantage_estimator="gae", beta=0.05, eval_prompts=0,
-                   critic_learning_rate=1e-2, critic_shared_trunk=True, vf_coef=0.5)
+    kw = dict(advantage_estimator="gae", beta=0.05, eval_prompts=0, critic_learning_rate=1e-2,
+              critic_shared_trunk=True)
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, vf_coef=0.5, **kw)
     t = Trainer(cfg)
     assert t.critic.model is t.policy  # no second model in memory
     head_before = t.critic.head.weight.detach().clone()
@@ -238,6 +244,19 @@ def test_ppo_shared_trunk_trains_head_and_body(tmp_path, tiny_model_dir, tiny_da
     assert not torch.equal(head_before, t.critic.head.weight)
     line = _lines(t.run_dir)[-1]
     assert math.isfinite(line["value_loss"]) and math.isfinite(line["explained_variance"])
+    # the value loss reaches the body: the same draw with another vf_coef (only the value term's
+    # weight changed) gives the trunk another gradient. The head starts at zero, which passes no
+    # gradient back; here it starts from the same random values in both runs
+    def random_head(trainer, _batch):
+        with torch.no_grad():
+            trainer.critic.head.weight.copy_(torch.randn(trainer.critic.head.weight.shape,
+                                                         generator=torch.Generator().manual_seed(1)))
+
+    grads = [_one_update(make_cfg(tmp_path / f"vf{c}", tiny_model_dir, tiny_dataset, vf_coef=c, **kw),
+                         before_update=random_head)["grads"] for c in (0.5, 2.0)]
+    assert grads[0].keys() == grads[1].keys()
+    trunk = [k for k in grads[0] if "layers." in k]
+    assert trunk and any(not torch.allclose(grads[0][k], grads[1][k], atol=1e-7, rtol=1e-4) for k in trunk)
 
 
 def _one_update(cfg, *, perturb_reference: bool = False, before_update=None) -> dict:
