@@ -172,7 +172,7 @@ def test_hostile_programs_do_not_starve_correct_ones_in_the_same_step():
     starts when its own first test runs, so it is still graded 1 (reviewer's case: 3 of 32 hung)."""
     import concurrent.futures as cf
 
-    g = CodeGrader(test_timeout=1.0, program_timeout=2.5, slots=2)
+    g = CodeGrader(test_timeout=2.0, program_timeout=5.0, slots=2)  # a busy host may start a sandbox slowly
     hung = "def f(x):\n    while True:\n        pass\n"
     programs = [hung if i % 4 == 0 else GOOD_ASSERT for i in range(12)]
     with cf.ThreadPoolExecutor(12) as ex:
