@@ -71,7 +71,7 @@ class Config:
     prompts_per_step: int = 4
     """B: prompts per optimisation step; a step trains on B * G completions."""
     max_prompt_length: int = 256
-    """Prompts longer than this many tokens are cut from the left."""
+    """Prompts longer than this many tokens are cut from the left, so the chat template's generation prompt at the end stays; each step counts them (`prompts_truncated`, with one warning the first time), as does evaluation."""
     max_completion_length: int = 32
     """Most new tokens sampled per completion; longer ones are truncated (and flagged)."""
     temperature: float = 0.8

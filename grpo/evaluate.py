@@ -35,22 +35,24 @@ def evaluate(model, tokenizer, samples: list[dict], verifier, *, system_prompt: 
 
     A completion is correct when ``verifier(completion, sample) >= 1`` (the task's first reward).
     Returns {"accuracy", "pass@k" (or None), "k", "n_prompts", "mean_length", "truncated_share",
-    "seconds", "examples"}.
+    "prompts_truncated" (prompts cut from the left to ``max_prompt_length``), "seconds", "examples"}.
     """
     start = time.perf_counter()
     prompts = [render_prompt(tokenizer, s["prompt"], system_prompt) for s in samples]
-    correct, lengths, truncated, examples = [], [], [], []
+    correct, lengths, truncated, examples, n_cut = [], [], [], [], 0
     for i in range(0, len(samples), batch_size):
         ro = generate_rollout(model, tokenizer, prompts[i:i + batch_size], group_size=1, greedy=True,
                               max_new_tokens=max_new_tokens, max_prompt_length=max_prompt_length, synced=synced)
         correct += _correct(ro.texts, samples[i:i + batch_size], verifier)
         lengths += ro.lengths.tolist()
         truncated += ro.truncated.tolist()
+        n_cut += ro.prompts_truncated
         examples += [{"prompt": samples[i + j]["prompt"], "answer": samples[i + j]["answer"], "completion": t}
                      for j, t in enumerate(ro.texts[:2])] if len(examples) < 6 else []
     result = {"accuracy": sum(correct) / max(len(correct), 1), "n_prompts": len(samples),
               "mean_length": sum(lengths) / max(len(lengths), 1),
-              "truncated_share": sum(truncated) / max(len(truncated), 1), "pass@k": None, "k": pass_k}
+              "truncated_share": sum(truncated) / max(len(truncated), 1), "pass@k": None, "k": pass_k,
+              "prompts_truncated": n_cut}
     if pass_k and pass_prompts:
         sub = samples[:pass_prompts]
         per_batch = max(1, batch_size // pass_k)

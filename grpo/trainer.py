@@ -96,6 +96,7 @@ class Trainer:
         self.skipped_updates = 0
         self.consecutive_skips = 0
         self.reward_failures = 0
+        self.prompts_truncated = 0  # this run's sampled prompts cut to max_prompt_length (every process)
         self.ref_reset_at = 0  # step at which the reference last became a copy of the policy
         self._stop_signal: str | None = None
         self.fuse_reason: str | None = None
@@ -180,7 +181,16 @@ class Trainer:
                             keys=keys, synced=self.sharded, kernels=cfg.decode_kernels)
         for msg in take_messages():  # what the rollout measured or read about this machine's kernels, once
             self.logger.note(msg)
+        self._count_truncated(int(dist_io.all_sum(torch.tensor(ro.prompts_truncated), world)))
         return samples, ro
+
+    def _count_truncated(self, n: int) -> None:
+        """Count prompts cut to max_prompt_length; the first time, say so (they keep their end, the
+        generation prompt, and lose their start, which may hold the question)."""
+        if n and not self.prompts_truncated:
+            self.logger.note(f"[yellow]{n} prompt(s) longer than max_prompt_length={self.cfg.max_prompt_length} "
+                             "tokens were cut from the left (counted in metrics as prompts_truncated)")
+        self.prompts_truncated += n
 
     def score(self, samples: list[dict], ro: Rollout) -> tuple[torch.Tensor, dict]:
         """Rewards [B, G] of the whole step, gathered from every process (NaN where a reward
@@ -324,7 +334,7 @@ class Trainer:
 
     def train_step(self) -> dict:
         cfg = self.cfg
-        t0 = time.perf_counter()
+        t0, cut_before = time.perf_counter(), self.prompts_truncated
         if cfg.ref_reset_steps and self.step and self.step % cfg.ref_reset_steps == 0:
             reset_reference(self.models.reference, self.policy)
             self.ref_reset_at = self.step
@@ -340,7 +350,7 @@ class Trainer:
         self.step += 1
         metrics.update(generation_seconds=ro.seconds, rollout_backend=ro.backend,
                        tokens_per_second=float(ro.lengths.sum()) * self.world.size / max(ro.seconds, 1e-9),
-                       step_seconds=time.perf_counter() - t0)
+                       step_seconds=time.perf_counter() - t0, prompts_truncated=self.prompts_truncated - cut_before)
         if cfg.consistency_steps and self.step % cfg.consistency_steps == 0:
             metrics.update(stab.consistency(self))
         self.fuse_reason = self.stability.after_step(metrics)  # controllers move the next step's knobs

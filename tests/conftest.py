@@ -1,9 +1,15 @@
 """Shared fixtures: a tiny randomly initialised Llama and a byte-level tokenizer with a chat template,
-saved to a folder so tests load them through the real ``from_pretrained`` path."""
+saved to a folder so tests load them through the real ``from_pretrained`` path.
+
+``GRPO_TEST_SEED`` (default 0) is the global seed of the tiny-model tests: the random model's weights
+and the training runs' ``seed``. Those tests must pass for any value (``GRPO_TEST_SEED=3 make test``);
+a test whose check needs a property of the draw (step 1 has reward signal) searches seeds from it
+with ``first_seed`` and fails loudly when none has the property."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -31,6 +37,18 @@ def build_tokenizer():
     return fast
 
 
+TEST_SEED = int(os.environ.get("GRPO_TEST_SEED", "0"))
+
+
+def first_seed(has_property, what: str, tries: int = 10) -> int:
+    """The first seed from TEST_SEED on for which ``has_property(seed)`` holds; fails the test, naming
+    ``what``, when none of ``tries`` seeds does (the check it guards could not be made)."""
+    for seed in range(TEST_SEED, TEST_SEED + tries):
+        if has_property(seed):
+            return seed
+    pytest.fail(f"no seed in {TEST_SEED}..{TEST_SEED + tries - 1} has {what}")
+
+
 def need_native() -> None:
     """Skip where no C compiler is installed (the native decode ops are optional); where one is, the
     build must succeed."""
@@ -56,7 +74,7 @@ def tiny_model_dir(tmp_path_factory):
     """A folder with a tiny random Llama and its tokenizer, loadable by from_pretrained."""
     path = tmp_path_factory.mktemp("tiny-llama")
     tok = build_tokenizer()
-    model = build_tiny_model(len(tok), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    model = build_tiny_model(len(tok), seed=TEST_SEED, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(path)

@@ -47,7 +47,6 @@ def test_yaml_then_overrides(tmp_path):
     ("temperature=0", "temperature"),
     ("per_device_train_batch_size=5", "per_device_train_batch_size"),
     ("dual_clip=0.5", "dual_clip"),
-    ("num_generations=1", "num_generations"),
     ("max_steps=2.5", "max_steps"),
     ("max_steps=25e-1", "max_steps"),  # e-notation is no way around a whole number
     ("max_steps=1.5e0", "max_steps"),
@@ -75,6 +74,13 @@ def test_unknown_key_suggests_close_match(tmp_path):
     p.write_text("lernin_rate: 0.1\n")
     with pytest.raises(ConfigError, match=str(p)):
         load_config(p)
+
+
+def test_group_of_one_needs_num_generations_at_least_two_with_a_group_estimator():
+    # the G >= 2 rule's own message: G = 1 would also break the micro-batch divisibility rule here
+    with pytest.raises(ConfigError, match="num_generations: 'grpo' compares completions within a group "
+                                          "and needs num_generations >= 2, got 1"):
+        load_config(None, ["num_generations=1", "per_device_train_batch_size=4"])
 
 
 def test_group_of_one_allowed_without_group_estimator():

@@ -46,13 +46,19 @@ def test_in_process_mode_matches_worker_mode():
 
 
 def test_a_deadline_shorter_than_worker_start_up_still_grades():
-    """A spawned worker takes seconds to import the package; that start-up is waited for outside the
-    deadline, so a 0.3 s deadline grades every sample, and again after a timeout replaced the pool
-    (review: with start-up inside the deadline every call timed out and every new pool was killed)."""
-    r = RewardRunner([H + "hangs_on_hang"], None, timeout=0.3)
+    """A spawned worker imports the rewards before its first call; that start-up is waited for outside
+    the deadline, so a deadline shorter than the start-up (here by construction: the reward module
+    sleeps 4 s on import, the deadline is 2 s) grades every sample, and again after a timeout
+    replaced the pool (review: with start-up inside the deadline every call timed out and every new
+    pool was killed)."""
+    from tests.rewards_slow_import import IMPORT_SECONDS
+
+    name = "tests.rewards_slow_import:hangs_on_hang"
+    deadline = IMPORT_SECONDS / 2
+    r = RewardRunner([name], None, timeout=deadline)
     try:
         res = r.score(["ok 1", "ok 2", "hang", "ok 1"], [{"answer": "1"}] * 4)
-        vals = res.per_reward[H + "hangs_on_hang"].tolist()
+        vals = res.per_reward[name].tolist()
         assert vals[0] == vals[1] == vals[3] == 1.0 and vals[2] != vals[2]  # NaN: the hung call
         assert r.timeouts == 1
     finally:

@@ -15,8 +15,9 @@ from grpo.cli import main as cli_main
 from grpo.config import Config, ConfigError
 from grpo.stability import AdaptiveKL, BandController, Fuse, concat_rollouts, select_rollout
 from grpo.trainer import Trainer
+from tests.conftest import TEST_SEED
 from tests.test_checkpoint import metric_lines, weights_hash
-from tests.test_trainer import make_cfg
+from tests.test_trainer import make_cfg, signal_seed
 
 
 def _lines(t):
@@ -134,32 +135,44 @@ def test_dynamic_sampling_keeps_zero_variance_groups_out_of_the_loss(tmp_path, t
     assert all(l["trained_groups"] == 2 for l in on)
 
 
+def _mean(xs):
+    return sum(xs) / len(xs)
+
+
 def test_entropy_target_holds_entropy_in_its_band(tmp_path, tiny_model_dir, tiny_dataset):
-    """Temperature knob: it acts on the very next rollout, so after a short transient every step is
-    inside the band."""
+    """Temperature knob: it acts on the very next rollout, so after a short transient entropy stays in
+    the band on average, where uncontrolled it collapses. (Statistics rather than one trajectory's
+    values: single steps dip below the band, at any seed. Measured over seeds 0-8, fp32: uncontrolled
+    step 12 at most 4.04; controlled last-6 mean 5.07-5.19, lowest of the last 6 steps 4.75; the last
+    temperature 2.1-3.4 times its lowest.)"""
     kw = dict(max_steps=12, learning_rate=0.03)
     _, off = _train(tmp_path, "off", tiny_model_dir, tiny_dataset, **kw)
-    assert off[-1]["entropy"] < 4.9  # uncontrolled, this learning rate collapses entropy (about 2.1)
+    assert off[-1]["entropy"] < 4.9  # uncontrolled, this learning rate collapses entropy
     _, on = _train(tmp_path, "on", tiny_model_dir, tiny_dataset, entropy_target_band=[4.9, 5.6],
                    entropy_target_knob="temperature", controller_factor=1.5, **kw)
     seen = [round(l["entropy"], 3) for l in on]
-    assert all(4.85 <= e <= 5.65 for e in seen[4:]), seen  # a step's sampling noise may graze the edge
-    assert all(4.9 <= e <= 5.6 for e in seen[-6:]), seen
-    assert on[-1]["temperature"] > on[0]["temperature"]  # ... because the controller raised the knob
+    assert 4.9 <= _mean(seen[-6:]) <= 5.6, seen
+    assert min(seen[-6:]) > 4.5, seen  # a step's sampling noise may leave the band, never far
+    temps = [l["temperature"] for l in on]
+    assert temps[-1] > 1.5 * min(temps), temps  # ... because the controller raised the knob
 
 
 def test_entropy_coef_knob_pulls_entropy_back_into_its_band(tmp_path, tiny_model_dir, tiny_dataset):
     """entropy_coef knob: the bonus acts through the weights, a step or two late, so entropy may dip
     below the band before the raised coefficient pulls it back; it never collapses as without control.
-    (Measured on seeds 0-2: lowest 4.47 / 4.51 / 4.29, back in the band by step 16; uncontrolled 2.1
-    at step 12.)"""
+    (Measured over seeds 0-8, fp32, 18 steps: controlled lowest 4.12-4.81, last step 0.54-1.28 above
+    the lowest; uncontrolled last step 0.01-1.6.)"""
     kw = dict(max_steps=18, learning_rate=0.03)
+    _, off = _train(tmp_path, "off", tiny_model_dir, tiny_dataset, **kw)
     _, on = _train(tmp_path, "on", tiny_model_dir, tiny_dataset, entropy_target_band=[4.9, 5.6],
                    entropy_target_knob="entropy_coef", controller_factor=3.0, entropy_coef=0.05, **kw)
     ent = [round(l["entropy"], 3) for l in on]
-    assert min(ent) > 4.0, ent
-    assert all(4.9 <= e <= 5.6 for e in ent[-2:]), ent
-    assert on[-1]["entropy_coef"] > on[0]["entropy_coef"]
+    assert min(ent) > off[-1]["entropy"] + 2.0, (ent, off[-1]["entropy"])
+    assert ent[-1] > min(ent) + 0.3, ent  # pulled back up after its lowest point
+    coef = [l["entropy_coef"] for l in on]
+    assert coef[-1] > coef[0]
+    # the coefficient rises only after a step below the band
+    assert all(ent[i] < 4.9 for i in range(len(coef) - 1) if coef[i + 1] > coef[i]), (ent, coef)
 
 
 def test_adaptive_clipping_brings_clip_fraction_into_band(tmp_path, tiny_model_dir, tiny_dataset):
@@ -176,24 +189,29 @@ def test_adaptive_clipping_brings_clip_fraction_into_band(tmp_path, tiny_model_d
 
 
 def test_fuse_stops_the_run_with_a_checkpoint(tmp_path, tiny_model_dir, tiny_dataset, capsys):
-    # a high learning rate drives KL up from 0 at step 1: out of [.., 1e-3] at steps 2 and 3
+    # a high learning rate drives KL up from 0 at step 1 out of [.., 1e-3]: the fuse blows at the first
+    # step that is the second consecutive one outside (step 3 at most seeds), never earlier
     argv = ["train", f"model={tiny_model_dir}", f"task={tiny_dataset}", f"output_dir={tmp_path / 'run'}",
             "max_steps=8", "num_generations=4", "prompts_per_step=2", "per_device_train_batch_size=4",
             "max_completion_length=8", "eval_prompts=0", "rewards=tests.rewards_for_tests:digit_share",
             "learning_rate=0.05", "temperature=1.0", "progress=false", "report_to=none", "reward_timeout=0",
-            "fuse_metric=kl", "fuse_max=0.001", "fuse_patience=2"]
+            "fuse_metric=kl", "fuse_max=0.001", "fuse_patience=2", f"seed={TEST_SEED}", "bf16=false"]
     assert cli_main(argv) == 2
     err = capsys.readouterr().err
-    assert "fuse: kl" in err and "2 consecutive steps" in err and "step-3" in err
     lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [l["step"] for l in lines] == [1, 2, 3] and lines[2]["kl"] > 1e-3
-    assert (tmp_path / "run" / "checkpoints" / "step-3" / STATE_FILE).is_file()
-    assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step-3"
+    out = [l["kl"] > 1e-3 for l in lines]
+    stop = len(lines)
+    assert [l["step"] for l in lines] == list(range(1, stop + 1))
+    assert out[-2:] == [True, True] and not any(a and b for a, b in zip(out[:-2], out[1:-1])), lines
+    assert "fuse: kl" in err and "2 consecutive steps" in err and f"step-{stop}" in err
+    assert (tmp_path / "run" / "checkpoints" / f"step-{stop}" / STATE_FILE).is_file()
+    assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == f"step-{stop}"
 
 
 def test_adaptive_kl_raises_beta_while_kl_exceeds_target(tmp_path, tiny_model_dir, tiny_dataset):
-    _, lines = _train(tmp_path, "kl", tiny_model_dir, tiny_dataset, max_steps=4, learning_rate=0.05,
-                      beta=0.04, kl_target=1e-4, kl_adapt_rate=0.5)
+    kw = dict(max_steps=4, learning_rate=0.05, beta=0.04, kl_target=1e-4, kl_adapt_rate=0.5)
+    seed = signal_seed(tmp_path, tiny_model_dir, tiny_dataset, **kw)  # step 1 moves the policy: KL > 0 at step 2
+    _, lines = _train(tmp_path, "kl", tiny_model_dir, tiny_dataset, seed=seed, **kw)
     # step 1 trains with beta 0.04 and KL 0 (policy == reference): beta * (1 - 0.5 * 0.2) = 0.036
     assert lines[0]["beta"] == 0.04 and lines[1]["beta"] == pytest.approx(0.036)
     # once KL >> target every step multiplies beta by 1.1
@@ -230,10 +248,11 @@ def test_policy_filter_and_cov_modes_act_in_training(tmp_path, tiny_model_dir, t
     t2, pf = _train(tmp_path, "pf_all", tiny_model_dir, tiny_dataset, max_steps=1, policy_filter="variance",
                     policy_filter_min_std=1e9, beta=0.0)
     assert pf[0]["policy_filter_kept_share"] == 0 and pf[0]["grad_norm"] == 0
-    _, plain = _train(tmp_path, "plain", tiny_model_dir, tiny_dataset, max_steps=2, num_iterations=2)
+    seed = signal_seed(tmp_path, tiny_model_dir, tiny_dataset, num_iterations=2)  # covariance to select by
+    _, plain = _train(tmp_path, "plain", tiny_model_dir, tiny_dataset, max_steps=2, num_iterations=2, seed=seed)
     for mode in ("clip_cov", "kl_cov"):
         _, cov = _train(tmp_path, mode, tiny_model_dir, tiny_dataset, max_steps=2, cov_mode=mode,
-                        cov_fraction=0.05, num_iterations=2)
+                        cov_fraction=0.05, num_iterations=2, seed=seed)
         # same rollouts (keyed sampling), different gradient: the selected tokens changed the update
         assert cov[0]["reward_mean"] == plain[0]["reward_mean"]
         assert cov[0]["grad_norm"] != pytest.approx(plain[0]["grad_norm"], rel=1e-6)

@@ -30,6 +30,7 @@ import sys
 import threading
 from pathlib import Path
 
+from grpo.lifetime import die_with_parent
 from grpo.rewards.answers import NUMBER, THOUSANDS, all_boxed, numbers_in, parse_number
 
 PLAIN_NUMBER = re.compile(r"\$?-?\d+(?:\.\d+)?\s*(?:\\?%)?\$?")
@@ -144,24 +145,11 @@ def _single_value(obj) -> bool:
     return isinstance(obj, sympy.Basic) and bool(obj.is_number)
 
 
-def _die_with_parent() -> None:
-    """SIGKILL this worker when the thread that started it ends (Linux PR_SET_PDEATHSIG): a parent killed
-    mid-call must not leave a worker computing for ever (a C-level bigint power holds the GIL, so no
-    watchdog thread could stop it)."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:  # the parent was already gone before prctl took effect
-        os._exit(1)
-
-
-def _serve() -> None:
-    """Worker loop: one JSON request per stdin line -> one JSON reply per line on the original stdout."""
-    _die_with_parent()
+def _serve(parent_pid: int) -> None:
+    """Worker loop: one JSON request per stdin line -> one JSON reply per line on the original stdout.
+    The worker dies with the thread that started it: a parent killed mid-call must not leave a worker
+    computing for ever (a C-level bigint power holds the GIL, so no watchdog thread could stop it)."""
+    die_with_parent(parent_pid)
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything the libraries print goes to stderr, never into the protocol
     import logging
@@ -192,7 +180,7 @@ class _Worker:
     def __init__(self, start_timeout: float):
         root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-        self.proc = subprocess.Popen([sys.executable, "-c", "from grpo.rewards.mathverify import _serve; _serve()"],
+        self.proc = subprocess.Popen([sys.executable, "-c", f"from grpo.rewards.mathverify import _serve; _serve({os.getpid()})"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                                      start_new_session=True)
         if (_readline(self.proc, start_timeout) or "").strip() != "ready":

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing as mp
+import os
 
+from grpo.lifetime import die_with_parent
 from grpo.rewards.builtin import resolve_reward
 from grpo.rewards.scoring import RewardResult, score_completions
 
@@ -60,8 +62,11 @@ class RewardRunner:
         self._pool: cf.ProcessPoolExecutor | None = None
 
     def _new_pool(self) -> cf.ProcessPoolExecutor:
-        # spawn, not fork: the trainer's process holds torch's thread pools, which a fork can deadlock
-        pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+        # spawn, not fork: the trainer's process holds torch's thread pools, which a fork can deadlock.
+        # The workers die with the trainer; they hold the write end of multiprocessing's resource
+        # tracker pipe, so with them gone the tracker sees EOF and exits too.
+        pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"), initializer=die_with_parent,
+                                      initargs=(os.getpid(),))
         # a fresh worker imports the package (seconds on a busy host) before its first call: that
         # start-up is waited for here, outside every reward's deadline, or a deadline shorter than the
         # start-up would fail every call and kill every new pool, for ever

@@ -23,10 +23,32 @@ class Rollout:
     texts: list[str]  # decoded completions, special tokens removed
     backend: str  # which sampler produced it
     seconds: float  # wall time of sampling
+    prompts_truncated: int = 0  # prompts (not rows) the sampling call cut to max_prompt_length (0 in a selection)
 
     @property
     def lengths(self) -> Tensor:  # [N]
         return self.completion_mask.sum(1)
+
+
+def encode_prompts(tokenizer, prompts: list[str], max_length: int) -> tuple[Tensor, Tensor, int]:
+    """Token ids [B, P] and mask [B, P] of rendered prompts, left-padded, each cut to its last
+    ``max_length`` tokens, and how many were cut. The end is kept because the chat template puts the
+    generation prompt (the assistant header) there: cut from the right, the model would continue the
+    user's text instead of answering. Padding and truncation are done here rather than through the
+    tokenizer's ``padding_side`` / ``truncation_side`` so a caller's tokenizer is left as it was."""
+    if tokenizer.pad_token_id is None:
+        raise ValueError("tokenizer: no pad token (set tokenizer.pad_token, e.g. to its eos_token)")
+    rows = tokenizer(prompts, add_special_tokens=False, verbose=False)["input_ids"]
+    n_cut = sum(len(r) > max_length for r in rows)
+    rows = [r[len(r) - max_length:] if len(r) > max_length else r for r in rows]
+    width = max((len(r) for r in rows), default=0)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)  # [B, P]
+    mask = torch.zeros(len(rows), width, dtype=torch.long)  # [B, P]
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+            mask[i, width - len(r):] = 1
+    return ids, mask, n_cut
 
 
 def completion_mask_from_ids(ids: Tensor, eos_ids: list[int]) -> dict[str, Tensor]:
@@ -41,7 +63,8 @@ def completion_mask_from_ids(ids: Tensor, eos_ids: list[int]) -> dict[str, Tenso
 
 
 def finish_rollout(tokenizer, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, eos_ids: list[int], *,
-                   sampling_logp: Tensor | None, backend: str, seconds: float) -> Rollout:
+                   sampling_logp: Tensor | None, backend: str, seconds: float,
+                   prompts_truncated: int = 0) -> Rollout:
     """The Rollout of sampled ids [N, T] as every backend returns it: the mask up to the first EOS,
     padding after it, sampling log-probs zeroed off the mask, decoded texts."""
     done = completion_mask_from_ids(completion_ids, eos_ids)
@@ -52,4 +75,4 @@ def finish_rollout(tokenizer, prompt_ids: Tensor, prompt_mask: Tensor, completio
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
                    completion_mask=mask, truncated=done["truncated"], sampling_logp=sampling_logp, texts=texts,
-                   backend=backend, seconds=seconds)
+                   backend=backend, seconds=seconds, prompts_truncated=prompts_truncated)

@@ -24,7 +24,7 @@ import time
 import torch
 
 from grpo.core import token_logprobs
-from grpo.rollout.base import Rollout, finish_rollout
+from grpo.rollout.base import Rollout, encode_prompts, finish_rollout
 from grpo.rollout.hf import KeyedSampler, eos_token_ids
 from grpo.rollout import native
 from grpo.rollout.fused import FusedDecoder, RowCache, fused_unsupported_reason
@@ -161,11 +161,9 @@ def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_n
     if reason is not None:
         raise ValueError(f"rollout_backend fast: {reason}")
     start = time.perf_counter()
-    tokenizer.padding_side = "left"
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, truncation=True, max_length=max_prompt_length,
-                    add_special_tokens=False)
+    ids, pmask, n_cut = encode_prompts(tokenizer, prompts, max_prompt_length)  # [B, P] each
     device = next(model.parameters()).device
-    ids, pmask = enc["input_ids"].to(device), enc["attention_mask"].to(device)  # [B, P]
+    ids, pmask = ids.to(device), pmask.to(device)  # [B, P]
     g, n_rows = group_size, ids.shape[0] * group_size
     if keys is not None and len(keys) != n_rows:
         raise ValueError(f"keys: {len(keys)} given for {n_rows} rows")
@@ -180,7 +178,8 @@ def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_n
     finally:
         model.train(was_training)
     return finish_rollout(tokenizer, ids.repeat_interleave(g, 0), pmask.repeat_interleave(g, 0), out["ids"], eos,
-                          sampling_logp=out["logp"], backend="fast", seconds=time.perf_counter() - start)
+                          sampling_logp=out["logp"], backend="fast", seconds=time.perf_counter() - start,
+                          prompts_truncated=n_cut)
 
 
 def decode_ids(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new_tokens: int, eos: list[int],

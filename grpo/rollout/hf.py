@@ -8,7 +8,7 @@ import torch
 
 from grpo.core import token_logprobs
 from grpo.rollout import native
-from grpo.rollout.base import Rollout, finish_rollout
+from grpo.rollout.base import Rollout, encode_prompts, finish_rollout
 
 
 GOLDEN, MIX1, MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # splitmix64's constants
@@ -132,12 +132,10 @@ def generate_rollout(model, tokenizer, prompts: list[str], *, group_size: int, m
     sharded forward is a collective).
     """
     start = time.perf_counter()
-    tokenizer.padding_side = "left"
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, truncation=True, max_length=max_prompt_length,
-                    add_special_tokens=False)
+    ids, pmask, n_cut = encode_prompts(tokenizer, prompts, max_prompt_length)  # [B, P] each
     device = next(model.parameters()).device
-    prompt_ids = enc["input_ids"].to(device).repeat_interleave(group_size, 0)  # [N, P]
-    prompt_mask = enc["attention_mask"].to(device).repeat_interleave(group_size, 0)  # [N, P]
+    prompt_ids = ids.to(device).repeat_interleave(group_size, 0)  # [N, P]
+    prompt_mask = pmask.to(device).repeat_interleave(group_size, 0)  # [N, P]
     eos = eos_token_ids(model, tokenizer)
     kwargs = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id,
                   return_dict_in_generate=True, output_logits=with_logprobs and not greedy, synced_gpus=synced)
@@ -160,4 +158,4 @@ def generate_rollout(model, tokenizer, prompts: list[str], *, group_size: int, m
         logits = torch.stack(out.logits, dim=1)  # [N, T, V] raw logits of each decoding step
         sampling_logp = token_logprobs(logits, completion_ids, temperature=temperature)  # [N, T]
     return finish_rollout(tokenizer, prompt_ids, prompt_mask, completion_ids, eos, sampling_logp=sampling_logp,
-                          backend="hf", seconds=time.perf_counter() - start)
+                          backend="hf", seconds=time.perf_counter() - start, prompts_truncated=n_cut)

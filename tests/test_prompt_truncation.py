@@ -1,0 +1,99 @@
+"""Prompts longer than max_prompt_length keep their end (the chat template's generation prompt) on
+both rollout backends, in evaluation and in training, and each cut is counted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from grpo.data import render_prompt
+from grpo.evaluate import evaluate
+from grpo.rollout import fast_rollout, generate_rollout
+from grpo.rollout.base import encode_prompts
+from grpo.trainer import Trainer
+
+from tests.test_trainer import make_cfg
+
+LIMIT = 24
+GENERATION_PROMPT = "<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    # the opposite of what the rollout needs: the result must not depend on these, nor change them
+    tok.padding_side, tok.truncation_side = "right", "right"
+    return model, tok
+
+
+def _prompts(tok) -> list[str]:
+    long_q = "What is " + " + ".join(["1"] * 30) + "?"  # far over LIMIT tokens
+    return [render_prompt(tok, q, "") for q in (long_q, "1+1?", long_q + " again")]
+
+
+def _ids(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def test_encode_keeps_each_prompts_last_tokens_and_counts_the_cut(tiny):
+    _, tok = tiny
+    prompts = _prompts(tok)
+    ids, mask, n_cut = encode_prompts(tok, prompts, LIMIT)
+    full = [_ids(tok, p) for p in prompts]
+    assert n_cut == sum(len(f) > LIMIT for f in full) == 2
+    assert ids.shape == mask.shape == (3, LIMIT)
+    tail = _ids(tok, GENERATION_PROMPT)
+    for row, m, f in zip(ids, mask, full):
+        kept = row[m.bool()].tolist()
+        assert kept == f[-LIMIT:]  # the end, not the start
+        assert kept[-len(tail):] == tail
+        assert m.tolist() == sorted(m.tolist())  # left-padded: padding only before the tokens
+    assert (tok.padding_side, tok.truncation_side) == ("right", "right")
+
+
+@pytest.mark.parametrize("backend", [generate_rollout, fast_rollout], ids=["hf", "fast"])
+def test_both_backends_sample_from_the_kept_end(tiny, backend):
+    """The model sees the kept end: greedy completions of the long prompts equal those of the same
+    prompts cut by hand to their last LIMIT tokens (which need no cut)."""
+    model, tok = tiny
+    prompts = _prompts(tok)
+    ro = backend(model, tok, prompts, group_size=2, max_new_tokens=5, greedy=True, max_prompt_length=LIMIT)
+    assert ro.prompts_truncated == 2
+    pre_cut = [tok.decode(_ids(tok, p)[-LIMIT:]) for p in prompts]
+    assert [_ids(tok, p) for p in pre_cut] == [_ids(tok, p)[-LIMIT:] for p in prompts]  # a lossless round trip
+    ref = backend(model, tok, pre_cut, group_size=2, max_new_tokens=5, greedy=True, max_prompt_length=LIMIT)
+    assert ref.prompts_truncated == 0
+    assert torch.equal(ro.prompt_ids, ref.prompt_ids) and ro.texts == ref.texts
+    tail = _ids(tok, GENERATION_PROMPT)
+    assert all(row[-len(tail):].tolist() == tail for row in ro.prompt_ids)
+
+
+def test_evaluation_counts_the_prompts_it_cut(tiny):
+    model, tok = tiny
+    long_q = "What is " + " + ".join(["1"] * 30) + "?"
+    samples = [{"prompt": long_q, "answer": "30"}, {"prompt": "1+1?", "answer": "2"},
+               {"prompt": long_q, "answer": "30"}]
+
+    def verifier(completion, sample):
+        return 0.0
+
+    for max_len, expected in ((LIMIT, 2), (4096, 0)):
+        res = evaluate(model, tok, samples, verifier, system_prompt="", max_new_tokens=3, batch_size=2,
+                       max_prompt_length=max_len)
+        assert res["prompts_truncated"] == expected
+
+
+def test_training_counts_cut_prompts_per_step_and_warns_once(tmp_path, tiny_model_dir, tiny_dataset, capsys):
+    """Every training prompt (a long system prompt) is over the limit: each step counts its B
+    prompts, and the run says so once."""
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, eval_prompts=0, max_steps=2, bf16=False,
+                   system_prompt="Think step by step. " * 4, max_prompt_length=LIMIT)
+    t = Trainer(cfg)
+    t.train()
+    lines = [json.loads(line) for line in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["prompts_truncated"] for line in lines] == [cfg.prompts_per_step] * 2
+    assert capsys.readouterr().out.count("cut from the left") == 1
