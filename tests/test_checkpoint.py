@@ -122,7 +122,7 @@ Trainer(cfg).train()
 """
 
 
-def test_sigkill_during_checkpoint_write_keeps_previous(tmp_path, tiny_model_dir, tiny_dataset):
+def test_sigkill_during_checkpoint_write_keeps_previous(tmp_path, tiny_model_dir, tiny_dataset, capsys):
     flag = tmp_path / "flag"
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     proc = subprocess.Popen([sys.executable, "-c", _KILL_SCRIPT, str(tmp_path), str(tiny_model_dir), str(flag),
@@ -139,8 +139,11 @@ def test_sigkill_during_checkpoint_write_keeps_previous(tmp_path, tiny_model_dir
     resumed = Trainer(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, eval_prompts=0, max_steps=3, save_steps=1,
                                resume_from_checkpoint="auto"))
     assert resumed.step == 1
+    capsys.readouterr()
     resumed.train()
     assert resumed.step == 3 and [l["step"] for l in metric_lines(run)] == [1, 2, 3]
+    out = capsys.readouterr().out  # the unfinished write is reported, by name
+    assert any(".tmp-step-2" in line and "did not finish" in line for line in out.splitlines()), out
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
