@@ -192,6 +192,29 @@ def test_non_finite_gradients_skip_then_abort(tmp_path, tiny_model_dir, tiny_dat
     assert t.skipped_updates == 2 and weights_hash(t.policy) == after_good_step
 
 
+def test_finite_loss_with_a_non_finite_gradient_skips_the_update(tmp_path, tiny_model_dir, tiny_dataset):
+    """A finite loss can still give a non-finite gradient norm (an overflow inside the backward): the
+    update is skipped and counted all the same, and the next good step trains and resets the run of
+    skips."""
+    import math
+
+    import torch
+
+    kw = dict(max_steps=10, num_iterations=1, skip_zero_advantage=False)  # every step runs a backward
+    t = Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, **kw))
+    t.logger = type("Quiet", (), {"note": lambda *a: None, "log_samples": lambda *a: None})()
+    t.train_step()
+    before = weights_hash(t.policy)
+    param = next(p for p in t.policy.parameters() if p.requires_grad)
+    hook = param.register_hook(lambda g: torch.full_like(g, float("inf")))  # this parameter's gradient overflows
+    m = t.train_step()
+    hook.remove()
+    assert math.isfinite(m["loss"]) and not math.isfinite(m["grad_norm"])
+    assert t.skipped_updates == 1 and t.consecutive_skips == 1 and weights_hash(t.policy) == before
+    t.train_step()
+    assert t.skipped_updates == 1 and t.consecutive_skips == 0 and weights_hash(t.policy) != before
+
+
 def test_resume_with_another_model_is_refused(tmp_path, tiny_model_dir, tiny_dataset):
     t = Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, max_steps=1, num_iterations=1))
     t.train()
