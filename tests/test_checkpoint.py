@@ -122,7 +122,7 @@ Trainer(cfg).train()
 """
 
 
-def test_sigkill_during_checkpoint_write_keeps_previous(tmp_path, tiny_model_dir, tiny_dataset):
+def test_sigkill_during_checkpoint_write_keeps_previous(tmp_path, tiny_model_dir, tiny_dataset, capsys):
     flag = tmp_path / "flag"
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     proc = subprocess.Popen([sys.executable, "-c", _KILL_SCRIPT, str(tmp_path), str(tiny_model_dir), str(flag),
@@ -139,8 +139,11 @@ def test_sigkill_during_checkpoint_write_keeps_previous(tmp_path, tiny_model_dir
     resumed = Trainer(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, eval_prompts=0, max_steps=3, save_steps=1,
                                resume_from_checkpoint="auto"))
     assert resumed.step == 1
+    capsys.readouterr()
     resumed.train()
     assert resumed.step == 3 and [l["step"] for l in metric_lines(run)] == [1, 2, 3]
+    out = capsys.readouterr().out  # the unfinished write is reported, by name
+    assert any(".tmp-step-2" in line and "did not finish" in line for line in out.splitlines()), out
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -187,6 +190,29 @@ def test_non_finite_gradients_skip_then_abort(tmp_path, tiny_model_dir, tiny_dat
     with pytest.raises(FloatingPointError, match="2 consecutive updates"):
         t.train_step()
     assert t.skipped_updates == 2 and weights_hash(t.policy) == after_good_step
+
+
+def test_finite_loss_with_a_non_finite_gradient_skips_the_update(tmp_path, tiny_model_dir, tiny_dataset):
+    """A finite loss can still give a non-finite gradient norm (an overflow inside the backward): the
+    update is skipped and counted all the same, and the next good step trains and resets the run of
+    skips."""
+    import math
+
+    import torch
+
+    kw = dict(max_steps=10, num_iterations=1, skip_zero_advantage=False)  # every step runs a backward
+    t = Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, **kw))
+    t.logger = type("Quiet", (), {"note": lambda *a: None, "log_samples": lambda *a: None})()
+    t.train_step()
+    before = weights_hash(t.policy)
+    param = next(p for p in t.policy.parameters() if p.requires_grad)
+    hook = param.register_hook(lambda g: torch.full_like(g, float("inf")))  # this parameter's gradient overflows
+    m = t.train_step()
+    hook.remove()
+    assert math.isfinite(m["loss"]) and not math.isfinite(m["grad_norm"])
+    assert t.skipped_updates == 1 and t.consecutive_skips == 1 and weights_hash(t.policy) == before
+    t.train_step()
+    assert t.skipped_updates == 1 and t.consecutive_skips == 0 and weights_hash(t.policy) != before
 
 
 def test_resume_with_another_model_is_refused(tmp_path, tiny_model_dir, tiny_dataset):
