@@ -125,3 +125,16 @@ def test_a_lora_policy_samples_on_the_fast_path_with_the_same_tokens(tiny):
     assert torch.equal(fast.completion_ids, ref.completion_ids)
     plain = generate_rollout(model, tok, ["What is 1 + 1?", "Hi"], **kw)
     assert not torch.equal(plain.completion_ids, ref.completion_ids)  # the adapters changed the policy
+
+
+def test_a_corrupt_or_unwritable_cache_is_measured_again(tiny, tmp_path, monkeypatch):
+    model, _ = tiny
+    key = tuning.plan_key(model, 8)
+    path = tmp_path / f"kernels-{key}.json"
+    path.write_text('{"products": {"qkv": "panel"')  # cut short, as by a crash mid-write elsewhere
+    assert tuning.kernel_plan(model, 8).source == "measured"
+    assert set(tuning.read_cached(key)["products"]) == set(tuning.ROLES)  # rewritten whole
+    tuning._plans.clear()
+    monkeypatch.setenv("GRPO_CACHE", str(tmp_path / "file"))
+    (tmp_path / "file").write_text("")  # the cache folder's name is taken by a file: nothing can be written
+    assert tuning.kernel_plan(model, 8).source == "measured"
