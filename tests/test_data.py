@@ -99,3 +99,31 @@ def test_code_task_references_pass_their_own_tests():
             exprs, host, decide = plan_assert(test)
             got = iter(eval(e, ns) for e in exprs)
             assert decide([h[0] if h else next(got) for h in host]), (s["prompt"], test)
+
+
+@pytest.mark.parametrize("fmt", ["json", "parquet"])
+def test_json_and_parquet_tasks_load_like_the_same_jsonl(tmp_path, tiny_dataset, fmt):
+    """A .json list of objects and a .parquet table hold the same rows as the .jsonl: they load into the
+    same task (same held-out split, same order, answers as strings), under custom field names too."""
+    rows = [json.loads(line) for line in tiny_dataset.read_text().splitlines()]
+    renamed = [{"question": r["prompt"], "gold": int(r["answer"])} for r in rows]  # an int answer column
+    path = tmp_path / f"sums.{fmt}"
+    if fmt == "json":
+        path.write_text(json.dumps(renamed))
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(renamed), path)
+    want = load_task(str(tiny_dataset), eval_size=4)
+    got = load_task(str(path), eval_size=4, prompt_field="question", answer_field="gold")
+    strip = lambda part: [(s["prompt"], s["answer"]) for s in part]  # noqa: E731
+    assert strip(got.train) == strip(want.train) and strip(got.eval) == strip(want.eval)
+    assert len(got.train) == 20 and all(isinstance(s["answer"], str) for s in got.train + got.eval)
+
+
+def test_json_task_that_is_not_a_list_is_refused(tmp_path):
+    p = tmp_path / "d.json"
+    p.write_text(json.dumps({"prompt": "a", "answer": "1"}))
+    with pytest.raises(DataError, match=r"d.json: a .json dataset must be a list of objects"):
+        load_task(str(p), eval_size=0)
