@@ -146,7 +146,7 @@ def test_sigkill_during_checkpoint_write_keeps_previous(tmp_path, tiny_model_dir
     assert any(".tmp-step-2" in line and "did not finish" in line for line in out.splitlines()), out
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])  # stable ids on any Python
 def test_signal_saves_and_exits_cleanly(tmp_path, tiny_model_dir, tiny_dataset, sig):
     t = Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, max_steps=50, num_iterations=1))
     real_step = t.train_step

@@ -1,11 +1,12 @@
 """Tasks: disjoint held-out splits, user datasets with clear errors, seeded resumable sampling."""
 
 import json
+import re
 
 import pytest
 
 from grpo.data import PromptSampler, load_task, render_prompt
-from grpo.data.tasks import DataError
+from grpo.data.tasks import BUILTIN_TASKS, DataError
 
 
 def test_arithmetic_split_is_disjoint_and_fixed():
@@ -53,10 +54,13 @@ def test_user_dataset_errors_name_file_and_row(tmp_path):
     with pytest.raises(DataError, match=r"d.jsonl:1: not valid JSON"):
         load_task(str(p), eval_size=0)
     p.write_text("")
-    with pytest.raises(DataError, match="empty"):
+    with pytest.raises(DataError, match=f"^{re.escape(str(p))}: the dataset is empty$"):
         load_task(str(p), eval_size=0)
-    with pytest.raises(DataError, match="not a built-in task"):
+    with pytest.raises(DataError) as err:  # the built-ins are listed, from the task registry
         load_task("nonexistent_file.jsonl", eval_size=0)
+    assert str(err.value) == (f"task: 'nonexistent_file.jsonl' is not a built-in task {list(BUILTIN_TASKS)}, an "
+                              "existing file, or a hub dataset id (owner/name)")
+    assert set(BUILTIN_TASKS) >= {"arithmetic", "gsm8k", "code"}
 
 
 def test_sampler_epochs_and_resume():
