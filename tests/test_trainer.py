@@ -102,9 +102,13 @@ def test_mu_two_second_pass_moves_ratio_and_clips(tmp_path, tiny_model_dir, tiny
     assert metrics["ratio_mean"] != pytest.approx(1.0, abs=1e-6)
 
 
-def test_reward_that_always_raises_is_counted_not_fatal(tmp_path, tiny_model_dir, tiny_dataset):
-    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, rewards="tests.rewards_for_tests:always_raises",
-                   eval_prompts=0)
+def test_reward_that_always_raises_is_counted_not_fatal(tmp_path, tiny_model_dir, tiny_dataset, capsys):
+    """faults.md row 23: every sample's reward is NaN, counted per step and in total, the failure is
+    logged once (not once per sample or step) with the completion and answer it failed on, and no
+    sample reaches the loss; the run goes on to its last step."""
+    name = "tests.rewards_for_tests:always_raises"
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, rewards=name, eval_prompts=0)
+    capsys.readouterr()
     t, before, _ = _run(cfg)
     lines = _lines(t.run_dir)
     assert len(lines) == 3
@@ -112,6 +116,13 @@ def test_reward_that_always_raises_is_counted_not_fatal(tmp_path, tiny_model_dir
     assert lines[-1]["reward_failures_total"] == 24
     after = _params(t.policy)  # every sample left the loss: no update moved the weights
     assert all(torch.equal(before[k], after[k]) for k in before)
+    samples = [json.loads(l) for l in (t.run_dir / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(math.isnan(r["reward"]) for r in samples)
+    reports = [l for l in capsys.readouterr().out.splitlines() if "this reward is broken on purpose" in l]
+    first = samples[0]  # step 1's first completion: the first to fail
+    assert reports == [f"reward {name!r} failed (RuntimeError: this reward is broken on purpose) on completion "
+                       f"{first['completion'][:200]!r} with answer {first['answer']!r}; such failures are counted "
+                       f"in metrics as reward_failures and the samples left out of the loss"]
 
 
 def test_bad_reward_values_become_failures(tmp_path, tiny_model_dir, tiny_dataset):
