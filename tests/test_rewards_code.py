@@ -5,6 +5,7 @@ import os
 import shutil
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -249,11 +250,34 @@ def test_code_reward_is_a_registered_reward_checked_at_resolve():
     assert code_strict_batch_reward([GOOD_IO, half], [IO, ASSERTS]) == [1.0, 0.0]
 
 
-def test_no_sandbox_means_a_clear_error_never_an_unsandboxed_run(monkeypatch, tmp_path):
-    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on the PATH
+@pytest.mark.parametrize("bwrap", ["missing", "cannot start"])
+def test_no_sandbox_means_a_clear_error_never_an_unsandboxed_run(monkeypatch, tmp_path, bwrap):
+    """faults.md row 44: without a working bubblewrap (none on the PATH, or one that fails as it does
+    without user namespaces) grading raises SandboxError saying which, with the install instructions,
+    and the program never runs: a program that would leave a file on the host leaves none."""
+    from grpo.rewards.sandbox import INSTALL_HINT
+
+    import tempfile
+
+    false = shutil.which("false")  # a bwrap that exits 1 at once
+    bin_dir = Path(tempfile.mkdtemp(prefix="grpo-fake-bwrap-"))  # as root, bwrap starts under a sandbox uid:
+    bin_dir.chmod(0o755)                                          # the folder must be open to it
+    monkeypatch.setenv("PATH", str(bin_dir))
+    if bwrap == "cannot start":
+        (bin_dir / "bwrap").symlink_to(false)
+    marker = tmp_path / "ran-unsandboxed"
+    program = f"open({str(marker)!r}, 'w').write('ran')\n" + GOOD_ASSERT
     g = CodeGrader(slots=1)
-    with pytest.raises(SandboxError, match="bubblewrap"):
-        g.grade(GOOD_ASSERT, ASSERTS)
+    with pytest.raises(SandboxError) as err:
+        g.check()
+        g.grade(program, ASSERTS)
+    want = ("code sandbox: bubblewrap (bwrap) is not installed; " if bwrap == "missing" else
+            "code sandbox: bubblewrap could not start a sandbox (exit 1, stderr ''); ")
+    assert str(err.value) == want + INSTALL_HINT and "apt-get install -y bubblewrap" in INSTALL_HINT
+    with pytest.raises(SandboxError):
+        g.grade(program, ASSERTS)  # grading itself refuses too, not only the start-up check
+    assert not marker.exists()
+    shutil.rmtree(bin_dir)
 
 
 def test_the_unprivileged_flavour_of_the_sandbox_also_confines(tmp_path):
