@@ -307,7 +307,7 @@ def test_code_reward_is_a_registered_reward_checked_at_resolve():
     assert code_strict_batch_reward([GOOD_IO, half], [IO, ASSERTS]) == [1.0, 0.0]
 
 
-@pytest.mark.parametrize("bwrap", ["missing", "cannot start"])
+@pytest.mark.parametrize("bwrap", ["missing", "cannot start", "cannot be executed"])
 def test_no_sandbox_means_a_clear_error_never_an_unsandboxed_run(monkeypatch, tmp_path, bwrap):
     """faults.md row 44: without a working bubblewrap (none on the PATH, or one that fails as it does
     without user namespaces) grading raises SandboxError saying which, with the install instructions,
@@ -322,14 +322,19 @@ def test_no_sandbox_means_a_clear_error_never_an_unsandboxed_run(monkeypatch, tm
     monkeypatch.setenv("PATH", str(bin_dir))
     if bwrap == "cannot start":
         (bin_dir / "bwrap").symlink_to(false)
+    elif bwrap == "cannot be executed":  # exec fails: its interpreter does not exist
+        (bin_dir / "bwrap").write_text("#!/nonexistent/interpreter\n")
+        (bin_dir / "bwrap").chmod(0o755)
     marker = tmp_path / "ran-unsandboxed"
     program = f"open({str(marker)!r}, 'w').write('ran')\n" + GOOD_ASSERT
     g = CodeGrader(slots=1)
     with pytest.raises(SandboxError) as err:
         g.check()
         g.grade(program, ASSERTS)
-    want = ("code sandbox: bubblewrap (bwrap) is not installed; " if bwrap == "missing" else
-            "code sandbox: bubblewrap could not start a sandbox (exit 1, stderr ''); ")
+    want = {"missing": "code sandbox: bubblewrap (bwrap) is not installed; ",
+            "cannot start": "code sandbox: bubblewrap could not start a sandbox (exit 1, stderr ''); ",
+            "cannot be executed": f"code sandbox: {bin_dir / 'bwrap'} cannot be run (FileNotFoundError: No such "
+                                  "file or directory); "}[bwrap]
     assert str(err.value) == want + INSTALL_HINT and "apt-get install -y bubblewrap" in INSTALL_HINT
     with pytest.raises(SandboxError):
         g.grade(program, ASSERTS)  # grading itself refuses too, not only the start-up check
