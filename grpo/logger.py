@@ -71,9 +71,11 @@ class RunLogger:
             for r in rows:
                 f.write(json.dumps({"step": step, **r}) + "\n")
 
-    def note(self, text: str) -> None:
+    def note(self, text: str, style: str | None = None) -> None:
+        """A line for the user, printed as given: never read as rich markup, since it can quote a
+        completion (a stray closing tag would raise). ``style`` colours it on the progress console."""
         if self.progress is not None:
-            self.progress.console.print(text)
+            self.progress.console.print(text, style=style, markup=False)
         else:
             print(text, flush=True)
 
@@ -98,7 +100,7 @@ class NullLogger:
     def log_samples(self, step: int, rows: list[dict]) -> None:
         pass
 
-    def note(self, text: str) -> None:
+    def note(self, text: str, style: str | None = None) -> None:
         pass
 
     def close(self) -> None:

@@ -188,8 +188,8 @@ class Trainer:
         """Count prompts cut to max_prompt_length; the first time, say so (they keep their end, the
         generation prompt, and lose their start, which may hold the question)."""
         if n and not self.prompts_truncated:
-            self.logger.note(f"[yellow]{n} prompt(s) longer than max_prompt_length={self.cfg.max_prompt_length} "
-                             "tokens were cut from the left (counted in metrics as prompts_truncated)")
+            self.logger.note(f"{n} prompt(s) longer than max_prompt_length={self.cfg.max_prompt_length} "
+                             "tokens were cut from the left (counted in metrics as prompts_truncated)", "yellow")
         self.prompts_truncated += n
 
     def score(self, samples: list[dict], ro: Rollout) -> tuple[torch.Tensor, dict]:
@@ -200,7 +200,7 @@ class Trainer:
         res = self.rewards.score(ro.texts, group_samples)
         for msgs in dist_io.gather_objects(res.messages, world):
             for msg in msgs:
-                self.logger.note(f"[yellow]{msg}")
+                self.logger.note(msg, "yellow")
         total = dist_io.gather_rows(res.total.double(), world)  # [N_global]
         per_reward = {k: dist_io.gather_rows(v.double(), world) for k, v in res.per_reward.items()}
         n_failed = int(torch.isnan(total).sum())
@@ -403,7 +403,7 @@ class Trainer:
                                 wandb_config=cfg.to_dict() if cfg.report_to == "wandb" else None,
                                 ) if main else NullLogger()
         for p in ckpt_io.partial_folders(self.run_dir):
-            self.logger.note(f"[yellow]ignoring {p}: a checkpoint write that did not finish")
+            self.logger.note(f"ignoring {p}: a checkpoint write that did not finish", "yellow")
         eval_path = self.run_dir / "eval.json"
         result: dict = {"n_prompts": len(self.task.eval)}
         if self.step and eval_path.is_file():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,7 +48,7 @@ def _cfg(tmp_path, name, model_dir, dataset, **kw):
     (2, {"prompts_per_step": 5, "per_device_train_batch_size": 4}),  # 20 train prompts: step 4 ends epoch 1
     (2, {"advantage_estimator": "gae", "critic_learning_rate": 1e-2}),   # PPO: the critic is state too
     (2, {"advantage_estimator": "gae", "critic_shared_trunk": True}),     # PPO, value head on the policy
-])
+], ids=["plain", "ref_reset", "lora", "epoch_end", "ppo", "ppo_shared_trunk"])
 def test_resume_is_bit_exact(tmp_path, tiny_model_dir, tiny_dataset, stop_at, extra):
     full = Trainer(_cfg(tmp_path, "full", tiny_model_dir, tiny_dataset, **extra))
     full.train()
@@ -59,6 +60,9 @@ def test_resume_is_bit_exact(tmp_path, tiny_model_dir, tiny_dataset, stop_at, ex
     resumed.train()
     assert weights_hash(resumed.policy) == weights_hash(full.policy)
     assert metric_lines(resumed.run_dir) == metric_lines(full.run_dir)
+    if full.critic is not None:  # PPO (faults.md row 40): the critic's own weights resume exactly too
+        own = (lambda t: t.critic.model if t.critic.head is None else t.critic.head)  # noqa: E731
+        assert weights_hash(own(resumed)) == weights_hash(own(full))
 
 
 def test_resume_at_exact_end_of_epoch_trains_remaining_steps(tmp_path, tiny_model_dir, tiny_dataset):
@@ -80,18 +84,23 @@ def test_corrupt_or_missing_latest_is_an_explicit_error(tmp_path, tiny_model_dir
     t = Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, max_steps=1, num_iterations=1))
     t.train()
     latest = t.run_dir / "checkpoints" / "latest"
+    at = re.escape  # each message starts with the file it is about (faults.md rows 29-32)
     latest.write_text("garbage\x00\n")
-    with pytest.raises(CheckpointError, match="corrupt pointer"):
+    corrupt = f"^{at(str(latest))}: corrupt pointer {at(repr('garbage' + chr(0)))} \\(expected 'step-N'\\)$"
+    with pytest.raises(CheckpointError, match=corrupt):
         find_latest(t.run_dir)
     latest.write_text("step-99\n")
-    with pytest.raises(CheckpointError, match="step-99, which does not exist"):
+    missing = t.run_dir / "checkpoints" / "step-99"
+    with pytest.raises(CheckpointError, match=f"^{at(str(latest))} names {at(str(missing))}, which does not exist$"):
         Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, resume_from_checkpoint=str(t.run_dir)))
     latest.unlink()
-    with pytest.raises(CheckpointError, match="pointer file is missing"):
+    with pytest.raises(CheckpointError, match=f"^{at(str(latest))}: no checkpoint to resume from \\(the pointer file "
+                                              "is missing\\)$"):
         Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, resume_from_checkpoint=str(t.run_dir)))
     latest.write_text("step-1\n")
-    (t.run_dir / "checkpoints" / "step-1" / "trainer_state.pt").write_bytes(b"truncated")
-    with pytest.raises(CheckpointError, match="cannot be read"):
+    state = t.run_dir / "checkpoints" / "step-1" / "trainer_state.pt"
+    state.write_bytes(b"truncated")
+    with pytest.raises(CheckpointError, match=f"^{at(str(state))}: cannot be read \\("):
         Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, resume_from_checkpoint=str(t.run_dir)))
 
 
@@ -123,6 +132,9 @@ Trainer(cfg).train()
 
 
 def test_sigkill_during_checkpoint_write_keeps_previous(tmp_path, tiny_model_dir, tiny_dataset, capsys):
+    """A run killed while writing its step-2 checkpoint: step-1 and the pointer stay intact, the partial
+    .tmp-step-2 folder is reported by name, and the resumed run's metrics.jsonl (the killed run had
+    already logged step 2: that line is dropped and the step retrained) equals an uninterrupted run's."""
     flag = tmp_path / "flag"
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     proc = subprocess.Popen([sys.executable, "-c", _KILL_SCRIPT, str(tmp_path), str(tiny_model_dir), str(flag),
@@ -134,6 +146,7 @@ def test_sigkill_during_checkpoint_write_keeps_previous(tmp_path, tiny_model_dir
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     run = tmp_path / "run"
+    assert [l["step"] for l in metric_lines(run)] == [1, 2]  # step 2 logged after step-1, before dying
     assert find_latest(run).name == "step-1"  # the pointer still names the complete checkpoint
     assert any(p.name.startswith(".tmp-step-2") for p in (run / "checkpoints").iterdir())
     resumed = Trainer(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, eval_prompts=0, max_steps=3, save_steps=1,
@@ -142,11 +155,14 @@ def test_sigkill_during_checkpoint_write_keeps_previous(tmp_path, tiny_model_dir
     capsys.readouterr()
     resumed.train()
     assert resumed.step == 3 and [l["step"] for l in metric_lines(run)] == [1, 2, 3]
+    full = Trainer(make_cfg(tmp_path / "full", tiny_model_dir, tiny_dataset, eval_prompts=0, max_steps=3, save_steps=1))
+    full.train()
+    assert metric_lines(run) == metric_lines(full.run_dir)  # faults.md row 36
     out = capsys.readouterr().out  # the unfinished write is reported, by name
     assert any(".tmp-step-2" in line and "did not finish" in line for line in out.splitlines()), out
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])  # stable ids on any Python
 def test_signal_saves_and_exits_cleanly(tmp_path, tiny_model_dir, tiny_dataset, sig):
     t = Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, max_steps=50, num_iterations=1))
     real_step = t.train_step
@@ -222,7 +238,9 @@ def test_resume_with_another_model_is_refused(tmp_path, tiny_model_dir, tiny_dat
     import shutil
 
     shutil.copytree(tiny_model_dir, other)
-    with pytest.raises(CheckpointError, match="was trained from model"):
+    with pytest.raises(CheckpointError, match=f"^{re.escape(str(t.run_dir / 'checkpoints' / 'step-1'))}: was trained "
+                                              f"from model {re.escape(repr(str(tiny_model_dir)))}, but this config's "
+                                              f"model is {re.escape(repr(str(other)))}$"):  # both models named
         Trainer(_cfg(tmp_path, "run", other, tiny_dataset, resume_from_checkpoint=str(t.run_dir)))
 
 

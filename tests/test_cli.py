@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 from grpo.cli import main
+from tests.conftest import TEST_SEED
 
 
 def test_unknown_key_fails_before_model_load(capsys):
@@ -17,7 +23,8 @@ def test_unknown_key_fails_before_model_load(capsys):
 
 def test_bad_value_lists_choices(capsys):
     assert main(["train", "aggregation=sum"]) == 2
-    assert "seq_mean_token_mean" in capsys.readouterr().err
+    assert ("aggregation: 'sum' is not valid; choose one of ['seq_mean_token_mean', 'seq_mean_token_sum_norm', "
+            "'token_mean']") in capsys.readouterr().err
 
 
 def test_unknown_reward_is_one_line_error(capsys, tiny_dataset, tmp_path):
@@ -31,7 +38,9 @@ def test_unknown_reward_is_one_line_error(capsys, tiny_dataset, tmp_path):
 def test_missing_model_path_is_one_line_error(capsys, tiny_dataset, tmp_path):
     code = main(["train", "model=./no/such/model", f"task={tiny_dataset}", f"output_dir={tmp_path / 'r'}",
                  "eval_prompts=0"])
-    assert code == 2 and "does not exist" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert code == 2 and "model path ./no/such/model does not exist" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
 def test_dataset_row_error_names_row(capsys, tmp_path, tiny_model_dir):
@@ -91,3 +100,71 @@ def test_code_reward_without_a_sandbox_stops_before_model_load(capsys, tmp_path,
     assert main(["train", "model=./no/such/model", "task=code", "rewards=code", f"output_dir={tmp_path / 'r'}"]) == 2
     err = capsys.readouterr().err
     assert "bubblewrap" in err and "apt-get install" in err and "no/such/model" not in err
+
+
+def _train_args(run, tiny_model_dir, tiny_dataset, *extra) -> list[str]:
+    return ["train", f"model={tiny_model_dir}", f"task={tiny_dataset}", f"output_dir={run}", "num_generations=4",
+            "prompts_per_step=2", "per_device_train_batch_size=4", "max_completion_length=6", "eval_prompts=2",
+            "eval_max_new_tokens=4", "eval_pass_k=0", "progress=false", "report_to=none", "log_completions_steps=1",
+            "rewards=tests.rewards_for_tests:digit_share", "bf16=false", f"seed={TEST_SEED}", *extra]
+
+
+_CLOCK = ("seconds", "per_second")  # wall-clock metrics, the only ones a repeat may change
+
+
+def _no_clock(value):
+    """``value`` (parsed JSON) without its wall-clock entries, at any depth."""
+    if isinstance(value, dict):
+        return {k: _no_clock(v) for k, v in value.items() if not any(c in k for c in _CLOCK)}
+    if isinstance(value, list):
+        return [_no_clock(v) for v in value]
+    return value
+
+
+def test_config_yaml_repeats_the_run(capsys, tmp_path, tiny_model_dir, tiny_dataset):
+    """README: `grpo train --config runs/X/config.yaml output_dir=runs/Y` repeats the run: the same
+    metrics (all but the wall-clock ones), samples and evaluation, and the same resolved config but for
+    the folder."""
+    first, again = tmp_path / "x", tmp_path / "y"
+    assert main(_train_args(first, tiny_model_dir, tiny_dataset, "max_steps=2")) == 0
+    assert main(["train", "--config", str(first / "config.yaml"), f"output_dir={again}"]) == 0
+    capsys.readouterr()
+
+    def metrics(run):
+        return [_no_clock(json.loads(l)) for l in (run / "metrics.jsonl").read_text().splitlines()]
+
+    assert [m["step"] for m in metrics(first)] == [1, 2] and metrics(again) == metrics(first)
+    assert (again / "samples.jsonl").read_text() == (first / "samples.jsonl").read_text()
+    evaluation = lambda run: _no_clock(json.loads((run / "eval.json").read_text().replace(str(run), "RUN")))  # noqa: E731
+    assert evaluation(again) == evaluation(first)
+    config = lambda run: (run / "config.yaml").read_text().replace(str(run), "RUN")  # noqa: E731
+    assert config(again) == config(first)
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+def test_signal_through_the_cli_saves_and_exits_with_its_code(tmp_path, tiny_model_dir, tiny_dataset, sig, code):
+    """`grpo train` (the real command, in its own process) stopped by SIGINT or SIGTERM after its first
+    logged step finishes the step, saves a checkpoint of the last finished step, skips the final
+    evaluation and exits with 130 or 143 (128 + the signal), as shells and schedulers expect."""
+    run = tmp_path / "run"
+    args = _train_args(run, tiny_model_dir, tiny_dataset, "max_steps=200", "save_steps=1000")
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen([sys.executable, "-m", "grpo", *args], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    metrics = run / "metrics.jsonl"
+    deadline = time.monotonic() + 300  # a hang fails here, not at the suite timeout
+    while proc.poll() is None and time.monotonic() < deadline and not (metrics.exists() and metrics.read_text()):
+        time.sleep(0.1)
+    assert proc.poll() is None, f"the run ended before its first step was logged: {proc.stderr.read()}"
+    proc.send_signal(sig)
+    try:
+        rc = proc.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert rc == code, proc.stderr.read()
+    steps = [json.loads(l)["step"] for l in metrics.read_text().splitlines()]
+    latest = (run / "checkpoints" / "latest").read_text().strip()
+    assert steps and latest == f"step-{steps[-1]}" and steps[-1] < 200  # saved at the step it stopped after
+    assert (run / "checkpoints" / latest / "model.safetensors").is_file()
+    assert not (run / "eval.json").exists() or "after" not in json.loads((run / "eval.json").read_text())

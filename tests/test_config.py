@@ -1,6 +1,7 @@
 """Config: YAML + key=value, type coercion, validation that names the key, docs generated once."""
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -52,8 +53,31 @@ def test_yaml_then_overrides(tmp_path):
     ("max_steps=1.5e0", "max_steps"),
 ])
 def test_bad_values_name_the_key(override, key):
-    with pytest.raises(ConfigError, match=key):
+    """Each bad value's whole message: the key first, then what it expects (type, bound, the valid
+    choices, or both numbers of the divisibility rule) and what it got."""
+    with pytest.raises(ConfigError) as err:
         load_config(None, [override])
+    assert str(err.value) == BAD_VALUE_MESSAGES[override] and str(err.value).startswith(f"{key}: ")
+
+
+BAD_VALUE_MESSAGES = {
+    "num_generations=abc": "num_generations: expected int, got 'abc'",
+    "beta=yes": "beta: expected float, got 'yes'",
+    "use_peft=maybe": "use_peft: expected bool, got 'maybe'",
+    "max_completion_length=-4": "max_completion_length: must be >= 1, got -4",
+    "advantage_estimator=ppo2": "advantage_estimator: 'ppo2' is not valid; choose one of ['batch_std', 'dr_grpo', "
+                                "'gae', 'grpo', 'mean_baseline', 'reinforce', 'rloo']",
+    "aggregation=sum": "aggregation: 'sum' is not valid; choose one of ['seq_mean_token_mean', "
+                       "'seq_mean_token_sum_norm', 'token_mean']",
+    "kl_estimator=k9": "kl_estimator: 'k9' is not valid; choose one of ['k1', 'k2', 'k3']",
+    "temperature=0": "temperature: must be > 0, got 0.0",
+    "per_device_train_batch_size=5": "per_device_train_batch_size: prompts_per_step * num_generations = 32 is not "
+                                     "a multiple of 5",
+    "dual_clip=0.5": "dual_clip: must be > 1 (or null), got 0.5",
+    "max_steps=2.5": "max_steps: expected int, got '2.5'",
+    "max_steps=25e-1": "max_steps: expected int, got '25e-1'",
+    "max_steps=1.5e0": "max_steps: expected int, got '1.5e0'",
+}
 
 
 def test_whole_numbers_in_e_notation_are_integers():
@@ -89,7 +113,7 @@ def test_group_of_one_allowed_without_group_estimator():
 
 
 def test_missing_config_file():
-    with pytest.raises(ConfigError, match="does not exist"):
+    with pytest.raises(ConfigError, match="^config file /nonexistent.yaml does not exist$"):
         load_config("/nonexistent.yaml")
 
 
@@ -107,10 +131,10 @@ def test_readme_table_is_generated_from_docstrings():
 def test_invalid_yaml_and_non_mapping(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("beta: [1, 2\n")
-    with pytest.raises(ConfigError, match="not valid YAML"):
+    with pytest.raises(ConfigError, match=f"^config file {re.escape(str(p))} is not valid YAML: "):
         load_config(p)
     p.write_text("- 1\n- 2\n")
-    with pytest.raises(ConfigError, match="mapping"):
+    with pytest.raises(ConfigError, match=f"^config file {re.escape(str(p))} must hold a mapping of key: value$"):
         load_config(p)
 
 

@@ -1,11 +1,12 @@
 """Tasks: disjoint held-out splits, user datasets with clear errors, seeded resumable sampling."""
 
 import json
+import re
 
 import pytest
 
 from grpo.data import PromptSampler, load_task, render_prompt
-from grpo.data.tasks import DataError
+from grpo.data.tasks import BUILTIN_TASKS, DataError
 
 
 def test_arithmetic_split_is_disjoint_and_fixed():
@@ -53,10 +54,13 @@ def test_user_dataset_errors_name_file_and_row(tmp_path):
     with pytest.raises(DataError, match=r"d.jsonl:1: not valid JSON"):
         load_task(str(p), eval_size=0)
     p.write_text("")
-    with pytest.raises(DataError, match="empty"):
+    with pytest.raises(DataError, match=f"^{re.escape(str(p))}: the dataset is empty$"):
         load_task(str(p), eval_size=0)
-    with pytest.raises(DataError, match="not a built-in task"):
+    with pytest.raises(DataError) as err:  # the built-ins are listed, from the task registry
         load_task("nonexistent_file.jsonl", eval_size=0)
+    assert str(err.value) == (f"task: 'nonexistent_file.jsonl' is not a built-in task {list(BUILTIN_TASKS)}, an "
+                              "existing file, or a hub dataset id (owner/name)")
+    assert set(BUILTIN_TASKS) >= {"arithmetic", "gsm8k", "code"}
 
 
 def test_sampler_epochs_and_resume():
@@ -99,3 +103,31 @@ def test_code_task_references_pass_their_own_tests():
             exprs, host, decide = plan_assert(test)
             got = iter(eval(e, ns) for e in exprs)
             assert decide([h[0] if h else next(got) for h in host]), (s["prompt"], test)
+
+
+@pytest.mark.parametrize("fmt", ["json", "parquet"])
+def test_json_and_parquet_tasks_load_like_the_same_jsonl(tmp_path, tiny_dataset, fmt):
+    """A .json list of objects and a .parquet table hold the same rows as the .jsonl: they load into the
+    same task (same held-out split, same order, answers as strings), under custom field names too."""
+    rows = [json.loads(line) for line in tiny_dataset.read_text().splitlines()]
+    renamed = [{"question": r["prompt"], "gold": int(r["answer"])} for r in rows]  # an int answer column
+    path = tmp_path / f"sums.{fmt}"
+    if fmt == "json":
+        path.write_text(json.dumps(renamed))
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(renamed), path)
+    want = load_task(str(tiny_dataset), eval_size=4)
+    got = load_task(str(path), eval_size=4, prompt_field="question", answer_field="gold")
+    strip = lambda part: [(s["prompt"], s["answer"]) for s in part]  # noqa: E731
+    assert strip(got.train) == strip(want.train) and strip(got.eval) == strip(want.eval)
+    assert len(got.train) == 20 and all(isinstance(s["answer"], str) for s in got.train + got.eval)
+
+
+def test_json_task_that_is_not_a_list_is_refused(tmp_path):
+    p = tmp_path / "d.json"
+    p.write_text(json.dumps({"prompt": "a", "answer": "1"}))
+    with pytest.raises(DataError, match=r"d.json: a .json dataset must be a list of objects"):
+        load_task(str(p), eval_size=0)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from grpo.trainer import Trainer
 from tests.test_trainer import make_cfg
 
@@ -24,3 +26,19 @@ def test_tensorboard_gets_every_numeric_metric(tmp_path, tiny_model_dir, tiny_da
     tags = set(acc.Tags()["scalars"])
     assert numeric <= tags, sorted(numeric - tags)
     assert [e.step for e in acc.Scalars("reward_mean")] == [1, 2]
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_notes_print_their_text_as_given(tmp_path, capsys, progress):
+    """A note can quote a completion, which may hold anything, square brackets included: it is printed
+    as given (with or without the progress bar), never read as rich markup, whose closing tag with no
+    opening one would raise and stop the run; a style colours it without adding text."""
+    from grpo.logger import RunLogger
+
+    logger = RunLogger(tmp_path, total_steps=1, tensorboard=False, progress=progress)
+    text = "reward 'x' failed on completion '[/x] [yellow]4[/yellow]'"
+    logger.note(text, "yellow")
+    logger.note("plain [bold]words")
+    logger.close()
+    out = capsys.readouterr().out
+    assert text in out and "plain [bold]words" in out

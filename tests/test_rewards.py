@@ -5,6 +5,7 @@ import pytest
 from grpo.config import ConfigError
 from grpo.rewards import extract_answer, math_reward, numeric_reward, parse_number, resolve_reward
 from grpo.rewards import score_completions
+from grpo.rewards.builtin import REWARDS
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -41,10 +42,15 @@ def test_math_reward_equivalence():
 
 
 def test_resolve_reward_errors_list_builtins():
-    with pytest.raises(ConfigError, match="rewards: unknown name 'nope'.*numeric"):
+    with pytest.raises(ConfigError) as err:  # an unknown name lists every built-in
         resolve_reward("nope")
-    with pytest.raises(ConfigError, match="cannot load"):
+    assert str(err.value) == f"rewards: unknown name 'nope'; built-ins: {sorted(REWARDS)}, or give a module:function path"
+    assert {"numeric", "math", "format", "code"} <= set(REWARDS)
+    with pytest.raises(ConfigError, match=r"^rewards: cannot load 'no.such.module:fn': No module named 'no'$"):
         resolve_reward("no.such.module:fn")
+    with pytest.raises(ConfigError, match=r"^rewards: cannot load 'tests.rewards_for_tests:nofn': module "
+                                          r"'tests.rewards_for_tests' has no attribute 'nofn'$"):
+        resolve_reward("tests.rewards_for_tests:nofn")
     assert resolve_reward("tests.rewards_for_tests:digit_share")("a1", {}) == 0.5
 
 

@@ -5,6 +5,7 @@ import os
 import shutil
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -130,12 +131,67 @@ def _no_sandbox_processes_left(*, zombies: bool = False) -> bool:
     return False
 
 
+def _live_descendants() -> set[int]:
+    """Live (non-zombie) processes below this one, by their parent links in /proc: visible to any
+    user, so the check holds where the grader is not root and sandbox uids cannot be scanned for."""
+    parent = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":
+            parent[int(entry)] = int(fields[1])
+    found, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, pp in parent.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+def _no_new_descendants(before: set[int]) -> bool:
+    """Every process started below this one since ``before`` has ended (waits up to 20 s). Run under
+    ``subreaper``, so a process whose parent died is reparented to this one, not lost from view."""
+    for _ in range(200):
+        _reap_orphans()
+        if not _live_descendants() - before:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _reap_orphans() -> None:
+    """Collect the exit status of any child that has ended (orphans reparented here by ``subreaper``)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+@pytest.fixture
+def subreaper():
+    """This process as a child subreaper for the test: orphans of its descendants become its children
+    (so a daemon a program double-forks stays visible to ``_live_descendants``)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_child_subreaper = 36
+    assert libc.prctl(pr_set_child_subreaper, 1, 0, 0, 0) == 0
+    yield
+    libc.prctl(pr_set_child_subreaper, 0, 0, 0, 0)
+    _reap_orphans()
+
+
 def _digest(path: str) -> str:
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))
-def test_hostile_program_scores_zero_and_the_host_is_unaffected(grader, name):
+def test_hostile_program_scores_zero_and_the_host_is_unaffected(grader, name, subreaper):
     program, sample = HOSTILE[name]
     passwd = _digest("/etc/passwd")
     listener = socket.socket()
@@ -143,7 +199,9 @@ def test_hostile_program_scores_zero_and_the_host_is_unaffected(grader, name):
     listener.listen()
     listener.setblocking(False)
     program = program.replace("('1.1.1.1', 53)", f"('127.0.0.1', {listener.getsockname()[1]})")
+    before = _live_descendants()
     assert grader.grade(program, sample) == 0.0
+    assert _no_new_descendants(before)  # as any user: nothing the program started is still running
     with pytest.raises(BlockingIOError):
         listener.accept()  # nobody reached the host's port
     listener.close()
@@ -249,14 +307,42 @@ def test_code_reward_is_a_registered_reward_checked_at_resolve():
     assert code_strict_batch_reward([GOOD_IO, half], [IO, ASSERTS]) == [1.0, 0.0]
 
 
-def test_no_sandbox_means_a_clear_error_never_an_unsandboxed_run(monkeypatch, tmp_path):
-    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on the PATH
+@pytest.mark.parametrize("bwrap", ["missing", "cannot start", "cannot be executed"])
+def test_no_sandbox_means_a_clear_error_never_an_unsandboxed_run(monkeypatch, tmp_path, bwrap):
+    """faults.md row 44: without a working bubblewrap (none on the PATH, or one that fails as it does
+    without user namespaces) grading raises SandboxError saying which, with the install instructions,
+    and the program never runs: a program that would leave a file on the host leaves none."""
+    from grpo.rewards.sandbox import INSTALL_HINT
+
+    import tempfile
+
+    false = shutil.which("false")  # a bwrap that exits 1 at once
+    bin_dir = Path(tempfile.mkdtemp(prefix="grpo-fake-bwrap-"))  # as root, bwrap starts under a sandbox uid:
+    bin_dir.chmod(0o755)                                          # the folder must be open to it
+    monkeypatch.setenv("PATH", str(bin_dir))
+    if bwrap == "cannot start":
+        (bin_dir / "bwrap").symlink_to(false)
+    elif bwrap == "cannot be executed":  # exec fails: its interpreter does not exist
+        (bin_dir / "bwrap").write_text("#!/nonexistent/interpreter\n")
+        (bin_dir / "bwrap").chmod(0o755)
+    marker = tmp_path / "ran-unsandboxed"
+    program = f"open({str(marker)!r}, 'w').write('ran')\n" + GOOD_ASSERT
     g = CodeGrader(slots=1)
-    with pytest.raises(SandboxError, match="bubblewrap"):
-        g.grade(GOOD_ASSERT, ASSERTS)
+    with pytest.raises(SandboxError) as err:
+        g.check()
+        g.grade(program, ASSERTS)
+    want = {"missing": "code sandbox: bubblewrap (bwrap) is not installed; ",
+            "cannot start": "code sandbox: bubblewrap could not start a sandbox (exit 1, stderr ''); ",
+            "cannot be executed": f"code sandbox: {bin_dir / 'bwrap'} cannot be run (FileNotFoundError: No such "
+                                  "file or directory); "}[bwrap]
+    assert str(err.value) == want + INSTALL_HINT and "apt-get install -y bubblewrap" in INSTALL_HINT
+    with pytest.raises(SandboxError):
+        g.grade(program, ASSERTS)  # grading itself refuses too, not only the start-up check
+    assert not marker.exists()
+    shutil.rmtree(bin_dir)
 
 
-def test_the_unprivileged_flavour_of_the_sandbox_also_confines(tmp_path):
+def test_the_unprivileged_flavour_of_the_sandbox_also_confines(tmp_path, subreaper):
     """Where the grader is not root, bwrap maps the program to uid 65534 in its own user namespace
     (no per-slot uid to kill by; the PID namespace and --die-with-parent clean up). Exercised here
     by forcing that flavour."""
@@ -264,10 +350,13 @@ def test_the_unprivileged_flavour_of_the_sandbox_also_confines(tmp_path):
     g.sandbox.as_root = False
     g.check()
     assert g.grade(GOOD_ASSERT, ASSERTS) == 1.0
+    before = _live_descendants()
     for name in ("writes /etc/passwd", "reads the repository", "network connection", "os._exit(0) before the tests",
-                 "object equal to anything", "reads the harness's memory and descriptors"):
+                 "object equal to anything", "reads the harness's memory and descriptors",
+                 "daemon that outlives the run"):
         program, sample = HOSTILE[name]
         assert g.grade(program, sample) == 0.0, name
+    assert _no_new_descendants(before)  # no sandbox uid to scan for here: the PID namespace cleaned up
 
 
 def test_concurrent_graders_never_share_a_sandbox_uid():

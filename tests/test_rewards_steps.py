@@ -60,7 +60,24 @@ def test_step_tensors_and_failures():
     # steps: equation line ending at char 9 -> token 8, answer '2' ending at char 11 -> token 10
     assert rewards.tolist() == [[1.0, 1.0], [0.0, 1.0], [0.0, 0.0]]
     assert ends.tolist() == [[8, 10], [8, 10], [-1, -1]]
-    assert len(problems) == 1 and "boom" in problems[0]
+    assert problems == ["step reward failed on completion 2 (RuntimeError: boom)"]
+    # faults.md row 46, through what the trainer calls: the completion whose step reward raised leaves
+    # the loss (its mask row is all 0, so it has no advantage either), the others keep theirs, and the
+    # failure is counted in step_reward_failures. One group of 4: the failing one and three that score.
+    from types import SimpleNamespace
+
+    from grpo.rewards.steps import process_supervision
+
+    texts4 = texts[:2] + ["1 + 1 = 2\n2", "x"]
+    enc4 = enc[:2] + [enc[0], enc[2]]
+    ids4 = torch.tensor([e + [tok.pad_token_id] * (t_max - len(e)) for e in enc4])  # [4, T]
+    mask4 = torch.tensor([[1] * len(e) + [0] * (t_max - len(e)) for e in enc4])  # [4, T]
+    ro = SimpleNamespace(completion_ids=ids4, texts=texts4)  # the two rollout fields it reads
+    adv, kept, metrics = process_supervision(fn, tok, ro, [{"answer": "2"}], mask4, group_size=4, std_eps=1e-4,
+                                             unbiased_std=False)
+    assert metrics["step_reward_failures"] == 1
+    assert kept[3].sum() == 0 and (adv[3] == 0).all()
+    assert torch.equal(kept[:3], mask4[:3]) and (adv[1][mask4[1].bool()] != 0).any()
 
 
 def test_training_with_process_supervision_on_arithmetic(tmp_path, tiny_model_dir):

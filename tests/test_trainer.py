@@ -102,9 +102,13 @@ def test_mu_two_second_pass_moves_ratio_and_clips(tmp_path, tiny_model_dir, tiny
     assert metrics["ratio_mean"] != pytest.approx(1.0, abs=1e-6)
 
 
-def test_reward_that_always_raises_is_counted_not_fatal(tmp_path, tiny_model_dir, tiny_dataset):
-    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, rewards="tests.rewards_for_tests:always_raises",
-                   eval_prompts=0)
+def test_reward_that_always_raises_is_counted_not_fatal(tmp_path, tiny_model_dir, tiny_dataset, capsys):
+    """faults.md row 23: every sample's reward is NaN, counted per step and in total, the failure is
+    logged once (not once per sample or step) with the completion and answer it failed on, and no
+    sample reaches the loss; the run goes on to its last step."""
+    name = "tests.rewards_for_tests:always_raises"
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, rewards=name, eval_prompts=0)
+    capsys.readouterr()
     t, before, _ = _run(cfg)
     lines = _lines(t.run_dir)
     assert len(lines) == 3
@@ -112,6 +116,13 @@ def test_reward_that_always_raises_is_counted_not_fatal(tmp_path, tiny_model_dir
     assert lines[-1]["reward_failures_total"] == 24
     after = _params(t.policy)  # every sample left the loss: no update moved the weights
     assert all(torch.equal(before[k], after[k]) for k in before)
+    samples = [json.loads(l) for l in (t.run_dir / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(math.isnan(r["reward"]) for r in samples)
+    reports = [l for l in capsys.readouterr().out.splitlines() if "this reward is broken on purpose" in l]
+    first = samples[0]  # step 1's first completion: the first to fail
+    assert reports == [f"reward {name!r} failed (RuntimeError: this reward is broken on purpose) on completion "
+                       f"{first['completion'][:200]!r} with answer {first['answer']!r}; such failures are counted "
+                       f"in metrics as reward_failures and the samples left out of the loss"]
 
 
 def test_bad_reward_values_become_failures(tmp_path, tiny_model_dir, tiny_dataset):
@@ -410,3 +421,99 @@ def test_token_budget_splits_passes_with_the_same_update(tmp_path, tiny_model_di
     for key in ("loss", "kl", "entropy"):
         assert cut["metrics"][key] == pytest.approx(one["metrics"][key], rel=1e-5, abs=1e-7), key
     _assert_same_grads(one["grads"], cut["grads"])
+
+
+def _layer_calls(model) -> list:
+    """A list that grows by one each time ``model``'s first decoder layer runs (any forward of it)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    calls: list = []
+    base.model.layers[0].register_forward_pre_hook(lambda *_: calls.append(1))
+    return calls
+
+
+@pytest.mark.parametrize("use_peft", [False, True])
+def test_beta_zero_and_mu_one_run_no_frozen_forward(tmp_path, tiny_model_dir, tiny_dataset, use_peft):
+    """README: with beta = 0 no reference is loaded or run, and with mu = 1 and one mini-batch the old
+    log-probs are the detached current ones (no extra forward). Preparing the batch then runs no forward
+    at all; each of beta > 0 and mu = 2 adds one (the controls: the count does see those forwards).
+    Under LoRA the reference is the policy with its adapters off, so its forward shows on the policy."""
+    def prepare_forwards(beta: float, mu: int) -> dict:
+        t = Trainer(make_cfg(tmp_path / f"b{beta}mu{mu}", tiny_model_dir, tiny_dataset, eval_prompts=0, beta=beta,
+                             num_iterations=mu, use_peft=use_peft, lora_r=4))
+        t.logger = NullLogger()
+        samples, ro = t.sample()
+        rewards, _ = t.score(samples, ro)
+        policy = _layer_calls(t.policy)
+        reference = _layer_calls(t.models.reference) if t.models.reference is not None else []
+        batch, _ = prepare_batch(t, ro, rewards)
+        return {"policy": len(policy), "reference": len(reference), "loaded": t.models.reference is not None,
+                "old": batch.old_logp is not None, "ref": batch.ref_logp is not None}
+
+    plain = prepare_forwards(0.0, 1)
+    assert plain == {"policy": 0, "reference": 0, "loaded": False, "old": False, "ref": False}
+    with_kl = prepare_forwards(0.1, 1)
+    assert with_kl["ref"] and not with_kl["old"]
+    if use_peft:  # no second copy: the base model's forward is the policy's, adapters disabled
+        assert not with_kl["loaded"] and with_kl["policy"] > 0
+    else:
+        assert with_kl["loaded"] and with_kl["reference"] > 0 and with_kl["policy"] == 0
+    two_passes = prepare_forwards(0.0, 2)
+    assert two_passes["old"] and two_passes["policy"] > 0 and not two_passes["loaded"] and two_passes["reference"] == 0
+
+
+@pytest.mark.parametrize("max_grad_norm", [1e-3, 0.0])
+def test_gradient_clipping_bounds_the_applied_gradient(tmp_path, tiny_model_dir, tiny_dataset, max_grad_norm):
+    """max_grad_norm clips the update's gradient by its global norm: at optimizer.step the gradient's
+    norm is min(norm, max_grad_norm), where norm (the logged grad_norm) is the norm before clipping;
+    0 turns clipping off, so the applied gradient is the unclipped one. A KL term against a perturbed
+    reference gives every draw a gradient (no seed luck)."""
+    applied = []
+
+    def watch_step(t, _batch):
+        def pre_hook(opt, *_):
+            grads = [p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None]
+            applied.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
+
+        t.optimizer.register_step_pre_hook(pre_hook)
+
+    run = _one_update(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, eval_prompts=0, beta=0.1,
+                               max_grad_norm=max_grad_norm), perturb_reference=True, before_update=watch_step)
+    norm = run["metrics"]["grad_norm"]
+    assert len(applied) == 1 and norm > 1e-2  # well above the clip level of the first case
+    want = min(norm, max_grad_norm) if max_grad_norm > 0 else norm
+    assert applied[0] == pytest.approx(want, rel=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_dtypes_train_on_the_cpu(tmp_path, tiny_model_dir, tiny_dataset, dtype):
+    """dtype=bfloat16 and dtype=float16 load the weights in that dtype and take a step on the CPU: the
+    loss and gradient norm are finite and the update was applied (skipped_updates stays 0)."""
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, eval_prompts=0, dtype=dtype, beta=0.1, max_steps=1,
+                   skip_zero_advantage=False)
+    t = Trainer(cfg)
+    t.logger = NullLogger()
+    assert t.policy.model.layers[0].mlp.up_proj.weight.dtype == getattr(torch, dtype)
+    m = t.train_step()
+    assert math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"]) and m["skipped_updates"] == 0
+
+
+def test_samples_jsonl_holds_scored_completions_at_its_cadence(tmp_path, tiny_model_dir, tiny_dataset):
+    """log_completions_steps=2 over 3 steps writes samples for step 2 only: G / 2 completions of each
+    prompt, each row with the prompt, its answer from the task, the completion and the reward that
+    completion got (the reward function, called again, gives the same value)."""
+    from tests.rewards_for_tests import digit_share
+
+    t, _, _ = _run(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, eval_prompts=0, log_completions_steps=2))
+    rows = [json.loads(l) for l in (t.run_dir / "samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [2] * 4  # 2 prompts x (4 / 2) completions
+    answers = {json.loads(l)["prompt"]: json.loads(l)["answer"] for l in tiny_dataset.read_text().splitlines()}
+    for r in rows:
+        assert set(r) == {"step", "prompt", "completion", "answer", "reward"}
+        assert answers[r["prompt"]] == r["answer"]
+        assert r["reward"] == pytest.approx(digit_share(r["completion"], r))
+    assert len({r["prompt"] for r in rows}) == 2
+    none = make_cfg(tmp_path / "off", tiny_model_dir, tiny_dataset, eval_prompts=0, log_completions_steps=0,
+                    max_steps=1)
+    t_off, _, _ = _run(none)
+    path = t_off.run_dir / "samples.jsonl"
+    assert not path.exists() or path.read_text() == ""

@@ -184,8 +184,12 @@ class Sandbox:
         user = dict(user=uid, group=uid, extra_groups=[]) if self.as_root else {}
         with open(out_path, "wb") as out, open(err_path, "wb") as err, \
                 (open(stdin_path, "rb") if stdin_path else open(os.devnull, "rb")) as inp:
-            proc = subprocess.Popen(argv, stdin=inp if stdin_path else subprocess.PIPE, stdout=out, stderr=err,
-                                    start_new_session=True, close_fds=True, **user)
+            try:
+                proc = subprocess.Popen(argv, stdin=inp if stdin_path else subprocess.PIPE, stdout=out, stderr=err,
+                                        start_new_session=True, close_fds=True, **user)
+            except OSError as e:  # bwrap found but not runnable (bad interpreter, a folder the uid cannot enter)
+                raise SandboxError(f"code sandbox: {argv[0]} cannot be run ({type(e).__name__}: {e.strerror}); "
+                                   f"{INSTALL_HINT}") from None
             timed_out = False
             try:
                 if not stdin_path:
