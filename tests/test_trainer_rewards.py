@@ -21,14 +21,17 @@ HOSTILE = [
     "class A:\n    def __eq__(self, o):\n        return True\ndef f(x):\n    return A()\n",
     "a = []\nwhile True:\n    a.append(bytearray(10**7))\n",
     "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(-1, signal.SIGKILL)\n",
-    "import subprocess\nsubprocess.Popen(['sleep', '1000'])\ndef f(x):\n    return -1\n",
+    # returns 0.5, which no test of the integer tasks expects (-1 passed 'assert f(3) == -1' of one
+    # problem when a seed paired them)
+    "import subprocess\nsubprocess.Popen(['sleep', '1000'])\ndef f(x):\n    return 0.5\n",
     "while True:\n    print('x' * 10000)\n",
 ]
 
 
 class UnderFire(Trainer):
-    """Every 10th completion becomes a hostile program and every 3rd the task's reference solution (the
-    tiny random model cannot write programs, so the groups would otherwise all score 0)."""
+    """Every 10th completion becomes a hostile program, every 3rd the task's reference solution and
+    the others a refusal that is not Python (scores 0 without a sandbox), so the expected reward does
+    not depend on what the random model writes under a given seed."""
 
     def sample(self):
         samples, ro = super().sample()
@@ -39,6 +42,8 @@ class UnderFire(Trainer):
                 ro.texts[i] = f"```python\n{HOSTILE[(k // 10) % len(HOSTILE)]}```"
             elif k % 3 == 0:
                 ro.texts[i] = f"```python\n{samples[i // g]['answer']}```"
+            else:
+                ro.texts[i] = "I cannot write this program."
         self.seen = seen + len(ro.texts)
         return samples, ro
 
@@ -82,7 +87,7 @@ def test_thirty_steps_on_the_code_task_with_hostile_completions(tmp_path, tiny_m
     lines = [json.loads(l) for l in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [l["step"] for l in lines] == list(range(1, 31))
     # 240 completions: 24 hostile (k % 10 == 0) score 0; references (k % 3 == 0 and not k % 10 == 0:
-    # 80 - 8 = 72) score 1; the random model's text scores 0. Every step has 8, so the mean is 72 / 240.
+    # 80 - 8 = 72) score 1; the refusals score 0. Every step has 8, so the mean is 72 / 240.
     mean = sum(l["rewards/code"] for l in lines) / 30
     assert abs(mean - 72 / 240) < 1e-9
     assert all(l["reward_failures"] == 0 for l in lines)
