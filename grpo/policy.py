@@ -14,6 +14,11 @@ from grpo import grouped_attention
 from grpo.core import indexed_logprobs_and_entropy
 
 
+def base_model(model):
+    """The model under a PEFT wrapper (its LoRA layers still in it), else the model itself."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def trim_padding(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
                  completion_mask: Tensor) -> dict[str, Tensor]:
     """Drop prompt columns that are padding in every row (left) and completion columns that are
@@ -221,7 +226,7 @@ def tied_embedding_grad_in_place(model, *, enabled: bool = True):
     Only a plain ``torch.nn.Embedding`` without max_norm or scale_grad_by_freq qualifies (subclasses
     such as Gemma's scaled embedding keep their own forward). The trainer uses it on one process
     only: DDP and FSDP2 synchronise gradients that go through autograd, which this one does not."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     emb, head = (base.get_input_embeddings(), base.get_output_embeddings()) if enabled else (None, None)
     tied = (type(emb) is torch.nn.Embedding and emb.weight.requires_grad and getattr(head, "weight", None) is emb.weight
             and emb.max_norm is None and not emb.scale_grad_by_freq)

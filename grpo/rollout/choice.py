@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from grpo.policy import base_model
 from grpo.rollout import tuning
 from grpo.rollout.fast import cache_keyword, decode_ids
 
@@ -51,7 +52,7 @@ def hf_step_seconds(model, b: int, g: int) -> float:
 
     ids, mask = _probe_ids(model, b)
     ids, mask = ids.repeat_interleave(g, 0), mask.repeat_interleave(g, 0)  # [N, P] as generate runs them
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a LoRA wrapper passes it on
+    base = base_model(model)  # a LoRA wrapper passes the keyword on
     kw = {cache_keyword(base): DynamicCache(config=model.config)}  # the model's own name for its cache
     out = model(input_ids=ids, attention_mask=mask, use_cache=True, **kw)
     tok = out.logits[:, -1].argmax(-1, keepdim=True)  # [N, 1]
@@ -67,7 +68,7 @@ def hf_step_seconds(model, b: int, g: int) -> float:
 
 def fast_or_hf(model, *, rows: int, group_size: int, kernels: str = "auto") -> str:
     """'fast' where our loop's step is at most HF's at ``rows`` rows, else 'hf' (measured once per key)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     # generate's speed differs with a LoRA wrapper (its adapters run beside every linear); ours does not
     key = tuning.plan_key(base, rows, kind=f"backend {kernels} {'peft' if base is not model else 'plain'}")
     if key in _decisions:

@@ -24,6 +24,7 @@ import time
 import torch
 
 from grpo.core import token_logprobs
+from grpo.policy import base_model
 from grpo.rollout.base import Rollout, encode_prompts, finish_rollout
 from grpo.rollout.hf import KeyedSampler, eos_token_ids
 from grpo.rollout import native
@@ -187,7 +188,7 @@ def decode_ids(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new
     """Token-level fast decoding of left-padded prompt ids [B, P] (``_decode``'s result), on a model or
     a LoRA wrapper (the base model runs, adapters merged into the packed weights). ``clock``: the
     time after each decode step is appended (the backend probe in grpo.rollout.choice)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a LoRA wrapper
+    base = base_model(model)  # under a LoRA wrapper
     fused = fused_unsupported_reason(base, ids.shape[1] + max_new_tokens) is None
     plan = kernel_plan(base, ids.shape[0] * g, kernels) if fused else None
     stepper = _stepper(base, plan=plan, use_native=use_native)

@@ -163,9 +163,15 @@ def plan_key(model, rows: int, kind: str = "products") -> str:
     its threads, the weight shapes, the rows."""
     env = {k: os.environ.get(k) for k in ("GRPO_NATIVE", "GRPO_NATIVE_MARCH", "ONEDNN_MAX_CPU_ISA",
                                           "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")}
-    parts = [kind, native.cpu_id(), native.SOURCE.read_text(), torch.__version__, torch.get_num_threads(), env,
-             role_weights(model), rows]
+    parts = [kind, _build_id(), torch.get_num_threads(), env, role_weights(model), rows]
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@functools.cache
+def _build_id() -> str:
+    """The parts of a key fixed for the process (the CPU, the C source, torch), read once: keys are
+    made at every rollout, and these are a file read each."""
+    return native.cpu_id() + native.SOURCE.read_text() + torch.__version__
 
 
 def read_cached(key: str) -> dict | None:
