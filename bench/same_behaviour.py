@@ -33,7 +33,8 @@ def batch_decode(self, sequences, *a, **k):
     seen.append([[int(t) for t in row] for row in sequences])
     return orig(self, sequences, *a, **k)
 transformers.PreTrainedTokenizerBase.batch_decode = batch_decode
-atexit.register(lambda: open(sys.argv.pop(1), "w").write(json.dumps(seen)))
+path = sys.argv.pop(1)
+atexit.register(lambda: open(path, "w").write(json.dumps(seen)))
 sys.argv = ["grpo"] + sys.argv[1:]
 runpy.run_module("grpo", run_name="__main__")
 """
