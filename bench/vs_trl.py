@@ -51,7 +51,7 @@ def _drawn_samples(a) -> list[dict]:
 
 def run_grpo(a, out: Path) -> dict:
     from grpo.config import Config
-    from grpo.trainer import Trainer
+    from grpo.train.trainer import Trainer
 
     cfg = Config(model=a.model, task="arithmetic", rewards="numeric", num_generations=a.group,
                  prompts_per_step=a.prompts, per_device_train_batch_size=a.prompts * a.group,

@@ -28,22 +28,17 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in commands:
         print(f"grpo: unknown command {argv[0]!r}\n\n{USAGE}", file=sys.stderr)
         return 2
-    from grpo.config import ConfigError
-    from grpo.checkpoint import CheckpointError
-    from grpo.data.tasks import DataError
-    from grpo.rewards.sandbox import SandboxError
-    from grpo.stability import FuseError
+    from grpo.errors import GrpoError
 
     try:
         return commands[argv[0]](argv[1:]) or 0
-    except (ConfigError, DataError, CheckpointError, FileNotFoundError, FloatingPointError, FuseError,
-            SandboxError) as e:
+    except (GrpoError, FileNotFoundError, FloatingPointError) as e:
         print(f"grpo {argv[0]}: error: {e}", file=sys.stderr)
         return 2
 
 
 def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    from grpo.config_io import field_docs
+    from grpo.config.io import field_docs
 
     docs = field_docs()
     epilog = "config keys (set as key=value):\n" + "\n".join(f"  {k:<28} {v}" for k, v in docs.items())
@@ -55,7 +50,7 @@ def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def _train(argv: list[str]) -> int:
-    from grpo.config_io import load_config
+    from grpo.config.io import load_config
 
     ap = _config_parser("grpo train", "Fine-tune a causal LM with GRPO.")
     ap.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR exactly from its latest checkpoint "
@@ -70,9 +65,9 @@ def _train(argv: list[str]) -> int:
                 raise FileNotFoundError(f"--resume {run}: no config.yaml there (is it a run folder?)")
         overrides += [f"output_dir={run}", f"resume_from_checkpoint={run}"]
     cfg = load_config(config_path, overrides)
-    from grpo.trainer import Trainer
+    from grpo.train.trainer import Trainer
 
-    from grpo.distributed import close_world
+    from grpo.infra.distributed import close_world
 
     trainer = Trainer(cfg)
     main = trainer.world.is_main  # under torchrun, rank 0 speaks for the run
@@ -104,7 +99,7 @@ def _print_summary(result: dict, trainer) -> None:
 
 
 def _eval(argv: list[str]) -> int:
-    from grpo.config_io import load_config
+    from grpo.config.io import load_config
 
     ap = _config_parser("grpo eval", "Greedy accuracy and pass@k on a task's held-out prompts.")
     ap.add_argument("--model", help="hub id, model folder, or run folder (default: the config's model)")
@@ -120,7 +115,7 @@ def _eval(argv: list[str]) -> int:
         overrides.append(f"task={args.task}")
     cfg = load_config(config_path, overrides)
     from grpo.data import load_task
-    from grpo.evaluate import evaluate
+    from grpo.eval.evaluate import evaluate
     from grpo.models import load_models
     from grpo.rewards import resolve_reward
 
@@ -139,19 +134,19 @@ def _eval(argv: list[str]) -> int:
 
 
 def _compare(argv: list[str]) -> int:
-    from grpo.compare import main as compare_main
+    from grpo.tools.compare import main as compare_main
 
     return compare_main(argv)
 
 
 def _report(argv: list[str]) -> int:
-    from grpo.report import main as report_main
+    from grpo.tools.report import main as report_main
 
     return report_main(argv)
 
 
 def _toy(argv: list[str]) -> int:
-    from grpo.toy import main as toy_main
+    from grpo.tools.toy import main as toy_main
 
     toy_main(argv)
     return 0

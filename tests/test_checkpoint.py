@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from grpo.checkpoint import CheckpointError, find_latest, list_checkpoints
-from grpo.trainer import Trainer
+from grpo.errors import CheckpointError
+from grpo.infra.checkpoint import find_latest, list_checkpoints
+from grpo.train.trainer import Trainer
 from tests.test_trainer import make_cfg
 
 
@@ -115,9 +116,9 @@ def test_keep_newest_k(tmp_path, tiny_model_dir, tiny_dataset):
 
 _KILL_SCRIPT = """
 import os, sys, time
-import grpo.checkpoint as ck
+import grpo.infra.checkpoint as ck
 from tests.test_trainer import make_cfg
-from grpo.trainer import Trainer
+from grpo.train.trainer import Trainer
 from pathlib import Path
 real_save = ck.torch.save
 def slow_save(obj, path, *a, **k):
@@ -183,7 +184,7 @@ def test_signal_saves_and_exits_cleanly(tmp_path, tiny_model_dir, tiny_dataset, 
 
 
 def test_non_finite_gradients_skip_then_abort(tmp_path, tiny_model_dir, tiny_dataset, monkeypatch):
-    import grpo.trainer as trainer_mod
+    import grpo.train.trainer as trainer_mod
 
     real = trainer_mod.core.policy_loss
     poison = {"on": False}

@@ -78,7 +78,7 @@ def test_train_then_eval_run_folder(capsys, tmp_path, tiny_model_dir, tiny_datas
 
 
 def test_toy_prints_table(capsys):
-    from grpo.toy import ESTIMATORS, run_toy
+    from grpo.tools.toy import ESTIMATORS, run_toy
 
     assert main(["toy", "--seeds", "1"]) == 0
     out = capsys.readouterr().out

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from grpo.compare import main
+from grpo.tools.compare import main
 
 
 def test_compare_writes_table_json_and_plot(tmp_path, tiny_model_dir, tiny_dataset, capsys):

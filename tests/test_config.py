@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from grpo.config import Config, ConfigError
-from grpo.config_io import field_docs, load_config, markdown_table
+from grpo.config.io import field_docs, load_config, markdown_table
 
 
 def test_defaults_are_valid_and_documented():

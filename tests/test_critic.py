@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo.critic import Critic, load_value_model
+from grpo.train.critic import Critic, load_value_model
 from grpo.rollout import Rollout
 
 

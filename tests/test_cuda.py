@@ -17,7 +17,7 @@ from grpo.config import Config
 from grpo.models import load_models
 from grpo.rollout import fast_rollout, generate_rollout
 from grpo.rollout.hf import keyed_gumbel, row_base, row_keys
-from grpo.trainer import Trainer
+from grpo.train.trainer import Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -31,8 +31,8 @@ def test_keyed_noise_is_the_same_stream_on_cuda():
 
 
 def test_grouped_attention_on_cuda_equals_cpu():
-    from grpo import grouped_attention
-    from grpo.grouped_attention import group_layout
+    from grpo.models import grouped_attention
+    from grpo.models.grouped_attention import group_layout
 
     torch.manual_seed(0)
     seg = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, 3, -1], [0, 0, 1, 1, 1, 1, 2, -1, -1, -1]])

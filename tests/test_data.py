@@ -6,7 +6,8 @@ import re
 import pytest
 
 from grpo.data import PromptSampler, load_task, render_prompt
-from grpo.data.tasks import BUILTIN_TASKS, DataError
+from grpo.data.tasks import BUILTIN_TASKS
+from grpo.errors import DataError
 
 
 def test_arithmetic_split_is_disjoint_and_fixed():

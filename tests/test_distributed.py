@@ -195,7 +195,7 @@ def test_fuse_stops_every_process_with_one_checkpoint(tmp_path, tiny_model_dir, 
 
 
 def test_gpu_index_per_process():
-    from grpo.distributed import gpu_index
+    from grpo.infra.distributed import gpu_index
 
     assert gpu_index(3, 4) == 3
     assert gpu_index(3, 1) == 0  # one GPU bound to each process through CUDA_VISIBLE_DEVICES

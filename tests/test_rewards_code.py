@@ -11,7 +11,8 @@ import pytest
 
 from grpo.rewards import resolve_reward
 from grpo.rewards.code import CodeGrader, code_reward, extract_code, plan_assert
-from grpo.rewards.sandbox import UID_BASE, UID_COUNT, SandboxError
+from grpo.errors import SandboxError
+from grpo.rewards.sandbox import UID_BASE, UID_COUNT
 
 if shutil.which("bwrap") is None and os.geteuid() != 0:
     pytest.skip("bubblewrap (bwrap) is not installed and this user cannot install it: the code sandbox "

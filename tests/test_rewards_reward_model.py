@@ -78,7 +78,7 @@ def test_config_needs_a_model_for_the_reward_model_reward():
 def test_two_training_steps_with_the_reward_model(tmp_path, tiny_model_dir, tiny_dataset, tiny_rm_dir, monkeypatch):
     import json
 
-    from grpo.trainer import Trainer
+    from grpo.train.trainer import Trainer
     from tests.test_trainer import make_cfg
 
     monkeypatch.setattr(rm, "_path", "")

@@ -9,7 +9,7 @@ import torch
 
 from grpo.rewards.steps import (STEP_REWARDS, arithmetic_steps, char_ends_to_tokens, resolve_step_reward,
                                 step_tensors)
-from grpo.trainer import Trainer
+from grpo.train.trainer import Trainer
 from tests.conftest import build_tokenizer
 from tests.test_trainer import make_cfg
 

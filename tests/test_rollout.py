@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from grpo.models import load_models
-from grpo.policy import completion_logprobs
+from grpo.models.logprobs import completion_logprobs
 from grpo.rollout import completion_mask_from_ids, generate_rollout
 from grpo.rollout.hf import KeyedSampler, keyed_gumbel, row_base, row_keys
 

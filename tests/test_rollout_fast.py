@@ -82,7 +82,7 @@ def test_fast_prefills_each_prompt_once_and_drops_ended_rows(tiny, monkeypatch, 
     fused decode step: the prefill sees B = 2 prompts (not N = 8 rows), the first decode step all 8
     rows, and later steps only the rows still going, so the batch never grows and ends as small as
     the number of rows of maximal length."""
-    from grpo.rollout.fused import FusedDecoder
+    from grpo.rollout.decoder import FusedDecoder
     from grpo.rollout.native import NativeDecoder
 
     if use_native:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from grpo.config import Config
-from grpo.runtime import adamw, lr_lambda
+from grpo.train.optim import adamw, lr_lambda
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # CI has no GPU
 
@@ -49,7 +49,7 @@ def test_warmup_and_decay_are_counted_in_training_steps():
 
 _FAULTS = """
 import resource, sys, torch
-from grpo.runtime import keep_freed_memory
+from grpo.infra.runtime import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 torch.manual_seed(0)

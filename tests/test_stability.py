@@ -9,12 +9,12 @@ import math
 import pytest
 import torch
 
-from grpo.batch import prepare_batch
-from grpo.checkpoint import STATE_FILE
+from grpo.train.batch import prepare_batch
+from grpo.infra.checkpoint import STATE_FILE
 from grpo.cli import main as cli_main
 from grpo.config import Config, ConfigError
-from grpo.stability import AdaptiveKL, BandController, Fuse, concat_rollouts, select_rollout
-from grpo.trainer import Trainer
+from grpo.train.knobs import AdaptiveKL, BandController, Fuse, concat_rollouts, select_rollout
+from grpo.train.trainer import Trainer
 from tests.conftest import TEST_SEED
 from tests.test_checkpoint import metric_lines, weights_hash
 from tests.test_trainer import make_cfg, signal_seed

@@ -1,6 +1,6 @@
 """The seeds' toy: GRPO's group z-score must beat REINFORCE and the mean baseline on every seed."""
 
-from grpo.toy import run_toy
+from grpo.tools.toy import run_toy
 
 
 def test_grpo_beats_baselines_on_target_matching():

@@ -9,12 +9,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from grpo.batch import prepare_batch
+from grpo.train.batch import prepare_batch
 from grpo.config import Config
 from grpo.core import AGGREGATIONS, ESTIMATORS
-from grpo.evaluate import evaluate
-from grpo.logger import NullLogger
-from grpo.trainer import Trainer
+from grpo.eval.evaluate import evaluate
+from grpo.infra.logger import NullLogger
+from grpo.train.trainer import Trainer
 from tests.conftest import TEST_SEED, first_seed
 
 

@@ -11,7 +11,7 @@ import pytest
 from grpo.rewards import code as code_rewards
 from grpo.rewards.code import CodeGrader
 from grpo.rewards.sandbox import UID_BASE, UID_COUNT
-from grpo.trainer import Trainer
+from grpo.train.trainer import Trainer
 from tests.test_trainer import make_cfg
 
 HOSTILE = [

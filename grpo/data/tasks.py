@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpo.errors import DataError
+
 BUILTIN_TASKS = ("arithmetic", "gsm8k", "code")
 GSM8K_HUB_ID = "openai/gsm8k"
 
@@ -25,9 +27,6 @@ class Task:
     train: list[dict]
     eval: list[dict]
 
-
-class DataError(ValueError):
-    """A dataset problem; the message names the file, row or field."""
 
 
 def arithmetic_task(*, max_operand: int, ops: str, eval_size: int, seed: int) -> Task:

@@ -7,7 +7,7 @@ import math
 import re
 from typing import Callable
 
-from grpo.config_types import ConfigError
+from grpo.errors import ConfigError
 from grpo.rewards.answers import all_boxed, parse_number
 from grpo.rewards.code import code_batch_reward, code_strict_batch_reward
 from grpo.rewards.mathverify import candidates, gold_answer, math_reward, normalize_number_text

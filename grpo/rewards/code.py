@@ -42,7 +42,8 @@ import secrets
 import threading
 import time
 
-from grpo.rewards.sandbox import Sandbox, SandboxError
+from grpo.errors import SandboxError
+from grpo.rewards.sandbox import Sandbox
 
 # CPython 3.11 keeps the AST constructor's recursion counter in state shared by all threads, so ast
 # calls from concurrent grading threads can fail with "SystemError: AST constructor recursion depth

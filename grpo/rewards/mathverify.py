@@ -30,7 +30,7 @@ import sys
 import threading
 from pathlib import Path
 
-from grpo.lifetime import die_with_parent
+from grpo.infra.processes import die_with_parent
 from grpo.rewards.answers import NUMBER, THOUSANDS, all_boxed, numbers_in, parse_number
 
 PLAIN_NUMBER = re.compile(r"\$?-?\d+(?:\.\d+)?\s*(?:\\?%)?\$?")

@@ -14,7 +14,7 @@ import concurrent.futures as cf
 import multiprocessing as mp
 import os
 
-from grpo.lifetime import die_with_parent
+from grpo.infra.processes import die_with_parent
 from grpo.rewards.builtin import resolve_reward
 from grpo.rewards.scoring import RewardResult, score_completions
 

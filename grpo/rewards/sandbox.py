@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpo.errors import SandboxError
+
 HARNESS = Path(__file__).with_name("harness.py")
 UID_BASE, UID_COUNT = 61000, 256  # sandbox uids (as root): one per concurrent run, machine-wide
 LOCK_DIR = Path(tempfile.gettempdir()) / "grpo-sandbox-uids"
@@ -39,9 +41,6 @@ INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: apt-get install -y bubblewra
                 "(sysctl kernel.unprivileged_userns_clone=1 where that switch exists; in Docker run with "
                 "--security-opt seccomp=unconfined or as a privileged container)")
 
-
-class SandboxError(RuntimeError):
-    """The sandbox cannot run: the code reward refuses to grade rather than run code unsandboxed."""
 
 
 @dataclass

@@ -6,6 +6,7 @@ to prompt n // G), P prompt tokens (left-padded), T completion tokens (right-pad
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -76,3 +77,40 @@ def finish_rollout(tokenizer, prompt_ids: Tensor, prompt_mask: Tensor, completio
     return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
                    completion_mask=mask, truncated=done["truncated"], sampling_logp=sampling_logp, texts=texts,
                    backend=backend, seconds=seconds, prompts_truncated=prompts_truncated)
+
+
+def select_rollout(ro: Rollout, idx: torch.Tensor) -> Rollout:
+    """The sequences ``idx`` [n] of a rollout, in that order."""
+    il = idx.tolist()
+    return Rollout(ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx], ro.completion_mask[idx],
+                   ro.truncated[idx], None if ro.sampling_logp is None else ro.sampling_logp[idx],
+                   [ro.texts[i] for i in il], ro.backend, ro.seconds)
+
+
+def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+    """Rollouts of several sampling rounds as one: prompts left-padded, completions right-padded."""
+    if len(parts) == 1:
+        return parts[0]
+    p = max(r.prompt_ids.shape[1] for r in parts)
+    t = max(r.completion_ids.shape[1] for r in parts)
+
+    def left(x, width, value):  # [n, w] -> [n, width]
+        return torch.nn.functional.pad(x, (width - x.shape[1], 0), value=value)
+
+    def right(x, width, value):
+        return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+    logps = [r.sampling_logp for r in parts]
+    return Rollout(torch.cat([left(r.prompt_ids, p, pad_id) for r in parts]),
+                   torch.cat([left(r.prompt_mask, p, 0) for r in parts]),
+                   torch.cat([right(r.completion_ids, t, pad_id) for r in parts]),
+                   torch.cat([right(r.completion_mask, t, 0) for r in parts]),
+                   torch.cat([r.truncated for r in parts]),
+                   None if any(x is None for x in logps) else torch.cat([right(x, t, 0.0) for x in logps]),
+                   [s for r in parts for s in r.texts], parts[0].backend, sum(r.seconds for r in parts))
+
+
+def rollout_to(ro: Rollout, device) -> Rollout:
+    """The rollout with its tensors on ``device``."""
+    return dataclasses.replace(ro, **{f.name: getattr(ro, f.name).to(device) for f in dataclasses.fields(ro)
+                                      if isinstance(getattr(ro, f.name), torch.Tensor)})

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from grpo.policy import base_model
+from grpo.models.packing import base_model
 from grpo.rollout import tuning
 from grpo.rollout.fast import cache_keyword, decode_ids
 

@@ -24,11 +24,11 @@ import time
 import torch
 
 from grpo.core import token_logprobs
-from grpo.policy import base_model
+from grpo.models.packing import base_model
 from grpo.rollout.base import Rollout, encode_prompts, finish_rollout
 from grpo.rollout.hf import KeyedSampler, eos_token_ids
 from grpo.rollout import native
-from grpo.rollout.fused import FusedDecoder, RowCache, fused_unsupported_reason
+from grpo.rollout.decoder import FusedDecoder, RowCache, fused_unsupported_reason
 from grpo.rollout.kernels import onednn_available, packed_linears
 from grpo.rollout.tuning import KernelPlan, kernel_plan, parse_override
 

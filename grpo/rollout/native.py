@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from grpo.rollout.fused import FusedDecoder
+from grpo.rollout.decoder import FusedDecoder
 
 SOURCE = Path(__file__).with_name("decode_ops.c")
 

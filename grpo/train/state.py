@@ -13,8 +13,8 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from grpo import checkpoint as ckpt_io
-from grpo import distributed as dist_io
+from grpo.infra import checkpoint as ckpt_io
+from grpo.infra import distributed as dist_io
 
 
 def trainer_state(t) -> dict:

@@ -19,11 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from grpo.errors import CheckpointError
+
 STATE_FILE = "trainer_state.pt"
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be resumed from; the message names the path."""
 
 
 def _fsync_tree(folder: Path) -> None:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from grpo import passes
-from grpo.policy import completion_logprobs, tied_embedding_grad_in_place
+from grpo.train import split as passes
+from grpo.models.logprobs import completion_logprobs, tied_embedding_grad_in_place
 from grpo.rollout import Rollout
 
 

@@ -7,7 +7,7 @@ import torch
 
 from grpo.rollout import native
 from grpo.rollout.fast import _buffer_cache, cache_keyword
-from grpo.rollout.fused import FusedDecoder, fused_unsupported_reason
+from grpo.rollout.decoder import FusedDecoder, fused_unsupported_reason
 from grpo.rollout.tuning import PRODUCTS
 from tests.conftest import need_native
 

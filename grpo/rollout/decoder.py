@@ -24,7 +24,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from grpo.policy import sliding_window
+from grpo.models.packing import sliding_window
 from grpo.rollout.kernels import onednn_available, packed_linear
 
 FUSED_MODEL_TYPES = ("llama", "mistral", "qwen2")

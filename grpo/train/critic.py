@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from grpo import core
-from grpo import distributed as dist_io
-from grpo.policy import model_inputs
-from grpo.runtime import adamw
+from grpo.infra import distributed as dist_io
+from grpo.models.packing import model_inputs
+from grpo.train.optim import adamw
 
 
 def load_value_model(path: str, dtype: torch.dtype) -> nn.Module:

@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-from grpo.config import Config, ConfigError
+from grpo.config.fields import Config
+from grpo.errors import ConfigError
 
 ALIASES = {"resume": "resume_from_checkpoint"}
 
@@ -55,7 +56,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def field_docs() -> dict[str, str]:
-    """Each field's docstring, read from Config's source in grpo/config.py (the one place they are written)."""
+    """Each field's docstring, read from Config's source in grpo/config/fields.py (the one place they are written)."""
     tree = ast.parse(inspect.getsource(Config))
     body = tree.body[0].body
     docs = {}

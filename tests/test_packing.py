@@ -5,7 +5,8 @@ and in gradient, to 1e-5."""
 import pytest
 import torch
 
-from grpo.policy import completion_logprobs, pack_sequences
+from grpo.models.logprobs import completion_logprobs
+from grpo.models.packing import pack_sequences
 from tests.conftest import build_tiny_model
 
 
@@ -142,7 +143,7 @@ def test_empty_completions_give_zero_logprobs():
 
 
 def test_flash_attention_is_refused_for_shared_prefix():
-    from grpo.policy import packed_attention_mask
+    from grpo.models.packing import packed_attention_mask
 
     seg = torch.tensor([[0, 0, 1, 1, 2, -1]])
     with pytest.raises(ValueError, match="flash_attention_2"):
@@ -155,7 +156,7 @@ def test_tied_embedding_grad_in_place_gives_the_same_dense_gradient(share):
     """The tied embedding's gradient added in place into .grad, with the output layer's through
     autograd, is the dense gradient of the plain backward (to fp32 rounding), over two accumulated
     backward passes, with a padding_idx whose row gets none; the module's own forward is back after."""
-    from grpo.policy import tied_embedding_grad_in_place
+    from grpo.models.logprobs import tied_embedding_grad_in_place
 
     model = build_tiny_model(40, seed=4)
     model.get_input_embeddings().padding_idx = 3
@@ -182,7 +183,7 @@ def test_tied_embedding_grad_in_place_gives_the_same_dense_gradient(share):
 def test_tied_embedding_grad_in_place_leaves_untied_and_frozen_embeddings_alone():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from grpo.policy import tied_embedding_grad_in_place
+    from grpo.models.logprobs import tied_embedding_grad_in_place
 
     untied = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                           num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False))

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from grpo import core
-from grpo import distributed as dist_io
-from grpo import stability as stab
+from grpo.infra import distributed as dist_io
 from grpo.rewards.steps import process_supervision
 from grpo.rollout import Rollout
 
@@ -55,7 +54,7 @@ def prepare_batch(trainer, ro: Rollout, rewards: torch.Tensor, samples: list[dic
     lengths = dist_io.gather_rows(ro.lengths, world)  # [N_global]
     truncated = dist_io.gather_rows(ro.truncated, world)  # [N_global]
     # overlong penalty, PF-PPO: on the whole step's groups, from every process's lengths
-    rewards, keep, filter_metrics = stab.reshape_rewards(rewards, lengths=lengths, truncated=truncated, cfg=cfg)
+    rewards, keep, filter_metrics = reshape_rewards(rewards, lengths=lengths, truncated=truncated, cfg=cfg)
     failed = torch.isnan(rewards)  # [B, G]
     # A failed reward neither rewards nor punishes: it takes its group's mean and leaves the loss.
     group_mean = torch.nan_to_num(torch.nanmean(rewards, dim=1, keepdim=True), nan=0.0)  # [B, 1]
@@ -93,3 +92,23 @@ def prepare_batch(trainer, ro: Rollout, rewards: torch.Tensor, samples: list[dic
     metrics.update(advantage_variance=float(core.advantage_group_variance(seq_adv)), **est["metrics"])
     return Batch(ro, est["advantages"], mask, old_logp, ref_logp, kl_in_loss=False, values=est["values"],
                  returns=est["returns"]), metrics
+
+
+def reshape_rewards(rewards: torch.Tensor, *, lengths: torch.Tensor, truncated: torch.Tensor,
+                    cfg) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Apply the reward-side tools before advantages: the overlong penalty (added to the reward) and
+    the PF-PPO filter. rewards: [B, G], lengths and truncated: [B * G] ->
+    (rewards [B, G], keep [B, G] bool, metrics)."""
+    metrics: dict = {}
+    if cfg.overlong_buffer:  # DAPO soft overlong punishment (arXiv 2503.14476, eq. 13)
+        pen = core.overlong_penalty(lengths, max_length=cfg.max_completion_length,
+                                    buffer=cfg.overlong_buffer).view_as(rewards)  # [B, G]
+        rewards = rewards + cfg.overlong_penalty_coef * pen
+        metrics["overlong_penalty_mean"] = float(pen.mean())
+    keep = torch.ones_like(rewards, dtype=torch.bool)  # [B, G]
+    if cfg.overlong_filter:  # DAPO overlong filtering: truncated completions leave the loss
+        keep &= ~truncated.view_as(rewards)
+    if cfg.policy_filter:  # PF-PPO (arXiv 2409.06957)
+        keep &= core.policy_filter(rewards, mode=cfg.policy_filter, min_std=cfg.policy_filter_min_std)
+        metrics["policy_filter_kept_share"] = float(keep.float().mean())
+    return rewards, keep, metrics

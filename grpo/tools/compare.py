@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"grpo compare: unknown methods {unknown}; valid: {sorted(METHODS)}", file=sys.stderr)
         return 2
-    from grpo.config_io import load_config
+    from grpo.config.io import load_config
 
     base = load_config(None, [*args.overrides, f"max_steps={args.steps}"])  # validate before any run
     out = Path(args.out or f"runs/compare-{datetime.now():%Y%m%d-%H%M%S}")

@@ -1,5 +1,5 @@
 """Turning YAML values and command-line strings into a config field's type (its type hint), or a
-ConfigError naming the key. Kept apart from config.py so that the dataclass file holds the fields,
+ConfigError naming the key. Kept apart from fields.py so that the dataclass file holds the fields,
 their docstrings and their validation."""
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ from typing import Any
 
 import yaml
 
+from grpo.errors import ConfigError
 
-class ConfigError(ValueError):
-    """A bad configuration value; the message names the key."""
 
 
 def parse_value(key: str, raw: Any, hint: Any) -> Any:

@@ -23,29 +23,33 @@ from pathlib import Path
 import torch
 
 from grpo import core
-from grpo import grouped_attention
-from grpo import checkpoint as ckpt_io
-from grpo import distributed as dist_io
-from grpo import passes
-from grpo.passes import mini_batch_rows
-from grpo import resume
-from grpo import stability as stab
-from grpo.config import Config, ConfigError
-from grpo.critic import Critic
-from grpo.batch import Batch, prepare_batch
+from grpo.models import grouped_attention
+from grpo.infra import checkpoint as ckpt_io
+from grpo.infra import distributed as dist_io
+from grpo.train import split as passes
+from grpo.train.split import mini_batch_rows
+from grpo.train import state as resume
+from grpo.train import knobs as stab
+from grpo.train.collect import dynamic_sample
+from grpo.eval.consistency import consistency
+from grpo.errors import ConfigError, DataError, FuseError
+from grpo.rollout.base import select_rollout
+from grpo.config import Config
+from grpo.train.critic import Critic
+from grpo.train.batch import Batch, prepare_batch
 from grpo.data import PromptSampler, load_task, render_prompt
-from grpo.data.tasks import DataError
-from grpo.evaluate import evaluate
-from grpo.forwards import Forwards
-from grpo.logger import NullLogger, RunLogger
+from grpo.eval.evaluate import evaluate
+from grpo.train.forwards import Forwards
+from grpo.infra.logger import NullLogger, RunLogger
 from grpo.models import keep_head_fp32, load_models, native_bf16, reset_reference
-from grpo.policy import SHARED_PREFIX_ATTENTION, sliding_window
+from grpo.models.packing import SHARED_PREFIX_ATTENTION, sliding_window
 from grpo.rewards.runner import RewardRunner
 from grpo.rewards.steps import resolve_step_reward
 from grpo.rollout import Rollout, sample_rollout
 from grpo.rollout.tuning import take_messages
 from grpo.rollout.hf import row_keys
-from grpo.runtime import adamw, keep_freed_memory, lr_lambda, make_run_dir, seed_everything
+from grpo.infra.runtime import keep_freed_memory, make_run_dir, seed_everything
+from grpo.train.optim import adamw, lr_lambda
 
 
 def _check_world(cfg: Config, world: dist_io.World) -> None:
@@ -81,7 +85,7 @@ class Trainer:
                                       answer_field=cfg.answer_field, split=cfg.task_split)
         if not self.task.train:
             raise DataError(f"task {cfg.task!r} has no training prompts")
-        self.run_dir = dist_io.broadcast_object(make_run_dir(cfg) if world.is_main else None, world)
+        self.run_dir = dist_io.broadcast_object(make_run_dir(cfg.output_dir, cfg.resume_from_checkpoint) if world.is_main else None, world)
         if world.is_main:
             cfg.save(self.run_dir / "config.yaml")
         self.models = models or load_models(cfg.model, dtype=cfg.dtype, need_reference=cfg.beta > 0,
@@ -238,7 +242,7 @@ class Trainer:
                 self._mini_batch_step(batch, live, total, acc, weight=1.0 / steps)
                 if self.critic is not None:  # PPO epochs train the critic on the same mini-batch; with a
                     # shared trunk its value-loss gradients join the policy's before the policy steps
-                    acc["critic"].append(self.critic.update(stab.select_rollout(ro, mini), batch.values[mini],
+                    acc["critic"].append(self.critic.update(select_rollout(ro, mini), batch.values[mini],
                                                             batch.returns[mini], batch.mask[mini],
                                                             micro_batch=cfg.per_device_train_batch_size))
                 acc["grad_norms"].append(self._optimizer_step())
@@ -339,7 +343,7 @@ class Trainer:
             reset_reference(self.models.reference, self.policy)
             self.ref_reset_at = self.step
         if cfg.dynamic_sampling:  # DAPO: only groups with reward variance reach the loss
-            samples, ro, rewards, metrics = stab.dynamic_sample(self)
+            samples, ro, rewards, metrics = dynamic_sample(self)
         else:
             samples, ro = self.sample()
             rewards, metrics = self.score(samples, ro)
@@ -352,7 +356,7 @@ class Trainer:
                        tokens_per_second=float(ro.lengths.sum()) * self.world.size / max(ro.seconds, 1e-9),
                        step_seconds=time.perf_counter() - t0, prompts_truncated=self.prompts_truncated - cut_before)
         if cfg.consistency_steps and self.step % cfg.consistency_steps == 0:
-            metrics.update(stab.consistency(self))
+            metrics.update(self._consistency())
         self.fuse_reason = self.stability.after_step(metrics)  # controllers move the next step's knobs
         if dist_io.all_max(int(bool(self.fuse_reason)), self.world) and not self.fuse_reason:
             self.fuse_reason = "the fuse blew on another process"  # every process stops at the same step
@@ -363,6 +367,15 @@ class Trainer:
                  "answer": samples[i // cfg.num_generations]["answer"], "reward": flat[i]}
                 for i in range(0, len(ro.texts), max(1, cfg.num_generations // 2))])
         return metrics
+
+    def _consistency(self) -> dict:
+        cfg = self.cfg
+        pool = self.task.eval or self.task.train
+        return consistency(self.policy, self.tok, pool[: cfg.consistency_prompts], self.rewards,
+                           system_prompt=cfg.system_prompt, group_size=cfg.num_generations,
+                           max_new_tokens=cfg.max_completion_length, temperature=self.stability.temperature,
+                           top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length,
+                           synced=self.sharded)
 
     # ---- the run --------------------------------------------------------------------------------
     def evaluate(self) -> dict:
@@ -421,7 +434,7 @@ class Trainer:
                 if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps:
                     self.logger.log_step(self.step, metrics)
                 if self.fuse_reason:
-                    raise stab.FuseError(f"{self.fuse_reason} (step {self.step}); stopped, checkpoint "
+                    raise FuseError(f"{self.fuse_reason} (step {self.step}); stopped, checkpoint "
                                          f"{self.save()}")
                 if cfg.save_steps and self.step % cfg.save_steps == 0 and self.step < cfg.max_steps:
                     self.save()

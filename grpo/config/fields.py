@@ -17,13 +17,14 @@ from typing import Any
 
 import yaml
 
-from grpo.config_types import ConfigError, parse_value
+from grpo.config.parse import parse_value
+from grpo.errors import ConfigError
+from grpo.models.loading import DEFAULT_MODEL
 from grpo.rollout import ROLLOUT_BACKENDS
 from grpo.rollout.tuning import parse_override
 from grpo.core import (AGGREGATIONS, COV_MODES, ESTIMATORS, GROUP_ESTIMATORS, KL_ESTIMATORS, PF_MODES,
                        RATIO_LEVELS)
 
-DEFAULT_MODEL = "embedded:SmolLM2-135M-Instruct"
 SCHEDULES = ("constant", "cosine", "linear")
 DTYPES = ("float32", "bfloat16", "float16")
 REPORT_TO = ("tensorboard", "wandb", "none")
@@ -405,7 +406,7 @@ def _validate_stability(c: Config) -> None:
         raise ConfigError(f"fuse_metric: {c.fuse_metric} is logged only with consistency_steps > 0")
 
 
-# ---- field types (parsing: grpo/config_types.py) ----------------------------------------------------------------------
+# ---- field types (parsing: grpo/config/parse.py) ----------------------------------------------------------------------
 
 _HINTS: dict[str, Any] = {}
 
@@ -419,16 +420,3 @@ def _hints() -> dict[str, Any]:
 def _coerce_types(c: Config) -> None:
     for f in fields(c):
         setattr(c, f.name, parse_value(f.name, getattr(c, f.name), _hints()[f.name]))
-
-
-if __name__ == "__main__":  # python -m grpo.config --update-readme
-    import sys
-
-    from grpo.config_io import update_readme
-
-    if sys.argv[1:2] == ["--update-readme"]:
-        update_readme(sys.argv[2] if len(sys.argv) > 2 else "README.md")
-    else:
-        from grpo.config_io import markdown_table
-
-        print(markdown_table())

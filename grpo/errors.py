@@ -1,0 +1,30 @@
+"""Errors that stop a run. Each message names the field, file or row at fault and what to do; the
+CLI catches them all in one place (``grpo.cli.main``) and prints the message instead of a traceback.
+This module imports nothing, so every layer may raise them."""
+
+from __future__ import annotations
+
+
+class GrpoError(Exception):
+    """Base of the errors that end a run with a message (exit code 2)."""
+
+
+class ConfigError(GrpoError, ValueError):
+    """A bad configuration value; the message names the key."""
+
+
+class DataError(GrpoError, ValueError):
+    """A task file or dataset that cannot be used; the message names the file and row."""
+
+
+class CheckpointError(GrpoError, RuntimeError):
+    """A checkpoint that cannot be resumed from; the message names the folder."""
+
+
+class SandboxError(GrpoError, RuntimeError):
+    """The code sandbox (bubblewrap) is missing or does not isolate; the message says how to install it."""
+
+
+class FuseError(GrpoError, RuntimeError):
+    """The fuse stopped the run; the message names the metric, its band and the checkpoint."""
+

@@ -1,0 +1,56 @@
+"""Process set-up before a run's first step: seeds, the run folder, glibc's handling of freed memory."""
+
+from __future__ import annotations
+
+import ctypes
+import random
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from grpo.errors import ConfigError
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def make_run_dir(output_dir: str, resume_from_checkpoint: str | None) -> Path:
+    """The run folder (``output_dir``, or runs/<date-time>). A fresh run never writes into another
+    run's folder: appending to its metrics or overwriting its checkpoints would lose what is already there."""
+    run_dir = Path(output_dir or f"runs/{datetime.now():%Y%m%d-%H%M%S}")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"output_dir: {run_dir} is a file, not a folder; choose another output_dir")
+    fresh = resume_from_checkpoint is None or (
+        resume_from_checkpoint == "auto" and not (run_dir / "checkpoints" / "latest").exists())
+    if fresh and ((run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists()):
+        raise ConfigError(f"output_dir: {run_dir} already holds a run; continue it with "
+                             f"grpo train --resume {run_dir}, or choose another output_dir")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as e:  # a file where a parent folder should be
+        raise ConfigError(f"output_dir: cannot create {run_dir}: {e}") from None
+    return run_dir
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc's malloc keep freed memory for reuse: no allocation served by its own mmap (which
+    free() unmaps) and no trimming of the heap's top. PyTorch's CPU allocator calls malloc and free
+    per tensor, so without this each large temporary of a training step is new memory to the kernel,
+    faulted in and zeroed page by page (4 KiB each); with it, steps after the heap has grown to the
+    step's peak touch only pages they already own. Process-wide; False (and nothing changed) off
+    Linux or without glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # glibc only: musl and others have no such mallopt parameters
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
+    return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))

@@ -1,0 +1,38 @@
+"""The optimizer and its learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def adamw(params: list, **settings) -> torch.optim.AdamW:
+    """AdamW over ``params``, with PyTorch's fused kernel where every parameter is a float tensor on
+    the CPU or a GPU: the same update (to fp32 rounding) in one pass over each tensor, where the
+    default foreach path makes several (a full fine-tune of SmolLM2-135M on the 2-core CPU: 0.11 s
+    per optimizer step against 0.45 s)."""
+    params = list(params)
+    fused = bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+    return torch.optim.AdamW(params, fused=fused or None, **settings)
+
+
+def lr_lambda(cfg):
+    """Multiplier of learning_rate at a given optimizer step: linear warmup, then the schedule. Both
+    are counted in training steps, as max_steps is, each taking num_iterations x mini_batches
+    optimizer steps."""
+    per_step = cfg.num_iterations * cfg.mini_batches
+    total = max(1, cfg.max_steps * per_step)
+    warm = cfg.warmup_steps * per_step
+
+    def f(step: int) -> float:
+        if step < warm:
+            return (step + 1) / (warm + 1)
+        progress = (step - warm) / max(1, total - warm)
+        if cfg.lr_scheduler_type == "cosine":
+            return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+        if cfg.lr_scheduler_type == "linear":
+            return max(0.0, 1 - progress)
+        return 1.0
+
+    return f
