@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 # Runs `python -m grpo train ...` with batch_decode recording the ids it is given.
 RUNNER = r"""
 import atexit, json, runpy, sys
@@ -104,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         cache = tmp / "cache"
+        cache.mkdir()
+        from grpo.models.loading import cache_dir, materialize_embedded  # the dequantized default, shared
+        (cache / "SmolLM2-135M-Instruct").symlink_to(materialize_embedded(cache_dir() / "SmolLM2-135M-Instruct"))
         records = {}
         if args.against:
             before_tree = tmp / "before"

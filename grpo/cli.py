@@ -80,13 +80,12 @@ def _train(argv: list[str]) -> int:
     finally:
         close_world(trainer.world)
     if main:
-        _print_summary(result, trainer)
+        _print_summary(result, steps=trainer.step, cfg=trainer.cfg, run_dir=trainer.run_dir)
     return 130 if result.get("interrupted") == "SIGINT" else 143 if result.get("interrupted") else 0
 
 
-def _print_summary(result: dict, trainer) -> None:
-    print(f"\ntrained {trainer.step} steps ({trainer.cfg.prompts_per_step} prompts x "
-          f"{trainer.cfg.num_generations} completions each)")
+def _print_summary(result: dict, *, steps: int, cfg, run_dir) -> None:
+    print(f"\ntrained {steps} steps ({cfg.prompts_per_step} prompts x {cfg.num_generations} completions each)")
     if "before" in result and "after" in result:
         b, a = result["before"], result["after"]
         k = b.get("k")
@@ -94,8 +93,8 @@ def _print_summary(result: dict, trainer) -> None:
               f"({(a['accuracy'] - b['accuracy']) * 100:+.1f} points)")
         if b.get("pass@k") is not None:
             print(f"pass@{k} on {b['pass_prompts']} prompts: {b['pass@k']:.1%} -> {a['pass@k']:.1%}")
-    print(f"run files: {trainer.run_dir}/ (config.yaml, metrics.jsonl, samples.jsonl, eval.json, "
-          f"checkpoints/, tensorboard/); plots and an HTML page: grpo report {trainer.run_dir}")
+    print(f"run files: {run_dir}/ (config.yaml, metrics.jsonl, samples.jsonl, eval.json, "
+          f"checkpoints/, tensorboard/); plots and an HTML page: grpo report {run_dir}")
 
 
 def _eval(argv: list[str]) -> int:

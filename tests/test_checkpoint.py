@@ -73,7 +73,7 @@ def test_resume_at_exact_end_of_epoch_trains_remaining_steps(tmp_path, tiny_mode
     full.train()
     part = Trainer(_cfg(tmp_path, "part", tiny_model_dir, tiny_dataset, max_steps=4, **kw))
     part.train()
-    assert part.sampler.state_dict()["position"] == 20
+    assert part.collector.sampler.state_dict()["position"] == 20
     resumed = Trainer(_cfg(tmp_path, "part", tiny_model_dir, tiny_dataset, max_steps=6,
                            resume_from_checkpoint="auto", **kw))
     resumed.train()
@@ -184,9 +184,9 @@ def test_signal_saves_and_exits_cleanly(tmp_path, tiny_model_dir, tiny_dataset, 
 
 
 def test_non_finite_gradients_skip_then_abort(tmp_path, tiny_model_dir, tiny_dataset, monkeypatch):
-    import grpo.train.trainer as trainer_mod
+    import grpo.core
 
-    real = trainer_mod.core.policy_loss
+    real = grpo.core.policy_loss
     poison = {"on": False}
 
     def maybe_nan(*a, **k):  # a loss that goes non-finite from the second step on
@@ -195,7 +195,7 @@ def test_non_finite_gradients_skip_then_abort(tmp_path, tiny_model_dir, tiny_dat
             out["loss"] = out["loss"] * float("nan")
         return out
 
-    monkeypatch.setattr(trainer_mod.core, "policy_loss", maybe_nan)
+    monkeypatch.setattr(grpo.core, "policy_loss", maybe_nan)
     t = Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, max_steps=10, num_iterations=1,
                      max_consecutive_skips=2))
     t.logger = type("Quiet", (), {"note": lambda *a: None, "log_samples": lambda *a: None})()
@@ -203,10 +203,10 @@ def test_non_finite_gradients_skip_then_abort(tmp_path, tiny_model_dir, tiny_dat
     after_good_step = weights_hash(t.policy)
     poison["on"] = True
     t.train_step()  # skipped: the weights stay as they were
-    assert t.skipped_updates == 1 and weights_hash(t.policy) == after_good_step
+    assert t.updater.skipped_updates == 1 and weights_hash(t.policy) == after_good_step
     with pytest.raises(FloatingPointError, match="2 consecutive updates"):
         t.train_step()
-    assert t.skipped_updates == 2 and weights_hash(t.policy) == after_good_step
+    assert t.updater.skipped_updates == 2 and weights_hash(t.policy) == after_good_step
 
 
 def test_finite_loss_with_a_non_finite_gradient_skips_the_update(tmp_path, tiny_model_dir, tiny_dataset):
@@ -227,9 +227,9 @@ def test_finite_loss_with_a_non_finite_gradient_skips_the_update(tmp_path, tiny_
     m = t.train_step()
     hook.remove()
     assert math.isfinite(m["loss"]) and not math.isfinite(m["grad_norm"])
-    assert t.skipped_updates == 1 and t.consecutive_skips == 1 and weights_hash(t.policy) == before
+    assert t.updater.skipped_updates == 1 and t.updater.consecutive_skips == 1 and weights_hash(t.policy) == before
     t.train_step()
-    assert t.skipped_updates == 1 and t.consecutive_skips == 0 and weights_hash(t.policy) != before
+    assert t.updater.skipped_updates == 1 and t.updater.consecutive_skips == 0 and weights_hash(t.policy) != before
 
 
 def test_resume_with_another_model_is_refused(tmp_path, tiny_model_dir, tiny_dataset):

@@ -2,7 +2,7 @@
 
 import torch
 
-from grpo.train.split import forward_passes, mini_batch_rows, rows_with_gradient
+from grpo.train.split import forward_chunks, mini_batch_rows, rows_with_gradient
 
 
 def _masks(prompt_lens, completion_lens, p=6, t=5):
@@ -15,13 +15,13 @@ def test_passes_count_a_shared_prompt_once_per_pass():
     # two groups of 2 (group_size 2): prompts of 4 and 3 tokens, completions of 5, 2, 3, 1 tokens
     pm, cm = _masks([4, 4, 3, 3], [5, 2, 3, 1])
     rows = torch.arange(4)
-    got = forward_passes(pm, cm, rows, budget=11, group_size=2, share_prompt=True)
+    got = forward_chunks(pm, cm, rows, budget=11, group_size=2, share_prompt=True)
     assert [p.tolist() for p in got] == [[0, 1], [2, 3]]  # 4 + 5 + 2 = 11; then 3 + 3 + 1 = 7
-    got = forward_passes(pm, cm, rows, budget=11, group_size=2, share_prompt=False)
+    got = forward_chunks(pm, cm, rows, budget=11, group_size=2, share_prompt=False)
     assert [p.tolist() for p in got] == [[0], [1], [2, 3]]  # 9 | 6 (+ 6 = 12 > 11) | 6 + 4 = 10
-    got = forward_passes(pm, cm, rows, budget=8, group_size=2, share_prompt=True)
+    got = forward_chunks(pm, cm, rows, budget=8, group_size=2, share_prompt=True)
     assert [p.tolist() for p in got] == [[0], [1], [2, 3]]  # a row over the budget alone; 3 + 3 + 1 = 7
-    assert [p.tolist() for p in forward_passes(pm, cm, rows, budget=0, group_size=2, share_prompt=True)] == [[0, 1, 2, 3]]
+    assert [p.tolist() for p in forward_chunks(pm, cm, rows, budget=0, group_size=2, share_prompt=True)] == [[0, 1, 2, 3]]
 
 
 def test_rows_with_gradient_keeps_nonzero_advantages_on_counted_tokens():

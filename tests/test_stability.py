@@ -9,7 +9,6 @@ import math
 import pytest
 import torch
 
-from grpo.train.batch import prepare_batch
 from grpo.infra.checkpoint import STATE_FILE
 from grpo.cli import main as cli_main
 from grpo.config import Config, ConfigError
@@ -228,7 +227,7 @@ def test_overlong_penalty_shifts_reward_and_filter_masks_truncated(tmp_path, tin
     t2 = Trainer(make_cfg(tmp_path / "filt", tiny_model_dir, tiny_dataset, eval_prompts=0, overlong_filter=True))
     samples, ro = t2.sample()
     rewards, _ = t2.score(samples, ro)
-    batch, _ = prepare_batch(t2, ro, rewards)
+    batch, _ = t2.prepare(ro, rewards)
     assert ro.truncated.any()
     assert torch.equal(batch.mask.sum(1) == 0, ro.truncated)  # exactly the truncated rows leave the loss
 
@@ -240,7 +239,7 @@ def test_policy_filter_and_cov_modes_act_in_training(tmp_path, tiny_model_dir, t
                          policy_filter_min_std=0.05))
     samples, ro = t.sample()
     rewards, _ = t.score(samples, ro)
-    batch, metrics = prepare_batch(t, ro, rewards)
+    batch, metrics = t.prepare(ro, rewards)
     keep = policy_filter(rewards, mode="variance", min_std=0.05).flatten()  # [N]
     assert torch.equal(batch.mask.sum(1) > 0, keep & (ro.completion_mask.sum(1) > 0))
     assert metrics["policy_filter_kept_share"] == float(keep.float().mean())
@@ -281,7 +280,7 @@ def test_resume_with_every_controller_is_exact(tmp_path, tiny_model_dir, tiny_da
     part.train()
     resumed = Trainer(make_cfg(tmp_path / "part", tiny_model_dir, tiny_dataset,
                                resume_from_checkpoint=str(part.run_dir), **kw))
-    assert resumed.stability.knobs() == part.stability.knobs()
+    assert resumed.knobs.values() == part.knobs.values()
     resumed.train()
     assert weights_hash(resumed.policy) == weights_hash(full.policy)
     assert metric_lines(resumed.run_dir) == metric_lines(full.run_dir)

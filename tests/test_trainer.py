@@ -9,7 +9,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from grpo.train.batch import prepare_batch
 from grpo.config import Config
 from grpo.core import AGGREGATIONS, ESTIMATORS
 from grpo.eval.evaluate import evaluate
@@ -282,22 +281,22 @@ def _one_update(cfg, *, perturb_reference: bool = False, before_update=None) -> 
             for p in t.models.reference.parameters():
                 p.add_(0.05 * torch.randn(p.shape, generator=g).to(p.device))
     grads, grad_steps = {}, []
-    step = t._optimizer_step
+    step = t.updater._optimizer_step
 
-    def capture():
+    def capture(at):
         grad_steps.append({n: p.grad.clone() for n, p in t.policy.named_parameters() if p.grad is not None})
         grads.update(grad_steps[-1])
-        return step()
+        return step(at)
 
-    t._optimizer_step = capture
+    t.updater._optimizer_step = capture
     samples, ro = t.sample()
     rewards, _ = t.score(samples, ro)
-    batch, _ = prepare_batch(t, ro, rewards)
+    batch, _ = t.prepare(ro, rewards)
     if before_update is not None:
         before_update(t, batch)
     metrics = t.update(batch)
     return {"metrics": metrics, "rewards": rewards, "grads": grads, "grad_steps": grad_steps, "batch": batch,
-            "schedule_steps": t.scheduler.last_epoch}
+            "schedule_steps": t.updater.scheduler.last_epoch}
 
 
 def _assert_same_grads(a: dict, b: dict) -> None:
@@ -445,7 +444,7 @@ def test_beta_zero_and_mu_one_run_no_frozen_forward(tmp_path, tiny_model_dir, ti
         rewards, _ = t.score(samples, ro)
         policy = _layer_calls(t.policy)
         reference = _layer_calls(t.models.reference) if t.models.reference is not None else []
-        batch, _ = prepare_batch(t, ro, rewards)
+        batch, _ = t.prepare(ro, rewards)
         return {"policy": len(policy), "reference": len(reference), "loaded": t.models.reference is not None,
                 "old": batch.old_logp is not None, "ref": batch.ref_logp is not None}
 
@@ -474,7 +473,7 @@ def test_gradient_clipping_bounds_the_applied_gradient(tmp_path, tiny_model_dir,
             grads = [p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None]
             applied.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
 
-        t.optimizer.register_step_pre_hook(pre_hook)
+        t.updater.optimizer.register_step_pre_hook(pre_hook)
 
     run = _one_update(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, eval_prompts=0, beta=0.1,
                                max_grad_norm=max_grad_norm), perturb_reference=True, before_update=watch_step)

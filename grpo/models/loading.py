@@ -46,13 +46,20 @@ def materialize_embedded(dest: Path | None = None) -> Path:
     the quantization entry, the dequantized weights are copied in, and that model is saved. The
     folder is written under a temporary name and renamed into place, so a crash leaves no half copy.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     dest = dest or cache_dir() / "SmolLM2-135M-Instruct"
     if (dest / "config.json").is_file():
         return dest
     gguf = embedded_gguf_path()
     folder, name = str(gguf.parent), gguf.name
+    with torch.random.fork_rng(devices=[]):  # building models draws random initial weights: a run's
+        # random stream must not depend on whether this cache was already there
+        _dequantize(folder, name, dest)
+    return dest
+
+
+def _dequantize(folder: str, name: str, dest: Path) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
     loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
@@ -69,7 +76,6 @@ def materialize_embedded(dest: Path | None = None) -> Path:
     tok.save_pretrained(tmp)
     dest.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, dest)
-    return dest
 
 
 def resolve_model_path(name: str) -> str:

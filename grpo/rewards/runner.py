@@ -125,6 +125,15 @@ class RewardRunner:
         proxies = {name: replays.get(name, self.fns[name]) for name in self.names}
         return score_completions(completions, samples, proxies, self.weights, logged=self.logged)
 
+    def state_dict(self) -> dict:
+        """What a resumed run needs to log and count as the uninterrupted one would: the failures
+        already logged once, and the timeouts so far."""
+        return {"logged_failures": sorted(self.logged), "reward_timeouts": self.timeouts}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.logged = {tuple(k) for k in state["logged_failures"]}
+        self.timeouts = state["reward_timeouts"]
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)

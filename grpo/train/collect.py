@@ -1,5 +1,5 @@
-"""Collection: this step's prompts sampled, scored and, with DAPO's dynamic sampling, filtered to the
-groups that carry a signal.
+"""Collection, the first half of a step: this step's prompts sampled (G completions each) and scored,
+and with DAPO's dynamic sampling kept to the groups that carry a signal.
 
 Dimension letters: B prompts, G group size, N = B*G sequences (n on this process), T completion tokens.
 """
@@ -7,56 +7,149 @@ Dimension letters: B prompts, G group size, N = B*G sequences (n on this process
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from grpo import core
+from grpo.data import PromptSampler, render_prompt
 from grpo.infra import distributed as dist_io
-from grpo.rollout import Rollout
+from grpo.rewards.runner import RewardRunner
+from grpo.rollout import Rollout, sample_rollout
 from grpo.rollout.base import concat_rollouts, rollout_to, select_rollout
+from grpo.rollout.hf import row_keys
+from grpo.rollout.tuning import take_messages
 
 
-def dynamic_sample(trainer) -> tuple[list[dict], Rollout, torch.Tensor, dict]:
-    """DAPO dynamic sampling (arXiv 2503.14476, section 3.2): sample and score rounds of B prompts, keep
-    only groups whose rewards are not all equal, until B groups are kept or ``dynamic_sampling_rounds``
-    rounds are spent. Returns this process's (samples, rollout), the step's rewards [b', G] and the
-    metrics, b' <= B kept groups. When no round kept a group the last round is trained as it is (its
-    groups have zero advantage, so only the KL term acts) and dynamic_sampling_empty is 1.
+@dataclass
+class Collected:
+    """What a step trains on."""
 
-    On several processes the kept groups are the same as on one, in the same order (the first
-    informative groups of each round, by their index in the step's draw); each process then trains
-    an equal, contiguous share of them (groups move between processes as CPU tensors), so DDP and
-    FSDP2 see the same number of sequences everywhere. A remainder that would not fill every process's
-    mini-batches alike (fewer groups than processes x mini_batches), possible only when the rounds run
-    out, is left out of the step (counted as dropped), on one process as on several."""
-    cfg, world, g, n = trainer.cfg, trainer.world, trainer.cfg.num_generations, trainer.cfg.prompts_per_step
-    b = n // world.size  # prompts per process and round
-    mine, kept_rewards, n_kept, seconds = [], [], 0, 0.0
-    for round in range(cfg.dynamic_sampling_rounds):
-        samples, ro = trainer.sample(round)  # fresh sampling keys each round
-        rewards, metrics = trainer.score(samples, ro)  # [B, G] of the whole step
-        seconds += ro.seconds
-        idx = core.informative_groups(rewards).nonzero().flatten()[: n - n_kept]  # [k] indices into the step's B
-        kept_rewards.append(rewards[idx])  # [k, G]
-        n_kept += len(idx)
-        for i in idx.tolist():  # this process's kept groups: (round, index, sample, its G rows)
-            j = i - world.rank * b
-            if 0 <= j < b:
-                rows = select_rollout(ro, torch.arange(j * g, (j + 1) * g))
-                mine.append((round, i, samples[j], rollout_to(rows, "cpu") if world.distributed else rows))
-        if n_kept >= n:
-            break
-    # whole mini-batches on every process when there are enough groups (then 1 and N processes take
-    # the same mini-batches, passes.mini_batch_rows), else whole groups per process
-    unit = world.size * cfg.mini_batches if n_kept >= world.size * cfg.mini_batches else world.size
-    n_used = n_kept - n_kept % unit
-    rounds = round + 1
-    metrics.update(dynamic_sampling_rounds=rounds, dynamic_sampling_dropped_share=1.0 - n_used / (rounds * n),
-                   dynamic_sampling_empty=int(n_used == 0), trained_groups=n_used or n)
-    if n_used == 0:
-        return samples, ro, rewards, metrics
-    kept = sorted((x for part in dist_io.gather_objects(mine, world) for x in part), key=lambda x: x[:2])[:n_used]
-    share = kept[world.rank * n_used // world.size:(world.rank + 1) * n_used // world.size]
-    merged = concat_rollouts([x[3] for x in share], trainer.tok.pad_token_id)
-    merged = dataclasses.replace(rollout_to(merged, ro.completion_ids.device), seconds=seconds)
-    return [x[2] for x in share], merged, torch.cat(kept_rewards)[:n_used], metrics
+    samples: list[dict]  # this process's b prompts (their task rows)
+    rollout: Rollout  # this process's n = b * G sequences
+    rewards: torch.Tensor  # [B, G] of the whole step (NaN where a reward failed)
+    metrics: dict
+
+
+class Collector:
+    """Draws the step's prompts (an epoch-shuffled sampler), samples them, scores the completions
+    and counts what went wrong (failed rewards, prompts cut to max_prompt_length). ``note`` reports
+    a message to the run's log."""
+
+    def __init__(self, cfg, *, world: dist_io.World, train: list[dict], tokenizer, rewards: RewardRunner,
+                 note: Callable[..., None]):
+        self.cfg, self.world, self.train, self.tok, self.rewards, self.note = cfg, world, train, tokenizer, rewards, note
+        self.sampler = PromptSampler(len(train), seed=cfg.seed)
+        self.reward_failures = 0
+        self.prompts_truncated = 0  # this run's sampled prompts cut to max_prompt_length (every process)
+
+    def collect(self, policy, *, step: int, temperature: float, synced: bool) -> Collected:
+        """Sample and score this step (with dynamic sampling: several rounds)."""
+        if self.cfg.dynamic_sampling:  # DAPO: only groups with reward variance reach the loss
+            return self._dynamic(policy, step=step, temperature=temperature, synced=synced)
+        samples, ro = self.sample(policy, step=step, temperature=temperature, synced=synced)
+        rewards, metrics = self.score(samples, ro)
+        return Collected(samples, ro, rewards, metrics)
+
+    def sample(self, policy, *, step: int, temperature: float, synced: bool, draw: int = 0
+               ) -> tuple[list[dict], Rollout]:
+        """This process's b = B / world prompts of the step's global draw, G completions each. Each
+        row samples from its own key (seed, step, global row), so the tokens do not depend on how
+        many processes share the batch; ``draw`` numbers the extra draws of one step (dynamic sampling)."""
+        cfg, world = self.cfg, self.world
+        b, g = cfg.prompts_per_step // world.size, cfg.num_generations
+        mine = self.sampler.next(cfg.prompts_per_step)[world.rank * b:(world.rank + 1) * b]
+        samples = [self.train[i] for i in mine]
+        prompts = [render_prompt(self.tok, s["prompt"], cfg.system_prompt) for s in samples]
+        keys = row_keys(cfg.seed, step, (draw * world.size + world.rank) * b * g, b * g)
+        ro = sample_rollout(cfg.rollout_backend, policy, self.tok, prompts, group_size=g,
+                            max_new_tokens=cfg.max_completion_length, temperature=temperature,
+                            top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length,
+                            with_logprobs=False,  # the loss recomputes them; keeping [N, T, V] logits costs memory
+                            keys=keys, synced=synced, kernels=cfg.decode_kernels)
+        for msg in take_messages():  # what the rollout measured or read about this machine's kernels, once
+            self.note(msg)
+        self._count_truncated(int(dist_io.all_sum(torch.tensor(ro.prompts_truncated), world)))
+        return samples, ro
+
+    def _count_truncated(self, n: int) -> None:
+        """Count prompts cut to max_prompt_length; the first time, say so (they keep their end, the
+        generation prompt, and lose their start, which may hold the question)."""
+        if n and not self.prompts_truncated:
+            self.note(f"{n} prompt(s) longer than max_prompt_length={self.cfg.max_prompt_length} "
+                      "tokens were cut from the left (counted in metrics as prompts_truncated)", "yellow")
+        self.prompts_truncated += n
+
+    def score(self, samples: list[dict], ro: Rollout) -> tuple[torch.Tensor, dict]:
+        """Rewards [B, G] of the whole step, gathered from every process (NaN where a reward
+        failed), and the reward metrics."""
+        cfg, world = self.cfg, self.world
+        group_samples = [s for s in samples for _ in range(cfg.num_generations)]
+        res = self.rewards.score(ro.texts, group_samples)
+        for msgs in dist_io.gather_objects(res.messages, world):
+            for msg in msgs:
+                self.note(msg, "yellow")
+        total = dist_io.gather_rows(res.total.double(), world)  # [N_global]
+        per_reward = {k: dist_io.gather_rows(v.double(), world) for k, v in res.per_reward.items()}
+        n_failed = int(torch.isnan(total).sum())
+        self.reward_failures += n_failed
+        first = per_reward[cfg.reward_names[0]]
+        timeouts = int(dist_io.all_sum(torch.tensor(self.rewards.timeouts), world))
+        metrics = {f"rewards/{k}": float(torch.nanmean(v)) for k, v in per_reward.items()}
+        metrics.update(accuracy=float((first >= 1.0).double().mean()), reward_failures=n_failed,
+                       reward_failures_total=self.reward_failures, reward_timeouts_total=timeouts)
+        return total.float().view(cfg.prompts_per_step, cfg.num_generations), metrics
+
+    def _dynamic(self, policy, *, step: int, temperature: float, synced: bool) -> Collected:
+        """DAPO dynamic sampling (arXiv 2503.14476, section 3.2): sample and score rounds of B prompts, keep
+        only groups whose rewards are not all equal, until B groups are kept or ``dynamic_sampling_rounds``
+        rounds are spent. The rewards of the result are [b', G] for the, b' <= B kept groups. When no round kept a group the last round is trained as it is (its
+        groups have zero advantage, so only the KL term acts) and dynamic_sampling_empty is 1.
+
+        On several processes the kept groups are the same as on one, in the same order (the first
+        informative groups of each round, by their index in the step's draw); each process then trains
+        an equal, contiguous share of them (groups move between processes as CPU tensors), so DDP and
+        FSDP2 see the same number of sequences everywhere. A remainder that would not fill every process's
+        mini-batches alike (fewer groups than processes x mini_batches), possible only when the rounds run
+        out, is left out of the step (counted as dropped), on one process as on several."""
+        cfg, world, g, n = self.cfg, self.world, self.cfg.num_generations, self.cfg.prompts_per_step
+        b = n // world.size  # prompts per process and round
+        mine, kept_rewards, n_kept, seconds = [], [], 0, 0.0
+        for draw in range(cfg.dynamic_sampling_rounds):
+            samples, ro = self.sample(policy, step=step, temperature=temperature, synced=synced, draw=draw)
+            rewards, metrics = self.score(samples, ro)  # [B, G] of the whole step
+            seconds += ro.seconds
+            idx = core.informative_groups(rewards).nonzero().flatten()[: n - n_kept]  # [k] indices into the step's B
+            kept_rewards.append(rewards[idx])  # [k, G]
+            n_kept += len(idx)
+            for i in idx.tolist():  # this process's kept groups: (draw, index, sample, its G rows)
+                j = i - world.rank * b
+                if 0 <= j < b:
+                    rows = select_rollout(ro, torch.arange(j * g, (j + 1) * g))
+                    mine.append((draw, i, samples[j], rollout_to(rows, "cpu") if world.distributed else rows))
+            if n_kept >= n:
+                break
+        # whole mini-batches on every process when there are enough groups (then 1 and N processes take
+        # the same mini-batches, split.mini_batch_rows), else whole groups per process
+        unit = world.size * cfg.mini_batches if n_kept >= world.size * cfg.mini_batches else world.size
+        n_used = n_kept - n_kept % unit
+        rounds = draw + 1
+        metrics.update(dynamic_sampling_rounds=rounds, dynamic_sampling_dropped_share=1.0 - n_used / (rounds * n),
+                       dynamic_sampling_empty=int(n_used == 0), trained_groups=n_used or n)
+        if n_used == 0:
+            return Collected(samples, ro, rewards, metrics)
+        kept = sorted((x for part in dist_io.gather_objects(mine, world) for x in part), key=lambda x: x[:2])[:n_used]
+        share = kept[world.rank * n_used // world.size:(world.rank + 1) * n_used // world.size]
+        merged = concat_rollouts([x[3] for x in share], self.tok.pad_token_id)
+        merged = dataclasses.replace(rollout_to(merged, ro.completion_ids.device), seconds=seconds)
+        return Collected([x[2] for x in share], merged, torch.cat(kept_rewards)[:n_used], metrics)
+
+    def state_dict(self) -> dict:
+        return {"sampler": self.sampler.state_dict(), "reward_failures": self.reward_failures,
+                **self.rewards.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state["sampler"])  # ValueError when the data changed
+        self.reward_failures = state["reward_failures"]
+        self.rewards.load_state_dict(state)

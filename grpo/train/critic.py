@@ -14,7 +14,7 @@ from torch import nn
 from grpo import core
 from grpo.infra import distributed as dist_io
 from grpo.models.packing import model_inputs
-from grpo.train.optim import adamw
+from grpo.train.optim import adamw, clipped_step
 
 
 def load_value_model(path: str, dtype: torch.dtype) -> nn.Module:
@@ -152,11 +152,7 @@ class Critic:
                 (out["loss"] * share * self.loss_scale).backward()
             sums += torch.stack([out["loss"].detach() * share, out["clip_fraction"] * share]).double().cpu()
         loss_sum, clip_sum = (dist_io.all_sum(sums, self.world) / self.world.size).tolist()
-        max_norm = self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
-        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
-        if math.isfinite(norm):
-            self.optimizer.step()
+        norm = clipped_step(self.params, self.optimizer, max_grad_norm=self.max_grad_norm)
         return {"value_loss": loss_sum, "value_clip_fraction": clip_sum, "value_grad_norm": norm}
 
     def step_metrics(self, updates: list[dict]) -> dict:

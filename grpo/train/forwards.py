@@ -1,5 +1,5 @@
 """How the trainer runs a model over a rollout's sequences: the layout (one prompt pass per group,
-packed rows, forward passes of bounded size) and the precision are fixed once per run; the
+packed rows, forward chunks of bounded size) and the precision are fixed once per run; the
 temperature, which a controller may move, is given per call.
 
 Dimension letters: N sequences (rows), T completion tokens.
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from grpo.train import split as passes
+from grpo.train import split
 from grpo.models.logprobs import completion_logprobs, tied_embedding_grad_in_place
 from grpo.rollout import Rollout
 
@@ -27,9 +27,9 @@ class Forwards:
     sharded: bool  # FSDP2: one pass per micro-batch (every process runs the same count), no inference tensors
     tied_grad_in_place: bool  # policy.tied_embedding_grad_in_place; one process only
 
-    def passes(self, ro: Rollout, rows: Tensor) -> list[Tensor]:
-        """One micro-batch's rows [n] in forward passes of at most ``max_tokens`` tokens."""
-        return passes.forward_passes(ro.prompt_mask, ro.completion_mask, rows,
+    def chunks(self, ro: Rollout, rows: Tensor) -> list[Tensor]:
+        """One micro-batch's rows [n] in forward chunks of at most ``max_tokens`` tokens."""
+        return split.forward_chunks(ro.prompt_mask, ro.completion_mask, rows,
                                      budget=0 if self.sharded else self.max_tokens,
                                      group_size=self.group_size, share_prompt=self.share_prompt)
 
@@ -50,6 +50,6 @@ class Forwards:
         # FSDP2 reuses its all-gather buffers in training, which must not be inference tensors
         with torch.no_grad() if self.sharded else torch.inference_mode():
             parts = [self.logprobs(model, ro, idx, temperature=temperature)["logp"]
-                     for mb in rows.split(micro_batch) for idx in self.passes(ro, mb)]
+                     for mb in rows.split(micro_batch) for idx in self.chunks(ro, mb)]
             logp = torch.cat(parts)  # [N, T]
         return logp.clone()

@@ -106,7 +106,7 @@ class Fuse:
         self.seen, self.missing = state.get("seen", True), state.get("missing", 0)  # older checkpoints: none
 
 
-class Stability:
+class Knobs:
     """The step's knobs (epsilon, eps_high, beta, entropy_coef, temperature) and the tools that move them."""
 
     def __init__(self, cfg):
@@ -142,7 +142,7 @@ class Stability:
         if "epsilon" in self.controllers:  # clip-higher keeps its ratio to the lower range
             self.eps_high = self.epsilon * self.cfg.eps_high / max(self.cfg.epsilon, 1e-12)
 
-    def knobs(self) -> dict:
+    def values(self) -> dict:
         """The values this step trains with, logged as metrics."""
         return {"epsilon": self.epsilon, "epsilon_high": self.eps_high, "beta": self.beta,
                 "entropy_coef": self.entropy_coef, "temperature": self.temperature}

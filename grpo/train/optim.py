@@ -1,4 +1,5 @@
-"""The optimizer and its learning-rate schedule."""
+"""The optimizer, its learning-rate schedule, and the one optimizer step every model of a run takes
+(policy and critic): clip the gradient norm, step only when it is finite."""
 
 from __future__ import annotations
 
@@ -36,3 +37,16 @@ def lr_lambda(cfg):
         return 1.0
 
     return f
+
+
+def clipped_step(params: list, optimizer, *, max_grad_norm: float) -> float:
+    """Clip the gradient norm of ``params`` to ``max_grad_norm`` (0: no clipping) and step the
+    optimizer if the norm is finite; a non-finite gradient never reaches the weights. The gradients
+    are freed either way (set to None), so no model-sized gradient waits beside the next rollout.
+    Returns the norm before clipping (FSDP2: of the whole model, every process alike)."""
+    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
+    norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
+    if math.isfinite(norm):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm

@@ -1,6 +1,6 @@
-"""How a step's sequences go through the model: which rows need a backward pass at all, which rows
-form each mini-batch (one optimizer step), and how a micro-batch is cut into forward/backward passes
-of bounded size. Pure functions of masks and
+"""How a step's sequences are split for the update: which rows need a backward pass at all, which
+rows form each mini-batch (one optimizer step), and how a micro-batch is cut into forward/backward
+chunks of bounded size. Pure functions of masks and
 settings (the trainer decides when they apply).
 
 Dimension letters: N sequences (rows), P prompt tokens, T completion tokens, G group size.
@@ -12,28 +12,28 @@ import torch
 from torch import Tensor
 
 
-def forward_passes(prompt_mask: Tensor, completion_mask: Tensor, rows: Tensor, *, budget: int, group_size: int,
+def forward_chunks(prompt_mask: Tensor, completion_mask: Tensor, rows: Tensor, *, budget: int, group_size: int,
                    share_prompt: bool) -> list[Tensor]:
     """``rows`` (indices into prompt_mask [N, P] and completion_mask [N, T]) cut, in order, into
-    passes of at most ``budget`` packed tokens each; with ``share_prompt`` a prompt counts once per
-    pass for the consecutive rows of its group (rows // group_size). A sequence longer than the budget
-    gets a pass of its own; budget 0 keeps one pass. The gradient summed over the passes is the
+    chunks of at most ``budget`` packed tokens each; with ``share_prompt`` a prompt counts once per
+    chunk for the consecutive rows of its group (rows // group_size). A sequence longer than the budget
+    gets a chunk of its own; budget 0 keeps one chunk. The gradient summed over the chunks is the
     gradient of one pass (verl's dynamic batch size follows the same idea)."""
     if not budget or len(rows) <= 1:
         return [rows]
     p_len = prompt_mask[rows].sum(1).tolist()
     c_len = completion_mask[rows].sum(1).tolist()
-    passes, cur, cost = [], [], 0
+    chunks, cur, cost = [], [], 0
     for k, row in enumerate(rows.tolist()):
         shared = share_prompt and cur and cur[-1] // group_size == row // group_size
         add = c_len[k] + (0 if shared else p_len[k])
         if cur and cost + add > budget:
-            passes.append(cur)
+            chunks.append(cur)
             cur, cost, add = [], 0, c_len[k] + p_len[k]
         cur.append(row)
         cost += add
-    passes.append(cur)
-    return [torch.tensor(p, dtype=rows.dtype) for p in passes]
+    chunks.append(cur)
+    return [torch.tensor(p, dtype=rows.dtype) for p in chunks]
 
 
 def rows_with_gradient(advantages: Tensor, mask: Tensor, *, group_size: int) -> Tensor:

@@ -1,9 +1,10 @@
 """What a run's checkpoint holds besides the weights, and how a trainer is put back from one.
 
-``trainer_state`` gathers everything the next step depends on (optimizer, scheduler, sampler position,
-counters, RNG states, the critic, the reference once iterative GRPO has reset it, and the state of any
-stateful helper the trainer lists in ``trainer.stateful``); ``restore`` puts all of it back so the next
-step equals the one the uninterrupted run would have taken.
+``trainer_state`` gathers everything the next step depends on: the state of each component the trainer
+lists in ``Trainer.components`` (collector: sampler position and reward counters; updater: optimizer,
+schedule, skip counters; knobs: controllers and fuse; critic), RNG states, and the reference once
+iterative GRPO has reset it. ``restore`` puts all of it back so the next step equals the one the
+uninterrupted run would have taken.
 """
 
 from __future__ import annotations
@@ -13,25 +14,19 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+from grpo.errors import CheckpointError
 from grpo.infra import checkpoint as ckpt_io
 from grpo.infra import distributed as dist_io
 
 
 def trainer_state(t) -> dict:
-    """Everything besides the policy weights that the next step depends on."""
-    # the optimizer keyed by parameter name and unsharded: resumable on any number of processes
-    state = {"step": t.step, "sampler": t.sampler.state_dict(),
-             "optimizer": dist_io.full_optimizer_state(t.policy, t.optimizer),
-             "scheduler": t.scheduler.state_dict(), "rng": ckpt_io.rng_state(),
-             "skipped_updates": t.skipped_updates, "consecutive_skips": t.consecutive_skips,
-             "reward_failures": t.reward_failures, "ref_reset_at": t.ref_reset_at,
-             "logged_failures": sorted(t.rewards.logged), "reward_timeouts": t.rewards.timeouts,
-             "model": t.cfg.model,
+    """Everything besides the policy weights that the next step depends on: each component's state
+    under its name (Trainer.components), the step, the RNG states, and the reference once iterative
+    GRPO has reset it."""
+    state = {"step": t.step, "rng": ckpt_io.rng_state(), "ref_reset_at": t.ref_reset_at, "model": t.cfg.model,
              # the schedule counts optimizer steps: this many per training step
              "optimizer_steps_per_step": t.cfg.num_iterations * t.cfg.mini_batches}
-    if t.critic is not None:
-        state["critic"] = t.critic.state_dict()
-    state["stateful"] = {name: obj.state_dict() for name, obj in t.stateful.items()}
+    state.update({name: part.state_dict() for name, part in t.components().items()})
     if t.ref_reset_at and t.models.reference is not None:
         # the reference is no longer the initial model: its weights are part of the run's state
         ref = t.models.reference
@@ -59,17 +54,17 @@ def restore(t, ckpt: Path) -> None:
     run would have taken; metrics lines written after it (by a run that later died) are dropped."""
     state = ckpt_io.load_state(ckpt)
     if state.get("model") != t.cfg.model:
-        raise ckpt_io.CheckpointError(f"{ckpt}: was trained from model {state.get('model')!r}, "
-                                      f"but this config's model is {t.cfg.model!r}")
+        raise CheckpointError(f"{ckpt}: was trained from model {state.get('model')!r}, "
+                              f"but this config's model is {t.cfg.model!r}")
     per_step = t.cfg.num_iterations * t.cfg.mini_batches
     if state.get("optimizer_steps_per_step", per_step) != per_step:
-        raise ckpt_io.CheckpointError(
+        raise CheckpointError(
             f"{ckpt}: was trained with {state['optimizer_steps_per_step']} optimizer steps per training step, "
             f"this config takes {per_step} (num_iterations x mini_batches); the learning-rate schedule counts "
             f"optimizer steps, so resume with the values the run started with")
     files = sorted(ckpt.glob("*.safetensors"))
     if not files:
-        raise ckpt_io.CheckpointError(f"{ckpt}: no *.safetensors weights")
+        raise CheckpointError(f"{ckpt}: no *.safetensors weights")
     weights = {}
     for f in files:
         weights.update(load_file(str(f)))
@@ -82,30 +77,21 @@ def restore(t, ckpt: Path) -> None:
     else:
         missing, unexpected = t.policy.load_state_dict(weights, strict=False)
         if unexpected or [k for k in missing if "lm_head" not in k]:
-            raise ckpt_io.CheckpointError(f"{ckpt}: weights do not match the model "
-                                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+            raise CheckpointError(f"{ckpt}: weights do not match the model "
+                                  f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
     if "reference" in state:
         if t.sharded:
             dist_io.load_full_model_state(t.models.reference, state["reference"])
         else:
             t.models.reference.load_state_dict(state["reference"])
-    if t.critic is not None:
-        t.critic.load_state_dict(state["critic"])
-    for name, obj in t.stateful.items():
-        if name not in state.get("stateful", {}):
-            raise ckpt_io.CheckpointError(f"{ckpt}: holds no state for {name!r}, which this config uses")
-        obj.load_state_dict(state["stateful"][name])
-    dist_io.load_full_optimizer_state(t.policy, t.optimizer, state["optimizer"])
-    t.scheduler.load_state_dict(state["scheduler"])
-    try:
-        t.sampler.load_state_dict(state["sampler"])
-    except ValueError as e:  # the run's data file changed since the checkpoint
-        raise ckpt_io.CheckpointError(f"{ckpt}: {e}; resume with the data the run started with") from None
+    for name, part in t.components().items():
+        if name not in state:
+            raise CheckpointError(f"{ckpt}: holds no state for {name!r}, which this config uses")
+        try:
+            part.load_state_dict(state[name])
+        except ValueError as e:  # the sampler's: the run's data file changed since the checkpoint
+            raise CheckpointError(f"{ckpt}: {e}; resume with the data the run started with") from None
     t.step, t.ref_reset_at = state["step"], state["ref_reset_at"]
-    t.skipped_updates, t.consecutive_skips = state["skipped_updates"], state["consecutive_skips"]
-    t.reward_failures = state["reward_failures"]
-    t.rewards.logged = {tuple(k) for k in state["logged_failures"]}
-    t.rewards.timeouts = state["reward_timeouts"]
     ckpt_io.set_rng_state(state["rng"])
     for name in ("metrics.jsonl", "samples.jsonl"):
         path = t.run_dir / name

@@ -1,0 +1,165 @@
+"""The update, the second half of a step: mu epochs over the batch, each one optimizer step per
+mini-batch of the clipped objective (+ beta * KL), gradients accumulated over micro-batches cut into
+forward chunks of bounded size.
+
+Dimension letters: N sequences (n on this process), T completion tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+
+import torch
+
+from grpo import core
+from grpo.infra import distributed as dist_io
+from grpo.rollout.base import select_rollout
+from grpo.train import split
+from grpo.train.batch import Batch
+from grpo.train.optim import adamw, clipped_step, lr_lambda
+
+LOGGED = ("kl", "entropy", "ratio_mean", "clip_fraction", "clip_fraction_low", "clip_fraction_high",
+          "cov_token_share")
+
+
+class Updater:
+    """Owns the policy's optimizer and schedule and the count of skipped (non-finite) updates;
+    ``module`` is what the training forward runs through (the policy, its DDP wrapper, or the policy
+    sharded in place by FSDP2); ``critic`` (PPO) is trained on the same mini-batches."""
+
+    def __init__(self, cfg, *, world: dist_io.World, policy, module, forwards, critic, checkpoint_dir: Path):
+        self.cfg, self.world, self.policy, self.module = cfg, world, policy, module
+        self.forwards, self.critic, self.checkpoint_dir = forwards, critic, checkpoint_dir
+        params = [p for p in policy.parameters() if p.requires_grad]  # LoRA: adapters only
+        self.optimizer = adamw(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                               weight_decay=cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.skipped_updates = 0
+        self.consecutive_skips = 0
+
+    def update(self, batch: Batch, knobs, *, step: int) -> dict:
+        """mu epochs over the batch; each epoch takes one optimizer step per mini-batch, accumulating
+        its micro-batch gradients. ``knobs``: this step's epsilon, beta, entropy_coef, temperature."""
+        cfg, ro, world = self.cfg, batch.rollout, self.world
+        n = ro.completion_ids.shape[0]
+        rows = self.trained_rows(batch, knobs)  # [n'] the sequences that can have a gradient
+        minis = split.mini_batch_rows(n // cfg.num_generations, cfg.num_generations, cfg.mini_batches)
+        # tokens that count in each mini-batch, over all processes: one without any (absent, filtered or
+        # failed groups) has no loss and takes no optimizer step, though the schedule moves on
+        counts = dist_io.all_sum(torch.stack([batch.mask[m].sum() for m in minis]).double(), world).tolist()
+        steps = cfg.num_iterations * sum(c > 0 for c in counts)  # optimizer steps of this update
+        acc: dict = {"sums": {}, "tokens": 0.0, "grad_norms": [], "critic": []}
+        for _ in range(cfg.num_iterations):
+            for mini, count in zip(minis, counts):
+                if count == 0:
+                    with warnings.catch_warnings():  # before the run's first optimizer step PyTorch warns
+                        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+                        self.scheduler.step()
+                    continue
+                # the loss's denominator is the mini-batch's (tokens or sequences over all processes); DDP
+                # and FSDP2 average gradients over processes, so each divides by total / world for a sum
+                total = (count if cfg.aggregation == "token_mean" else len(mini) * world.size) / world.size
+                live = mini[torch.isin(mini, rows)] if len(rows) < n else mini  # [m'] sequences with a gradient
+                self._mini_batch(batch, live, total, acc, knobs, weight=1.0 / steps)
+                if self.critic is not None:  # PPO epochs train the critic on the same mini-batch; with a
+                    # shared trunk its value-loss gradients join the policy's before the policy steps
+                    acc["critic"].append(self.critic.update(select_rollout(ro, mini), batch.values[mini],
+                                                            batch.returns[mini], batch.mask[mini],
+                                                            micro_batch=cfg.per_device_train_batch_size))
+                acc["grad_norms"].append(self._optimizer_step(step))
+        return self._metrics(acc, n, len(rows))
+
+    def _metrics(self, acc: dict, n: int, n_trained: int) -> dict:
+        """Token-weighted means and loss shares of every process (each loss share is world x its part)."""
+        world, sums = self.world, acc["sums"]
+        keys = sorted(sums)
+        summed = dist_io.all_sum(torch.tensor([sums[k] for k in keys] + [acc["tokens"]], dtype=torch.float64), world)
+        sums, tokens_seen = dict(zip(keys, summed[:-1].tolist())), float(summed[-1])
+        metrics = {k: v / max(tokens_seen, 1.0) for k, v in sums.items() if k not in ("loss", "policy_loss")}
+        norms = acc["grad_norms"] or [0.0]
+        metrics.update(loss=sums.get("loss", 0.0) / world.size, policy_loss=sums.get("policy_loss", 0.0) / world.size,
+                       grad_norm=norms[-1], grad_norm_max=max(norms), optimizer_steps=len(acc["grad_norms"]),
+                       trained_sequence_share=n_trained / max(n, 1),
+                       skipped_updates=self.skipped_updates, learning_rate=self.scheduler.get_last_lr()[0])
+        if self.critic is not None:
+            metrics.update(self.critic.step_metrics(acc["critic"]))
+        return metrics
+
+    def _mini_batch(self, batch: Batch, rows: torch.Tensor, total, acc: dict, knobs, *, weight: float) -> None:
+        """Forward and backward passes over one mini-batch's ``rows`` [m], in micro-batches cut into
+        forward chunks of bounded size; the gradients accumulate (synced on the last chunk). Adds the
+        token-weighted metric sums, and the loss times ``weight`` (1 / the update's optimizer steps), to ``acc``."""
+        cfg, world, sums = self.cfg, self.world, acc["sums"]
+        self.optimizer.zero_grad(set_to_none=True)
+        todo = [c for rows_mb in rows.split(cfg.per_device_train_batch_size)
+                for c in self.forwards.chunks(batch.rollout, rows_mb)]
+        for i, idx in enumerate(todo):
+            with dist_io.grad_sync(self.module, world, enabled=i == len(todo) - 1):
+                out = self._micro_loss(batch, idx, total, knobs)
+                out["loss"].backward()
+            w = float(batch.mask[idx].sum())  # token weight of this micro-batch's means
+            acc["tokens"] += w
+            for key in LOGGED:
+                if key in out:
+                    sums[key] = sums.get(key, 0.0) + float(out[key]) * w
+            sums["loss"] = sums.get("loss", 0.0) + float(out["loss"].detach()) * weight
+            sums["policy_loss"] = sums.get("policy_loss", 0.0) + float(out["policy_loss"]) * weight
+
+    def trained_rows(self, batch: Batch, knobs) -> torch.Tensor:
+        """The sequences that go through forward and backward: with beta = 0, mu = 1, one mini-batch and no entropy or
+        covariance term, those with a non-zero advantage (split.rows_with_gradient); the loss's
+        denominator still counts the others, so the loss is unchanged. All of them on more than one
+        process (DDP needs each to run the same micro-batches) and under an entropy target (its
+        controller reads the entropy of the whole batch)."""
+        cfg, k = self.cfg, knobs
+        if (not cfg.skip_zero_advantage or self.world.distributed or cfg.num_iterations > 1 or cfg.mini_batches > 1
+                or k.beta > 0 or k.entropy_coef > 0 or cfg.cov_mode is not None or self.critic is not None
+                or cfg.entropy_target_band is not None):
+            return torch.arange(batch.mask.shape[0])
+        return split.rows_with_gradient(batch.advantages, batch.mask, group_size=cfg.num_generations)
+
+    def _micro_loss(self, batch: Batch, idx: torch.Tensor, total, knobs) -> dict:
+        """The objective on micro-batch rows ``idx``, through the (possibly wrapped) policy."""
+        cfg, ro, k = self.cfg, batch.rollout, knobs
+        cur = self.forwards.logprobs(self.module, ro, idx, temperature=k.temperature,
+                                     with_entropy=k.entropy_coef > 0)
+        logp = cur["logp"]  # [n, T]
+        old = batch.old_logp[idx] if batch.old_logp is not None else logp.detach()
+        return core.policy_loss(
+            logp, old, batch.advantages[idx], batch.mask[idx],
+            ref_logp=batch.ref_logp[idx] if batch.ref_logp is not None else None,
+            eps_low=k.epsilon, eps_high=k.eps_high, dual_clip=cfg.dual_clip,
+            ratio_level=cfg.importance_sampling_level, kl_coef=k.beta if batch.kl_in_loss else 0.0,
+            kl_estimator=cfg.kl_estimator,
+            aggregation=cfg.aggregation, norm_length=cfg.max_completion_length, total=total,
+            entropy=cur["entropy"], entropy_coef=k.entropy_coef, cov_mode=cfg.cov_mode,
+            cov_fraction=cfg.cov_fraction, kl_cov_coef=cfg.kl_cov_coef)
+
+    def _optimizer_step(self, step: int) -> float:
+        norm = clipped_step([p for p in self.policy.parameters() if p.grad is not None], self.optimizer,
+                            max_grad_norm=self.cfg.max_grad_norm)
+        if math.isfinite(norm):
+            self.consecutive_skips = 0
+        else:
+            self.skipped_updates += 1  # a non-finite gradient never reaches the weights
+            self.consecutive_skips += 1
+            if self.consecutive_skips >= self.cfg.max_consecutive_skips:
+                raise FloatingPointError(
+                    f"{self.consecutive_skips} consecutive updates had a non-finite loss or gradient norm "
+                    f"(step {step + 1}); stopping. Lower learning_rate, check rewards, or raise "
+                    f"max_consecutive_skips. The last good checkpoint is in {self.checkpoint_dir}")
+        self.scheduler.step()
+        return norm
+
+    def state_dict(self) -> dict:
+        # the optimizer keyed by parameter name and unsharded: resumable on any number of processes
+        return {"optimizer": dist_io.full_optimizer_state(self.policy, self.optimizer),
+                "scheduler": self.scheduler.state_dict(), "skipped_updates": self.skipped_updates,
+                "consecutive_skips": self.consecutive_skips}
+
+    def load_state_dict(self, state: dict) -> None:
+        dist_io.load_full_optimizer_state(self.policy, self.optimizer, state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.skipped_updates, self.consecutive_skips = state["skipped_updates"], state["consecutive_skips"]
