@@ -2,6 +2,7 @@
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -30,15 +31,22 @@ def test_gsm8k_local_file(tmp_path, monkeypatch):
     assert {s["answer"] for s in t.train + t.eval} == {str(2 * i) for i in range(600, 700)}  # "1,200" -> "1200"
 
 
-def test_gsm8k_shared_copy_when_present():
-    from grpo.data.tasks import _find_local_gsm8k
-
-    path = _find_local_gsm8k()
-    if path is None:
-        pytest.skip("no shared/data/gsm8k beside this checkout")
+def test_gsm8k_full_copy_when_present(monkeypatch):
+    """The real GSM8K train file, where this development checkout has one beside it (passed the way a
+    user passes it: GRPO_GSM8K)."""
+    path = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k" / "train.jsonl"
+    if not path.is_file():
+        pytest.skip(f"no GSM8K copy at {path}")
+    monkeypatch.setenv("GRPO_GSM8K", str(path))
     t = load_task("gsm8k", eval_size=50)
     assert len(t.eval) == 50 and len(t.train) > 7000
     assert all(s["answer"].lstrip("-").replace(".", "").isdigit() for s in t.train[:100])
+
+
+def test_gsm8k_env_naming_a_missing_file_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRPO_GSM8K", str(tmp_path / "nope.jsonl"))
+    with pytest.raises(DataError, match=r"^GRPO_GSM8K=.*nope\.jsonl: no such file"):
+        load_task("gsm8k", eval_size=10)
 
 
 def test_user_jsonl(tiny_dataset):

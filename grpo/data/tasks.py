@@ -72,16 +72,17 @@ def _gsm8k_gold(answer: str, where: str) -> str:
 
 
 def _find_local_gsm8k() -> Path | None:
+    """$GRPO_GSM8K: a local copy of GSM8K's train.jsonl (rows with "question" and "answer"), else None."""
     env = os.environ.get("GRPO_GSM8K")
-    candidates = [Path(env)] if env else []
-    here = Path(__file__).resolve()
-    candidates += [p / "shared" / "data" / "gsm8k" / "train.jsonl" for p in here.parents]
-    candidates.append(Path.cwd().parent / "shared" / "data" / "gsm8k" / "train.jsonl")
-    return next((p for p in candidates if p.is_file()), None)
+    if not env:
+        return None
+    if not Path(env).is_file():
+        raise DataError(f"GRPO_GSM8K={env}: no such file (a GSM8K train.jsonl, or unset it to use the hub)")
+    return Path(env)
 
 
 def gsm8k_task(*, eval_size: int, seed: int) -> Task:
-    """GSM8K: a local train.jsonl (shared/data or $GRPO_GSM8K) split in two, else the hub's train/test."""
+    """GSM8K: a local train.jsonl ($GRPO_GSM8K) split in two, else the hub's train/test."""
     local = _find_local_gsm8k()
     if local is not None:
         rows = read_rows(local)
