@@ -74,12 +74,12 @@ def test_user_dataset_errors_name_file_and_row(tmp_path):
 
 def test_sampler_epochs_and_resume():
     s = PromptSampler(5, seed=3)
-    first = s.next(3)
+    first = s.draw(3)
     state = s.state_dict()
-    rest = [s.next(3) for _ in range(4)]
+    rest = [s.draw(3) for _ in range(4)]
     r = PromptSampler(5, seed=3)
     r.load_state_dict(state)
-    assert [r.next(3) for _ in range(4)] == rest
+    assert [r.draw(3) for _ in range(4)] == rest
     assert sorted(first + rest[0][:2]) == [0, 1, 2, 3, 4]  # an epoch is a permutation
 
 

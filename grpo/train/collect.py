@@ -59,7 +59,7 @@ class Collector:
         many processes share the batch; ``draw`` numbers the extra draws of one step (dynamic sampling)."""
         cfg, world = self.cfg, self.world
         b, g = cfg.prompts_per_step // world.size, cfg.num_generations
-        mine = self.sampler.next(cfg.prompts_per_step)[world.rank * b:(world.rank + 1) * b]
+        mine = self.sampler.draw(cfg.prompts_per_step)[world.rank * b:(world.rank + 1) * b]
         samples = [self.train[i] for i in mine]
         prompts = [render_prompt(self.tok, s["prompt"], cfg.system_prompt) for s in samples]
         keys = row_keys(cfg.seed, step, (draw * world.size + world.rank) * b * g, b * g)
