@@ -113,15 +113,13 @@ def _eval(argv: list[str]) -> int:
     if args.task:
         overrides.append(f"task={args.task}")
     cfg = load_config(config_path, overrides)
-    from grpo.data import load_task
+    from grpo.data import task_of
     from grpo.eval.evaluate import evaluate
     from grpo.models import load_models
     from grpo.rewards import resolve_reward
 
     verifier = resolve_reward(cfg.reward_names[0])
-    task = load_task(cfg.task, eval_size=cfg.eval_prompts, max_operand=cfg.arithmetic_max_operand,
-                     ops=cfg.arithmetic_ops, prompt_field=cfg.prompt_field, answer_field=cfg.answer_field,
-                     split=cfg.task_split)
+    task = task_of(cfg)
     models = load_models(cfg.model, dtype=cfg.dtype, need_reference=False)
     res = evaluate(models.policy, models.tokenizer, task.eval, verifier, system_prompt=cfg.system_prompt,
                    max_new_tokens=cfg.eval_max_new_tokens, batch_size=cfg.eval_batch_size, pass_k=cfg.eval_pass_k,

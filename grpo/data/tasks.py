@@ -154,6 +154,14 @@ def user_task(source: str, *, prompt_field: str, answer_field: str, split: str, 
     return Task(path.stem if path.exists() else source, train=samples[eval_size:], eval=samples[:eval_size])
 
 
+def task_of(cfg) -> Task:
+    """The task a run's config names (``task``, ``eval_prompts``, the arithmetic knobs, the dataset's
+    fields and split), loaded with load_task: the one place a config becomes a task."""
+    return load_task(cfg.task, eval_size=cfg.eval_prompts, max_operand=cfg.arithmetic_max_operand,
+                     ops=cfg.arithmetic_ops, prompt_field=cfg.prompt_field, answer_field=cfg.answer_field,
+                     split=cfg.task_split)
+
+
 def load_task(name: str, *, eval_size: int, max_operand: int = 30, ops: str = "+",
               prompt_field: str = "prompt", answer_field: str = "answer", split: str = "train") -> Task:
     """Dispatch on the config's ``task``. The held-out split is fixed by the task alone, never by the

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from grpo.config import Config
-from grpo.data import load_task
+from grpo.data import task_of
 from grpo.errors import ConfigError, DataError, FuseError
 from grpo.eval.consistency import consistency
 from grpo.eval.evaluate import evaluate
@@ -74,9 +74,7 @@ class Trainer:
         self.rewards = RewardRunner(cfg.reward_names, cfg.reward_weights, timeout=cfg.reward_timeout,
                                     workers=cfg.reward_workers, reward_model=cfg.reward_model)
         step_reward = resolve_step_reward(cfg.step_reward) if cfg.supervision == "process" else None
-        self.task = task or load_task(cfg.task, eval_size=cfg.eval_prompts, max_operand=cfg.arithmetic_max_operand,
-                                      ops=cfg.arithmetic_ops, prompt_field=cfg.prompt_field,
-                                      answer_field=cfg.answer_field, split=cfg.task_split)
+        self.task = task or task_of(cfg)
         if not self.task.train:
             raise DataError(f"task {cfg.task!r} has no training prompts")
         self.run_dir = dist_io.broadcast_object(
