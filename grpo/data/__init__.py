@@ -3,4 +3,4 @@
 from grpo.data.tasks import Task, load_task, render_prompt, task_of
 from grpo.data.sampler import PromptSampler
 
-__all__ = ["PromptSampler", "Task", "load_task", "render_prompt"]
+__all__ = ["PromptSampler", "Task", "load_task", "render_prompt", "task_of"]
