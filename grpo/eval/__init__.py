@@ -1,0 +1,1 @@
+"""Evaluation: greedy accuracy and pass@k on held-out prompts, and the consistency probe."""
