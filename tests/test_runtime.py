@@ -48,7 +48,8 @@ def test_warmup_and_decay_are_counted_in_training_steps():
 
 
 _FAULTS = """
-import resource, sys, torch
+import ctypes, resource, sys, torch
+ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE: 4 KiB pages, whatever the system's THP setting
 from grpo.infra.runtime import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
@@ -69,7 +70,8 @@ def test_keep_freed_memory_stops_page_faults_once_the_heap_has_grown():
     """A small training step repeated: under glibc's default settings every step maps its large
     temporaries afresh and faults their pages in (~20k faults a step here); after keep_freed_memory()
     a step mostly reuses the memory the steps before it freed. Each run is its own process: the setting is
-    process-wide."""
+    process-wide. Transparent huge pages are off in that process, so a fault is one 4 KiB page wherever
+    the system enables them (with THP "always", a 32 MiB temporary is 16 faults, not 8192)."""
     def faults(mode):
         res = subprocess.run([sys.executable, "-c", _FAULTS, mode], capture_output=True, text=True, check=True,
                              cwd=Path(__file__).parents[1])
