@@ -56,3 +56,18 @@ def has_digit(completion: str, sample: dict) -> float:
     """1.0 when the completion holds any digit: random tiny-model completions often all miss, so many
     groups have zero reward variance."""
     return float(any(c.isdigit() for c in completion))
+
+
+_calls = {"n": 0}
+
+
+def sigterm_on_rank1_step2(completion: str, sample: dict) -> float:
+    """digit_share; on torchrun rank 1 only, the process sends itself SIGTERM while scoring its
+    second step (its 9th completion: 2 prompts x 4 per step), as a scheduler might signal one rank."""
+    import signal
+
+    if os.environ.get("RANK") == "1":
+        _calls["n"] += 1
+        if _calls["n"] == 9:
+            os.kill(os.getpid(), signal.SIGTERM)
+    return digit_share(completion, sample)

@@ -196,6 +196,24 @@ def test_fuse_stops_every_process_with_one_checkpoint(tmp_path, tiny_model_dir, 
     assert (run / "checkpoints" / f"step-{steps[-1]}" / "trainer_state.pt").is_file()
 
 
+def test_a_signal_to_one_process_stops_every_process_at_the_same_step(tmp_path, tiny_model_dir, data_file):
+    """SIGTERM reaches rank 1 only, while it scores step 2: both ranks finish step 2 and stop there (the
+    flag is all-reduced before each step), one checkpoint of step 2 is written, and the run exits 143
+    instead of leaving rank 0 waiting in a collective for a rank that has gone."""
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "grpo",
+           "train", f"model={tiny_model_dir}", f"task={data_file}", f"output_dir={run}", "max_steps=6",
+           "prompts_per_step=4", "num_generations=4", "per_device_train_batch_size=4", "max_completion_length=8",
+           "eval_prompts=0", "rewards=tests.rewards_for_tests:sigterm_on_rank1_step2", "bf16=false",
+           "progress=false", "report_to=none", "reward_timeout=0", "num_threads=1"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0, proc.stdout[-2000:]  # torchrun reports the ranks' exit code 143
+    assert "exitcode  : 143" in proc.stderr or "143" in proc.stderr, proc.stderr[-3000:]
+    assert [m["step"] for m in _metrics(run)] == [1, 2]
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step-2"
+    assert (run / "checkpoints" / "step-2" / "trainer_state.pt").is_file()
+
+
 def test_gpu_index_per_process():
     from grpo.infra.distributed import gpu_index
 
