@@ -68,8 +68,27 @@ def test_user_dataset_errors_name_file_and_row(tmp_path):
     with pytest.raises(DataError) as err:  # the built-ins are listed, from the task registry
         load_task("nonexistent_file.jsonl", eval_size=0)
     assert str(err.value) == (f"task: 'nonexistent_file.jsonl' is not a built-in task {list(BUILTIN_TASKS)}, an "
-                              "existing file, or a hub dataset id (owner/name)")
+                              "existing file or dataset folder, or a hub dataset id (owner/name)")
     assert set(BUILTIN_TASKS) >= {"arithmetic", "gsm8k", "code"}
+
+
+def test_dataset_repository_folder_through_the_hub_loader(tmp_path):
+    """A local copy of a hub dataset repository (data/<split>-*.parquet, as `git clone` of the repository
+    gives) goes through datasets.load_dataset, the call a hub id takes: splits by name, the columns
+    named by prompt_field/answer_field, an unknown split named in the error."""
+    from datasets import Dataset
+
+    repo = tmp_path / "owner" / "sums"
+    (repo / "data").mkdir(parents=True)
+    for split, base in (("train", 0), ("test", 100)):
+        rows = [{"question": f"What is {base + i} + 1?", "solution": str(base + i + 1)} for i in range(12)]
+        Dataset.from_list(rows).to_parquet(str(repo / "data" / f"{split}-00000-of-00001.parquet"))
+    t = load_task(str(repo), eval_size=2, prompt_field="question", answer_field="solution", split="test")
+    assert len(t.train) == 10 and len(t.eval) == 2 and t.name == "sums"
+    assert {s["answer"] for s in t.train + t.eval} == {str(101 + i) for i in range(12)}
+    assert all(s["prompt"] == s["question"] for s in t.train)
+    with pytest.raises(DataError, match=r"sums\[validation\]: .*validation.* \(set task_split\)"):
+        load_task(str(repo), eval_size=2, prompt_field="question", answer_field="solution", split="validation")
 
 
 def test_sampler_epochs_and_resume():

@@ -126,19 +126,28 @@ def read_rows(path: Path) -> list[dict]:
     raise DataError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .json or .parquet")
 
 
+def _hub_rows(source: str, split: str) -> list[dict]:
+    """Rows of ``split`` of a hub dataset id, or of a local copy of a hub dataset repository (a folder
+    of data files, as ``git clone`` of the repository gives): both through datasets.load_dataset."""
+    from datasets import load_dataset
+
+    try:
+        return list(load_dataset(source, split=split))
+    except ValueError as e:  # e.g. an unknown split: the message lists the ones there are
+        raise DataError(f"{source}[{split}]: {e} (set task_split)") from None
+
+
 def user_task(source: str, *, prompt_field: str, answer_field: str, split: str, eval_size: int,
               seed: int) -> Task:
     """A local file or a hub dataset; the held-out part is a seeded slice that training never sees."""
     path = Path(source).expanduser()
-    if path.exists():
+    if path.is_dir() or (not path.exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", source)):
+        rows, where = _hub_rows(source, split), f"{source}[{split}]"
+    elif path.exists():
         rows, where = read_rows(path), str(path)
-    elif re.fullmatch(r"[\w.-]+/[\w.-]+", source):
-        from datasets import load_dataset
-
-        rows, where = list(load_dataset(source, split=split)), f"{source}[{split}]"
     else:
-        raise DataError(f"task: {source!r} is not a built-in task {list(BUILTIN_TASKS)}, an existing file, "
-                        f"or a hub dataset id (owner/name)")
+        raise DataError(f"task: {source!r} is not a built-in task {list(BUILTIN_TASKS)}, an existing file or "
+                        f"dataset folder, or a hub dataset id (owner/name)")
     if not rows:
         raise DataError(f"{where}: the dataset is empty")
     samples = []
