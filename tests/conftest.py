@@ -4,7 +4,13 @@ saved to a folder so tests load them through the real ``from_pretrained`` path.
 ``GRPO_TEST_SEED`` (default 0) is the global seed of the tiny-model tests: the random model's weights
 and the training runs' ``seed``. Those tests must pass for any value (``GRPO_TEST_SEED=3 make test``);
 a test whose check needs a property of the draw (step 1 has reward signal) searches seeds from it
-with ``first_seed`` and fails loudly when none has the property."""
+with ``first_seed`` and fails loudly when none has the property.
+
+``GRPO_TEST_PRECISION`` (fp32, the default, or bf16) is the precision the training tests run in
+(their configs' ``bf16``), so the suite never depends on whether the CPU has native bf16: with
+``GRPO_TEST_PRECISION=bf16 make test`` they train under bf16 autocast, which works, emulated, on any
+CPU. Tests whose check is exact to fp32 rounding (two processes against one, fp32 invariances) pin
+``bf16=False`` and say why."""
 
 from __future__ import annotations
 
@@ -38,6 +44,10 @@ def build_tokenizer():
 
 
 TEST_SEED = int(os.environ.get("GRPO_TEST_SEED", "0"))
+_PRECISION = os.environ.get("GRPO_TEST_PRECISION", "fp32").lower()
+if _PRECISION not in ("fp32", "bf16"):
+    raise ValueError(f"GRPO_TEST_PRECISION: {_PRECISION!r} is not valid; choose fp32 or bf16")
+TEST_BF16 = _PRECISION == "bf16"
 
 
 def first_seed(has_property, what: str, tries: int = 10) -> int:

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from grpo.cli import main
-from tests.conftest import TEST_SEED
+from tests.conftest import TEST_BF16, TEST_SEED
 
 
 def test_unknown_key_fails_before_model_load(capsys):
@@ -61,7 +61,7 @@ def test_train_then_eval_run_folder(capsys, tmp_path, tiny_model_dir, tiny_datas
     args = ["train", f"model={tiny_model_dir}", f"task={tiny_dataset}", f"output_dir={run}", "max_steps=2",
             "num_generations=4", "prompts_per_step=2", "per_device_train_batch_size=4", "max_completion_length=6",
             "eval_prompts=4", "eval_max_new_tokens=4", "eval_pass_k=2", "eval_pass_prompts=2", "progress=false",
-            "report_to=none", "rewards=tests.rewards_for_tests:digit_share", "bf16=false"]
+            "report_to=none", "rewards=tests.rewards_for_tests:digit_share", f"bf16={TEST_BF16}"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "held-out greedy accuracy on 4 prompts" in out and str(run) in out
@@ -106,7 +106,7 @@ def _train_args(run, tiny_model_dir, tiny_dataset, *extra) -> list[str]:
     return ["train", f"model={tiny_model_dir}", f"task={tiny_dataset}", f"output_dir={run}", "num_generations=4",
             "prompts_per_step=2", "per_device_train_batch_size=4", "max_completion_length=6", "eval_prompts=2",
             "eval_max_new_tokens=4", "eval_pass_k=0", "progress=false", "report_to=none", "log_completions_steps=1",
-            "rewards=tests.rewards_for_tests:digit_share", "bf16=false", f"seed={TEST_SEED}", *extra]
+            "rewards=tests.rewards_for_tests:digit_share", f"bf16={TEST_BF16}", f"seed={TEST_SEED}", *extra]
 
 
 _CLOCK = ("seconds", "per_second")  # wall-clock metrics, the only ones a repeat may change

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from grpo.tools.compare import main
+from tests.conftest import TEST_BF16
 
 
 def test_compare_writes_table_json_and_plot(tmp_path, tiny_model_dir, tiny_dataset, capsys):
@@ -13,7 +14,7 @@ def test_compare_writes_table_json_and_plot(tmp_path, tiny_model_dir, tiny_datas
                  f"model={tiny_model_dir}", f"task={tiny_dataset}", "num_generations=4", "prompts_per_step=2",
                  "per_device_train_batch_size=4", "max_completion_length=6", "eval_prompts=4",
                  "eval_max_new_tokens=4", "eval_pass_k=0", "report_to=none",
-                 "rewards=tests.rewards_for_tests:digit_share", "bf16=false"])
+                 "rewards=tests.rewards_for_tests:digit_share", f"bf16={TEST_BF16}"])
     assert code == 0
     data = json.loads((out / "compare.json").read_text())
     assert set(data["methods"]) == {"grpo", "rloo", "reinforce", "ppo"}

@@ -90,7 +90,7 @@ def test_evaluation_counts_the_prompts_it_cut(tiny):
 def test_training_counts_cut_prompts_per_step_and_warns_once(tmp_path, tiny_model_dir, tiny_dataset, capsys):
     """Every training prompt (a long system prompt) is over the limit: each step counts its B
     prompts, and the run says so once."""
-    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, eval_prompts=0, max_steps=2, bf16=False,
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, eval_prompts=0, max_steps=2,
                    system_prompt="Think step by step. " * 4, max_prompt_length=LIMIT)
     t = Trainer(cfg)
     t.train()

@@ -15,7 +15,7 @@ from grpo.config import Config, ConfigError
 from grpo.rollout.base import concat_rollouts, select_rollout
 from grpo.train.knobs import AdaptiveKL, BandController, Fuse
 from grpo.train.trainer import Trainer
-from tests.conftest import TEST_SEED
+from tests.conftest import TEST_BF16, TEST_SEED
 from tests.test_checkpoint import metric_lines, weights_hash
 from tests.test_trainer import make_cfg, signal_seed
 
@@ -195,7 +195,7 @@ def test_fuse_stops_the_run_with_a_checkpoint(tmp_path, tiny_model_dir, tiny_dat
             "max_steps=8", "num_generations=4", "prompts_per_step=2", "per_device_train_batch_size=4",
             "max_completion_length=8", "eval_prompts=0", "rewards=tests.rewards_for_tests:digit_share",
             "learning_rate=0.05", "temperature=1.0", "progress=false", "report_to=none", "reward_timeout=0",
-            "fuse_metric=kl", "fuse_max=0.001", "fuse_patience=2", f"seed={TEST_SEED}", "bf16=false"]
+            "fuse_metric=kl", "fuse_max=0.001", "fuse_patience=2", f"seed={TEST_SEED}", f"bf16={TEST_BF16}"]
     assert cli_main(argv) == 2
     err = capsys.readouterr().err
     lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -14,7 +14,7 @@ from grpo.core import AGGREGATIONS, ESTIMATORS
 from grpo.eval.evaluate import evaluate
 from grpo.infra.logger import NullLogger
 from grpo.train.trainer import Trainer
-from tests.conftest import TEST_SEED, first_seed
+from tests.conftest import TEST_BF16, TEST_SEED, first_seed
 
 
 def make_cfg(tmp_path, model_dir, dataset, **kw) -> Config:
@@ -23,7 +23,7 @@ def make_cfg(tmp_path, model_dir, dataset, **kw) -> Config:
                 eval_prompts=4, eval_max_new_tokens=6, eval_pass_k=2, eval_pass_prompts=2,
                 rewards="tests.rewards_for_tests:digit_share", learning_rate=1e-2, temperature=1.0,
                 progress=False, report_to="none", log_completions_steps=1, seed=TEST_SEED, reward_timeout=0.0,
-                bf16=False)
+                bf16=TEST_BF16)
     base.update(kw)
     return Config(**base)
 
