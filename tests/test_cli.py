@@ -43,6 +43,21 @@ def test_missing_model_path_is_one_line_error(capsys, tiny_dataset, tmp_path):
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+@pytest.mark.parametrize("sub", ["", "inside"])
+def test_output_dir_naming_a_file_is_one_line_error(capsys, tiny_dataset, tiny_model_dir, tmp_path, sub):
+    """output_dir= an existing file (or a folder under one): a message naming the key, exit 2, no
+    traceback, before the model loads; the file is left as it was."""
+    existing = tmp_path / "notes.txt"
+    existing.write_text("keep me")
+    target = existing / sub if sub else existing
+    code = main(["train", f"model={tiny_model_dir}", f"task={tiny_dataset}", f"output_dir={target}",
+                 "eval_prompts=0"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("grpo train: error: output_dir: ") and str(target) in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert existing.read_text() == "keep me"
+
+
 def test_dataset_row_error_names_row(capsys, tmp_path, tiny_model_dir):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\n')
