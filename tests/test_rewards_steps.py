@@ -72,7 +72,7 @@ def test_step_tensors_and_failures():
     enc4 = enc[:2] + [enc[0], enc[2]]
     ids4 = torch.tensor([e + [tok.pad_token_id] * (t_max - len(e)) for e in enc4])  # [4, T]
     mask4 = torch.tensor([[1] * len(e) + [0] * (t_max - len(e)) for e in enc4])  # [4, T]
-    ro = SimpleNamespace(completion_ids=ids4, texts=texts4)  # the two rollout fields it reads
+    ro = SimpleNamespace(completion_ids=ids4, completion_mask=mask4, texts=texts4)  # the rollout fields it reads
     adv, kept, metrics = process_supervision(fn, tok, ro, [{"answer": "2"}], mask4, group_size=4, std_eps=1e-4,
                                              unbiased_std=False)
     assert metrics["step_reward_failures"] == 1
@@ -115,7 +115,7 @@ def test_process_supervision_token_advantages_by_hand():
     ids = torch.tensor([tok(t, add_special_tokens=False)["input_ids"] for t in texts])  # [2, 4]
     mask = torch.ones(2, 4)
     steps = {"abcd": [(1.0, 2), (0.0, 4)], "wxyz": [(0.0, 4)]}  # char ends 2 and 4 -> tokens 1 and 3
-    ro = SimpleNamespace(completion_ids=ids, texts=texts)
+    ro = SimpleNamespace(completion_ids=ids, completion_mask=mask.long(), texts=texts)
     adv, new_mask, metrics = process_supervision(lambda t, s: steps[t], tok, ro, [{"answer": ""}], mask,
                                                  group_size=2, std_eps=0.0, unbiased_std=True)
     # group step rewards [1, 0, 0]: mean 1/3; unbiased std sqrt(((2/3)^2 + 2 (1/3)^2) / 2) = sqrt(1/3) = 0.57735

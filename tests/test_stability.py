@@ -88,6 +88,7 @@ def test_concat_and_select_rollouts_pad_to_a_common_shape(tmp_path, tiny_model_d
     _, b = t.sample()
     b = select_rollout(b, torch.tensor([4, 5, 6, 7]))  # the second group of the second round
     b.completion_ids, b.completion_mask = b.completion_ids[:, :5], b.completion_mask[:, :5]
+    b.loss_mask = b.loss_mask[:, :5]
     ab = concat_rollouts([a, b], pad_id=t.tok.pad_token_id)
     assert ab.completion_ids.shape == (12, a.completion_ids.shape[1]) and len(ab.texts) == 12
     assert torch.equal(ab.completion_mask[8:, 5:], torch.zeros(4, ab.completion_ids.shape[1] - 5,

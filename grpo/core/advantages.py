@@ -209,12 +209,13 @@ def kl_shaped_rewards(scores: Tensor, logp: Tensor, ref_logp: Tensor | None, mas
 
     scores: [N] outcome reward of each completion; logp, ref_logp, mask: [N, T].
     r_t = -kl_coef * (log pi_old(o_t) - log pi_ref(o_t)) on every completion token, plus the outcome
-    score on the last one. Returns [N, T].
+    score on the last one (the last token of the mask, which may have holes). Returns [N, T].
     """
     m = mask.to(logp.dtype)  # [N, T]
     rewards = torch.zeros_like(logp)  # [N, T]
     if ref_logp is not None and kl_coef:
         rewards = -kl_coef * (logp - ref_logp) * m  # [N, T]
-    last = (m.sum(1).long() - 1).clamp(min=0)  # [N] index of each completion's last token
+    cols = torch.arange(m.shape[1], device=m.device)  # [T]
+    last = torch.where(m > 0, cols, 0).amax(1) if m.shape[1] else cols.new_zeros(m.shape[0])  # [N] last masked token
     has_tokens = (m.sum(1) > 0).to(logp.dtype)  # [N]
     return rewards.scatter_add(1, last[:, None], (scores.to(logp.dtype) * has_tokens)[:, None])  # [N, T]

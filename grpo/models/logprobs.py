@@ -74,10 +74,17 @@ def tied_embedding_grad_in_place(model, *, enabled: bool = True):
 def completion_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
                         completion_mask: Tensor, *, temperature: float, with_entropy: bool = False,
                         autocast: bool = False, share_prompt: bool = False,
-                        attn_implementation: str = "sdpa", max_row_tokens: int = 0) -> dict:
+                        attn_implementation: str = "sdpa", max_row_tokens: int = 0,
+                        loss_mask: Tensor | None = None) -> dict:
     """Run the model on prompt + completion and return {"logp": [N, T], "entropy": [N, T]} for the
     completion tokens (zero beyond each completion's mask); the entropy is detached unless
     ``with_entropy`` (then it carries a gradient, for an entropy term in the loss).
+
+    ``completion_mask`` [N, T] is the context (a prefix mask), which the model reads in full;
+    ``loss_mask`` [N, T] (within it, holes allowed, e.g. a tool's output) zeroes the log-probs and
+    entropies of the context tokens outside it, so they carry neither value nor gradient into a loss
+    that forgets its mask. None: every context token counts (the same numbers as loss_mask =
+    completion_mask).
 
     Sequences are packed without padding work (``pack_sequences``); with ``share_prompt`` the G
     completions of a group share one prompt pass (rows of at most ``max_row_tokens``). Positions
@@ -88,7 +95,7 @@ def completion_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completi
     """
     n, t_full = completion_ids.shape
     pk = pack_sequences(prompt_ids, prompt_mask, completion_ids, completion_mask, share_prompt=share_prompt,
-                        max_row_tokens=max_row_tokens)
+                        max_row_tokens=max_row_tokens, loss_mask=loss_mask)
     dtype = next(p for p in model.parameters()).dtype
     kwargs, switched = {}, contextlib.nullcontext()
     if attn_implementation == "sdpa" and shares_rows(pk["segments"], pk["blocks"]):
@@ -103,8 +110,8 @@ def completion_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completi
                        use_cache=False, logits_to_keep=pk["logits_to_keep"], **kwargs).logits  # [R, K, V]
     out = indexed_logprobs_and_entropy(logits.reshape(-1, logits.shape[-1]), pk["index"], pk["tokens"],
                                        temperature=temperature)  # a view: the model's logits are contiguous
-    logp = torch.where(pk["valid"], out["logp"], 0.0)  # [N, T']
-    ent = torch.where(pk["valid"], out["entropy"], 0.0)  # [N, T']
+    logp = torch.where(pk["loss"], out["logp"], 0.0)  # [N, T']
+    ent = torch.where(pk["loss"], out["entropy"], 0.0)  # [N, T']
     if not with_entropy:
         ent = ent.detach()
     pad = t_full - logp.shape[1]

@@ -11,6 +11,21 @@ import torch
 from torch import Tensor
 
 
+def check_masks(completion_mask: Tensor, loss_mask: Tensor | None = None) -> Tensor:
+    """Raise ValueError unless ``completion_mask`` [N, T] (tokens in the context) is 1 up to each
+    completion's end and 0 after it, and ``loss_mask`` [N, T] (tokens trained on; holes allowed) is
+    0 wherever it is 0. Returns the completion lengths [N]. Why a prefix: positions, packing and the
+    critic's value columns read a completion as its first c_len tokens; a token in the context but
+    out of the loss (a tool's output) belongs in loss_mask, not as a hole in completion_mask."""
+    c_len = completion_mask.long().sum(1)  # [N]
+    cols = torch.arange(completion_mask.shape[1], device=completion_mask.device)  # [T]
+    if not torch.equal(completion_mask.bool(), cols < c_len[:, None]):
+        raise ValueError("completion_mask: must be 1 up to the completion's end and 0 after it "
+                         "(tokens in the context but out of the loss belong in loss_mask)")
+    if loss_mask is not None and bool((loss_mask.bool() & ~completion_mask.bool()).any()):
+        raise ValueError("loss_mask: 1 on a token outside completion_mask (trained tokens must be in the context)")
+    return c_len
+
 
 def base_model(model):
     """The model under a PEFT wrapper (its LoRA layers still in it), else the model itself."""
@@ -42,7 +57,7 @@ def model_inputs(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor
 
 
 def pack_sequences(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, completion_mask: Tensor, *,
-                   share_prompt: bool, max_row_tokens: int = 0) -> dict:
+                   share_prompt: bool, max_row_tokens: int = 0, loss_mask: Tensor | None = None) -> dict:
     """Lay N (prompt, completion) pairs out as R packed rows of real tokens only, right-padded to L.
 
     With ``share_prompt``, consecutive sequences with the same prompt (the G completions of a group)
@@ -53,20 +68,20 @@ def pack_sequences(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tens
     tokens rather than one row per group padded to the longest (issue 4: 4 groups of 32 completions
     were 1,380 columns for 997 tokens); a block that would pass the limit starts a new row, with its
     prompt again if the group continues, which bounds a row's length. Without sharing each sequence
-    is its own row [prompt, c]. ``completion_mask`` must be a 0/1 prefix mask (tokens up to and
-    including EOS); every prompt must have a token.
+    is its own row [prompt, c]. ``completion_mask`` (the context) must be a 0/1 prefix mask (tokens
+    up to and including EOS); every prompt must have a token. ``loss_mask`` (tokens trained on, within
+    completion_mask, holes allowed; None: all of the context) changes nothing in the layout: every
+    context token is packed and scored, and ``loss`` marks those that count.
 
     Returns input_ids, position_ids, segments and blocks [R, L] (segments: 0 prompt, j for the
     block's j-th completion, -1 padding; blocks: the block's number in its row, -1 padding);
     logits_to_keep (the columns whose logits are needed: an int L - first when they are the last
     columns, else a 1-D tensor of them, ascending); index [N, T'] (the row of those logits, flattened
-    to [R * K, V], that scores each completion token), tokens [N, T'] and valid [N, T'] (bool), T'
-    the longest completion.
+    to [R * K, V], that scores each completion token), tokens [N, T'], valid [N, T'] (bool: in the
+    context) and loss [N, T'] (bool: valid and in loss_mask), T' the longest completion.
     """
     n, dev = prompt_ids.shape[0], completion_ids.device
-    c_len = completion_mask.long().sum(1)  # [N]
-    if not torch.equal(completion_mask.bool(), torch.arange(completion_mask.shape[1], device=dev) < c_len[:, None]):
-        raise ValueError("completion_mask: must be 1 up to the completion's end and 0 after it")
+    c_len = check_masks(completion_mask, loss_mask)  # [N]
     if bool((prompt_mask.sum(1) == 0).any()):
         raise ValueError("prompt_mask: every sequence needs at least one prompt token")
     c_len = c_len.tolist()
@@ -100,9 +115,15 @@ def pack_sequences(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tens
     sc = _scoring_columns(seq_row, seq_start, seq_prompt_end, c_len, width)
     keep, valid = sc["logits_to_keep"], sc["valid"].to(dev)  # valid [N, T']
     tokens = torch.where(valid, completion_ids[:, :valid.shape[1]], 0)  # [N, T']
+    loss = valid if loss_mask is None else valid & _fit(loss_mask, valid.shape[1]).bool()  # [N, T']
     return {"input_ids": ids, "position_ids": pos.to(dev), "segments": seg.to(dev), "blocks": blk.to(dev),
             "logits_to_keep": keep if isinstance(keep, int) else keep.to(dev),
-            "index": sc["index"].to(dev), "tokens": tokens, "valid": valid}
+            "index": sc["index"].to(dev), "tokens": tokens, "valid": valid, "loss": loss}
+
+
+def _fit(mask: Tensor, width: int) -> Tensor:
+    """mask [N, T] cut or right-padded with 0 to [N, width] (T' can exceed T when no token is real)."""
+    return torch.nn.functional.pad(mask[:, :width], (0, max(0, width - mask.shape[1])))
 
 
 def _scoring_columns(seq_row: list[int], seq_start: list[int], seq_prompt_end: list[int], c_len: list[int],

@@ -94,8 +94,9 @@ def char_ends_to_tokens(tokenizer, ids: list[int], char_ends: list[int]) -> list
 
 def step_tensors(fn: StepRewardFn, tokenizer, completion_ids: torch.Tensor, mask: torch.Tensor,
                  texts: list[str], samples: list[dict]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-    """Step rewards [N, S] and token end indices [N, S] (-1 = no step) of N completions; a step reward
-    that raises or returns a bad value leaves that completion without steps (listed in the messages)."""
+    """Step rewards [N, S] and token end indices [N, S] (-1 = no step) of N completions (``mask`` [N, T]:
+    each one's tokens, a prefix mask; an empty row has no steps); a step reward that raises or returns a
+    bad value leaves that completion without steps (listed in the messages)."""
     rows, problems = [], []
     for i, (text, sample) in enumerate(zip(texts, samples)):
         try:
@@ -125,9 +126,12 @@ def step_tensors(fn: StepRewardFn, tokenizer, completion_ids: torch.Tensor, mask
 def process_supervision(fn: StepRewardFn, tokenizer, ro, samples: list[dict], mask: torch.Tensor, *,
                         group_size: int, std_eps: float, unbiased_std: bool) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Token advantages [N, T] from step rewards, the mask [N, T] without completions whose step
-    reward failed, and metrics."""
+    reward failed, and metrics. ``mask`` [N, T] is the counted loss tokens (within ro.loss_mask);
+    steps are mapped onto the context (ro.completion_mask, the tokens the text decodes from) of the
+    rows that count, and the advantages are kept on ``mask``'s tokens only."""
     group_samples = [s for s in samples for _ in range(group_size)]
-    rewards, ends, problems = step_tensors(fn, tokenizer, ro.completion_ids, mask, ro.texts, group_samples)
+    context = ro.completion_mask * mask.any(1, keepdim=True).to(ro.completion_mask.dtype)  # [N, T]
+    rewards, ends, problems = step_tensors(fn, tokenizer, ro.completion_ids, context, ro.texts, group_samples)
     for p in problems[:1]:
         log.warning(p)
     rewards, ends = rewards.to(mask.device), ends.to(mask.device)  # scored on the CPU

@@ -1,5 +1,11 @@
 """The Rollout of one step: prompts, completions, masks, truncation flags and sampling log-probs.
 
+Two masks: ``completion_mask`` is what is in the model's context (a prefix of each row: the tokens up
+to and including the first EOS), ``loss_mask`` what is trained on, a subset that may have holes
+(tokens the model reads but did not choose, e.g. a tool's output in a multi-turn rollout). The model
+runs on the context; losses, advantages and their metrics count the loss tokens. A single-turn
+rollout trains on every token of its context: loss_mask == completion_mask.
+
 Dimension letters: B prompts, G group size, N = B*G sequences (group by group: sequence n belongs
 to prompt n // G), P prompt tokens (left-padded), T completion tokens (right-padded).
 """
@@ -12,23 +18,38 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from grpo.models.packing import check_masks
+
 
 @dataclass
 class Rollout:
     prompt_ids: Tensor  # [N, P] left-padded
     prompt_mask: Tensor  # [N, P] 1 on real prompt tokens
     completion_ids: Tensor  # [N, T] right-padded
-    completion_mask: Tensor  # [N, T] 1 on completion tokens up to and including the first EOS
+    completion_mask: Tensor  # [N, T] 1 on completion tokens in the context: up to and including the first EOS
     truncated: Tensor  # [N] bool: no EOS within the token limit
     sampling_logp: Tensor | None  # [N, T] log-prob of each sampled token under the sampling policy
     texts: list[str]  # decoded completions, special tokens removed
     backend: str  # which sampler produced it
     seconds: float  # wall time of sampling
     prompts_truncated: int = 0  # prompts (not rows) the sampling call cut to max_prompt_length (0 in a selection)
+    loss_mask: Tensor | None = None  # [N, T] 1 on tokens trained on, within completion_mask; None: all of it
+
+    def __post_init__(self):
+        # only the shape is checked here (no device sync on every selection); check_masks checks values
+        if self.loss_mask is None:
+            self.loss_mask = self.completion_mask
+        elif self.loss_mask.shape != self.completion_mask.shape:
+            raise ValueError(f"loss_mask: shape {tuple(self.loss_mask.shape)} is not completion_mask's "
+                             f"{tuple(self.completion_mask.shape)}")
 
     @property
-    def lengths(self) -> Tensor:  # [N]
+    def lengths(self) -> Tensor:  # [N] tokens in the context (overlong penalty, length metrics)
         return self.completion_mask.sum(1)
+
+    def check(self) -> None:
+        """Raise ValueError unless completion_mask is a prefix mask and loss_mask lies within it."""
+        check_masks(self.completion_mask, self.loss_mask)
 
 
 def encode_prompts(tokenizer, prompts: list[str], max_length: int) -> tuple[Tensor, Tensor, int]:
@@ -66,8 +87,9 @@ def completion_mask_from_ids(ids: Tensor, eos_ids: list[int]) -> dict[str, Tenso
 def finish_rollout(tokenizer, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, eos_ids: list[int], *,
                    sampling_logp: Tensor | None, backend: str, seconds: float,
                    prompts_truncated: int = 0) -> Rollout:
-    """The Rollout of sampled ids [N, T] as every backend returns it: the mask up to the first EOS,
-    padding after it, sampling log-probs zeroed off the mask, decoded texts."""
+    """The Rollout of sampled ids [N, T] as every backend returns it: the mask up to the first EOS
+    (context and loss mask alike: every sampled token was chosen by the model), padding after it,
+    sampling log-probs zeroed off the mask, decoded texts."""
     done = completion_mask_from_ids(completion_ids, eos_ids)
     mask = done["mask"]  # [N, T]
     completion_ids = torch.where(mask.bool(), completion_ids, tokenizer.pad_token_id)  # [N, T]
@@ -76,7 +98,7 @@ def finish_rollout(tokenizer, prompt_ids: Tensor, prompt_mask: Tensor, completio
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
                    completion_mask=mask, truncated=done["truncated"], sampling_logp=sampling_logp, texts=texts,
-                   backend=backend, seconds=seconds, prompts_truncated=prompts_truncated)
+                   backend=backend, seconds=seconds, prompts_truncated=prompts_truncated, loss_mask=mask)
 
 
 def select_rollout(ro: Rollout, idx: torch.Tensor) -> Rollout:
@@ -84,7 +106,7 @@ def select_rollout(ro: Rollout, idx: torch.Tensor) -> Rollout:
     il = idx.tolist()
     return Rollout(ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx], ro.completion_mask[idx],
                    ro.truncated[idx], None if ro.sampling_logp is None else ro.sampling_logp[idx],
-                   [ro.texts[i] for i in il], ro.backend, ro.seconds)
+                   [ro.texts[i] for i in il], ro.backend, ro.seconds, loss_mask=ro.loss_mask[idx])
 
 
 def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
@@ -107,7 +129,8 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
                    torch.cat([right(r.completion_mask, t, 0) for r in parts]),
                    torch.cat([r.truncated for r in parts]),
                    None if any(x is None for x in logps) else torch.cat([right(x, t, 0.0) for x in logps]),
-                   [s for r in parts for s in r.texts], parts[0].backend, sum(r.seconds for r in parts))
+                   [s for r in parts for s in r.texts], parts[0].backend, sum(r.seconds for r in parts),
+                   loss_mask=torch.cat([right(r.loss_mask, t, 0) for r in parts]))
 
 
 def rollout_to(ro: Rollout, device) -> Rollout:

@@ -23,7 +23,7 @@ class Batch:
 
     rollout: Rollout
     advantages: torch.Tensor  # [N, T]
-    mask: torch.Tensor  # [N, T] completion tokens that count (failed rewards masked out)
+    mask: torch.Tensor  # [N, T] loss tokens that count (rollout.loss_mask, failed and filtered rows out)
     old_logp: torch.Tensor | None  # [N, T] when mu > 1 or mini_batches > 1, else None (ratio uses detached current logp)
     ref_logp: torch.Tensor | None  # [N, T] when beta > 0
     kl_in_loss: bool = True  # GRPO: KL is its own loss term; PPO: it is already in the reward
@@ -67,7 +67,7 @@ class BatchMaker:
         # A failed reward neither rewards nor punishes: it takes its group's mean and leaves the loss.
         group_mean = torch.nan_to_num(torch.nanmean(rewards, dim=1, keepdim=True), nan=0.0)  # [B, 1]
         filled = torch.where(failed, group_mean.expand_as(rewards), rewards)  # [B, G]
-        mask = ro.completion_mask * (~failed & keep).reshape(-1, 1)[rows]  # [n, T]
+        mask = ro.loss_mask * (~failed & keep).reshape(-1, 1)[rows]  # [n, T] trained tokens that count
         # the sampling policy's log-probs, once the policy can have moved: after the first epoch or mini-batch
         old_logp = self.frozen_logps(self.policy, ro, temperature) \
             if cfg.num_iterations > 1 or cfg.mini_batches > 1 else None

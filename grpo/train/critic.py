@@ -82,6 +82,7 @@ class Critic:
         self.divergence_events = 0
 
     def _values(self, prompt_ids, prompt_mask, completion_ids, completion_mask) -> torch.Tensor:
+        """Values [n, T] of the states before each context token (completion_mask: the context)."""
         t_full = completion_ids.shape[1]
         inp = model_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask)
         t = inp.pop("completion_ids").shape[1]
@@ -109,7 +110,16 @@ class Critic:
         """PPO's token advantages: the outcome score [N] on the last token minus kl_coef times the
         per-token KL between the behaviour policy and the reference (none without a reference),
         GAE over the critic's values, whitened. Returns {"advantages", "returns", "values": [N, T],
-        "metrics"}."""
+        "metrics"}.
+
+        The values are computed on the whole context (ro.completion_mask); ``mask`` [N, T] is the loss
+        tokens that count (within ro.loss_mask). Rewards, GAE, whitening and metrics use ``mask``
+        alone: GAE steps over the tokens outside it (core.gae carries the next loss token's value
+        and advantage through them), so a hole such as a tool's output is part of the environment's
+        transition between two of the model's tokens. Why skip rather than run GAE over the context
+        with zero reward on holes: the value loss trains only loss tokens, so the values inside a hole
+        are never fitted and would enter every delta around it; skipped, only fitted values are used.
+        Without holes both rules are the same."""
         values = self.values(ro, micro_batch)  # [N, T]
         behaviour = torch.zeros_like(values) if behaviour_logp is None else behaviour_logp  # [N, T]
         rewards_tok = core.kl_shaped_rewards(scores, behaviour, ref_logp, mask, kl_coef=kl_coef)  # [N, T]
@@ -135,7 +145,9 @@ class Critic:
     def update(self, ro, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
                micro_batch: int) -> dict:
         """One optimizer step of the clipped value loss over the (mini-)batch, in micro-batches; its
-        loss, clip fraction and gradient norm (step_metrics folds a training step's updates)."""
+        loss, clip fraction and gradient norm (step_metrics folds a training step's updates). Values
+        run on the context (ro.completion_mask); the loss and its token weights count ``mask`` [N, T]
+        (the loss tokens)."""
         n = ro.completion_ids.shape[0]
         # every process's tokens, over world: DDP and FSDP2 average the gradients into the batch's sum
         total_tokens = (dist_io.all_sum(mask.sum(), self.world) / self.world.size).clamp(min=1)

@@ -28,19 +28,22 @@ class Forwards:
     tied_grad_in_place: bool  # policy.tied_embedding_grad_in_place; one process only
 
     def chunks(self, ro: Rollout, rows: Tensor) -> list[Tensor]:
-        """One micro-batch's rows [n] in forward chunks of at most ``max_tokens`` tokens."""
+        """One micro-batch's rows [n] in forward chunks of at most ``max_tokens`` tokens: the tokens that go
+        through the model, so context tokens (completion_mask), trained or not."""
         return split.forward_chunks(ro.prompt_mask, ro.completion_mask, rows,
                                      budget=0 if self.sharded else self.max_tokens,
                                      group_size=self.group_size, share_prompt=self.share_prompt)
 
     def logprobs(self, model, ro: Rollout, idx: Tensor, *, temperature: float, with_entropy: bool = False) -> dict:
         """{"logp": [n, T], "entropy": [n, T]} (completion_logprobs) of rows ``idx`` under ``model`` (the policy,
-        possibly wrapped by DDP or FSDP2, or the reference)."""
+        possibly wrapped by DDP or FSDP2, or the reference): the model reads the context
+        (completion_mask); tokens outside the rollout's loss_mask get 0."""
         with tied_embedding_grad_in_place(model, enabled=self.tied_grad_in_place and torch.is_grad_enabled()):
             return completion_logprobs(model, ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx],
                                        ro.completion_mask[idx], temperature=temperature, with_entropy=with_entropy,
                                        autocast=self.autocast, share_prompt=self.share_prompt,
-                                       attn_implementation=self.attn_implementation, max_row_tokens=self.max_tokens)
+                                       attn_implementation=self.attn_implementation, max_row_tokens=self.max_tokens,
+                                       loss_mask=ro.loss_mask[idx])
 
     def frozen_logps(self, model, ro: Rollout, *, temperature: float, micro_batch: int) -> Tensor:
         """Log-probs [N, T] of the whole rollout under ``model`` (reference or old policy) in
