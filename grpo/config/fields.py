@@ -23,7 +23,7 @@ from grpo.models.loading import DEFAULT_MODEL
 from grpo.rollout import ROLLOUT_BACKENDS
 from grpo.rollout.tuning import parse_override
 from grpo.core import (AGGREGATIONS, COV_MODES, ESTIMATORS, GROUP_ESTIMATORS, KL_ESTIMATORS, PF_MODES,
-                       RATIO_LEVELS)
+                       POLICY_LOSSES, RATIO_LEVELS)
 
 SCHEDULES = ("constant", "cosine", "linear")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -93,6 +93,8 @@ class Config:
     """Use Bessel's correction (G - 1) for the group std of the grpo estimator."""
     std_eps: float = 1e-6
     """Added to the std in the advantage denominator."""
+    policy_loss: str = "clip"
+    """Policy loss, an entry of grpo.core.POLICY_LOSSES: clip (PPO's clipped surrogate as in GRPO, DeepSeekMath eq. 3, with the clip range, dual clip, token or sequence (GSPO) ratio, KL and entropy terms and cov_mode below)."""
     epsilon: float = 0.2
     """Lower clip range: the ratio is clipped below at 1 - epsilon."""
     epsilon_high: float | None = None
@@ -293,6 +295,7 @@ def _choice(key: str, value: str, valid) -> None:
 
 def _validate(c: Config) -> None:
     _choice("advantage_estimator", c.advantage_estimator, [*ESTIMATORS, "gae"])
+    _choice("policy_loss", c.policy_loss, POLICY_LOSSES)
     _choice("aggregation", c.aggregation, AGGREGATIONS)
     _choice("kl_estimator", c.kl_estimator, KL_ESTIMATORS)
     _choice("importance_sampling_level", c.importance_sampling_level, RATIO_LEVELS)

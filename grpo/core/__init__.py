@@ -4,11 +4,13 @@ from grpo.core.advantages import (ESTIMATORS, GROUP_ESTIMATORS, compute_advantag
                                   kl_shaped_rewards, process_advantages, whiten)
 from grpo.core.losses import (AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS, aggregate, clipped_surrogate,
                               clipped_value_loss,
-                              indexed_logprobs_and_entropy, kl_penalty, log_ratio, masked_mean, token_logprobs,
-                              token_logprobs_and_entropy)
+                              indexed_logprobs_and_entropy, kl_penalty, log_ratio, masked_mean, masked_moments,
+                              token_logprobs, token_logprobs_and_entropy)
 from grpo.core.metrics import (advantage_group_variance, clip_fractions, explained_variance, reward_stats,
                                zero_variance_share)
 from grpo.core.objective import grpo_loss, policy_loss
+from grpo.core.policy_losses import (POLICY_LOSSES, LossInputs, LossSettings, PolicyLoss, clip_loss,
+                                     get_policy_loss)
 from grpo.core.stability import (COV_MODES, PF_MODES, high_covariance_tokens, informative_groups, overlong_penalty,
                                  policy_filter, reward_cv, token_covariance)
 
@@ -17,7 +19,8 @@ __all__ = [
     "advantage_group_variance", "aggregate", "clip_fractions", "clipped_surrogate", "clipped_value_loss",
     "compute_advantages", "explained_variance", "kl_shaped_rewards",
     "gae", "get_estimator", "grpo_loss", "indexed_logprobs_and_entropy", "kl_penalty", "log_ratio", "masked_mean",
-    "policy_loss", "process_advantages", "reward_stats", "token_logprobs",
+    "masked_moments", "policy_loss", "POLICY_LOSSES", "LossInputs", "LossSettings", "PolicyLoss", "clip_loss",
+    "get_policy_loss", "process_advantages", "reward_stats", "token_logprobs",
     "token_logprobs_and_entropy", "whiten", "zero_variance_share",
     "COV_MODES", "PF_MODES", "high_covariance_tokens", "informative_groups", "overlong_penalty", "policy_filter",
     "reward_cv", "token_covariance",

@@ -20,6 +20,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from grpo.core.losses import masked_moments
+
 Estimator = Callable[..., Tensor]
 
 
@@ -193,14 +195,11 @@ def whiten(x: Tensor, mask: Tensor, *, eps: float = 1e-8, mean: Tensor | None = 
            var: Tensor | None = None) -> Tensor:
     """Normalize x to zero mean and unit variance over the tokens where mask is 1. [N, T] -> [N, T].
     ``mean`` and ``var`` ([]) replace the statistics of x's own tokens (those of a batch split over
-    processes)."""
-    m = mask.to(x.dtype)  # [N, T]
+    processes, from ``masked_moments`` with a reduce over them)."""
     if mean is None or var is None:
-        count = m.sum().clamp(min=1)  # []
-        mean = (x * m).sum() / count  # []
-        var = (((x - mean) * m) ** 2).sum() / count  # []
+        mean, var = masked_moments(x, mask)  # [], []
     out = (x - mean) * torch.rsqrt(var + eps)  # [N, T]
-    return out * m  # [N, T]
+    return out * mask.to(x.dtype)  # [N, T]
 
 
 def kl_shaped_rewards(scores: Tensor, logp: Tensor, ref_logp: Tensor | None, mask: Tensor, *,

@@ -7,6 +7,8 @@ All functions are pure: tensors in, settings as keyword-only arguments, tensors 
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor
 
@@ -138,15 +140,42 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, *, estimator: str = "k3") -> Tens
     return torch.exp(diff) - diff - 1.0  # [N, T]
 
 
+def masked_moments(x: Tensor, mask: Tensor, *, dim: int | None = None, count: Tensor | None = None,
+                   reduce: Callable[[Tensor], Tensor] | None = None,
+                   var: bool = True) -> tuple[Tensor, Tensor | None]:
+    """Mean and population variance of x over the entries where mask is 1 (all of them, or along ``dim``).
+
+    x, mask: [N, T] (any equal shapes) -> (mean, var), each [] or, along ``dim``, the remaining
+    dimensions ([N] for dim=1); var is None when ``var`` is False. A mean over no entries is 0.
+    The variance is two-pass, sum((x - mean)^2 * m) / count, which stays exact for data far from 0.
+    ``reduce`` maps each partial sum (of x, of the squared deviations, and of the mask unless ``count``
+    is given) to the sum over every holder of a share of the batch, e.g. an all-reduce over processes,
+    so a batch split across them gets the statistics of the whole; ``count`` is the number of counted
+    entries (at least 1) when the caller already has it. Both default to this tensor alone.
+    """
+    m = mask.to(x.dtype)  # [N, T]
+    total = reduce or _unchanged
+    if count is None:
+        count = total(m.sum() if dim is None else m.sum(dim)).clamp(min=1)  # [] or [N]
+    mean = total((x * m).sum() if dim is None else (x * m).sum(dim)) / count  # [] or [N]
+    if not var:
+        return mean, None
+    dev = (x - (mean if dim is None else mean.unsqueeze(dim))) * m  # [N, T]
+    sq = (dev ** 2).sum() if dim is None else (dev ** 2).sum(dim)  # [] or [N]
+    return mean, total(sq) / count
+
+
+def _unchanged(x: Tensor) -> Tensor:
+    """The identity on a partial sum [] or [N]: the whole batch is on this side."""
+    return x
+
+
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Mean of x over entries where mask is 1 (all of them, or along ``dim``); 0 where none count.
 
     x, mask: [N, T] (any equal shapes) -> [] or, along ``dim``, the remaining dimensions ([N] for dim=1).
     """
-    m = mask.to(x.dtype)
-    if dim is None:
-        return (x * m).sum() / m.sum().clamp(min=1)
-    return (x * m).sum(dim) / m.sum(dim).clamp(min=1)
+    return masked_moments(x, mask, dim=dim, var=False)[0]
 
 
 def log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, *, level: str = "token") -> Tensor:

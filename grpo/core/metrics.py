@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from grpo.core.losses import masked_mean
+from grpo.core.losses import masked_mean, masked_moments
 
 
 def clip_fractions(ratio: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 0.2,
@@ -54,13 +54,6 @@ def reward_stats(rewards: Tensor) -> dict[str, Tensor]:
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
     """1 - Var[returns - values] / Var[returns] over masked tokens: 1 is a perfect critic, 0 no better
     than a constant, negative worse. values, returns, mask: [N, T] -> []."""
-    resid_var = _masked_var(returns - values, mask)  # []
-    return 1 - resid_var / _masked_var(returns, mask).clamp(min=1e-12)
-
-
-def _masked_var(x: Tensor, mask: Tensor) -> Tensor:
-    """Population variance of x over masked entries. [N, T], [N, T] -> []."""
-    m = mask.to(x.dtype)  # [N, T]
-    count = m.sum().clamp(min=1)  # []
-    mean = (x * m).sum() / count  # []
-    return (((x - mean) * m) ** 2).sum() / count
+    _, resid_var = masked_moments(returns - values, mask)  # []
+    _, ret_var = masked_moments(returns, mask)  # []
+    return 1 - resid_var / ret_var.clamp(min=1e-12)

@@ -1,4 +1,4 @@
-"""The GRPO objective assembled from the pieces in advantages.py, losses.py and metrics.py.
+"""The GRPO objective assembled from the pieces in advantages.py, policy_losses.py and metrics.py.
 
 Dimension letters: B prompts, G group size, N = B*G sequences, T completion tokens.
 Sequences are laid out group by group: sequence n belongs to prompt n // G.
@@ -6,63 +6,31 @@ Sequences are laid out group by group: sequence n belongs to prompt n // G.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from grpo.core.advantages import compute_advantages
-from grpo.core.losses import _check_choice, aggregate, clipped_surrogate, kl_penalty, log_ratio, masked_mean
-from grpo.core.metrics import clip_fractions, reward_stats, zero_variance_share
-from grpo.core.stability import COV_MODES, high_covariance_tokens
+from grpo.core.metrics import reward_stats, zero_variance_share
+from grpo.core.policy_losses import LossInputs, LossSettings, get_policy_loss
 
 
-def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-                ref_logp: Tensor | None = None, eps_low: float = 0.2, eps_high: float = 0.2,
-                dual_clip: float | None = None, ratio_level: str = "token", kl_coef: float = 0.0,
-                kl_estimator: str = "k3", aggregation: str = "seq_mean_token_mean",
-                norm_length: int | None = None, total: Tensor | float | None = None,
-                entropy: Tensor | None = None, entropy_coef: float = 0.0, cov_mode: str | None = None,
-                cov_fraction: float = 0.002, kl_cov_coef: float = 1.0) -> dict[str, Tensor]:
-    """Clipped surrogate + kl_coef * KL - entropy_coef * entropy per token, then aggregated.
+def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, name: str = "clip",
+                ref_logp: Tensor | None = None, entropy: Tensor | None = None,
+                **settings) -> dict[str, Tensor]:
+    """The policy loss ``POLICY_LOSSES[name]`` (default "clip": the clipped surrogate of GRPO,
+    DeepSeekMath eq. 3, with DAPO's clip-higher, the dual clip, GSPO's sequence ratio, the KL and
+    entropy terms and Clip-Cov / KL-Cov) on one batch.
 
     logp, old_logp, advantages, mask: [N, T] (advantages already broadcast to tokens);
-    ref_logp: [N, T] or None (needed when kl_coef != 0); entropy: [N, T] or None.
-    KL is its own loss term (DeepSeekMath eq. 3), not folded into the reward.
-    ``cov_mode`` (Cui et al. 2025, arXiv 2505.22617): on the ``cov_fraction`` of tokens with the largest
-    covariance between logp and advantage, "clip_cov" removes the policy gradient and "kl_cov" adds
-    kl_cov_coef * |logp - old_logp|.
-    Returns a dict of 0-d tensors: "loss" (differentiable), "policy_loss", "kl", "entropy",
-    "ratio_mean", "clip_fraction", "clip_fraction_low", "clip_fraction_high" (and "cov_token_share").
+    ref_logp: [N, T] or None (needed when the loss has a KL term); entropy: [N, T] or None.
+    ``settings`` are the keyword fields of ``LossSettings`` (an unknown one is a TypeError).
+    Returns the entry's dict of 0-d tensors: "loss" (differentiable), "policy_loss" and its metrics.
     """
-    if kl_coef != 0.0 and ref_logp is None:
-        raise ValueError("policy_loss: kl_coef != 0 needs ref_logp")
-    ratio = torch.exp(log_ratio(logp, old_logp, mask, level=ratio_level))  # [N, T]
-    pg_tok = clipped_surrogate(ratio, advantages, eps_low=eps_low, eps_high=eps_high,
-                               dual_clip=dual_clip)  # [N, T]
-    loss_tok = pg_tok  # [N, T]
-    out: dict[str, Tensor] = {}
-    if cov_mode is not None:
-        _check_choice("cov_mode", cov_mode, COV_MODES)
-        sel = high_covariance_tokens(logp, advantages, mask, fraction=cov_fraction)  # [N, T]
-        if cov_mode == "clip_cov":
-            loss_tok = torch.where(sel, pg_tok.detach(), pg_tok)
-        else:
-            loss_tok = loss_tok + kl_cov_coef * sel * (logp - old_logp).abs()
-        out["cov_token_share"] = masked_mean(sel.to(logp.dtype), mask)
-    if ref_logp is not None:
-        kl_tok = kl_penalty(logp, ref_logp, estimator=kl_estimator)  # [N, T]
-        loss_tok = loss_tok + kl_coef * kl_tok
-        out["kl"] = masked_mean(kl_tok.detach(), mask)
-    else:
-        out["kl"] = logp.new_zeros(())
-    if entropy is not None:
-        loss_tok = loss_tok - entropy_coef * entropy
-        out["entropy"] = masked_mean(entropy.detach(), mask)
-    agg = dict(mode=aggregation, norm_length=norm_length, total=total)
-    out["loss"] = aggregate(loss_tok, mask, **agg)
-    out["policy_loss"] = aggregate(pg_tok.detach(), mask, **agg)
-    out["ratio_mean"] = masked_mean(ratio.detach(), mask)
-    out.update(clip_fractions(ratio.detach(), advantages, mask, eps_low=eps_low, eps_high=eps_high))
-    return out
+    entry = get_policy_loss(name)
+    cfg = LossSettings(**settings)
+    if ref_logp is None and entry.needs_ref_logp(cfg):
+        raise ValueError(f"policy_loss: {name!r} with kl_coef = {cfg.kl_coef} needs ref_logp")
+    inputs = LossInputs(logp, old_logp, advantages, mask, ref_logp=ref_logp, entropy=entropy)
+    return entry.fn(inputs, cfg)
 
 
 def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, rewards: Tensor, mask: Tensor, *,

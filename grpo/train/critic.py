@@ -139,8 +139,7 @@ class Critic:
     def _moments(self, x: torch.Tensor, m: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and variance of x [N, T] over the tokens where m [N, T] is 1 on every process (``count``
         of them)."""
-        mean = dist_io.all_sum((x * m).sum(), self.world) / count  # []
-        return mean, dist_io.all_sum((((x - mean) * m) ** 2).sum(), self.world) / count
+        return core.masked_moments(x, m, count=count, reduce=lambda part: dist_io.all_sum(part, self.world))
 
     def update(self, ro, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
                micro_batch: int) -> dict:

@@ -20,18 +20,20 @@ from grpo.train import split
 from grpo.train.batch import Batch
 from grpo.train.optim import adamw, clipped_step, lr_lambda
 
-LOGGED = ("kl", "entropy", "ratio_mean", "clip_fraction", "clip_fraction_low", "clip_fraction_high",
-          "cov_token_share")
+# handled apart from the loss's other outputs: weighted by 1 / the update's optimizer steps, not by tokens
+LOSS_KEYS = ("loss", "policy_loss")
 
 
 class Updater:
     """Owns the policy's optimizer and schedule and the count of skipped (non-finite) updates;
     ``module`` is what the training forward runs through (the policy, its DDP wrapper, or the policy
-    sharded in place by FSDP2); ``critic`` (PPO) is trained on the same mini-batches."""
+    sharded in place by FSDP2); ``critic`` (PPO) is trained on the same mini-batches; ``loss`` is the
+    configured entry of core.POLICY_LOSSES."""
 
     def __init__(self, cfg, *, world: dist_io.World, policy, module, forwards, critic, checkpoint_dir: Path):
         self.cfg, self.world, self.policy, self.module = cfg, world, policy, module
         self.forwards, self.critic, self.checkpoint_dir = forwards, critic, checkpoint_dir
+        self.loss = core.get_policy_loss(cfg.policy_loss)
         params = [p for p in policy.parameters() if p.requires_grad]  # LoRA: adapters only
         self.optimizer = adamw(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                weight_decay=cfg.weight_decay)
@@ -101,41 +103,50 @@ class Updater:
                 out["loss"].backward()
             w = float(batch.mask[idx].sum())  # token weight of this micro-batch's means
             acc["tokens"] += w
-            for key in LOGGED:
-                if key in out:
-                    sums[key] = sums.get(key, 0.0) + float(out[key]) * w
+            for key, value in out.items():  # every diagnostic the loss returns, token-weighted
+                if key not in LOSS_KEYS:
+                    sums[key] = sums.get(key, 0.0) + float(value) * w
             sums["loss"] = sums.get("loss", 0.0) + float(out["loss"].detach()) * weight
             sums["policy_loss"] = sums.get("policy_loss", 0.0) + float(out["policy_loss"]) * weight
 
     def trained_rows(self, batch: Batch, knobs) -> torch.Tensor:
-        """The sequences that go through forward and backward: with beta = 0, mu = 1, one mini-batch and no entropy or
-        covariance term, those with a non-zero advantage (split.rows_with_gradient); the loss's
+        """The sequences that go through forward and backward: with skip_zero_advantage, mu = 1, one
+        mini-batch, no critic and no entropy target, and a loss that declares that a zero-advantage
+        sequence cannot change the gradient under this step's settings (no KL, entropy or covariance
+        term for "clip"), those with a non-zero advantage (split.rows_with_gradient); the loss's
         denominator still counts the others, so the loss is unchanged. All of them on more than one
-        process (DDP needs each to run the same micro-batches) and under an entropy target (its
-        controller reads the entropy of the whole batch)."""
-        cfg, k = self.cfg, knobs
+        process (DDP needs each to run the same micro-batches), with mu > 1 or several mini-batches
+        (the ratio moves off 1), with a critic and under an entropy target (its controller reads the
+        entropy of the whole batch)."""
+        cfg = self.cfg
         if (not cfg.skip_zero_advantage or self.world.distributed or cfg.num_iterations > 1 or cfg.mini_batches > 1
-                or k.beta > 0 or k.entropy_coef > 0 or cfg.cov_mode is not None or self.critic is not None
-                or cfg.entropy_target_band is not None):
+                or self.critic is not None or cfg.entropy_target_band is not None
+                or self.loss.zero_advantage_has_gradient(core.LossSettings(**self._loss_settings(batch, knobs)))):
             return torch.arange(batch.mask.shape[0])
         return split.rows_with_gradient(batch.advantages, batch.mask, group_size=cfg.num_generations)
 
+    def _loss_settings(self, batch: Batch, knobs, total=None) -> dict:
+        """This step's keyword settings of the policy loss (the fields of core.LossSettings); ``total``
+        is the mini-batch's loss denominator (see core.aggregate). No tensors read: no shapes."""
+        cfg, k = self.cfg, knobs
+        return dict(eps_low=k.epsilon, eps_high=k.eps_high, dual_clip=cfg.dual_clip,
+                    ratio_level=cfg.importance_sampling_level, kl_coef=k.beta if batch.kl_in_loss else 0.0,
+                    kl_estimator=cfg.kl_estimator, aggregation=cfg.aggregation,
+                    norm_length=cfg.max_completion_length, total=total, entropy_coef=k.entropy_coef,
+                    cov_mode=cfg.cov_mode, cov_fraction=cfg.cov_fraction, kl_cov_coef=cfg.kl_cov_coef)
+
     def _micro_loss(self, batch: Batch, idx: torch.Tensor, total, knobs) -> dict:
-        """The objective on micro-batch rows ``idx``, through the (possibly wrapped) policy."""
-        cfg, ro, k = self.cfg, batch.rollout, knobs
+        """The policy loss on micro-batch rows ``idx``, through the (possibly wrapped) policy."""
+        ro, k = batch.rollout, knobs
+        settings = self._loss_settings(batch, k, total)
         cur = self.forwards.logprobs(self.module, ro, idx, temperature=k.temperature,
-                                     with_entropy=k.entropy_coef > 0)
+                                     with_entropy=self.loss.needs_entropy(core.LossSettings(**settings)))
         logp = cur["logp"]  # [n, T]
         old = batch.old_logp[idx] if batch.old_logp is not None else logp.detach()
         return core.policy_loss(
-            logp, old, batch.advantages[idx], batch.mask[idx],
+            logp, old, batch.advantages[idx], batch.mask[idx], name=self.cfg.policy_loss,
             ref_logp=batch.ref_logp[idx] if batch.ref_logp is not None else None,
-            eps_low=k.epsilon, eps_high=k.eps_high, dual_clip=cfg.dual_clip,
-            ratio_level=cfg.importance_sampling_level, kl_coef=k.beta if batch.kl_in_loss else 0.0,
-            kl_estimator=cfg.kl_estimator,
-            aggregation=cfg.aggregation, norm_length=cfg.max_completion_length, total=total,
-            entropy=cur["entropy"], entropy_coef=k.entropy_coef, cov_mode=cfg.cov_mode,
-            cov_fraction=cfg.cov_fraction, kl_cov_coef=cfg.kl_cov_coef)
+            entropy=cur["entropy"], **settings)
 
     def _optimizer_step(self, step: int) -> float:
         norm = clipped_step([p for p in self.policy.parameters() if p.grad is not None], self.optimizer,

@@ -1,0 +1,78 @@
+"""The Updater asks the policy loss whether zero-advantage sequences matter: the rows it trains are
+those the hand-written guard (its run clauses plus beta, entropy_coef and cov_mode) always gave."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from grpo import core
+from grpo.config import Config, ConfigError
+from grpo.infra import distributed as dist_io
+from grpo.train import split
+from grpo.train.batch import Batch
+from grpo.train.update import Updater
+
+G = 2
+
+
+def _guard_rows(cfg, world, critic, batch, k):
+    """The rows of the guard as it was written out clause by clause."""
+    if (not cfg.skip_zero_advantage or world.distributed or cfg.num_iterations > 1 or cfg.mini_batches > 1
+            or k.beta > 0 or k.entropy_coef > 0 or cfg.cov_mode is not None or critic is not None
+            or cfg.entropy_target_band is not None):
+        return torch.arange(batch.mask.shape[0])
+    return split.rows_with_gradient(batch.advantages, batch.mask, group_size=cfg.num_generations)
+
+
+CASES = [
+    ({}, {}),  # the default: beta = 0.04
+    (dict(beta=0.0), {}),
+    (dict(beta=0.0, skip_zero_advantage=False), {}),
+    (dict(beta=0.0, entropy_coef=0.01), {}),
+    (dict(beta=0.0, cov_mode="clip_cov"), {}),
+    (dict(beta=0.0, cov_mode="kl_cov", num_iterations=2), {}),
+    (dict(beta=0.0, num_iterations=2), {}),
+    (dict(beta=0.0, mini_batches=2), {}),
+    (dict(beta=0.0, entropy_target_band=[0.5, 1.0]), {}),
+    (dict(beta=0.0, dual_clip=3.0, importance_sampling_level="sequence", aggregation="token_mean",
+          epsilon_high=0.28), {}),
+    (dict(beta=0.0, aggregation="seq_mean_token_sum_norm", advantage_estimator="dr_grpo"), {}),
+    (dict(beta=0.0), dict(world=2)),
+    (dict(beta=0.0), dict(critic=True)),
+    (dict(beta=0.04), dict(critic=True, kl_in_loss=False)),
+    (dict(beta=0.04), dict(knob_beta=0.0)),  # an adaptive beta that reached 0
+    (dict(beta=0.0, entropy_coef=0.01), dict(knob_entropy_coef=0.0)),
+]
+
+
+@pytest.mark.parametrize("overrides,run", CASES, ids=[f"{a}-{b}" for a, b in CASES])
+def test_trained_rows_as_the_guard_gave(overrides, run):
+    cfg = Config(num_generations=G, prompts_per_step=4, per_device_train_batch_size=8, **overrides)
+    world = dist_io.World(rank=0, size=run.get("world", 1))
+    critic = object() if run.get("critic") else None
+    upd = Updater.__new__(Updater)
+    upd.cfg, upd.world, upd.critic, upd.loss = cfg, world, critic, core.get_policy_loss(cfg.policy_loss)
+    adv = torch.tensor([0.0, 0.0, 1.0, -1.0, 0.5, 0.0, 0.0, 0.0])[:, None].expand(8, 4).contiguous()  # [N, T]
+    mask = torch.ones(8, 4)
+    batch = Batch(None, adv, mask, None, None, kl_in_loss=run.get("kl_in_loss", True))
+    k = SimpleNamespace(epsilon=cfg.epsilon, eps_high=cfg.eps_high, beta=run.get("knob_beta", cfg.beta),
+                        entropy_coef=run.get("knob_entropy_coef", cfg.entropy_coef), temperature=cfg.temperature)
+    got = upd.trained_rows(batch, k)
+    assert torch.equal(got, _guard_rows(cfg, world, critic, batch, k))
+
+
+def test_some_case_skips_rows():
+    """The table above is not vacuous: with beta = 0 and nothing else, zero-advantage groups are skipped."""
+    cfg = Config(num_generations=G, prompts_per_step=4, per_device_train_batch_size=8, beta=0.0)
+    upd = Updater.__new__(Updater)
+    upd.cfg, upd.world, upd.critic, upd.loss = cfg, dist_io.World(), None, core.get_policy_loss("clip")
+    adv = torch.tensor([0.0, 0.0, 1.0, -1.0, 0.5, 0.0, 0.0, 0.0])[:, None].expand(8, 4).contiguous()
+    k = SimpleNamespace(epsilon=0.2, eps_high=0.2, beta=0.0, entropy_coef=0.0, temperature=1.0)
+    assert upd.trained_rows(Batch(None, adv, torch.ones(8, 4), None, None), k).tolist() == [2, 3, 4]
+
+
+def test_config_policy_loss_validated_against_the_registry():
+    assert Config().policy_loss == "clip"
+    with pytest.raises(ConfigError, match="policy_loss.*clip"):
+        Config(policy_loss="nope")
