@@ -12,7 +12,8 @@ import torch
 from grpo.infra.checkpoint import STATE_FILE
 from grpo.cli import main as cli_main
 from grpo.config import Config, ConfigError
-from grpo.train.knobs import AdaptiveKL, BandController, Fuse, concat_rollouts, select_rollout
+from grpo.rollout.base import concat_rollouts, select_rollout
+from grpo.train.knobs import AdaptiveKL, BandController, Fuse
 from grpo.train.trainer import Trainer
 from tests.conftest import TEST_SEED
 from tests.test_checkpoint import metric_lines, weights_hash
