@@ -52,6 +52,9 @@ def test_engines_declaring_it_draw_the_same_tokens_for_the_same_keys(tiny, name)
     other = make_engine(name, model, tok).generate(PROMPTS, group_size=2, sampling=SAMPLING,
                                                    keys=row_keys(4, 5, 0, len(PROMPTS) * 2))
     assert other.texts != ro.texts  # the keys decide the tokens
+    as_tensor = make_engine(name, model, tok).generate(PROMPTS, group_size=2, sampling=SAMPLING,
+                                                       keys=torch.tensor(keys))  # [N] int64
+    assert torch.equal(as_tensor.completion_ids, ref.completion_ids)
 
 
 @pytest.mark.parametrize("name", list(ROLLOUT_ENGINES))

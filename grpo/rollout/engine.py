@@ -14,6 +14,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
+from torch import Tensor
+
 from grpo.rollout.base import Rollout
 
 
@@ -49,14 +51,17 @@ class RolloutEngine:
         self.closed = False
 
     def generate(self, prompts: list[str], *, group_size: int, sampling: SamplingSettings,
-                 keys: Sequence[int] | None = None, with_logprobs: bool = False, greedy: bool = False) -> Rollout:
+                 keys: Sequence[int] | Tensor | None = None, with_logprobs: bool = False, greedy: bool = False) -> Rollout:
         """``group_size`` completions of each rendered prompt, grouped by prompt (N = len(prompts) *
-        group_size rows). ``keys`` (one int per row, grpo.rollout.hf.row_keys): each row draws from
-        its own key instead of the global RNG; ``greedy``: argmax decoding (keys ignored)."""
+        group_size rows). ``keys`` (one int per row, grpo.rollout.hf.row_keys; a list or an int64
+        tensor [N]): each row draws from its own key instead of the global RNG; ``greedy``: argmax
+        decoding (keys ignored)."""
         if self.closed:
             raise RuntimeError(f"rollout engine {self.name!r}: generate after close()")
-        return self._generate(prompts, group_size=group_size, sampling=sampling,
-                              keys=None if keys is None else list(keys), with_logprobs=with_logprobs, greedy=greedy)
+        if keys is not None:
+            keys = keys.tolist() if isinstance(keys, Tensor) else [int(k) for k in keys]
+        return self._generate(prompts, group_size=group_size, sampling=sampling, keys=keys,
+                              with_logprobs=with_logprobs, greedy=greedy)
 
     def _generate(self, prompts: list[str], *, group_size: int, sampling: SamplingSettings, keys: list[int] | None,
                   with_logprobs: bool, greedy: bool) -> Rollout:
