@@ -216,6 +216,7 @@ class Trainer:
         return metrics
 
     def _engines(self) -> tuple[RolloutEngine, ...]:
+        """Every engine the run samples with: each hears of new weights and is closed at the end."""
         return self.engine, self.eval_engine
 
     def _sync_engines(self) -> None:
