@@ -117,14 +117,20 @@ def _eval(argv: list[str]) -> int:
     from grpo.eval.evaluate import evaluate
     from grpo.models import load_models
     from grpo.rewards import resolve_reward
+    from grpo.rollout import make_engine
 
     verifier = resolve_reward(cfg.reward_names[0])
     task = task_of(cfg)
     models = load_models(cfg.model, dtype=cfg.dtype, need_reference=False)
-    res = evaluate(models.policy, models.tokenizer, task.eval, verifier, system_prompt=cfg.system_prompt,
-                   max_new_tokens=cfg.eval_max_new_tokens, batch_size=cfg.eval_batch_size, pass_k=cfg.eval_pass_k,
-                   pass_prompts=min(cfg.eval_pass_prompts, len(task.eval)), temperature=cfg.temperature,
-                   top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length)
+    engine = make_engine("hf", models.policy, models.tokenizer)  # generate, as evaluation inside `train`
+    try:
+        res = evaluate(engine, task.eval, verifier, system_prompt=cfg.system_prompt,
+                       max_new_tokens=cfg.eval_max_new_tokens, batch_size=cfg.eval_batch_size,
+                       pass_k=cfg.eval_pass_k, pass_prompts=min(cfg.eval_pass_prompts, len(task.eval)),
+                       temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                       max_prompt_length=cfg.max_prompt_length)
+    finally:
+        engine.close()
     res.pop("examples", None)
     print(json.dumps({"model": cfg.model, "task": cfg.task, **res}, indent=2))
     return 0

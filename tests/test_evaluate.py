@@ -27,6 +27,7 @@ def test_pass_at_k_samples_only_the_pass_prompts(tiny_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from grpo.eval.evaluate import evaluate
+    from grpo.rollout import make_engine
 
     calls = []
 
@@ -38,7 +39,7 @@ def test_pass_at_k_samples_only_the_pass_prompts(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     samples = [{"prompt": f"What is {a} + 1?", "answer": str(a + 1)} for a in range(4)]
-    out = evaluate(model, tok, samples, verifier, system_prompt="", max_new_tokens=3, batch_size=64, pass_k=2,
-                   pass_prompts=2)
+    out = evaluate(make_engine("hf", model, tok), samples, verifier, system_prompt="", max_new_tokens=3, batch_size=64,
+                   pass_k=2, pass_prompts=2)
     assert calls == [(4, 4), (4, 4)]  # greedy on 4 prompts, then 2 prompts x 2 samples
     assert out["pass_prompts"] == 2 and out["pass@k"] == 0.0

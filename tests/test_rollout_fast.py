@@ -116,7 +116,7 @@ def test_auto_backend_falls_back_to_generate(tiny):
     assert resolve_backend("auto", model) == "fast"
     assert resolve_backend("auto", model, synced=True) == "hf"  # FSDP2 generation is a collective
     assert resolve_backend("hf", model) == "hf"
-    with pytest.raises(ValueError, match="valid: auto, hf, fast"):
+    with pytest.raises(ValueError, match="valid: hf, fast, auto"):
         resolve_backend("vllm", model)
 
 

@@ -8,7 +8,7 @@ import torch
 
 from grpo.config import Config, ConfigError
 from grpo.models import load_models
-from grpo.rollout import choice, native, resolve_backend, sample_rollout, tuning
+from grpo.rollout import SamplingSettings, choice, make_engine, native, resolve_backend, tuning
 from grpo.rollout.hf import row_keys
 from tests.conftest import need_native
 
@@ -100,7 +100,8 @@ def test_auto_runs_the_backend_that_measured_faster(tiny):
     decision = tuning.read_cached(key)
     assert backend == ("fast" if decision["fast"] <= decision["hf"] else "hf")
     assert any(m.startswith("rollout_backend auto (measured, 4 rows") for m in tuning.take_messages())
-    ro = sample_rollout("auto", model, tok, ["Hi", "x"], group_size=2, max_new_tokens=4, keys=row_keys(0, 0, 0, 4))
+    ro = make_engine("auto", model, tok).generate(["Hi", "x"], group_size=2, sampling=SamplingSettings(4),
+                                                  keys=row_keys(0, 0, 0, 4))
     assert ro.backend == backend
     assert resolve_backend("auto", model) == "fast"  # no row count given: the architecture decides
 

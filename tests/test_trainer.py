@@ -13,6 +13,7 @@ from grpo.config import Config
 from grpo.core import AGGREGATIONS, ESTIMATORS
 from grpo.eval.evaluate import evaluate
 from grpo.infra.logger import NullLogger
+from grpo.rollout import make_engine
 from grpo.train.trainer import Trainer
 from tests.conftest import TEST_BF16, TEST_SEED, first_seed
 
@@ -81,8 +82,8 @@ def test_three_steps_every_aggregation_and_checkpoint_reloads(tmp_path, tiny_mod
     ev = json.loads((t.run_dir / "eval.json").read_text())
     assert set(ev) >= {"before", "after", "n_prompts"} and ev["n_prompts"] == 4
     # "after" is the checkpoint's greedy evaluation: the reloaded weights give the same answers
-    again = evaluate(reloaded, t.tok, t.task.eval, t.rewards.fns[cfg.reward_names[0]], system_prompt=cfg.system_prompt,
-                     max_new_tokens=cfg.eval_max_new_tokens)
+    again = evaluate(make_engine("hf", reloaded, t.tok), t.task.eval, t.rewards.fns[cfg.reward_names[0]],
+                     system_prompt=cfg.system_prompt, max_new_tokens=cfg.eval_max_new_tokens)
     assert (again["accuracy"], again["mean_length"]) == (ev["after"]["accuracy"], ev["after"]["mean_length"])
     assert ev["after"]["k"] == 2 and ev["after"]["pass@k"] in (0.0, 0.5, 1.0)  # 2 prompts, n = k = 2
     assert (t.run_dir / "config.yaml").is_file() and (t.run_dir / "samples.jsonl").is_file()

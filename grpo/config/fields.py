@@ -20,7 +20,7 @@ import yaml
 from grpo.config.parse import parse_value
 from grpo.errors import ConfigError
 from grpo.models.loading import DEFAULT_MODEL
-from grpo.rollout import ROLLOUT_BACKENDS
+from grpo.rollout import ROLLOUT_ENGINES
 from grpo.rollout.tuning import parse_override
 from grpo.core import (AGGREGATIONS, COV_MODES, ESTIMATORS, GROUP_ESTIMATORS, KL_ESTIMATORS, PF_MODES,
                        POLICY_LOSSES, RATIO_LEVELS)
@@ -303,7 +303,7 @@ def _validate(c: Config) -> None:
     _choice("dtype", c.dtype, DTYPES)
     _choice("report_to", c.report_to, REPORT_TO)
     _choice("distributed_strategy", c.distributed_strategy, ("ddp", "fsdp2"))
-    _choice("rollout_backend", c.rollout_backend, ("auto", *ROLLOUT_BACKENDS))
+    _choice("rollout_backend", c.rollout_backend, ROLLOUT_ENGINES)
     try:
         parse_override(c.decode_kernels)
     except ValueError as e:

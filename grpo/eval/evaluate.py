@@ -9,7 +9,7 @@ import torch
 
 from grpo.data import render_prompt
 from grpo.rewards import score_completions
-from grpo.rollout import generate_rollout
+from grpo.rollout import RolloutEngine, SamplingSettings
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -28,21 +28,23 @@ def _correct(texts: list[str], samples: list[dict], verifier) -> list[bool]:
 
 
 @torch.no_grad()
-def evaluate(model, tokenizer, samples: list[dict], verifier, *, system_prompt: str, max_new_tokens: int,
+def evaluate(engine: RolloutEngine, samples: list[dict], verifier, *, system_prompt: str, max_new_tokens: int,
              batch_size: int = 64, pass_k: int = 0, pass_prompts: int = 0, temperature: float = 1.0,
-             top_p: float = 1.0, top_k: int = 0, max_prompt_length: int = 1024, synced: bool = False) -> dict:
-    """Greedy accuracy on every sample; pass@k from k samples per prompt on the first ``pass_prompts``.
+             top_p: float = 1.0, top_k: int = 0, max_prompt_length: int = 1024) -> dict:
+    """Greedy accuracy on every sample; pass@k from k samples per prompt on the first ``pass_prompts``,
+    both sampled by ``engine`` (pass@k unkeyed, from the global RNG).
 
     A completion is correct when ``verifier(completion, sample) >= 1`` (the task's first reward).
     Returns {"accuracy", "pass@k" (or None), "k", "n_prompts", "mean_length", "truncated_share",
     "prompts_truncated" (prompts cut from the left to ``max_prompt_length``), "seconds", "examples"}.
     """
     start = time.perf_counter()
-    prompts = [render_prompt(tokenizer, s["prompt"], system_prompt) for s in samples]
+    sampling = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                max_prompt_length=max_prompt_length)
+    prompts = [render_prompt(engine.tokenizer, s["prompt"], system_prompt) for s in samples]
     correct, lengths, truncated, examples, n_cut = [], [], [], [], 0
     for i in range(0, len(samples), batch_size):
-        ro = generate_rollout(model, tokenizer, prompts[i:i + batch_size], group_size=1, greedy=True,
-                              max_new_tokens=max_new_tokens, max_prompt_length=max_prompt_length, synced=synced)
+        ro = engine.generate(prompts[i:i + batch_size], group_size=1, sampling=sampling, greedy=True)
         correct += _correct(ro.texts, samples[i:i + batch_size], verifier)
         lengths += ro.lengths.tolist()
         truncated += ro.truncated.tolist()
@@ -58,10 +60,7 @@ def evaluate(model, tokenizer, samples: list[dict], verifier, *, system_prompt: 
         per_batch = max(1, batch_size // pass_k)
         scores = []
         for i in range(0, len(sub), per_batch):
-            ro = generate_rollout(model, tokenizer, prompts[i:min(i + per_batch, len(sub))], group_size=pass_k,
-                                  max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                  top_k=top_k, max_prompt_length=max_prompt_length, with_logprobs=False,
-                                  synced=synced)
+            ro = engine.generate(prompts[i:min(i + per_batch, len(sub))], group_size=pass_k, sampling=sampling)
             ok = _correct(ro.texts, [s for s in sub[i:i + per_batch] for _ in range(pass_k)], verifier)
             scores += [pass_at_k(pass_k, sum(ok[j:j + pass_k]), pass_k) for j in range(0, len(ok), pass_k)]
         result["pass@k"] = sum(scores) / len(scores)

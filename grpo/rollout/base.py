@@ -73,6 +73,43 @@ def encode_prompts(tokenizer, prompts: list[str], max_length: int) -> tuple[Tens
     return ids, mask, n_cut
 
 
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every token that ends a completion: the generation config's EOS ids and the tokenizer's."""
+    ids = model.generation_config.eos_token_id
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
+@dataclass
+class EncodedPrompts:
+    """A sampling call's prompts as every backend starts from them."""
+
+    ids: Tensor  # [B, P] left-padded, on the model's device
+    mask: Tensor  # [B, P] 1 on real prompt tokens
+    cut: int  # prompts cut to max_prompt_length
+    eos: list[int]  # the tokens that end a completion
+    group_size: int
+
+    def rows(self) -> tuple[Tensor, Tensor]:
+        """Prompt ids and mask repeated for the G rows of each group (row n: prompt n // G)."""
+        g = self.group_size
+        return self.ids.repeat_interleave(g, 0), self.mask.repeat_interleave(g, 0)  # [N, P] each
+
+
+def encode_for_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_prompt_length: int,
+                       keys: list[int] | None) -> EncodedPrompts:
+    """The prelude shared by the backends: prompts encoded (``encode_prompts``) onto the model's
+    device, the EOS ids, and ``keys`` checked to hold one key per row (None: nothing to check)."""
+    ids, mask, n_cut = encode_prompts(tokenizer, prompts, max_prompt_length)  # [B, P] each
+    n_rows = ids.shape[0] * group_size
+    if keys is not None and len(keys) != n_rows:
+        raise ValueError(f"keys: {len(keys)} given for {n_rows} rows")
+    device = next(model.parameters()).device
+    return EncodedPrompts(ids.to(device), mask.to(device), n_cut, eos_token_ids(model, tokenizer), group_size)
+
+
 def completion_mask_from_ids(ids: Tensor, eos_ids: list[int]) -> dict[str, Tensor]:
     """Mask of tokens up to and including the first EOS, and whether a row never ended.
 

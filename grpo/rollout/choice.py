@@ -22,7 +22,10 @@ import torch
 
 from grpo.models.packing import base_model
 from grpo.rollout import tuning
-from grpo.rollout.fast import cache_keyword, decode_ids
+from grpo.rollout.base import Rollout
+from grpo.rollout.engine import RolloutEngine, SamplingSettings, engine_class, register
+from grpo.rollout.fast import FastEngine, cache_keyword, decode_ids, fast_unsupported_reason
+from grpo.rollout.hf import HFEngine
 
 PROBE_PROMPT, PROBE_STEPS = 48, 6
 _decisions: dict[str, dict] = {}
@@ -88,3 +91,58 @@ def fast_or_hf(model, *, rows: int, group_size: int, kernels: str = "auto") -> s
                 f"{decision['fast'] * 1e3:.1f} ms, generate {decision['hf'] * 1e3:.1f} ms -> {decision['backend']}")
     _decisions[key] = decision
     return decision["backend"]
+
+
+def resolve_backend(name: str, model, *, synced: bool = False, rows: int | None = None, group_size: int = 1,
+                    kernels: str = "auto") -> str:
+    """The backend that runs for config value ``name``. auto: fast where the model supports it
+    (decoder-only, a checked architecture, not synced FSDP2 generation) and, given the call's
+    ``rows``, where its decode step measured no slower than generate's (``fast_or_hf``), else hf."""
+    if name == "auto":
+        if fast_unsupported_reason(model, synced=synced) is not None:
+            return "hf"
+        if rows is None:
+            return "fast"
+        return fast_or_hf(model, rows=rows, group_size=group_size, kernels=kernels)
+    engine_class(name)  # ValueError listing the valid names
+    return name
+
+
+@register
+class AutoEngine(RolloutEngine):
+    """``rollout_backend=auto``: holds an hf engine and, where the model supports it, a fast one, and
+    runs whichever ``resolve_backend`` picks for each call's row count (the trainer's steps and the
+    evaluation batches may pick differently). Both draw the same tokens for the same keys, so the
+    choice changes the speed only; ``Rollout.backend`` says which ran."""
+
+    name = "auto"
+    same_tokens_for_keys = True
+    returns_sampling_logprobs = True
+
+    def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto"):
+        super().__init__(model, tokenizer, synced=synced, kernels=kernels)
+        kw = dict(synced=synced, kernels=kernels)
+        self.engines: dict[str, RolloutEngine] = {"hf": HFEngine(model, tokenizer, **kw)}
+        if fast_unsupported_reason(model, synced=synced) is None:
+            self.engines["fast"] = FastEngine(model, tokenizer, **kw)
+
+    def choose(self, rows: int, group_size: int) -> RolloutEngine:
+        """The engine that runs a call of ``rows`` rows in groups of ``group_size``."""
+        name = resolve_backend("auto", self.model, synced=self.synced, rows=rows, group_size=group_size,
+                               kernels=self.kernels)
+        return self.engines[name]
+
+    def _generate(self, prompts: list[str], *, group_size: int, sampling: SamplingSettings, keys: list[int] | None,
+                  with_logprobs: bool, greedy: bool) -> Rollout:
+        return self.choose(len(prompts) * group_size, group_size).generate(
+            prompts, group_size=group_size, sampling=sampling, keys=keys, with_logprobs=with_logprobs, greedy=greedy)
+
+    def sync_weights(self, policy) -> None:
+        super().sync_weights(policy)
+        for engine in self.engines.values():
+            engine.sync_weights(policy)
+
+    def close(self) -> None:
+        for engine in self.engines.values():
+            engine.close()
+        super().close()

@@ -25,8 +25,9 @@ import torch
 
 from grpo.core import token_logprobs
 from grpo.models.packing import base_model
-from grpo.rollout.base import Rollout, encode_prompts, finish_rollout
-from grpo.rollout.hf import KeyedSampler, eos_token_ids
+from grpo.rollout.base import Rollout, encode_for_rollout, finish_rollout
+from grpo.rollout.engine import RolloutEngine, SamplingSettings, register
+from grpo.rollout.hf import KeyedSampler
 from grpo.rollout import native
 from grpo.rollout.decoder import FusedDecoder, RowCache, fused_unsupported_reason
 from grpo.rollout.kernels import onednn_available, packed_linears
@@ -162,13 +163,9 @@ def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_n
     if reason is not None:
         raise ValueError(f"rollout_backend fast: {reason}")
     start = time.perf_counter()
-    ids, pmask, n_cut = encode_prompts(tokenizer, prompts, max_prompt_length)  # [B, P] each
-    device = next(model.parameters()).device
-    ids, pmask = ids.to(device), pmask.to(device)  # [B, P]
-    g, n_rows = group_size, ids.shape[0] * group_size
-    if keys is not None and len(keys) != n_rows:
-        raise ValueError(f"keys: {len(keys)} given for {n_rows} rows")
-    eos = eos_token_ids(model, tokenizer)
+    enc = encode_for_rollout(model, tokenizer, prompts, group_size=group_size, max_prompt_length=max_prompt_length,
+                             keys=keys)
+    ids, pmask, eos, g = enc.ids, enc.mask, enc.eos, group_size  # [B, P] each
     sampler = None if greedy else KeyedSampler([], ids.shape[1], temperature=temperature, top_p=top_p, top_k=top_k)
     was_training = model.training
     model.eval()
@@ -178,9 +175,30 @@ def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_n
                          pad_id=tokenizer.pad_token_id, kernels=kernels, use_native=use_native)
     finally:
         model.train(was_training)
-    return finish_rollout(tokenizer, ids.repeat_interleave(g, 0), pmask.repeat_interleave(g, 0), out["ids"], eos,
-                          sampling_logp=out["logp"], backend="fast", seconds=time.perf_counter() - start,
-                          prompts_truncated=n_cut)
+    return finish_rollout(tokenizer, *enc.rows(), out["ids"], eos, sampling_logp=out["logp"], backend="fast",
+                          seconds=time.perf_counter() - start, prompts_truncated=enc.cut)
+
+
+@register
+class FastEngine(RolloutEngine):
+    """Our decode loop (``fast_rollout``) for the decoder-only architectures it was checked against;
+    refuses other models, and synced generation, when built."""
+
+    name = "fast"
+    same_tokens_for_keys = True
+    returns_sampling_logprobs = True
+
+    def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto"):
+        reason = fast_unsupported_reason(model, synced=synced)
+        if reason is not None:
+            raise ValueError(f"rollout_backend fast: {reason}")
+        super().__init__(model, tokenizer, synced=synced, kernels=kernels)
+
+    def _generate(self, prompts: list[str], *, group_size: int, sampling: SamplingSettings, keys: list[int] | None,
+                  with_logprobs: bool, greedy: bool) -> Rollout:
+        return fast_rollout(self.model, self.tokenizer, prompts, group_size=group_size, greedy=greedy,
+                            with_logprobs=with_logprobs, keys=keys, synced=self.synced, kernels=self.kernels,
+                            **sampling.as_kwargs())
 
 
 def decode_ids(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new_tokens: int, eos: list[int],

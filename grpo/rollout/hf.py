@@ -8,7 +8,8 @@ import torch
 
 from grpo.core import token_logprobs
 from grpo.rollout import native
-from grpo.rollout.base import Rollout, encode_prompts, finish_rollout
+from grpo.rollout.base import Rollout, encode_for_rollout, finish_rollout
+from grpo.rollout.engine import RolloutEngine, SamplingSettings, register
 
 
 GOLDEN, MIX1, MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # splitmix64's constants
@@ -111,15 +112,6 @@ def row_keys(seed: int, step: int, first_row: int, count: int) -> list[int]:
     return [base + first_row + i for i in range(count)]
 
 
-def eos_token_ids(model, tokenizer) -> list[int]:
-    """Every token that ends a completion: the generation config's EOS ids and the tokenizer's."""
-    ids = model.generation_config.eos_token_id
-    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-        ids.append(tokenizer.eos_token_id)
-    return ids
-
-
 @torch.no_grad()
 def generate_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_new_tokens: int,
                      temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False,
@@ -132,16 +124,14 @@ def generate_rollout(model, tokenizer, prompts: list[str], *, group_size: int, m
     sharded forward is a collective).
     """
     start = time.perf_counter()
-    ids, pmask, n_cut = encode_prompts(tokenizer, prompts, max_prompt_length)  # [B, P] each
-    device = next(model.parameters()).device
-    prompt_ids = ids.to(device).repeat_interleave(group_size, 0)  # [N, P]
-    prompt_mask = pmask.to(device).repeat_interleave(group_size, 0)  # [N, P]
-    eos = eos_token_ids(model, tokenizer)
+    keyed = keys is not None and not greedy
+    enc = encode_for_rollout(model, tokenizer, prompts, group_size=group_size, max_prompt_length=max_prompt_length,
+                             keys=keys if keyed else None)
+    prompt_ids, prompt_mask = enc.rows()  # [N, P] each
+    eos = enc.eos
     kwargs = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id,
                   return_dict_in_generate=True, output_logits=with_logprobs and not greedy, synced_gpus=synced)
-    if keys is not None and not greedy:
-        if len(keys) != prompt_ids.shape[0]:
-            raise ValueError(f"keys: {len(keys)} given for {prompt_ids.shape[0]} rows")
+    if keyed:
         proc = KeyedSampler(keys, prompt_ids.shape[1], temperature=temperature, top_p=top_p, top_k=top_k)
         kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None, logits_processor=[proc])
     elif greedy:
@@ -158,4 +148,19 @@ def generate_rollout(model, tokenizer, prompts: list[str], *, group_size: int, m
         logits = torch.stack(out.logits, dim=1)  # [N, T, V] raw logits of each decoding step
         sampling_logp = token_logprobs(logits, completion_ids, temperature=temperature)  # [N, T]
     return finish_rollout(tokenizer, prompt_ids, prompt_mask, completion_ids, eos, sampling_logp=sampling_logp,
-                          backend="hf", seconds=time.perf_counter() - start, prompts_truncated=n_cut)
+                          backend="hf", seconds=time.perf_counter() - start, prompts_truncated=enc.cut)
+
+
+@register
+class HFEngine(RolloutEngine):
+    """Sampling with transformers ``generate`` (``generate_rollout``): any causal LM, synced FSDP2
+    generation included; keyed rows draw through ``KeyedSampler``."""
+
+    name = "hf"
+    same_tokens_for_keys = True
+    returns_sampling_logprobs = True
+
+    def _generate(self, prompts: list[str], *, group_size: int, sampling: SamplingSettings, keys: list[int] | None,
+                  with_logprobs: bool, greedy: bool) -> Rollout:
+        return generate_rollout(self.model, self.tokenizer, prompts, group_size=group_size, greedy=greedy,
+                                with_logprobs=with_logprobs, keys=keys, synced=self.synced, **sampling.as_kwargs())

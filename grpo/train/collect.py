@@ -16,7 +16,7 @@ from grpo import core
 from grpo.data import PromptSampler, render_prompt
 from grpo.infra import distributed as dist_io
 from grpo.rewards.runner import RewardRunner
-from grpo.rollout import Rollout, sample_rollout
+from grpo.rollout import Rollout, RolloutEngine, SamplingSettings
 from grpo.rollout.base import concat_rollouts, rollout_to, select_rollout
 from grpo.rollout.hf import row_keys
 from grpo.rollout.tuning import take_messages
@@ -33,27 +33,27 @@ class Collected:
 
 
 class Collector:
-    """Draws the step's prompts (an epoch-shuffled sampler), samples them, scores the completions
-    and counts what went wrong (failed rewards, prompts cut to max_prompt_length). ``note`` reports
-    a message to the run's log."""
+    """Draws the step's prompts (an epoch-shuffled sampler), samples them with the run's ``engine``,
+    scores the completions and counts what went wrong (failed rewards, prompts cut to
+    max_prompt_length). ``note`` reports a message to the run's log."""
 
-    def __init__(self, cfg, *, world: dist_io.World, train: list[dict], tokenizer, rewards: RewardRunner,
+    def __init__(self, cfg, *, world: dist_io.World, train: list[dict], engine: RolloutEngine, rewards: RewardRunner,
                  note: Callable[..., None]):
-        self.cfg, self.world, self.train, self.tok, self.rewards, self.note = cfg, world, train, tokenizer, rewards, note
+        self.cfg, self.world, self.train, self.rewards, self.note = cfg, world, train, rewards, note
+        self.engine, self.tok = engine, engine.tokenizer
         self.sampler = PromptSampler(len(train), seed=cfg.seed)
         self.reward_failures = 0
         self.prompts_truncated = 0  # this run's sampled prompts cut to max_prompt_length (every process)
 
-    def collect(self, policy, *, step: int, temperature: float, synced: bool) -> Collected:
+    def collect(self, *, step: int, temperature: float) -> Collected:
         """Sample and score this step (with dynamic sampling: several rounds)."""
         if self.cfg.dynamic_sampling:  # DAPO: only groups with reward variance reach the loss
-            return self._dynamic(policy, step=step, temperature=temperature, synced=synced)
-        samples, ro = self.sample(policy, step=step, temperature=temperature, synced=synced)
+            return self._dynamic(step=step, temperature=temperature)
+        samples, ro = self.sample(step=step, temperature=temperature)
         rewards, metrics = self.score(samples, ro)
         return Collected(samples, ro, rewards, metrics)
 
-    def sample(self, policy, *, step: int, temperature: float, synced: bool, draw: int = 0
-               ) -> tuple[list[dict], Rollout]:
+    def sample(self, *, step: int, temperature: float, draw: int = 0) -> tuple[list[dict], Rollout]:
         """This process's b = B / world prompts of the step's global draw, G completions each. Each
         row samples from its own key (seed, step, global row), so the tokens do not depend on how
         many processes share the batch; ``draw`` numbers the extra draws of one step (dynamic sampling)."""
@@ -63,11 +63,10 @@ class Collector:
         samples = [self.train[i] for i in mine]
         prompts = [render_prompt(self.tok, s["prompt"], cfg.system_prompt) for s in samples]
         keys = row_keys(cfg.seed, step, (draw * world.size + world.rank) * b * g, b * g)
-        ro = sample_rollout(cfg.rollout_backend, policy, self.tok, prompts, group_size=g,
-                            max_new_tokens=cfg.max_completion_length, temperature=temperature,
-                            top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length,
-                            with_logprobs=False,  # the loss recomputes them; keeping [N, T, V] logits costs memory
-                            keys=keys, synced=synced, kernels=cfg.decode_kernels)
+        sampling = SamplingSettings(max_new_tokens=cfg.max_completion_length, temperature=temperature,
+                                    top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length)
+        # no sampling log-probs: the loss recomputes them; keeping [N, T, V] logits costs memory
+        ro = self.engine.generate(prompts, group_size=g, sampling=sampling, keys=keys, with_logprobs=False)
         for msg in take_messages():  # what the rollout measured or read about this machine's kernels, once
             self.note(msg)
         self._count_truncated(int(dist_io.all_sum(torch.tensor(ro.prompts_truncated), world)))
@@ -101,7 +100,7 @@ class Collector:
                        reward_failures_total=self.reward_failures, reward_timeouts_total=timeouts)
         return total.float().view(cfg.prompts_per_step, cfg.num_generations), metrics
 
-    def _dynamic(self, policy, *, step: int, temperature: float, synced: bool) -> Collected:
+    def _dynamic(self, *, step: int, temperature: float) -> Collected:
         """DAPO dynamic sampling (arXiv 2503.14476, section 3.2): sample and score rounds of B prompts, keep
         only groups whose rewards are not all equal, until B groups are kept or ``dynamic_sampling_rounds``
         rounds are spent. The rewards of the result are [b', G] for the, b' <= B kept groups. When no round kept a group the last round is trained as it is (its
@@ -117,7 +116,7 @@ class Collector:
         b = n // world.size  # prompts per process and round
         mine, kept_rewards, n_kept, seconds = [], [], 0, 0.0
         for draw in range(cfg.dynamic_sampling_rounds):
-            samples, ro = self.sample(policy, step=step, temperature=temperature, synced=synced, draw=draw)
+            samples, ro = self.sample(step=step, temperature=temperature, draw=draw)
             rewards, metrics = self.score(samples, ro)  # [B, G] of the whole step
             seconds += ro.seconds
             idx = core.informative_groups(rewards).nonzero().flatten()[: n - n_kept]  # [k] indices into the step's B

@@ -36,7 +36,7 @@ from grpo.models import grouped_attention, keep_head_fp32, load_models, native_b
 from grpo.models.packing import SHARED_PREFIX_ATTENTION, sliding_window
 from grpo.rewards.runner import RewardRunner
 from grpo.rewards.steps import resolve_step_reward
-from grpo.rollout import Rollout
+from grpo.rollout import Rollout, RolloutEngine, SamplingSettings, make_engine
 from grpo.train import state as run_state
 from grpo.train.batch import Batch, BatchMaker
 from grpo.train.collect import Collector
@@ -90,7 +90,15 @@ class Trainer:
         self.logger = NullLogger()  # train() replaces it with the run's logger on rank 0
         self.critic = self._make_critic()
         self.knobs = Knobs(cfg)  # the step's knobs (eps, beta, temperature, ...) and their controllers
-        self.collector = Collector(cfg, world=world, train=self.task.train, tokenizer=self.tok, rewards=self.rewards,
+        # the training sampler (rollout_backend), and generate for evaluation and the consistency probe,
+        # whose unkeyed sampling draws from the global RNG as generate does
+        try:
+            self.engine = make_engine(cfg.rollout_backend, self.policy, self.tok, synced=self.sharded,
+                                      kernels=cfg.decode_kernels)
+        except ValueError as e:  # rollout_backend=fast on a model or setup it does not cover
+            raise ConfigError(str(e)) from None
+        self.eval_engine = make_engine("hf", self.policy, self.tok, synced=self.sharded)
+        self.collector = Collector(cfg, world=world, train=self.task.train, engine=self.engine, rewards=self.rewards,
                                    note=lambda text, style=None: self.logger.note(text, style))
         self.batches = BatchMaker(cfg, world=world, forwards=self.forwards, policy=self.policy,
                                   reference=self.models.reference, critic=self.critic, step_reward=step_reward,
@@ -105,6 +113,7 @@ class Trainer:
         path = run_state.resume_path(cfg.resume_from_checkpoint, self.run_dir)
         if path is not None:
             run_state.restore(self, path)
+            self._sync_engines()
 
     def _place_models(self) -> None:
         """Policy and reference onto this process's device; bf16 autocast or not; the module the
@@ -166,11 +175,11 @@ class Trainer:
         if cfg.ref_reset_steps and self.step and self.step % cfg.ref_reset_steps == 0:
             reset_reference(self.models.reference, self.policy)
             self.ref_reset_at = self.step
-        got = self.collector.collect(self.policy, step=self.step, temperature=k.temperature, synced=self.sharded)
+        got = self.collector.collect(step=self.step, temperature=k.temperature)
         metrics = {**got.metrics, **k.values()}  # the knob values this step trains with
         batch, batch_metrics = self.prepare(got.rollout, got.rewards, got.samples)
         metrics.update(batch_metrics)
-        metrics.update(self.updater.update(batch, k, step=self.step))
+        metrics.update(self.update(batch))
         self.step += 1
         ro = got.rollout
         metrics.update(generation_seconds=ro.seconds, rollout_backend=ro.backend,
@@ -188,8 +197,7 @@ class Trainer:
 
     def sample(self, draw: int = 0) -> tuple[list[dict], Rollout]:
         """This process's prompts of the next draw and their rollout (Collector.sample)."""
-        return self.collector.sample(self.policy, step=self.step, temperature=self.knobs.temperature,
-                                     synced=self.sharded, draw=draw)
+        return self.collector.sample(step=self.step, temperature=self.knobs.temperature, draw=draw)
 
     def score(self, samples: list[dict], ro: Rollout) -> tuple[torch.Tensor, dict]:
         """Rewards [B, G] of the whole step and their metrics (Collector.score)."""
@@ -200,7 +208,18 @@ class Trainer:
         return self.batches.make(ro, rewards, samples, temperature=self.knobs.temperature, beta=self.knobs.beta)
 
     def update(self, batch: Batch) -> dict:
-        return self.updater.update(batch, self.knobs, step=self.step)
+        """The step's optimizer steps (Updater.update); the engines then sample the new weights."""
+        metrics = self.updater.update(batch, self.knobs, step=self.step)
+        self._sync_engines()
+        return metrics
+
+    def _engines(self) -> tuple[RolloutEngine, ...]:
+        """Every engine the run samples with: each hears of new weights and is closed at the end."""
+        return self.engine, self.eval_engine
+
+    def _sync_engines(self) -> None:
+        for engine in self._engines():
+            engine.sync_weights(self.policy)
 
     def _log_samples(self, got) -> None:
         g, flat = self.cfg.num_generations, got.rewards.flatten().tolist()
@@ -212,17 +231,16 @@ class Trainer:
     def _consistency(self) -> dict:
         cfg = self.cfg
         pool = self.task.eval or self.task.train
-        return consistency(self.policy, self.tok, pool[: cfg.consistency_prompts], self.rewards,
-                           system_prompt=cfg.system_prompt, group_size=cfg.num_generations,
-                           max_new_tokens=cfg.max_completion_length, temperature=self.knobs.temperature,
-                           top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length,
-                           synced=self.sharded)
+        sampling = SamplingSettings(max_new_tokens=cfg.max_completion_length, temperature=self.knobs.temperature,
+                                    top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length)
+        return consistency(self.eval_engine, pool[: cfg.consistency_prompts], self.rewards,
+                           system_prompt=cfg.system_prompt, group_size=cfg.num_generations, sampling=sampling)
 
     # ---- the run --------------------------------------------------------------------------------
     def evaluate(self) -> dict:
         cfg = self.cfg
         # every process evaluates the same prompts (FSDP2 needs them all in each sharded forward)
-        return evaluate(self.policy, self.tok, self.task.eval, self.rewards.fns[cfg.reward_names[0]], synced=self.sharded,
+        return evaluate(self.eval_engine, self.task.eval, self.rewards.fns[cfg.reward_names[0]],
                         system_prompt=cfg.system_prompt, max_new_tokens=cfg.eval_max_new_tokens,
                         batch_size=cfg.eval_batch_size, pass_k=cfg.eval_pass_k,
                         pass_prompts=min(cfg.eval_pass_prompts, len(self.task.eval)), temperature=cfg.temperature,
@@ -291,6 +309,8 @@ class Trainer:
                 signal.signal(s, h)
             self.logger.close()
             self.rewards.close()
+            for engine in self._engines():
+                engine.close()
         if main:
             eval_path.write_text(json.dumps(result, indent=2))
         return result

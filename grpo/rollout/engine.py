@@ -1,0 +1,104 @@
+"""Rollout engines: a sampler built once per run on a model, with a lifecycle, found by name.
+
+Every engine takes the same constructor arguments (the model it samples from, its tokenizer, whether
+generation is synced across processes, the fast loop's kernel setting), samples groups of
+completions with ``generate``, hears about each optimizer step through ``sync_weights`` and is
+released with ``close``. Capabilities are declared on the class so callers can check them without
+building one. The engines live next to their code (hf.py, fast.py, choice.py) and register here;
+``grpo.rollout`` imports them all, so ``ROLLOUT_ENGINES`` is complete once that package is imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+from torch import Tensor
+
+from grpo.rollout.base import Rollout
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How completions are drawn: the token budget, the warpers, and the prompt length kept."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_prompt_length: int = 1024
+
+    def as_kwargs(self) -> dict:
+        """The settings as the keyword arguments of ``generate_rollout`` / ``fast_rollout``."""
+        return dataclasses.asdict(self)
+
+
+class RolloutEngine:
+    """A sampler bound to one model for a run.
+
+    ``same_tokens_for_keys``: given the same keys, draws the same tokens as every other engine that
+    declares it (so choosing among them changes no result). ``returns_sampling_logprobs``: fills
+    ``Rollout.sampling_logp`` when asked (``with_logprobs=True``, not greedy).
+    """
+
+    name: ClassVar[str] = ""
+    same_tokens_for_keys: ClassVar[bool] = False
+    returns_sampling_logprobs: ClassVar[bool] = False
+
+    def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto"):
+        self.model, self.tokenizer, self.synced, self.kernels = model, tokenizer, synced, kernels
+        self.closed = False
+
+    def generate(self, prompts: list[str], *, group_size: int, sampling: SamplingSettings,
+                 keys: Sequence[int] | Tensor | None = None, with_logprobs: bool = False, greedy: bool = False) -> Rollout:
+        """``group_size`` completions of each rendered prompt, grouped by prompt (N = len(prompts) *
+        group_size rows). ``keys`` (one int per row, grpo.rollout.hf.row_keys; a list or an int64
+        tensor [N]): each row draws from its own key instead of the global RNG; ``greedy``: argmax
+        decoding (keys ignored)."""
+        if self.closed:
+            raise RuntimeError(f"rollout engine {self.name!r}: generate after close()")
+        if keys is not None:
+            keys = keys.tolist() if isinstance(keys, Tensor) else [int(k) for k in keys]
+        return self._generate(prompts, group_size=group_size, sampling=sampling, keys=keys,
+                              with_logprobs=with_logprobs, greedy=greedy)
+
+    def _generate(self, prompts: list[str], *, group_size: int, sampling: SamplingSettings, keys: list[int] | None,
+                  with_logprobs: bool, greedy: bool) -> Rollout:
+        raise NotImplementedError
+
+    def sync_weights(self, policy) -> None:
+        """Make the next ``generate`` sample from ``policy``'s current weights (called after each
+        optimizer step). An in-process engine samples from the very module the optimizer updates and
+        packs its fast weights anew at each rollout, so there is nothing to copy; it only checks that
+        it was built on ``policy``."""
+        if policy is not self.model:
+            raise ValueError(f"rollout engine {self.name!r} samples from the model it was built on; "
+                             "sync_weights got another one")
+
+    def close(self) -> None:
+        """Release what the engine holds; later calls do nothing."""
+        self.closed = True
+
+
+ROLLOUT_ENGINES: dict[str, type[RolloutEngine]] = {}
+
+
+def register(cls: type[RolloutEngine]) -> type[RolloutEngine]:
+    """Class decorator: enter ``cls`` in ROLLOUT_ENGINES under ``cls.name``."""
+    if not cls.name or cls.name in ROLLOUT_ENGINES:
+        raise ValueError(f"rollout engine {cls.__name__}: name {cls.name!r} is empty or taken")
+    ROLLOUT_ENGINES[cls.name] = cls
+    return cls
+
+
+def engine_class(name: str) -> type[RolloutEngine]:
+    """The engine registered as ``name``; ValueError listing the valid names otherwise."""
+    if name not in ROLLOUT_ENGINES:
+        raise ValueError(f"rollout_backend: unknown {name!r}; valid: {', '.join(ROLLOUT_ENGINES)}")
+    return ROLLOUT_ENGINES[name]
+
+
+def make_engine(name: str, model, tokenizer, *, synced: bool = False, kernels: str = "auto") -> RolloutEngine:
+    """An engine of kind ``name`` (a ``rollout_backend`` value) on ``model``."""
+    return engine_class(name)(model, tokenizer, synced=synced, kernels=kernels)
