@@ -408,9 +408,11 @@ def test_token_budget_splits_passes_with_the_same_update(tmp_path, tiny_model_di
     split, each part with its own copy of the prompt): the loss and the gradient stay the same."""
     kw = dict(eval_prompts=0, beta=0.1, per_device_train_batch_size=8, bf16=False, max_completion_length=8)
     calls = []
-    own = Trainer._micro_loss
-    monkeypatch.setattr(Trainer, "_micro_loss", lambda self, batch, idx, total: calls.append(len(idx))
-                        or own(self, batch, idx, total))
+    from grpo.train.update import Updater
+
+    own = Updater._micro_loss
+    monkeypatch.setattr(Updater, "_micro_loss", lambda self, batch, idx, total, knobs: calls.append(len(idx))
+                        or own(self, batch, idx, total, knobs))
     one = _one_update(make_cfg(tmp_path / "a", tiny_model_dir, tiny_dataset, max_tokens_per_forward=0, **kw),
                       perturb_reference=True)
     assert calls == [8]  # one pass per micro-batch of 8 rows (2 prompts x 4)
