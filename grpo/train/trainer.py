@@ -294,7 +294,7 @@ class Trainer:
                     self.logger.log_step(self.step, metrics)
                 if self.fuse_reason:
                     raise FuseError(f"{self.fuse_reason} (step {self.step}); stopped, checkpoint "
-                                         f"{self.save()}")
+                                     f"{self.save()}")
                 if cfg.save_steps and self.step % cfg.save_steps == 0 and self.step < cfg.max_steps:
                     self.save()
             result["checkpoint"] = str(self.save())
