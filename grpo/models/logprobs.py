@@ -54,7 +54,7 @@ def tied_embedding_grad_in_place(model, *, enabled: bool = True):
 
     Why: autograd sums a tied weight's two gradients before accumulating them, and the embedding's
     (dense, or sparse with ``sparse=True``) was summed by building a new [V, H] matrix: 113 MB for
-    SmolLM2, filled or copied on each backward pass, 0.1-0.3 s on the 2-core bench machine (issue 4).
+    SmolLM2, filled or copied on each backward pass, 0.1-0.3 s on the 2-core bench machine.
     Only a plain ``torch.nn.Embedding`` without max_norm or scale_grad_by_freq qualifies (subclasses
     such as Gemma's scaled embedding keep their own forward). The trainer uses it on one process
     only: DDP and FSDP2 synchronise gradients that go through autograd, which this one does not."""

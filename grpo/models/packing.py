@@ -65,8 +65,8 @@ def pack_sequences(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tens
     and to itself (shared-prefix training, Prefix Grouper 2025), so the prompt is computed once and
     every completion's gradient flows into it. The next group's block follows in the same row while
     the row stays within ``max_row_tokens`` (0 = no limit), so a forward pass holds one row of real
-    tokens rather than one row per group padded to the longest (issue 4: 4 groups of 32 completions
-    were 1,380 columns for 997 tokens); a block that would pass the limit starts a new row, with its
+    tokens rather than one row per group padded to the longest (4 groups of 32 completions: 1,380
+    padded columns for 997 tokens); a block that would pass the limit starts a new row, with its
     prompt again if the group continues, which bounds a row's length. Without sharing each sequence
     is its own row [prompt, c]. ``completion_mask`` (the context) must be a 0/1 prefix mask (tokens
     up to and including EOS); every prompt must have a token. ``loss_mask`` (tokens trained on, within
@@ -104,14 +104,8 @@ def pack_sequences(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tens
         seq_start.append(row["len"])
         seq_prompt_end.append(row["prompt_end"])
         _append(row, c, torch.arange(p, p + len(c)), row["members"])
-    r, width = len(rows), max(row["len"] for row in rows)
-    ids = completion_ids.new_zeros(r, width)  # [R, L]
-    pos = torch.zeros(r, width, dtype=torch.long)  # [R, L]
-    seg = torch.full((r, width), -1, dtype=torch.long)  # [R, L]
-    blk = torch.full((r, width), -1, dtype=torch.long)  # [R, L]
-    for k, row in enumerate(rows):
-        for out, key in ((ids, "ids"), (pos, "pos"), (seg, "seg"), (blk, "blk")):
-            out[k, :row["len"]] = torch.cat(row[key])
+    ids, pos, seg, blk = _row_tensors(rows, completion_ids)  # each [R, L]
+    width = ids.shape[1]
     sc = _scoring_columns(seq_row, seq_start, seq_prompt_end, c_len, width)
     keep, valid = sc["logits_to_keep"], sc["valid"].to(dev)  # valid [N, T']
     tokens = torch.where(valid, completion_ids[:, :valid.shape[1]], 0)  # [N, T']
@@ -119,6 +113,20 @@ def pack_sequences(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tens
     return {"input_ids": ids, "position_ids": pos.to(dev), "segments": seg.to(dev), "blocks": blk.to(dev),
             "logits_to_keep": keep if isinstance(keep, int) else keep.to(dev),
             "index": sc["index"].to(dev), "tokens": tokens, "valid": valid, "loss": loss}
+
+
+def _row_tensors(rows: list[dict], like: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The packed rows as input ids (``like``'s dtype), positions, segments and blocks, each [R, L],
+    right-padded (ids and positions 0, segments and blocks -1)."""
+    r, width = len(rows), max(row["len"] for row in rows)
+    ids = like.new_zeros(r, width)  # [R, L]
+    pos = torch.zeros(r, width, dtype=torch.long)  # [R, L]
+    seg = torch.full((r, width), -1, dtype=torch.long)  # [R, L]
+    blk = torch.full((r, width), -1, dtype=torch.long)  # [R, L]
+    for k, row in enumerate(rows):
+        for out, key in ((ids, "ids"), (pos, "pos"), (seg, "seg"), (blk, "blk")):
+            out[k, :row["len"]] = torch.cat(row[key])
+    return ids, pos, seg, blk
 
 
 def _fit(mask: Tensor, width: int) -> Tensor:
