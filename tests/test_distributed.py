@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +40,20 @@ def _env() -> dict:
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 
+def _run(cmd: list[str], env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``cmd`` (torchrun or grpo) in a session of its own; past ``timeout`` the whole session is
+    killed, so ranks stuck in a collective do not outlive the test as orphans of a killed launcher."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd[:8])} ... did not finish in {timeout} s:\n{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def _train(run_dir: Path, model_dir, data_file, *, procs: int, extra: list[str] = (), resume: bool = False):
     """`grpo train` on `procs` processes; returns the run folder."""
     launcher = [sys.executable, "-m", "grpo"] if procs == 1 else [
@@ -53,8 +68,7 @@ def _train(run_dir: Path, model_dir, data_file, *, procs: int, extra: list[str] 
         args = ["train", "--resume", str(run_dir)]
     env = _env()
     env.pop("WORLD_SIZE", None)
-    proc = subprocess.run(launcher + args + list(extra), cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = _run(launcher + args + list(extra), env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return run_dir
 
@@ -172,7 +186,7 @@ def test_uneven_split_is_a_clear_error(tmp_path, tiny_model_dir, data_file):
                 "-m", "grpo", "train", f"model={tiny_model_dir}", f"task={data_file}",
                 f"output_dir={tmp_path / 'run'}", "prompts_per_step=3", "eval_prompts=0", "progress=false"]
     env = _env()
-    proc = subprocess.run(launcher, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = _run(launcher, env)
     assert proc.returncode != 0
     assert "prompts_per_step: 3 prompts cannot be split evenly over 2 processes" in proc.stderr
 
@@ -189,7 +203,7 @@ def test_fuse_stops_every_process_with_one_checkpoint(tmp_path, tiny_model_dir, 
            "progress=false", "report_to=none", "reward_timeout=0", "num_threads=1", "fuse_metric=kl",
            "fuse_max=0.001", "fuse_patience=2", f"distributed_strategy={strategy}"]
     env = _env()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = _run(cmd, env)
     assert proc.returncode != 0 and "fuse: kl" in proc.stderr, proc.stderr[-3000:]
     steps = [m["step"] for m in _metrics(run)]
     assert steps == list(range(1, steps[-1] + 1)) and steps[-1] < 8
@@ -206,7 +220,7 @@ def test_a_signal_to_one_process_stops_every_process_at_the_same_step(tmp_path, 
            "prompts_per_step=4", "num_generations=4", "per_device_train_batch_size=4", "max_completion_length=8",
            "eval_prompts=0", "rewards=tests.rewards_for_tests:sigterm_on_rank1_step2", "bf16=false",
            "progress=false", "report_to=none", "reward_timeout=0", "num_threads=1"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    proc = _run(cmd, _env())
     assert proc.returncode != 0, proc.stdout[-2000:]  # torchrun reports the ranks' exit code 143
     assert "exitcode  : 143" in proc.stderr or "143" in proc.stderr, proc.stderr[-3000:]
     assert [m["step"] for m in _metrics(run)] == [1, 2]
