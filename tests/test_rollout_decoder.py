@@ -7,7 +7,7 @@ import torch
 
 from grpo.rollout import native
 from grpo.rollout.fast import _buffer_cache, cache_keyword
-from grpo.rollout.decoder import FusedDecoder, fused_unsupported_reason
+from grpo.rollout.decoder import TorchDecoder, decoder_unsupported_reason
 from grpo.rollout.tuning import PRODUCTS
 from tests.conftest import need_native
 
@@ -27,7 +27,7 @@ def _tiny(kind: str):
 
 def _decoder(kind: str, model, onednn: bool):
     if kind == "torch":
-        return FusedDecoder(model, packed=onednn)
+        return TorchDecoder(model, packed=onednn)
     need_native()
     lib = native.library()
     if kind == "native-serial":  # the build without OpenMP: attention's rows on one thread
@@ -96,14 +96,14 @@ def test_native_library_is_rebuilt_into_a_fresh_cache(tmp_path, monkeypatch):
 
 def test_fused_declines_what_it_does_not_cover():
     model = _tiny("llama")
-    assert fused_unsupported_reason(model, 64) is None
+    assert decoder_unsupported_reason(model, 64) is None
     from peft import LoraConfig, get_peft_model
 
     lora = get_peft_model(_tiny("llama"), LoraConfig(r=2, target_modules=["q_proj", "v_proj"], use_dora=True))
-    assert "LoRA" in fused_unsupported_reason(lora.get_base_model(), 64)  # DoRA is not W + B A
-    assert "float32" in fused_unsupported_reason(_tiny("llama").to(torch.bfloat16), 64)
+    assert "LoRA" in decoder_unsupported_reason(lora.get_base_model(), 64)  # DoRA is not W + B A
+    assert "float32" in decoder_unsupported_reason(_tiny("llama").to(torch.bfloat16), 64)
     model.config.hidden_act = "gelu"
-    assert "hidden_act" in fused_unsupported_reason(model, 64)
+    assert "hidden_act" in decoder_unsupported_reason(model, 64)
 
 
 @pytest.mark.parametrize("step_kind", ["torch", "native"])
@@ -119,7 +119,7 @@ def test_fused_step_of_a_lora_policy_equals_its_peft_forward(step_kind):
         if "lora_B" in name:
             p.data.normal_(0, 0.5)
     base = model.get_base_model().eval()
-    assert fused_unsupported_reason(base, 64) is None
+    assert decoder_unsupported_reason(base, 64) is None
     ids = torch.tensor([[1, 2, 3, 4, 5]])
     for disabled in (False, True):
         ctx = model.disable_adapter() if disabled else torch.enable_grad()

@@ -82,14 +82,14 @@ def test_fast_prefills_each_prompt_once_and_drops_ended_rows(tiny, monkeypatch, 
     fused decode step: the prefill sees B = 2 prompts (not N = 8 rows), the first decode step all 8
     rows, and later steps only the rows still going, so the batch never grows and ends as small as
     the number of rows of maximal length."""
-    from grpo.rollout.decoder import FusedDecoder
+    from grpo.rollout.decoder import TorchDecoder
     from grpo.rollout.native import NativeDecoder
 
     if use_native:
         from tests.conftest import need_native
 
         need_native()
-    cls = NativeDecoder if use_native else FusedDecoder
+    cls = NativeDecoder if use_native else TorchDecoder
     model, tok = tiny
     model = _eos_biased(model, tok, 1.0)
     sizes = []

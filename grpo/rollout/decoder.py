@@ -53,8 +53,8 @@ def linear_weight(mod) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     return weight, (base.bias.detach() if base.bias is not None else None)
 
 
-def fused_unsupported_reason(model, capacity: int) -> str | None:
-    """Why ``FusedDecoder`` cannot step ``model`` (a CausalLM, not a LoRA wrapper); None when it can."""
+def decoder_unsupported_reason(model, capacity: int) -> str | None:
+    """Why ``TorchDecoder`` cannot step ``model`` (a CausalLM, not a LoRA wrapper); None when it can."""
     cfg = model.config
     if cfg.model_type not in FUSED_MODEL_TYPES:
         return f"model_type {cfg.model_type!r}"
@@ -127,7 +127,7 @@ class RowCache:
             self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], 1)  # [n, P + t + 1]
 
 
-class FusedDecoder(RowCache):
+class TorchDecoder(RowCache):
     """Decode steps of ``model`` (see the module docstring) on weights fused and packed on creation;
     make one per rollout (the weights change every optimiser step) and drop it after."""
 

@@ -29,7 +29,7 @@ from grpo.rollout.base import Rollout, encode_for_rollout, finish_rollout
 from grpo.rollout.engine import RolloutEngine, SamplingSettings, register
 from grpo.rollout.hf import KeyedSampler
 from grpo.rollout import native
-from grpo.rollout.decoder import FusedDecoder, RowCache, fused_unsupported_reason
+from grpo.rollout.decoder import TorchDecoder, RowCache, decoder_unsupported_reason
 from grpo.rollout.kernels import onednn_available, packed_linears
 from grpo.rollout.tuning import KernelPlan, kernel_plan, parse_override
 
@@ -108,7 +108,7 @@ def cache_keyword(decoder) -> str:
 
 
 class HFStep(RowCache):
-    """A decode step through HF's own decoder (models the fused steps do not cover)."""
+    """A decode step through HF's own decoder (models TorchDecoder does not cover)."""
 
     def __init__(self, model):
         self.decoder = model.get_decoder()
@@ -127,8 +127,8 @@ def _logits(head, h: torch.Tensor) -> torch.Tensor:
 
 
 def _stepper(model, *, plan: KernelPlan | None, use_native: bool):
-    """The decode step for ``model``: NativeDecoder (C small ops) where the fused step covers the
-    model (``plan`` is not None) and the C file builds, FusedDecoder (PyTorch small ops) where only the
+    """The decode step for ``model``: NativeDecoder (C small ops) where TorchDecoder covers the
+    model (``plan`` is not None) and the C file builds, TorchDecoder (PyTorch small ops) where only the
     former holds, HF's decoder elsewhere; the products as ``plan`` says (the panel product only beside
     the C ops)."""
     if plan is None:
@@ -136,7 +136,7 @@ def _stepper(model, *, plan: KernelPlan | None, use_native: bool):
     lib = native.library() if use_native else None
     linears = {r: plan.factory(r) for r in ("qkv", "o", "gate_up", "down") if lib is not None or plan.products[r] != "panel"}
     if lib is None:
-        return FusedDecoder(model, linears=linears)
+        return TorchDecoder(model, linears=linears)
     return native.NativeDecoder(model, lib, linears=linears)
 
 
@@ -157,8 +157,8 @@ def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_n
     """``generate_rollout``'s signature and Rollout (backend="fast"); see the module docstring.
     ``kernels``: the ``decode_kernels`` setting (tuning.parse_override: 'auto' measures each product's
     kernel once per machine and shape); the logits equal HF's to fp32 rounding whichever runs (the
-    fused step folds the RMSNorm weights into its products). ``use_native``: the C small ops of
-    native.py where they build; off, FusedDecoder's PyTorch ops."""
+    decode step folds the RMSNorm weights into its products). ``use_native``: the C small ops of
+    native.py where they build; off, TorchDecoder's PyTorch ops."""
     reason = fast_unsupported_reason(model, synced=synced)
     if reason is not None:
         raise ValueError(f"rollout_backend fast: {reason}")
@@ -207,10 +207,10 @@ def decode_ids(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new
     a LoRA wrapper (the base model runs, adapters merged into the packed weights). ``clock``: the
     time after each decode step is appended (the backend probe in grpo.rollout.choice)."""
     base = base_model(model)  # under a LoRA wrapper
-    fused = fused_unsupported_reason(base, ids.shape[1] + max_new_tokens) is None
-    plan = kernel_plan(base, ids.shape[0] * g, kernels) if fused else None
+    own_step = decoder_unsupported_reason(base, ids.shape[1] + max_new_tokens) is None
+    plan = kernel_plan(base, ids.shape[0] * g, kernels) if own_step else None
     stepper = _stepper(base, plan=plan, use_native=use_native)
-    # HF's decoder (models the fused steps do not cover) runs with its plain linears packed for oneDNN
+    # HF's decoder (models our decode steps do not cover) runs with its plain linears packed for oneDNN
     # unless the setting says MKL
     hf_packed = plan is None and onednn_available() and parse_override(kernels).get("head") != "mkl"
     with packed_linears(base, enabled=hf_packed):

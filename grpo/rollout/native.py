@@ -6,7 +6,7 @@ Dimension letters: n live rows, N = B * G rows, B prompts, H hidden size, Hq / H
 heads, D head dim, I intermediate size, P prompt positions, C completion positions.
 
 Why: on the 2-core CPU this project measures on, a batch-8 decode step of SmolLM2-135M took ~35 ms
-in FusedDecoder, of which ~20 ms were the products (close to memory bandwidth) and ~9 ms the ~40
+in TorchDecoder, of which ~20 ms were the products (close to memory bandwidth) and ~9 ms the ~40
 small PyTorch ops per layer around them (dispatch, and attention over a KV cache copied G times).
 Here each layer makes 4 products and 4 C calls, and attention reads each prompt's keys and values
 once for its G rows: the prompt's cache is kept once per prompt, each row's own tokens in a
@@ -14,7 +14,7 @@ per-row buffer indexed by global row, so a row that ends is simply no longer pas
 
 The C file is built on first use with the system C compiler (``cc``, ``-O3 -march=native``) into
 ``$XDG_CACHE_HOME/grpo`` (``~/.cache/grpo``), keyed by the source, the flags and the CPU; where no
-compiler is found or the build fails, ``library()`` is None and the fast backend steps FusedDecoder
+compiler is found or the build fails, ``library()`` is None and the fast backend steps TorchDecoder
 (PyTorch ops) instead. ``GRPO_NATIVE=0`` switches it off. It is built with ``-fopenmp`` so that
 attention splits its rows over the threads of the OpenMP runtime PyTorch has loaded (a batch-8 step
 on the 2-core machine: attention 4.4 -> 2.3 ms, the step 34 -> 29 ms); where that build fails, without
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from grpo.rollout.decoder import FusedDecoder
+from grpo.rollout.decoder import TorchDecoder
 
 SOURCE = Path(__file__).with_name("decode_ops.c")
 
@@ -184,12 +184,12 @@ def panel_product(lib: ctypes.CDLL, weight: torch.Tensor, bias: torch.Tensor | N
     return forward
 
 
-class NativeDecoder(FusedDecoder):
-    """FusedDecoder's products with decode_ops.c between them (module docstring). Same interface:
+class NativeDecoder(TorchDecoder):
+    """TorchDecoder's products with decode_ops.c between them (module docstring). Same interface:
     ``start`` with the prefilled prompt cache, then ``step`` per token."""
 
     def __init__(self, model, lib: ctypes.CDLL, *, packed: bool = True, linears: dict | None = None):
-        """``linears``: role -> product factory (grpo.rollout.tuning's plan); FusedDecoder's default
+        """``linears``: role -> product factory (grpo.rollout.tuning's plan); TorchDecoder's default
         for the roles not given."""
         super().__init__(model, packed=packed, linears=linears)
         self.lib = lib
