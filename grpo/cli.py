@@ -114,7 +114,7 @@ def _eval(argv: list[str]) -> int:
         overrides.append(f"task={args.task}")
     cfg = load_config(config_path, overrides)
     from grpo.data import task_of
-    from grpo.eval.evaluate import evaluate
+    from grpo.eval.evaluate import evaluate_as_configured
     from grpo.models import load_models
     from grpo.rewards import resolve_reward
     from grpo.rollout import make_engine
@@ -124,11 +124,7 @@ def _eval(argv: list[str]) -> int:
     models = load_models(cfg.model, dtype=cfg.dtype, need_reference=False)
     engine = make_engine("hf", models.policy, models.tokenizer)  # generate, as evaluation inside `train`
     try:
-        res = evaluate(engine, task.eval, verifier, system_prompt=cfg.system_prompt,
-                       max_new_tokens=cfg.eval_max_new_tokens, batch_size=cfg.eval_batch_size,
-                       pass_k=cfg.eval_pass_k, pass_prompts=min(cfg.eval_pass_prompts, len(task.eval)),
-                       temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                       max_prompt_length=cfg.max_prompt_length)
+        res = evaluate_as_configured(engine, task.eval, verifier, cfg)
     finally:
         engine.close()
     res.pop("examples", None)

@@ -68,3 +68,13 @@ def evaluate(engine: RolloutEngine, samples: list[dict], verifier, *, system_pro
     result["seconds"] = time.perf_counter() - start
     result["examples"] = examples
     return result
+
+
+def evaluate_as_configured(engine: RolloutEngine, samples: list[dict], verifier, cfg) -> dict:
+    """``evaluate`` with a run config's evaluation settings (eval_max_new_tokens, eval_batch_size,
+    eval_pass_k on the first eval_pass_prompts, the sampling warpers, max_prompt_length, the system
+    prompt): the one place a config becomes evaluation settings, for the trainer and ``grpo eval``."""
+    return evaluate(engine, samples, verifier, system_prompt=cfg.system_prompt, max_new_tokens=cfg.eval_max_new_tokens,
+                    batch_size=cfg.eval_batch_size, pass_k=cfg.eval_pass_k,
+                    pass_prompts=min(cfg.eval_pass_prompts, len(samples)), temperature=cfg.temperature,
+                    top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length)

@@ -27,7 +27,7 @@ from grpo.config import Config
 from grpo.data import task_of
 from grpo.errors import ConfigError, DataError, FuseError
 from grpo.eval.consistency import consistency
-from grpo.eval.evaluate import evaluate
+from grpo.eval.evaluate import evaluate_as_configured
 from grpo.infra import checkpoint as ckpt_io
 from grpo.infra import distributed as dist_io
 from grpo.infra.logger import NullLogger, RunLogger
@@ -240,11 +240,7 @@ class Trainer:
     def evaluate(self) -> dict:
         cfg = self.cfg
         # every process evaluates the same prompts (FSDP2 needs them all in each sharded forward)
-        return evaluate(self.eval_engine, self.task.eval, self.rewards.fns[cfg.reward_names[0]],
-                        system_prompt=cfg.system_prompt, max_new_tokens=cfg.eval_max_new_tokens,
-                        batch_size=cfg.eval_batch_size, pass_k=cfg.eval_pass_k,
-                        pass_prompts=min(cfg.eval_pass_prompts, len(self.task.eval)), temperature=cfg.temperature,
-                        top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length)
+        return evaluate_as_configured(self.eval_engine, self.task.eval, self.rewards.fns[cfg.reward_names[0]], cfg)
 
     # ---- checkpoints (train/state.py) -------------------------------------------------------------
     def state(self) -> dict:
