@@ -76,3 +76,42 @@ def test_config_policy_loss_validated_against_the_registry():
     assert Config().policy_loss == "clip"
     with pytest.raises(ConfigError, match="policy_loss.*clip"):
         Config(policy_loss="nope")
+
+
+@pytest.mark.parametrize("name", sorted(core.POLICY_LOSSES))
+@pytest.mark.parametrize("beta", [0.0, 0.1])
+def test_zero_advantage_declaration_holds_on_a_tiny_model(tiny_model_dir, name, beta):
+    """Through a real model's log-probs (every row shares the weights): where the entry declares that
+    zero-advantage sequences change nothing, the weights' gradient with them in the forward equals the
+    gradient without them (the denominator fixed); where it declares they matter (a KL term), it does not."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo.models.logprobs import completion_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    n, p, t = 6, 5, 4
+    prompt_ids = torch.randint(3, 200, (n, p), generator=gen)  # [N, P]
+    completion_ids = torch.randint(3, 200, (n, t), generator=gen)  # [N, T]
+    prompt_mask, mask = torch.ones(n, p, dtype=torch.long), torch.ones(n, t, dtype=torch.long)
+    adv = torch.tensor([0.0, 0.0, 1.0, -1.0, 0.5, -0.5])[:, None].expand(n, t)  # [N, T]: rows 0-1 zero
+    with torch.no_grad():
+        ref = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, mask, temperature=1.0)["logp"] - 0.1
+    entry = core.get_policy_loss(name)
+    settings = dict(aggregation="token_mean", total=float(mask.sum()), kl_coef=beta)
+
+    def grads(rows):
+        model.zero_grad(set_to_none=True)
+        logp = completion_logprobs(model, prompt_ids[rows], prompt_mask[rows], completion_ids[rows], mask[rows],
+                                   temperature=1.0)["logp"]  # [n, T]
+        out = core.policy_loss(logp, logp.detach(), adv[rows], mask[rows].float(), name=name, ref_logp=ref[rows],
+                               **settings)
+        out["loss"].backward()
+        return torch.cat([q.grad.flatten() for q in model.parameters() if q.grad is not None])
+
+    full, part = grads(torch.arange(n)), grads(torch.arange(2, n))
+    same = torch.allclose(full, part, rtol=1e-5, atol=1e-8)
+    if entry.zero_advantage_has_gradient(core.LossSettings(**settings)):
+        assert not same, f"{name}: declared that zero-advantage rows matter, but they change nothing"
+    else:
+        assert same, f"{name}: declared that zero-advantage rows change nothing, but they do"
