@@ -85,15 +85,15 @@ def test_training_with_process_supervision_on_arithmetic(tmp_path, tiny_model_di
                    step_reward="arithmetic_steps", max_steps=3, eval_prompts=0, max_completion_length=12)
     t = Trainer(cfg)
 
-    original = t.sample
+    original = t.collector.sample
 
-    def sample():  # the random model writes no arithmetic; half of each group gets a worked line
-        samples, ro = original()
+    def sample(**kw):  # the random model writes no arithmetic; half of each group gets a worked line
+        samples, ro = original(**kw)
         for i in range(0, len(ro.texts), 2):
             ro.texts[i] = ro.texts[i] + ("\n1 + 1 = 2\ndone" if i % 4 == 0 else "\n1 + 1 = 3\ndone")
         return samples, ro
 
-    t.sample = sample
+    t.collector.sample = sample
     before = {k: v.detach().clone() for k, v in t.policy.named_parameters()}
     t.train()
     assert any(not torch.equal(before[k], v) for k, v in t.policy.named_parameters())

@@ -28,24 +28,28 @@ HOSTILE = [
 ]
 
 
-class UnderFire(Trainer):
-    """Every 10th completion becomes a hostile program, every 3rd the task's reference solution and
-    the others a refusal that is not Python (scores 0 without a sandbox), so the expected reward does
-    not depend on what the random model writes under a given seed."""
+def under_fire(t: Trainer) -> Trainer:
+    """Every 10th completion the trainer samples becomes a hostile program, every 3rd the task's
+    reference solution and the others a refusal that is not Python (scores 0 without a sandbox), so
+    the expected reward does not depend on what the random model writes under a given seed."""
+    original, seen = t.collector.sample, [0]
 
-    def sample(self):
-        samples, ro = super().sample()
-        g, seen = self.cfg.num_generations, getattr(self, "seen", 0)
+    def sample(**kw):
+        samples, ro = original(**kw)
+        g = t.cfg.num_generations
         for i in range(len(ro.texts)):
-            k = seen + i
+            k = seen[0] + i
             if k % 10 == 0:
                 ro.texts[i] = f"```python\n{HOSTILE[(k // 10) % len(HOSTILE)]}```"
             elif k % 3 == 0:
                 ro.texts[i] = f"```python\n{samples[i // g]['answer']}```"
             else:
                 ro.texts[i] = "I cannot write this program."
-        self.seen = seen + len(ro.texts)
+        seen[0] += len(ro.texts)
         return samples, ro
+
+    t.collector.sample = sample
+    return t
 
 
 def _descendants_and_sandbox_processes() -> set[int]:
@@ -82,7 +86,7 @@ def test_thirty_steps_on_the_code_task_with_hostile_completions(tmp_path, tiny_m
     before = _descendants_and_sandbox_processes()
     cfg = make_cfg(tmp_path, tiny_model_dir, "code", task="code", rewards="code", max_steps=30,
                    eval_prompts=0, max_completion_length=8)
-    t = UnderFire(cfg)
+    t = under_fire(Trainer(cfg))
     result = t.train()
     lines = [json.loads(l) for l in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [l["step"] for l in lines] == list(range(1, 31))
