@@ -40,12 +40,11 @@ def _drawn_samples(a) -> list[dict]:
     """The samples grpo's trainer draws for every step, in its order (its PromptSampler, same seed and
     task settings): TRL is given exactly these, unshuffled, so both train on the same prompts."""
     from grpo.config import Config
-    from grpo.data import PromptSampler, load_task
+    from grpo.data import PromptSampler, task_of
 
     cfg = Config(task="arithmetic", eval_prompts=0, seed=a.seed)
-    task = load_task(cfg.task, eval_size=cfg.eval_prompts, max_operand=cfg.arithmetic_max_operand,
-                     ops=cfg.arithmetic_ops)
-    draw = PromptSampler(len(task.train), seed=cfg.seed).next(a.prompts * (a.warmup + a.steps))
+    task = task_of(cfg)
+    draw = PromptSampler(len(task.train), seed=cfg.seed).draw(a.prompts * (a.warmup + a.steps))
     return [task.train[i] for i in draw]
 
 
