@@ -176,6 +176,20 @@ def test_fast_rollout_backend_trains_the_same_trajectory(tmp_path, tiny_model_di
     assert {l["rollout_backend"] for l in la} == {"hf"} and {l["rollout_backend"] for l in lb} == {"fast"}
 
 
+def test_a_trainer_trains_again_after_train(tmp_path, tiny_model_dir, tiny_dataset):
+    """train() releases its rollout engines at the end; a second train() with a higher max_steps
+    opens them again and continues from the step the first one reached."""
+    t = Trainer(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, eval_prompts=0, max_steps=1))
+    t.train()
+    first = t.engine
+    assert first.closed
+    t.cfg.max_steps = 2
+    t.train()
+    assert t.step == 2 and t.engine is not first and t.collector.engine is t.engine
+    steps = [json.loads(l)["step"] for l in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+
+
 def test_lora_reference_is_base_model(tmp_path, tiny_model_dir, tiny_dataset):
     kw = dict(use_peft=True, lora_r=4, beta=0.1, eval_prompts=0, learning_rate=5e-2)
     seed = signal_seed(tmp_path, tiny_model_dir, tiny_dataset, **kw)

@@ -90,14 +90,8 @@ class Trainer:
         self.logger = NullLogger()  # train() replaces it with the run's logger on rank 0
         self.critic = self._make_critic()
         self.knobs = Knobs(cfg)  # the step's knobs (eps, beta, temperature, ...) and their controllers
-        # the training sampler (rollout_backend), and generate for evaluation and the consistency probe,
-        # whose unkeyed sampling draws from the global RNG as generate does
-        try:
-            self.engine = make_engine(cfg.rollout_backend, self.policy, self.tok, synced=self.sharded,
-                                      kernels=cfg.decode_kernels)
-        except ValueError as e:  # rollout_backend=fast on a model or setup it does not cover
-            raise ConfigError(str(e)) from None
-        self.eval_engine = make_engine("hf", self.policy, self.tok, synced=self.sharded)
+        self.engine = self.eval_engine = None
+        self._open_engines()
         self.collector = Collector(cfg, world=world, train=self.task.train, engine=self.engine, rewards=self.rewards,
                                    note=lambda text, style=None: self.logger.note(text, style))
         self.batches = BatchMaker(cfg, world=world, forwards=self.forwards, policy=self.policy,
@@ -213,6 +207,20 @@ class Trainer:
         self._sync_engines()
         return metrics
 
+    def _open_engines(self) -> None:
+        """The training sampler (rollout_backend), and generate for evaluation and the consistency probe,
+        whose unkeyed sampling draws from the global RNG as generate does; built anew where closed (a
+        second train() of the same trainer)."""
+        cfg = self.cfg
+        if self.engine is None or self.engine.closed:
+            try:
+                self.engine = make_engine(cfg.rollout_backend, self.policy, self.tok, synced=self.sharded,
+                                          kernels=cfg.decode_kernels)
+            except ValueError as e:  # rollout_backend=fast on a model or setup it does not cover
+                raise ConfigError(str(e)) from None
+        if self.eval_engine is None or self.eval_engine.closed:
+            self.eval_engine = make_engine("hf", self.policy, self.tok, synced=self.sharded)
+
     def _engines(self) -> tuple[RolloutEngine, ...]:
         """Every engine the run samples with: each hears of new weights and is closed at the end."""
         return self.engine, self.eval_engine
@@ -266,6 +274,8 @@ class Trainer:
     def train(self) -> dict:
         cfg = self.cfg
         main = self.world.is_main
+        self._open_engines()  # closed at the end of an earlier train()
+        self.collector.engine = self.engine
         self.logger = RunLogger(self.run_dir, total_steps=cfg.max_steps, start_step=self.step,
                                 tensorboard=cfg.report_to == "tensorboard", progress=cfg.progress,
                                 wandb_config=cfg.to_dict() if cfg.report_to == "wandb" else None,
