@@ -29,7 +29,8 @@ import torch
 
 from grpo.models import load_models
 from grpo.rollout.fast import fast_rollout
-from grpo.rollout.hf import generate_rollout, row_keys
+from grpo.rollout.hf import generate_rollout
+from grpo.rollout.keys import row_keys
 from grpo.rollout.tuning import kernel_plan, machine_summary
 
 QUESTIONS = ["What is 12 + 30? Explain step by step.", "Name three prime numbers and say why they are prime.",

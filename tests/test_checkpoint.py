@@ -112,6 +112,8 @@ def test_keep_newest_k(tmp_path, tiny_model_dir, tiny_dataset):
     assert [p.name for p in list_checkpoints(t.run_dir)] == ["step-3", "step-4"]
     readable = json.loads((t.run_dir / "checkpoints" / "step-4" / "trainer_state.json").read_text())
     assert readable["step"] == 4 and "optimizer" not in readable and "tensor(" not in json.dumps(readable)
+    assert readable["updater"]["skipped_updates"] == 0 and "optimizer" not in readable["updater"]
+    assert readable["collector"]["sampler"]["position"] == t.collector.sampler.state_dict()["position"]
 
 
 _KILL_SCRIPT = """
@@ -243,6 +245,44 @@ def test_resume_with_another_model_is_refused(tmp_path, tiny_model_dir, tiny_dat
                                               f"from model {re.escape(repr(str(tiny_model_dir)))}, but this config's "
                                               f"model is {re.escape(repr(str(other)))}$"):  # both models named
         Trainer(_cfg(tmp_path, "run", other, tiny_dataset, resume_from_checkpoint=str(t.run_dir)))
+
+
+def test_resume_with_a_controller_the_run_did_not_have_names_the_part(tmp_path, tiny_model_dir, tiny_dataset):
+    """A run without controllers resumed with kl_target (an adaptive beta): the checkpoint holds no
+    state for it, and the error says which part does not fit, instead of a KeyError traceback."""
+    t = Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, max_steps=1, num_iterations=1))
+    t.train()
+    with pytest.raises(CheckpointError, match=r"step-1: the state of 'knobs' does not fit this config \(KeyError: "
+                                              r"'beta'\); resume with the settings the run started with$"):
+        Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, num_iterations=1, kl_target=0.01,
+                     resume_from_checkpoint=str(t.run_dir)))
+
+
+def test_a_checkpoint_with_the_flat_state_layout_still_resumes(tmp_path, tiny_model_dir, tiny_dataset):
+    """Checkpoints whose trainer_state.pt is one flat dict ("sampler", "optimizer", ..., the controllers
+    under "stateful"), as runs wrote before the state was kept per component, resume to the same next
+    step as the same checkpoint in the current layout."""
+    import shutil
+
+    import torch
+
+    kw = dict(num_iterations=2, clip_target_band=[0.0, 0.1])  # an optimizer, a schedule and a controller
+    t = Trainer(_cfg(tmp_path, "a", tiny_model_dir, tiny_dataset, max_steps=1, **kw))
+    t.train()
+    copy = tmp_path / "b" / t.run_dir.name  # where _cfg(tmp_path, "b", ...) puts its run
+    shutil.copytree(t.run_dir, copy)
+    path = copy / "checkpoints" / "step-1" / "trainer_state.pt"
+    state = torch.load(path, weights_only=False)
+    flat = {k: v for k, v in state.items() if k not in ("collector", "updater", "knobs")}
+    flat.update(state["collector"])
+    flat.update(state["updater"])
+    flat["stateful"] = {"stability": state["knobs"]}
+    torch.save(flat, path)
+    nxt = [Trainer(_cfg(tmp_path, name, tiny_model_dir, tiny_dataset, max_steps=2, resume_from_checkpoint="auto",
+                        **kw)).train_step() for name in ("a", "b")]
+    timing = ("seconds", "tokens_per_second")
+    diff = {k: (v, nxt[1].get(k)) for k, v in nxt[0].items() if not any(w in k for w in timing) and v != nxt[1].get(k)}
+    assert not diff, diff
 
 
 @pytest.mark.parametrize("change, message", [

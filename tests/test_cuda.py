@@ -16,7 +16,7 @@ import torch
 from grpo.config import Config
 from grpo.models import load_models
 from grpo.rollout import fast_rollout, generate_rollout
-from grpo.rollout.hf import keyed_gumbel, row_base, row_keys
+from grpo.rollout.keys import keyed_gumbel, row_base, row_keys
 from grpo.train.trainer import Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -191,6 +191,17 @@ def test_uneven_split_is_a_clear_error(tmp_path, tiny_model_dir, data_file):
     assert "prompts_per_step: 3 prompts cannot be split evenly over 2 processes" in proc.stderr
 
 
+def test_fast_sampling_under_fsdp2_is_refused_before_the_model_loads(tmp_path, tiny_model_dir, data_file):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                "-m", "grpo", "train", f"model={tiny_model_dir}", f"task={data_file}",
+                f"output_dir={tmp_path / 'run'}", "prompts_per_step=4", "eval_prompts=0", "progress=false",
+                "distributed_strategy=fsdp2", "rollout_backend=fast"]
+    proc = _run(launcher, _env())
+    assert proc.returncode != 0
+    assert "rollout_backend: fast does not sample a model sharded by FSDP2" in proc.stderr, proc.stderr[-3000:]
+    assert not (tmp_path / "run").exists()  # refused before the run folder (and the model) exist
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 def test_fuse_stops_every_process_with_one_checkpoint(tmp_path, tiny_model_dir, data_file, strategy):
     """The fuse under torchrun: every process stops at the same step (the decision is all-reduced), the

@@ -7,7 +7,7 @@ import torch
 from grpo.models import load_models
 from grpo.models.logprobs import completion_logprobs
 from grpo.rollout import completion_mask_from_ids, generate_rollout
-from grpo.rollout.hf import KeyedSampler, keyed_gumbel, row_base, row_keys
+from grpo.rollout.keys import KeyedSampler, keyed_gumbel, row_base, row_keys
 
 
 def test_mask_stops_after_first_eos():

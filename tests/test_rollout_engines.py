@@ -12,7 +12,7 @@ from grpo.config import Config
 from grpo.errors import ConfigError
 from grpo.models import load_models
 from grpo.rollout import ROLLOUT_ENGINES, AutoEngine, RolloutEngine, SamplingSettings, choice, make_engine, tuning
-from grpo.rollout.hf import row_keys
+from grpo.rollout.keys import row_keys
 
 PROMPTS = ["What is 1 + 1?", "Hi", "What is 12 + 30? Answer with a number."]
 SAMPLING = SamplingSettings(max_new_tokens=10, temperature=0.9, top_k=20, top_p=0.95)

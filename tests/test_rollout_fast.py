@@ -9,7 +9,7 @@ import torch
 from grpo.models import load_models
 from grpo.rollout import generate_rollout, resolve_backend
 from grpo.rollout.fast import fast_rollout, fast_unsupported_reason
-from grpo.rollout.hf import row_keys
+from grpo.rollout.keys import row_keys
 
 PROMPTS = ["What is 1 + 1?", "Hi", "What is 12 + 30? Answer with a number.", "x"]
 

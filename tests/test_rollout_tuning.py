@@ -9,7 +9,7 @@ import torch
 from grpo.config import Config, ConfigError
 from grpo.models import load_models
 from grpo.rollout import SamplingSettings, choice, make_engine, native, resolve_backend, tuning
-from grpo.rollout.hf import row_keys
+from grpo.rollout.keys import row_keys
 from tests.conftest import need_native
 
 

@@ -178,7 +178,7 @@ def test_fast_rollout_backend_trains_the_same_trajectory(tmp_path, tiny_model_di
 
 def test_a_trainer_trains_again_after_train(tmp_path, tiny_model_dir, tiny_dataset):
     """train() releases its rollout engines at the end; a second train() with a higher max_steps
-    opens them again and continues from the step the first one reached."""
+    opens them again and continues from the step the first one reached, and so does sampling."""
     t = Trainer(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, eval_prompts=0, max_steps=1))
     t.train()
     first = t.engine
@@ -188,6 +188,8 @@ def test_a_trainer_trains_again_after_train(tmp_path, tiny_model_dir, tiny_datas
     assert t.step == 2 and t.engine is not first and t.collector.engine is t.engine
     steps = [json.loads(l)["step"] for l in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
+    samples, ro = t.sample()  # sampling after train() opens the engines too
+    assert len(ro.texts) == len(samples) * t.cfg.num_generations and not t.engine.closed
 
 
 def test_lora_reference_is_base_model(tmp_path, tiny_model_dir, tiny_dataset):

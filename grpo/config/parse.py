@@ -12,7 +12,6 @@ import yaml
 from grpo.errors import ConfigError
 
 
-
 def parse_value(key: str, raw: Any, hint: Any) -> Any:
     """Turn a YAML value or a command-line string into the field's type, or fail naming the key."""
     args = typing.get_args(hint)

@@ -45,6 +45,8 @@ def _validate_choices(c) -> None:
         parse_override(c.decode_kernels)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
 def _validate_values(c) -> None:
     positive = ["reward_workers", "num_generations", "prompts_per_step", "max_prompt_length", "max_completion_length",
                 "num_iterations", "per_device_train_batch_size", "eval_max_new_tokens", "eval_batch_size",

@@ -26,11 +26,11 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     Returns the entry's dict of 0-d tensors: "loss" (differentiable), "policy_loss" and its metrics.
     """
     entry = get_policy_loss(name)
-    cfg = LossSettings(**settings)
-    if ref_logp is None and entry.needs_ref_logp(cfg):
-        raise ValueError(f"policy_loss: {name!r} with kl_coef = {cfg.kl_coef} needs ref_logp")
+    s = LossSettings(**settings)
+    if ref_logp is None and entry.needs_ref_logp(s):
+        raise ValueError(f"policy_loss: {name!r} with kl_coef = {s.kl_coef} needs ref_logp")
     inputs = LossInputs(logp, old_logp, advantages, mask, ref_logp=ref_logp, entropy=entropy)
-    return entry.fn(inputs, cfg)
+    return entry.fn(inputs, s)
 
 
 def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, rewards: Tensor, mask: Tensor, *,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+from grpo.errors import DataError
+
 
 class PromptSampler:
     """Yields indices into a dataset: a fresh seeded permutation each epoch, B at a time.
@@ -39,6 +41,6 @@ class PromptSampler:
 
     def load_state_dict(self, state: dict) -> None:
         if state["size"] != self.size:
-            raise ValueError(f"sampler state is for a dataset of {state['size']} prompts, this one has {self.size}")
+            raise DataError(f"sampler state is for a dataset of {state['size']} prompts, this one has {self.size}")
         self.seed, self.epoch, self.position = state["seed"], state["epoch"], state["position"]
         self._order = self._permutation(self.epoch)

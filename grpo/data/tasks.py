@@ -135,6 +135,8 @@ def _hub_rows(source: str, split: str) -> list[dict]:
         return list(load_dataset(source, split=split))
     except ValueError as e:  # e.g. an unknown split: the message lists the ones there are
         raise DataError(f"{source}[{split}]: {e} (set task_split)") from None
+    except Exception as e:  # not on the hub, no network, a folder without data files
+        raise DataError(f"task: {source}[{split}]: cannot be loaded ({type(e).__name__}: {e})") from None
 
 
 def user_task(source: str, *, prompt_field: str, answer_field: str, split: str, eval_size: int,

@@ -24,7 +24,6 @@ from grpo.errors import CheckpointError
 STATE_FILE = "trainer_state.pt"
 
 
-
 def _fsync_tree(folder: Path) -> None:
     for p in folder.rglob("*"):
         if p.is_file():
@@ -62,6 +61,18 @@ def _plain(v) -> bool:
     return v is None or isinstance(v, (int, float, str, bool))
 
 
+def _readable(state: dict) -> dict:
+    """The JSON part of ``state``: its plain values, and of each component's dict (one level down)
+    the plain entries (counters, the sampler's position, controller values; no weights or moments)."""
+    out = {k: v for k, v in state.items() if _plain(v)}
+    for k, v in state.items():
+        if k not in out and isinstance(v, dict):
+            part = {name: x for name, x in v.items() if isinstance(name, str) and _plain(x)}
+            if part:
+                out[k] = part
+    return out
+
+
 def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict, *, keep: int = 0,
                     weights: dict | None = None) -> Path:
     """Write checkpoints/step-N atomically, point ``latest`` at it, then prune to the newest ``keep``
@@ -77,7 +88,7 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, state: dict, *, 
     model.save_pretrained(tmp, **({} if weights is None else {"state_dict": weights}))
     tokenizer.save_pretrained(tmp)
     torch.save(state, tmp / STATE_FILE)
-    readable = {k: v for k, v in state.items() if _plain(v)}  # step, counters, controller states; no tensors
+    readable = _readable(state)  # step, counters, controller states by component; no tensors
     (tmp / "trainer_state.json").write_text(json.dumps(readable, indent=2))
     _fsync_tree(tmp)
     if final.exists():  # re-saving the same step (e.g. SIGINT right after a periodic save)

@@ -180,19 +180,19 @@ def load_full_model_state(model: torch.nn.Module, state: dict) -> None:
 
 
 @contextmanager
-def grad_sync(engine: torch.nn.Module, world: World, *, enabled: bool):
+def grad_sync(module: torch.nn.Module, world: World, *, enabled: bool):
     """Gradient accumulation without communication: inside ``enabled=False`` the backward keeps its
     gradients local (DDP ``no_sync``, FSDP2 ``set_requires_gradient_sync(False)``); the last
     micro-batch of a step syncs everything accumulated."""
     if enabled or not world.distributed:
         yield
         return
-    if hasattr(engine, "no_sync"):  # DDP
-        with engine.no_sync():
+    if hasattr(module, "no_sync"):  # DDP
+        with module.no_sync():
             yield
         return
-    engine.set_requires_gradient_sync(False)
+    module.set_requires_gradient_sync(False)
     try:
         yield
     finally:
-        engine.set_requires_gradient_sync(True)
+        module.set_requires_gradient_sync(True)

@@ -30,10 +30,10 @@ def make_run_dir(output_dir: str, resume_from_checkpoint: str | None) -> Path:
         resume_from_checkpoint == "auto" and not (run_dir / "checkpoints" / "latest").exists())
     if fresh and ((run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists()):
         raise ConfigError(f"output_dir: {run_dir} already holds a run; continue it with "
-                             f"grpo train --resume {run_dir}, or choose another output_dir")
+                          f"grpo train --resume {run_dir}, or choose another output_dir")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError) as e:  # a file where a parent folder should be
+    except OSError as e:  # a file where a parent folder should be, no permission, a read-only disk
         raise ConfigError(f"output_dir: cannot create {run_dir}: {e}") from None
     return run_dir
 

@@ -23,6 +23,9 @@ from grpo.models.packing import check_masks
 
 @dataclass
 class Rollout:
+    """One sampling call's rows. ``loss_mask`` defaults to ``completion_mask`` (the same tensor); code
+    that replaces ``completion_mask`` (``dataclasses.replace``) passes the matching ``loss_mask`` too."""
+
     prompt_ids: Tensor  # [N, P] left-padded
     prompt_mask: Tensor  # [N, P] 1 on real prompt tokens
     completion_ids: Tensor  # [N, T] right-padded

@@ -3,8 +3,8 @@ this batch, measured; ``generate`` elsewhere.
 
 Dimension letters: B prompts, G group size, N = B * G rows, P probe prompt positions.
 
-Why: a decode loop tuned on one CPU was measured at 0.26x ``generate``'s speed on another (batch 8,
-AVX2 without AVX-512, before its kernels were fixed). Both backends draw the same tokens for the same
+Why: which of the two is faster depends on the CPU (its vector width, native bf16, memory bandwidth)
+and the batch, so it is measured rather than assumed. Both backends draw the same tokens for the same
 keys (tested), so choosing between them by speed changes no result. The probe prefills B synthetic
 prompts of P tokens (ids from a local generator: a run's random state is untouched), then times
 STEPS one-token steps of each: our loop (the decoder step and output layer, its kernels as the plan

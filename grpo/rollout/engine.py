@@ -53,7 +53,7 @@ class RolloutEngine:
     def generate(self, prompts: list[str], *, group_size: int, sampling: SamplingSettings,
                  keys: Sequence[int] | Tensor | None = None, with_logprobs: bool = False, greedy: bool = False) -> Rollout:
         """``group_size`` completions of each rendered prompt, grouped by prompt (N = len(prompts) *
-        group_size rows). ``keys`` (one int per row, grpo.rollout.hf.row_keys; a list or an int64
+        group_size rows). ``keys`` (one int per row, grpo.rollout.keys.row_keys; a list or an int64
         tensor [N]): each row draws from its own key instead of the global RNG; ``greedy``: argmax
         decoding (keys ignored)."""
         if self.closed:
@@ -68,8 +68,8 @@ class RolloutEngine:
         raise NotImplementedError
 
     def sync_weights(self, policy) -> None:
-        """Make the next ``generate`` sample from ``policy``'s current weights (called after each
-        optimizer step). An in-process engine samples from the very module the optimizer updates and
+        """Make the next ``generate`` sample from ``policy``'s current weights (called once per
+        training step, after its optimizer steps, and after a resume). An in-process engine samples from the very module the optimizer updates and
         packs its fast weights anew at each rollout, so there is nothing to copy; it only checks that
         it was built on ``policy``."""
         if policy is not self.model:

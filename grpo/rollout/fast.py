@@ -27,7 +27,7 @@ from grpo.core import token_logprobs
 from grpo.models.packing import base_model
 from grpo.rollout.base import Rollout, encode_for_rollout, finish_rollout
 from grpo.rollout.engine import RolloutEngine, SamplingSettings, register
-from grpo.rollout.hf import KeyedSampler
+from grpo.rollout.keys import KeyedSampler
 from grpo.rollout import native
 from grpo.rollout.decoder import TorchDecoder, RowCache, decoder_unsupported_reason
 from grpo.rollout.kernels import onednn_available, packed_linears

@@ -18,7 +18,7 @@ from grpo.infra import distributed as dist_io
 from grpo.rewards.runner import RewardRunner
 from grpo.rollout import Rollout, RolloutEngine, SamplingSettings
 from grpo.rollout.base import concat_rollouts, rollout_to, select_rollout
-from grpo.rollout.hf import row_keys
+from grpo.rollout.keys import row_keys
 from grpo.rollout.tuning import take_messages
 
 
@@ -103,8 +103,9 @@ class Collector:
     def _dynamic(self, *, step: int, temperature: float) -> Collected:
         """DAPO dynamic sampling (arXiv 2503.14476, section 3.2): sample and score rounds of B prompts, keep
         only groups whose rewards are not all equal, until B groups are kept or ``dynamic_sampling_rounds``
-        rounds are spent. The rewards of the result are [b', G] for the, b' <= B kept groups. When no round kept a group the last round is trained as it is (its
-        groups have zero advantage, so only the KL term acts) and dynamic_sampling_empty is 1.
+        rounds are spent. The result's rewards are [b', G], for the b' <= B kept groups. When no round
+        kept a group the last round is trained as it is (its groups have zero advantage, so only the KL
+        term acts) and dynamic_sampling_empty is 1.
 
         On several processes the kept groups are the same as on one, in the same order (the first
         informative groups of each round, by their index in the step's draw); each process then trains

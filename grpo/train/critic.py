@@ -60,12 +60,12 @@ class Critic:
                  device: torch.device = torch.device("cpu"), world: dist_io.World | None = None,
                  strategy: str = "ddp"):
         self.world = world or dist_io.World(rank=0, size=1, local_rank=0, device=device)
-        self.engine = None
+        self.module = None
         if shared_policy is None:
             self.model, self.head, self.loss_scale = load_value_model(path, dtype).to(device), None, 1.0
             self.model.train()
             # the module the training forward runs through: DDP, the model sharded in place, or itself
-            self.engine = dist_io.wrap_policy(self.model, self.world, strategy)
+            self.module = dist_io.wrap_policy(self.model, self.world, strategy)
             params = list(self.model.parameters())  # after sharding: FSDP2's parameters
         else:
             hidden = shared_policy.config.hidden_size
@@ -88,7 +88,7 @@ class Critic:
         t = inp.pop("completion_ids").shape[1]
         with torch.autocast(completion_ids.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             if self.head is None:
-                out = self.engine(**inp).logits  # [N, P' + T', 1]
+                out = self.module(**inp).logits  # [N, P' + T', 1]
             else:
                 hidden = self.model(**inp, output_hidden_states=True, logits_to_keep=1).hidden_states[-1]
                 out = self.head(hidden.to(self.head.weight.dtype))  # [N, P' + T', 1]
@@ -154,7 +154,7 @@ class Critic:
         sums = torch.zeros(2, dtype=torch.float64)  # this process's shares of the loss and clip fraction
         micro = torch.arange(n).split(micro_batch)
         for i, idx in enumerate(micro):
-            with dist_io.grad_sync(self.engine or self.model, self.world, enabled=i == len(micro) - 1):
+            with dist_io.grad_sync(self.module or self.model, self.world, enabled=i == len(micro) - 1):
                 v = self._values(ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx],
                                  ro.completion_mask[idx])  # [n, T]
                 out = core.clipped_value_loss(v, old_values[idx], returns[idx], mask[idx],

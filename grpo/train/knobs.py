@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 
 
-
-
 class BandController:
     """Hold ``metric`` inside [low, high] by moving a knob multiplicatively between bounds.
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from grpo.errors import CheckpointError
+from grpo.errors import CheckpointError, DataError
 from grpo.infra import checkpoint as ckpt_io
 from grpo.infra import distributed as dist_io
 
@@ -49,10 +49,24 @@ def resume_path(target: str | None, run_dir: Path) -> Path | None:
     return ckpt_io.find_latest(p)
 
 
+def _by_component(state: dict) -> dict:
+    """A checkpoint's state by component; one written before the state was kept per component (a flat
+    dict with "sampler", "optimizer", ... and "stateful") is regrouped, so such runs still resume."""
+    if "collector" in state or "sampler" not in state:
+        return state
+    flat = dict(state)
+    out = {k: flat.pop(k) for k in ("step", "rng", "ref_reset_at", "model", "optimizer_steps_per_step",
+                                     "reference", "critic") if k in flat}
+    out["collector"] = {k: flat[k] for k in ("sampler", "reward_failures", "logged_failures", "reward_timeouts")}
+    out["updater"] = {k: flat[k] for k in ("optimizer", "scheduler", "skipped_updates", "consecutive_skips")}
+    out["knobs"] = flat.get("stateful", {}).get("stability", {})
+    return out
+
+
 def restore(t, ckpt: Path) -> None:
     """Load weights and state from a checkpoint so the next step is the one the uninterrupted
     run would have taken; metrics lines written after it (by a run that later died) are dropped."""
-    state = ckpt_io.load_state(ckpt)
+    state = _by_component(ckpt_io.load_state(ckpt))
     if state.get("model") != t.cfg.model:
         raise CheckpointError(f"{ckpt}: was trained from model {state.get('model')!r}, "
                               f"but this config's model is {t.cfg.model!r}")
@@ -89,8 +103,12 @@ def restore(t, ckpt: Path) -> None:
             raise CheckpointError(f"{ckpt}: holds no state for {name!r}, which this config uses")
         try:
             part.load_state_dict(state[name])
-        except ValueError as e:  # the sampler's: the run's data file changed since the checkpoint
+        except DataError as e:  # the sampler's: the run's data file changed since the checkpoint
             raise CheckpointError(f"{ckpt}: {e}; resume with the data the run started with") from None
+        except (KeyError, ValueError, RuntimeError) as e:  # written under other settings (a controller,
+            # the fuse, LoRA's rank, the critic's model): say which part does not fit
+            raise CheckpointError(f"{ckpt}: the state of {name!r} does not fit this config ({type(e).__name__}: "
+                                  f"{e}); resume with the settings the run started with") from None
     t.step, t.ref_reset_at = state["step"], state["ref_reset_at"]
     ckpt_io.set_rng_state(state["rng"])
     for name in ("metrics.jsonl", "samples.jsonl"):

@@ -54,6 +54,9 @@ def _check_world(cfg: Config, world: dist_io.World) -> None:
     if (cfg.prompts_per_step // world.size) % cfg.mini_batches:
         raise ConfigError(f"mini_batches: each process's {cfg.prompts_per_step // world.size} prompts cannot be "
                           f"split into {cfg.mini_batches} mini-batches of whole groups")
+    if world.distributed and cfg.distributed_strategy == "fsdp2" and cfg.rollout_backend == "fast":
+        raise ConfigError("rollout_backend: fast does not sample a model sharded by FSDP2 (every process must run "
+                          "the same synced generate); use rollout_backend=auto or hf")
     if world.distributed and cfg.advantage_estimator == "gae" and cfg.critic_shared_trunk:
         raise ConfigError("critic_shared_trunk: runs on one process only (the value loss's gradients in the "
                           "policy's body would bypass the policy's DDP/FSDP2 wrapper)")
@@ -90,7 +93,7 @@ class Trainer:
         self.logger = NullLogger()  # train() replaces it with the run's logger on rank 0
         self.critic = self._make_critic()
         self.knobs = Knobs(cfg)  # the step's knobs (eps, beta, temperature, ...) and their controllers
-        self.engine = self.eval_engine = None
+        self.engine = self.eval_engine = self.collector = None
         self._open_engines()
         self.collector = Collector(cfg, world=world, train=self.task.train, engine=self.engine, rewards=self.rewards,
                                    note=lambda text, style=None: self.logger.note(text, style))
@@ -106,7 +109,11 @@ class Trainer:
         self.resumed_from = None  # the checkpoint this run continues, set by state.restore
         path = run_state.resume_path(cfg.resume_from_checkpoint, self.run_dir)
         if path is not None:
-            run_state.restore(self, path)
+            try:
+                run_state.restore(self, path)
+            except BaseException:  # a trainer that cannot start releases what it opened
+                self.close()
+                raise
             self._sync_engines()
 
     def _place_models(self) -> None:
@@ -190,11 +197,13 @@ class Trainer:
         return metrics
 
     def sample(self, draw: int = 0) -> tuple[list[dict], Rollout]:
-        """This process's prompts of the next draw and their rollout (Collector.sample)."""
+        """This process's prompts of the next draw and their rollout (Collector.sample; a convenience:
+        the loop calls the collector, so replacing this method changes nothing in training)."""
+        self._open_engines()
         return self.collector.sample(step=self.step, temperature=self.knobs.temperature, draw=draw)
 
     def score(self, samples: list[dict], ro: Rollout) -> tuple[torch.Tensor, dict]:
-        """Rewards [B, G] of the whole step and their metrics (Collector.score)."""
+        """Rewards [B, G] of the whole step and their metrics (Collector.score; a convenience, as sample)."""
         return self.collector.score(samples, ro)
 
     def prepare(self, ro: Rollout, rewards: torch.Tensor, samples: list[dict] | None = None) -> tuple[Batch, dict]:
@@ -210,7 +219,7 @@ class Trainer:
     def _open_engines(self) -> None:
         """The training sampler (rollout_backend), and generate for evaluation and the consistency probe,
         whose unkeyed sampling draws from the global RNG as generate does; built anew where closed (a
-        second train() of the same trainer)."""
+        second train(), or sampling and evaluation after one)."""
         cfg = self.cfg
         if self.engine is None or self.engine.closed:
             try:
@@ -220,6 +229,8 @@ class Trainer:
                 raise ConfigError(str(e)) from None
         if self.eval_engine is None or self.eval_engine.closed:
             self.eval_engine = make_engine("hf", self.policy, self.tok, synced=self.sharded)
+        if self.collector is not None:
+            self.collector.engine = self.engine
 
     def _engines(self) -> tuple[RolloutEngine, ...]:
         """Every engine the run samples with: each hears of new weights and is closed at the end."""
@@ -238,6 +249,7 @@ class Trainer:
 
     def _consistency(self) -> dict:
         cfg = self.cfg
+        self._open_engines()
         pool = self.task.eval or self.task.train
         sampling = SamplingSettings(max_new_tokens=cfg.max_completion_length, temperature=self.knobs.temperature,
                                     top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length)
@@ -247,6 +259,7 @@ class Trainer:
     # ---- the run --------------------------------------------------------------------------------
     def evaluate(self) -> dict:
         cfg = self.cfg
+        self._open_engines()
         # every process evaluates the same prompts (FSDP2 needs them all in each sharded forward)
         return evaluate_as_configured(self.eval_engine, self.task.eval, self.rewards.fns[cfg.reward_names[0]], cfg)
 
@@ -275,7 +288,7 @@ class Trainer:
         cfg = self.cfg
         main = self.world.is_main
         self._open_engines()  # closed at the end of an earlier train()
-        self.collector.engine = self.engine
+        self._stop_signal = None  # an earlier train() may have stopped on one
         self.logger = RunLogger(self.run_dir, total_steps=cfg.max_steps, start_step=self.step,
                                 tensorboard=cfg.report_to == "tensorboard", progress=cfg.progress,
                                 wandb_config=cfg.to_dict() if cfg.report_to == "wandb" else None,
@@ -314,12 +327,17 @@ class Trainer:
             for s, h in handlers.items():
                 signal.signal(s, h)
             self.logger.close()
-            self.rewards.close()
-            for engine in self._engines():
-                engine.close()
+            self.close()
         if main:
             eval_path.write_text(json.dumps(result, indent=2))
         return result
+
+    def close(self) -> None:
+        """Release the rollout engines and the reward workers (train() does this at its end; a
+        later train(), sample() or evaluate() opens them again)."""
+        for engine in self._engines():
+            engine.close()
+        self.rewards.close()
 
     def _should_stop(self) -> bool:
         """A signal stops every process at the same step (one that stopped alone would leave the

@@ -79,7 +79,7 @@ class Updater:
         keys = sorted(sums)
         summed = dist_io.all_sum(torch.tensor([sums[k] for k in keys] + [acc["tokens"]], dtype=torch.float64), world)
         sums, tokens_seen = dict(zip(keys, summed[:-1].tolist())), float(summed[-1])
-        metrics = {k: v / max(tokens_seen, 1.0) for k, v in sums.items() if k not in ("loss", "policy_loss")}
+        metrics = {k: v / max(tokens_seen, 1.0) for k, v in sums.items() if k not in LOSS_KEYS}
         norms = acc["grad_norms"] or [0.0]
         metrics.update(loss=sums.get("loss", 0.0) / world.size, policy_loss=sums.get("policy_loss", 0.0) / world.size,
                        grad_norm=norms[-1], grad_norm_max=max(norms), optimizer_steps=len(acc["grad_norms"]),
