@@ -85,7 +85,7 @@ class Config:
     std_eps: float = 1e-6
     """Added to the std in the advantage denominator."""
     policy_loss: str = "clip"
-    """Policy loss, an entry of grpo.core.POLICY_LOSSES: clip (PPO's clipped surrogate as in GRPO, DeepSeekMath eq. 3, with the clip range, dual clip, token or sequence (GSPO) ratio, KL and entropy terms and cov_mode below)."""
+    """Policy loss, an entry of grpo.core.POLICY_LOSSES: clip (PPO's clipped surrogate as in GRPO, DeepSeekMath eq. 3, with the clip range, dual clip, token or sequence (GSPO) ratio, KL and entropy terms and cov_mode below), cispo (MiniMax-M1's clipped importance weight, gradient through every token), sapo (a soft temperature gate in place of the clip) or gmpo (geometric mean of the token ratios, clipped in log space by epsilon / epsilon_high; the paper uses 0.4)."""
     epsilon: float = 0.2
     """Lower clip range: the ratio is clipped below at 1 - epsilon."""
     epsilon_high: float | None = None
@@ -108,6 +108,22 @@ class Config:
     """Optimizer steps per pass over the step's batch: its groups are dealt into this many mini-batches (group j to mini-batch j mod mini_batches), each one optimizer step, in each of the num_iterations passes (verl's ppo_mini_batch_size = B * G / mini_batches; TRL's steps_per_generation). Above 1 the sampling policy's log-probs are computed once (one more inference forward), as for num_iterations > 1."""
     ref_reset_steps: int = 0
     """Iterative GRPO: every this many steps the reference becomes the current policy (0 = never)."""
+
+    # ---- issue 27: loss variants (grpo/core/policy_losses.py, token_masks.py, advantages.py) ----
+    clip_delta: float | None = None
+    """INTELLECT-2's two-sided clipping (arXiv 2505.07291; TRL's delta): with policy_loss=clip, the ratio of negative-advantage tokens is capped at this delta > 1 (e.g. 4), bounding their loss by delta * |A| (null = off)."""
+    cispo_ratio_max: float = 5.0
+    """CISPO (MiniMax-M1, arXiv 2506.13585): the cap on the stop-gradient importance weight, 1 + eps_high^IS (TRL's epsilon_high for cispo; ScaleRL's 5.0)."""
+    sapo_temperature_pos: float = 1.0
+    """SAPO (arXiv 2511.20347): temperature of the soft gate on tokens with a positive advantage (TRL's default)."""
+    sapo_temperature_neg: float = 1.05
+    """SAPO: temperature of the soft gate on tokens with a non-positive advantage (larger: damped faster; TRL's default)."""
+    multi_objective_aggregation: str = "sum_then_normalize"
+    """Several rewards: sum_then_normalize (the weighted sum is the reward of advantage_estimator) or normalize_then_sum (GDPO, arXiv 2601.05242: each reward normalised within its group, the weighted sum scaled by its batch std; needs advantage_estimator=grpo)."""
+    top_entropy_quantile: float = 1.0
+    """High-entropy token training ('Beyond the 80/20 Rule', arXiv 2506.01939): only the top this share of tokens by entropy (ranked within each forward chunk) keeps its policy gradient; 0.2 in the paper, 1.0 = all tokens. Logged as entropy_mask_share."""
+    off_policy_mask_threshold: float | None = None
+    """DeepSeek-V3.2's off-policy sequence mask (arXiv 2512.02556, eq. 9): negative-advantage sequences whose mean log(pi_old / pi_theta) exceeds this delta leave the policy gradient (null = off; needs num_iterations > 1 or mini_batches > 1). Logged as off_policy_masked_share."""
 
     # ---- stability tools (grpo/stability.py, grpo/core/stability.py); all off by default ----
     dynamic_sampling: bool = False

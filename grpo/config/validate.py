@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 
-from grpo.core import (AGGREGATIONS, COV_MODES, ESTIMATORS, GROUP_ESTIMATORS, KL_ESTIMATORS, PF_MODES,
-                       POLICY_LOSSES, RATIO_LEVELS)
+from grpo.core import (AGGREGATIONS, COV_MODES, ESTIMATORS, GROUP_ESTIMATORS, KL_ESTIMATORS,
+                       MULTI_OBJECTIVE_AGGREGATIONS, PF_MODES, POLICY_LOSSES, RATIO_LEVELS)
 from grpo.errors import ConfigError
 from grpo.rollout import ROLLOUT_ENGINES
 from grpo.rollout.tuning import parse_override
@@ -28,6 +28,7 @@ def validate(c) -> None:
     _validate_choices(c)
     _validate_values(c)
     _validate_stability(c)
+    _validate_loss_variants(c)
 
 
 def _validate_choices(c) -> None:
@@ -146,3 +147,40 @@ def _validate_stability(c) -> None:
         raise ConfigError("fuse_metric: set fuse_min and/or fuse_max, the band the metric must stay in")
     if c.fuse_metric.startswith("consistency_") and not c.consistency_steps:
         raise ConfigError(f"fuse_metric: {c.fuse_metric} is logged only with consistency_steps > 0")
+
+
+# issue 27: loss variants
+CLIP_ONLY = ("dual_clip", "clip_delta", "cov_mode")  # terms of the clip loss, which the other losses do not have
+
+
+def _validate_loss_variants(c) -> None:
+    _choice("multi_objective_aggregation", c.multi_objective_aggregation, MULTI_OBJECTIVE_AGGREGATIONS)
+    if c.multi_objective_aggregation == "normalize_then_sum" and (c.advantage_estimator != "grpo"
+                                                                   or c.supervision != "outcome"):
+        raise ConfigError("multi_objective_aggregation: normalize_then_sum (GDPO) is its own group normalisation; "
+                          f"it needs advantage_estimator=grpo and supervision=outcome, got "
+                          f"{c.advantage_estimator!r}, {c.supervision!r}")
+    if c.policy_loss != "clip":
+        for key in CLIP_ONLY:
+            if getattr(c, key) is not None:
+                raise ConfigError(f"{key}: a term of policy_loss=clip; {c.policy_loss!r} has none (set it to null)")
+        if c.clip_target_band is not None and c.policy_loss in ("cispo", "sapo"):
+            raise ConfigError(f"clip_target_band: moves epsilon, which policy_loss={c.policy_loss!r} does not read")
+    if c.policy_loss == "gmpo" and c.importance_sampling_level != "token":
+        raise ConfigError("importance_sampling_level: gmpo's ratio is already per sequence (a geometric mean of "
+                          "the token ratios); leave it at token")
+    if c.clip_delta is not None and c.clip_delta <= 1 + c.eps_high:
+        raise ConfigError(f"clip_delta: must be > 1 + epsilon_high = {1 + c.eps_high} (or null), got {c.clip_delta}")
+    if c.cispo_ratio_max <= 0:
+        raise ConfigError(f"cispo_ratio_max: must be > 0, got {c.cispo_ratio_max}")
+    for key in ("sapo_temperature_pos", "sapo_temperature_neg"):
+        if getattr(c, key) <= 0:
+            raise ConfigError(f"{key}: must be > 0, got {getattr(c, key)}")
+    if not 0 < c.top_entropy_quantile <= 1:
+        raise ConfigError(f"top_entropy_quantile: must lie in (0, 1], got {c.top_entropy_quantile}")
+    if c.off_policy_mask_threshold is not None:
+        if c.off_policy_mask_threshold < 0:
+            raise ConfigError(f"off_policy_mask_threshold: must be >= 0 (or null), got {c.off_policy_mask_threshold}")
+        if c.num_iterations == 1 and c.mini_batches == 1:
+            raise ConfigError("off_policy_mask_threshold: with one optimizer step per batch the policy is the "
+                              "sampling policy (KL 0), so nothing is masked; use num_iterations > 1 or mini_batches > 1")

@@ -1,7 +1,7 @@
 """Pure tensor mathematics of GRPO and its variants: no config objects, I/O, devices or processes."""
 
-from grpo.core.advantages import (ESTIMATORS, GROUP_ESTIMATORS, compute_advantages, gae, get_estimator,
-                                  kl_shaped_rewards, process_advantages, whiten)
+from grpo.core.advantages import (ESTIMATORS, GROUP_ESTIMATORS, MULTI_OBJECTIVE_AGGREGATIONS, compute_advantages,
+                                  gae, gdpo_advantages, get_estimator, kl_shaped_rewards, process_advantages, whiten)
 from grpo.core.losses import (AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS, aggregate, clipped_surrogate,
                               clipped_value_loss,
                               indexed_logprobs_and_entropy, kl_penalty, log_ratio, masked_mean, masked_moments,
@@ -9,10 +9,11 @@ from grpo.core.losses import (AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS, aggrega
 from grpo.core.metrics import (advantage_group_variance, clip_fractions, explained_variance, reward_stats,
                                zero_variance_share)
 from grpo.core.objective import grpo_loss, policy_loss
-from grpo.core.policy_losses import (POLICY_LOSSES, LossInputs, LossSettings, PolicyLoss, clip_loss,
-                                     get_policy_loss)
+from grpo.core.policy_losses import (POLICY_LOSSES, LossInputs, LossSettings, PolicyLoss, cispo_loss, clip_loss,
+                                     get_policy_loss, gmpo_loss, sapo_loss)
 from grpo.core.stability import (COV_MODES, PF_MODES, high_covariance_tokens, informative_groups, overlong_penalty,
                                  policy_filter, reward_cv, token_covariance)
+from grpo.core.token_masks import high_entropy_mask, off_policy_sequence_mask, policy_gradient_keep
 
 __all__ = [
     "AGGREGATIONS", "ESTIMATORS", "GROUP_ESTIMATORS", "KL_ESTIMATORS", "RATIO_LEVELS",
@@ -24,4 +25,6 @@ __all__ = [
     "token_logprobs_and_entropy", "whiten", "zero_variance_share",
     "COV_MODES", "PF_MODES", "high_covariance_tokens", "informative_groups", "overlong_penalty", "policy_filter",
     "reward_cv", "token_covariance",
+    "cispo_loss", "gmpo_loss", "sapo_loss", "high_entropy_mask", "off_policy_sequence_mask", "policy_gradient_keep",
+    "MULTI_OBJECTIVE_AGGREGATIONS", "gdpo_advantages",
 ]

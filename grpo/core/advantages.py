@@ -131,6 +131,35 @@ def compute_advantages(rewards: Tensor, *, estimator: str = "grpo", std_eps: flo
     return get_estimator(estimator)(rewards, std_eps=std_eps, unbiased_std=unbiased_std)
 
 
+# issue 27: loss variants. How several reward functions become one advantage.
+MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+
+
+def gdpo_advantages(per_reward: Tensor, weights: Tensor, *, std_eps: float = 1e-6,
+                    unbiased_std: bool = True) -> Tensor:
+    """GDPO (Group reward-Decoupled normalization Policy Optimization, arXiv 2601.05242): normalise
+    each reward function's scores within the group, sum them with the weights, then scale the sum
+    by its std over the batch (TRL's multi_objective_aggregation = "normalize_then_sum").
+
+    per_reward: [B, G, K] the K reward functions' raw scores; weights: [K] -> advantages [B, G]:
+      A = S / (std(S) + eps),  S_bg = sum_k w_k (r_bgk - mean_g r_bgk) / (std_g r_bgk + eps).
+    A reward that is constant within a group adds exactly 0 there (as in grpo_advantages), whatever
+    the other rewards do, so it never drowns their signal as a raw weighted sum can. Each group's S
+    sums to 0 over its G completions, so the batch mean of S is 0 and only the scale is applied
+    (TRL also subtracts the batch mean, which equals 0 up to rounding): a group whose rewards are
+    all constant keeps advantages of exactly 0. ``unbiased_std``: Bessel's correction in both stds.
+    """
+    if per_reward.dim() != 3 or weights.shape != per_reward.shape[2:]:
+        raise ValueError(f"gdpo: per_reward must be [B, G, K] and weights [K], got {tuple(per_reward.shape)} "
+                         f"and {tuple(weights.shape)}")
+    k = per_reward.shape[2]
+    normed = torch.stack([grpo_advantages(per_reward[..., j], std_eps=std_eps, unbiased_std=unbiased_std)
+                          for j in range(k)], dim=-1)  # [B, G, K]
+    summed = (normed * weights.to(normed.dtype)).sum(-1)  # [B, G]
+    correction = 1 if (unbiased_std and summed.numel() > 1) else 0
+    return summed / (summed.std(correction=correction) + std_eps)  # [B, G]
+
+
 def process_advantages(step_rewards: Tensor, step_end_index: Tensor, mask: Tensor, *, group_size: int,
                        std_eps: float = 1e-6, unbiased_std: bool = True) -> Tensor:
     """Process supervision (DeepSeekMath section 4.1.3).

@@ -194,14 +194,22 @@ def log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, *, level: str = "tok
 
 
 def clipped_surrogate(ratio: Tensor, advantages: Tensor, *, eps_low: float = 0.2, eps_high: float = 0.2,
-                      dual_clip: float | None = None) -> Tensor:
+                      dual_clip: float | None = None, delta: float | None = None) -> Tensor:
     """Per-token PPO clipped surrogate loss, to be minimised. ratio, advantages: [N, T] -> [N, T].
 
     loss = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A). eps_high > eps_low is DAPO's clip-higher.
     ``dual_clip`` = c > 1 (Ye et al. 2020) also bounds the loss of negative-advantage tokens by -c A,
-    so a huge ratio on a bad token cannot produce an unbounded update.
+    so a huge ratio on a bad token cannot produce an unbounded update. ``delta`` > 1 (INTELLECT-2,
+    arXiv 2505.07291, two-sided clipping) writes that bound as a clip of the ratio: on tokens with
+    A < 0 the unclipped term is -min(r, delta) A.
     """
-    unclipped = -advantages * ratio  # [N, T]
+    if delta is not None:
+        if delta <= 1.0:
+            raise ValueError(f"delta must be > 1, got {delta}")
+        ratio_u = torch.where(advantages < 0, ratio.clamp(max=delta), ratio)  # [N, T]
+        unclipped = -advantages * ratio_u  # [N, T]
+    else:
+        unclipped = -advantages * ratio  # [N, T]
     clipped = -advantages * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)  # [N, T]
     loss = torch.maximum(unclipped, clipped)  # [N, T]
     if dual_clip is not None:

@@ -11,6 +11,7 @@ from torch import Tensor
 from grpo.core.advantages import compute_advantages
 from grpo.core.metrics import reward_stats, zero_variance_share
 from grpo.core.policy_losses import LossInputs, LossSettings, get_policy_loss
+from grpo.core.token_masks import policy_gradient_keep
 
 
 def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, name: str = "clip",
@@ -23,14 +24,19 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     logp, old_logp, advantages, mask: [N, T] (advantages already broadcast to tokens);
     ref_logp: [N, T] or None (needed when the loss has a KL term); entropy: [N, T] or None.
     ``settings`` are the keyword fields of ``LossSettings`` (an unknown one is a TypeError).
+    The token masks of core.token_masks (``top_entropy_quantile``, ``off_policy_mask_threshold``)
+    reach every entry as ``LossInputs.keep``, and their shares join the metrics.
     Returns the entry's dict of 0-d tensors: "loss" (differentiable), "policy_loss" and its metrics.
     """
     entry = get_policy_loss(name)
     s = LossSettings(**settings)
     if ref_logp is None and entry.needs_ref_logp(s):
         raise ValueError(f"policy_loss: {name!r} with kl_coef = {s.kl_coef} needs ref_logp")
-    inputs = LossInputs(logp, old_logp, advantages, mask, ref_logp=ref_logp, entropy=entropy)
-    return entry.fn(inputs, s)
+    keep, mask_metrics = policy_gradient_keep(logp, old_logp, advantages, mask, entropy,
+                                              top_entropy_quantile=s.top_entropy_quantile,
+                                              off_policy_mask_threshold=s.off_policy_mask_threshold)
+    inputs = LossInputs(logp, old_logp, advantages, mask, ref_logp=ref_logp, entropy=entropy, keep=keep)
+    return {**entry.fn(inputs, s), **mask_metrics}
 
 
 def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, rewards: Tensor, mask: Tensor, *,

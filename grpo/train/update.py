@@ -133,7 +133,12 @@ class Updater:
                     ratio_level=cfg.importance_sampling_level, kl_coef=k.beta if batch.kl_in_loss else 0.0,
                     kl_estimator=cfg.kl_estimator, aggregation=cfg.aggregation,
                     norm_length=cfg.max_completion_length, total=total, entropy_coef=k.entropy_coef,
-                    cov_mode=cfg.cov_mode, cov_fraction=cfg.cov_fraction, kl_cov_coef=cfg.kl_cov_coef)
+                    cov_mode=cfg.cov_mode, cov_fraction=cfg.cov_fraction, kl_cov_coef=cfg.kl_cov_coef,
+                    # issue 27: loss variants
+                    clip_delta=cfg.clip_delta, cispo_ratio_max=cfg.cispo_ratio_max,
+                    sapo_tau_pos=cfg.sapo_temperature_pos, sapo_tau_neg=cfg.sapo_temperature_neg,
+                    top_entropy_quantile=cfg.top_entropy_quantile,
+                    off_policy_mask_threshold=cfg.off_policy_mask_threshold)
 
     def _micro_loss(self, batch: Batch, idx: torch.Tensor, total, knobs) -> dict:
         """The policy loss on micro-batch rows ``idx``, through the (possibly wrapped) policy."""
