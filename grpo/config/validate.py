@@ -160,6 +160,9 @@ def _validate_loss_variants(c) -> None:
         raise ConfigError("multi_objective_aggregation: normalize_then_sum (GDPO) is its own group normalisation; "
                           f"it needs advantage_estimator=grpo and supervision=outcome, got "
                           f"{c.advantage_estimator!r}, {c.supervision!r}")
+    if c.multi_objective_aggregation == "normalize_then_sum" and c.overlong_buffer:
+        raise ConfigError("overlong_buffer: the soft overlong penalty is added to the summed reward, which "
+                          "normalize_then_sum (GDPO) does not use; add a length reward to `rewards` instead")
     if c.policy_loss != "clip":
         for key in CLIP_ONLY:
             if getattr(c, key) is not None:

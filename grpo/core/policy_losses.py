@@ -209,7 +209,7 @@ def sapo_loss(inputs: LossInputs, settings: LossSettings) -> dict[str, Tensor]:
     """
     x, s = inputs, settings
     ratio = torch.exp(log_ratio(x.logp, x.old_logp, x.mask, level=s.ratio_level))  # [N, T]
-    tau = torch.where(x.advantages > 0, s.sapo_tau_pos, s.sapo_tau_neg).to(ratio.dtype)  # [N, T]
+    tau = torch.full_like(ratio, s.sapo_tau_neg).masked_fill(x.advantages > 0, s.sapo_tau_pos)  # [N, T]
     gate = torch.sigmoid(tau * (ratio - 1.0))  # [N, T]
     pg_tok = -(gate * 4.0 / tau) * x.advantages  # [N, T]
     out: dict[str, Tensor] = {}
@@ -231,7 +231,7 @@ def gmpo_loss(inputs: LossInputs, settings: LossSettings) -> dict[str, Tensor]:
     token advantage. The sequence loss -A_i * ratio_i is put on each of its tokens, so the default
     aggregation (seq_mean_token_mean) is the paper's 1/G sum_i; the ratio level is always the
     sequence. inputs: [N, T]. Returns "loss", "policy_loss", "kl", "entropy" (when given), "ratio_mean"
-    (of the sequence ratios) and "clip_fraction" (low: A < 0 and l < -eps_low; high: A > 0 and l > eps_high).
+    (the mean over sequences of the unclipped geometric-mean ratio) and "clip_fraction" (low: A < 0 and l < -eps_low; high: A > 0 and l > eps_high).
     """
     x, s = inputs, settings
     lr = x.logp - x.old_logp  # [N, T]
@@ -245,8 +245,9 @@ def gmpo_loss(inputs: LossInputs, settings: LossSettings) -> dict[str, Tensor]:
     lr_d = lr.detach()
     low = masked_mean(((lr_d < -s.eps_low) & (x.advantages < 0)).to(lr.dtype), x.mask)  # []
     high = masked_mean(((lr_d > s.eps_high) & (x.advantages > 0)).to(lr.dtype), x.mask)  # []
+    geo = torch.exp(masked_mean(lr_d, x.mask, dim=1))  # [N] the unclipped geometric-mean ratio
     has_tokens = (x.mask.sum(1) > 0).to(lr.dtype)  # [N]
-    out.update(ratio_mean=(seq_ratio.detach() * has_tokens).sum() / has_tokens.sum().clamp(min=1),
+    out.update(ratio_mean=(geo * has_tokens).sum() / has_tokens.sum().clamp(min=1),
                clip_fraction_low=low, clip_fraction_high=high, clip_fraction=low + high)
     return out
 
@@ -267,7 +268,7 @@ def _clip_zero_advantage_has_gradient(s: LossSettings) -> bool:
 
 def _entry(fn, zero_advantage=_terms_zero_advantage_has_gradient) -> PolicyLoss:
     """A loss that reads old_logp, the reference where kl_coef != 0 and the entropy's gradient where
-    entropy_coef > 0."""
+    entropy_coef > 0 (settings only: no shapes)."""
     return PolicyLoss(fn=fn, needs_old_logp=True, needs_ref_logp=lambda s: s.kl_coef != 0.0,
                       needs_entropy=lambda s: s.entropy_coef > 0, zero_advantage_has_gradient=zero_advantage)
 

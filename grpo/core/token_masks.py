@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 
-import torch
 from torch import Tensor
 
 from grpo.core.losses import masked_mean

@@ -52,10 +52,11 @@ class BatchMaker:
             return self.frozen_logps(self.policy, ro, temperature)
 
     def make(self, ro: Rollout, rewards: torch.Tensor, samples: list[dict] | None, *, temperature: float,
-             beta: float) -> tuple[Batch, dict]:
+             beta: float, per_reward: torch.Tensor | None = None) -> tuple[Batch, dict]:
         """This process's batch from its rollout and the step's global rewards [B, G]: advantages
         are computed on all B groups (identically on every process), then each keeps its rows.
-        ``samples`` (this process's prompts) are needed by process supervision's step rewards."""
+        ``samples`` (this process's prompts) are needed by process supervision's step rewards;
+        ``per_reward`` [B, G, K] (each reward function's raw scores) by normalize_then_sum (GDPO)."""
         cfg, world = self.cfg, self.world
         rewards = rewards.to(ro.completion_mask.device)  # [B, G] scored on the CPU
         rows = slice(world.rank * ro.completion_ids.shape[0], (world.rank + 1) * ro.completion_ids.shape[0])
@@ -84,10 +85,11 @@ class BatchMaker:
             metrics.update(step_metrics)
             return Batch(ro, adv_tok, mask, old_logp, ref_logp), metrics
         if self.critic is None:
-            adv = core.compute_advantages(filled, estimator=cfg.advantage_estimator, std_eps=cfg.std_eps,
-                                          unbiased_std=cfg.scale_rewards_unbiased)  # [B, G]
+            adv = self._advantages(filled, failed, per_reward)  # [B, G]
             adv_tok = adv.reshape(-1, 1)[rows].expand_as(mask).contiguous()  # [n, T]
             metrics["advantage_variance"] = float(core.advantage_group_variance(adv))
+            if cfg.multi_objective_aggregation == "normalize_then_sum":  # GDPO scales the batch to std 1
+                metrics["advantage_batch_std"] = float(adv.std(correction=1 if adv.numel() > 1 else 0))
             return Batch(ro, adv_tok, mask, old_logp, ref_logp), metrics
         return self._ppo(ro, filled.flatten()[rows], filled.shape, mask, old_logp, ref_logp, metrics,
                          temperature=temperature, beta=beta)
@@ -106,6 +108,24 @@ class BatchMaker:
         metrics.update(advantage_variance=float(core.advantage_group_variance(seq_adv)), **est["metrics"])
         return Batch(ro, est["advantages"], mask, old_logp, ref_logp, kl_in_loss=False, values=est["values"],
                      returns=est["returns"]), metrics
+
+
+    def _advantages(self, filled: torch.Tensor, failed: torch.Tensor, per_reward: torch.Tensor | None) -> torch.Tensor:
+        """Advantages [B, G] of outcome supervision from the step's rewards (filled: [B, G], failed ones
+        at their group's mean) or, with normalize_then_sum, from each reward function's scores (GDPO)."""
+        cfg = self.cfg
+        if cfg.multi_objective_aggregation == "sum_then_normalize":
+            return core.compute_advantages(filled, estimator=cfg.advantage_estimator, std_eps=cfg.std_eps,
+                                           unbiased_std=cfg.scale_rewards_unbiased)  # [B, G]
+        if per_reward is None:
+            raise ValueError("multi_objective_aggregation=normalize_then_sum needs each reward's scores (per_reward)")
+        per = per_reward.to(filled.device, filled.dtype)  # [B, G, K]
+        # a failed completion leaves the loss; each of its scores takes its group's mean, as its total does
+        group_mean = torch.nan_to_num(torch.nanmean(per.masked_fill(failed[..., None], float("nan")), dim=1,
+                                                    keepdim=True), nan=0.0)  # [B, 1, K]
+        per = torch.where(failed[..., None], group_mean.expand_as(per), per)  # [B, G, K]
+        weights = torch.tensor(cfg.reward_weights or [1.0] * per.shape[-1], dtype=per.dtype, device=per.device)
+        return core.gdpo_advantages(per, weights, std_eps=cfg.std_eps, unbiased_std=cfg.scale_rewards_unbiased)
 
 
 def reshape_rewards(rewards: torch.Tensor, *, lengths: torch.Tensor, truncated: torch.Tensor,

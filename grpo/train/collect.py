@@ -30,6 +30,7 @@ class Collected:
     rollout: Rollout  # this process's n = b * G sequences
     rewards: torch.Tensor  # [B, G] of the whole step (NaN where a reward failed)
     metrics: dict
+    per_reward: torch.Tensor | None = None  # [B, G, K] each reward function's raw scores (GDPO)
 
 
 class Collector:
@@ -44,6 +45,7 @@ class Collector:
         self.sampler = PromptSampler(len(train), seed=cfg.seed)
         self.reward_failures = 0
         self.prompts_truncated = 0  # this run's sampled prompts cut to max_prompt_length (every process)
+        self.last_per_reward: torch.Tensor | None = None  # [B, G, K] of the last score()
 
     def collect(self, *, step: int, temperature: float) -> Collected:
         """Sample and score this step (with dynamic sampling: several rounds)."""
@@ -51,7 +53,7 @@ class Collector:
             return self._dynamic(step=step, temperature=temperature)
         samples, ro = self.sample(step=step, temperature=temperature)
         rewards, metrics = self.score(samples, ro)
-        return Collected(samples, ro, rewards, metrics)
+        return Collected(samples, ro, rewards, metrics, per_reward=self.last_per_reward)
 
     def sample(self, *, step: int, temperature: float, draw: int = 0) -> tuple[list[dict], Rollout]:
         """This process's b = B / world prompts of the step's global draw, G completions each. Each
@@ -96,6 +98,8 @@ class Collector:
         first = per_reward[cfg.reward_names[0]]
         timeouts = int(dist_io.all_sum(torch.tensor(self.rewards.timeouts), world))
         metrics = {f"rewards/{k}": float(torch.nanmean(v)) for k, v in per_reward.items()}
+        self.last_per_reward = torch.stack([per_reward[k] for k in cfg.reward_names], -1).float().view(
+            cfg.prompts_per_step, cfg.num_generations, -1)  # [B, G, K]
         metrics.update(accuracy=float((first >= 1.0).double().mean()), reward_failures=n_failed,
                        reward_failures_total=self.reward_failures, reward_timeouts_total=timeouts)
         return total.float().view(cfg.prompts_per_step, cfg.num_generations), metrics
@@ -115,13 +119,14 @@ class Collector:
         out, is left out of the step (counted as dropped), on one process as on several."""
         cfg, world, g, n = self.cfg, self.world, self.cfg.num_generations, self.cfg.prompts_per_step
         b = n // world.size  # prompts per process and round
-        mine, kept_rewards, n_kept, seconds = [], [], 0, 0.0
+        mine, kept_rewards, kept_per, n_kept, seconds = [], [], [], 0, 0.0
         for draw in range(cfg.dynamic_sampling_rounds):
             samples, ro = self.sample(step=step, temperature=temperature, draw=draw)
             rewards, metrics = self.score(samples, ro)  # [B, G] of the whole step
             seconds += ro.seconds
             idx = core.informative_groups(rewards).nonzero().flatten()[: n - n_kept]  # [k] indices into the step's B
             kept_rewards.append(rewards[idx])  # [k, G]
+            kept_per.append(self.last_per_reward[idx])  # [k, G, K]
             n_kept += len(idx)
             for i in idx.tolist():  # this process's kept groups: (draw, index, sample, its G rows)
                 j = i - world.rank * b
@@ -138,12 +143,13 @@ class Collector:
         metrics.update(dynamic_sampling_rounds=rounds, dynamic_sampling_dropped_share=1.0 - n_used / (rounds * n),
                        dynamic_sampling_empty=int(n_used == 0), trained_groups=n_used or n)
         if n_used == 0:
-            return Collected(samples, ro, rewards, metrics)
+            return Collected(samples, ro, rewards, metrics, per_reward=self.last_per_reward)
         kept = sorted((x for part in dist_io.gather_objects(mine, world) for x in part), key=lambda x: x[:2])[:n_used]
         share = kept[world.rank * n_used // world.size:(world.rank + 1) * n_used // world.size]
         merged = concat_rollouts([x[3] for x in share], self.tok.pad_token_id)
         merged = dataclasses.replace(rollout_to(merged, ro.completion_ids.device), seconds=seconds)
-        return Collected([x[2] for x in share], merged, torch.cat(kept_rewards)[:n_used], metrics)
+        return Collected([x[2] for x in share], merged, torch.cat(kept_rewards)[:n_used], metrics,
+                         per_reward=torch.cat(kept_per)[:n_used])
 
     def state_dict(self) -> dict:
         return {"sampler": self.sampler.state_dict(), "reward_failures": self.reward_failures,

@@ -178,7 +178,7 @@ class Trainer:
             self.ref_reset_at = self.step
         got = self.collector.collect(step=self.step, temperature=k.temperature)
         metrics = {**got.metrics, **k.values()}  # the knob values this step trains with
-        batch, batch_metrics = self.prepare(got.rollout, got.rewards, got.samples)
+        batch, batch_metrics = self.prepare(got.rollout, got.rewards, got.samples, per_reward=got.per_reward)
         metrics.update(batch_metrics)
         metrics.update(self.update(batch))
         self.step += 1
@@ -206,9 +206,11 @@ class Trainer:
         """Rewards [B, G] of the whole step and their metrics (Collector.score; a convenience, as sample)."""
         return self.collector.score(samples, ro)
 
-    def prepare(self, ro: Rollout, rewards: torch.Tensor, samples: list[dict] | None = None) -> tuple[Batch, dict]:
-        """This step's batch (BatchMaker.make) with this step's knobs."""
-        return self.batches.make(ro, rewards, samples, temperature=self.knobs.temperature, beta=self.knobs.beta)
+    def prepare(self, ro: Rollout, rewards: torch.Tensor, samples: list[dict] | None = None, *,
+                per_reward: torch.Tensor | None = None) -> tuple[Batch, dict]:
+        """This step's batch (BatchMaker.make) with this step's knobs; ``per_reward`` [B, G, K] (GDPO)."""
+        return self.batches.make(ro, rewards, samples, temperature=self.knobs.temperature, beta=self.knobs.beta,
+                                 per_reward=per_reward)
 
     def update(self, batch: Batch) -> dict:
         """The step's optimizer steps (Updater.update); the engines then sample the new weights."""
