@@ -155,6 +155,23 @@ def test_high_entropy_mask_and_its_gradient_by_hand():
         policy_loss(logp, logp.detach(), adv, mask, top_entropy_quantile=0.4)
 
 
+@pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
+def test_every_loss_honours_the_token_masks(name):
+    """A token that ``keep`` removes has no policy gradient in any entry (no KL or entropy term), and the
+    kept tokens still have one."""
+    from grpo.core import LossInputs
+
+    gen = torch.Generator().manual_seed(4)
+    logp = (-torch.rand(4, 5, generator=gen, dtype=D) * 2).requires_grad_(True)
+    old = logp.detach() + 0.02 * torch.randn(4, 5, generator=gen, dtype=D)  # inside every clip range
+    adv = torch.randn(4, 1, generator=gen, dtype=D).expand(4, 5)
+    keep = (torch.rand(4, 5, generator=gen) > 0.5).to(D)
+    keep[0] = 1.0
+    out = POLICY_LOSSES[name].fn(LossInputs(logp, old, adv, torch.ones(4, 5, dtype=D), keep=keep), LossSettings())
+    g = _grad(out, logp)
+    assert (g[keep == 0] == 0).all() and (g[0] != 0).all()
+
+
 # ---- off-policy sequence mask ----------------------------------------------------------------------------------------
 
 def test_off_policy_sequence_mask_by_hand():

@@ -237,7 +237,9 @@ def gmpo_loss(inputs: LossInputs, settings: LossSettings) -> dict[str, Tensor]:
     lr = x.logp - x.old_logp  # [N, T]
     sgn = torch.sign(x.advantages)  # [N, T]
     pessimistic = sgn * torch.minimum(sgn * lr, sgn * lr.clamp(-s.eps_low, s.eps_high))  # [N, T]
-    seq_ratio = torch.exp(masked_mean(pessimistic, x.mask, dim=1))  # [N]
+    # a token mask (x.keep) takes its tokens out of the geometric mean too, so they get no gradient
+    counted = x.mask if x.keep is None else x.mask * x.keep  # [N, T]
+    seq_ratio = torch.exp(masked_mean(pessimistic, counted, dim=1))  # [N]
     seq_adv = masked_mean(x.advantages, x.mask, dim=1)  # [N]
     pg_tok = (-seq_adv * seq_ratio)[:, None].expand_as(x.logp)  # [N, T]
     out: dict[str, Tensor] = {}
