@@ -246,3 +246,27 @@ def test_tiny_run_logs_the_variant(name, tmp_path, tiny_model_dir, tiny_dataset)
         # every chunk keeps at least ceil(0.3 * its tokens): the token-weighted share is at least 0.3
         assert line["entropy_mask_share"] >= 0.3 - 1e-9
         assert line["advantage_batch_std"] == pytest.approx(1.0, abs=1e-4) or line["advantage_batch_std"] == 0.0
+
+
+def test_gdpo_in_batch_preparation_fills_a_failed_completion_with_its_group_means():
+    """BatchMaker's GDPO path: a failed completion (NaN in one reward) takes each reward's group mean
+    of the others, as the summed reward does, so the others' advantages are those of the scores
+    written that way by hand; the reward weights are the config's."""
+    from grpo.infra.distributed import World
+    from grpo.train.batch import BatchMaker
+
+    cfg = Config(rewards="numeric,length", reward_weights=[1.0, 0.5], multi_objective_aggregation="normalize_then_sum",
+                 num_generations=3, prompts_per_step=2, per_device_train_batch_size=6)
+    maker = BatchMaker(cfg, world=World(), forwards=None, policy=None, reference=None, critic=None,
+                       step_reward=None, tokenizer=None)
+    per = torch.tensor([[[1.0, 0.2], [0.0, float("nan")], [1.0, 0.4]],
+                        [[0.0, 0.1], [1.0, 0.9], [0.0, 0.5]]])  # [B, G, K]
+    failed = torch.isnan(per).any(-1)  # [B, G]
+    filled = torch.tensor([[1.0, 0.5, 1.0], [0.0, 1.0, 0.0]])  # unused by GDPO
+    by_hand = per.clone()
+    by_hand[0, 1] = torch.tensor([1.0, 0.3])  # the group means of the other two completions
+    want = gdpo_advantages(by_hand, torch.tensor([1.0, 0.5]), std_eps=cfg.std_eps)
+    got = maker._advantages(filled, failed, per)
+    torch.testing.assert_close(got, want)
+    with pytest.raises(ValueError, match="per_reward"):
+        maker._advantages(filled, failed, None)
