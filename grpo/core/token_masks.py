@@ -23,7 +23,9 @@ def high_entropy_mask(entropy: Tensor, mask: Tensor, *, quantile: float) -> Tens
 
     entropy, mask: [N, T] -> bool [N, T]. tau is the k-th largest entropy of the counted tokens, with
     k = ceil(quantile * count) (at least 1), so ties at tau are all kept; quantile = 1 keeps every
-    counted token. The ranking is over the tokens given: on the trainer's side, one forward chunk.
+    counted token (TRL thresholds at torch.quantile(1 - rho), which interpolates: the kept sets agree
+    up to the tokens next to the threshold). The ranking is over the tokens given: on the trainer's
+    side, one forward chunk of one process (TRL ranks a micro-batch over all processes).
     """
     if not 0 < quantile <= 1:
         raise ValueError(f"top_entropy_quantile must lie in (0, 1], got {quantile}")

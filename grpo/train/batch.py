@@ -109,7 +109,6 @@ class BatchMaker:
         return Batch(ro, est["advantages"], mask, old_logp, ref_logp, kl_in_loss=False, values=est["values"],
                      returns=est["returns"]), metrics
 
-
     def _advantages(self, filled: torch.Tensor, failed: torch.Tensor, per_reward: torch.Tensor | None) -> torch.Tensor:
         """Advantages [B, G] of outcome supervision from the step's rewards (filled: [B, G], failed ones
         at their group's mean) or, with normalize_then_sum, from each reward function's scores (GDPO)."""
