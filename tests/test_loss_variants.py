@@ -216,7 +216,7 @@ RUNS = {
     "sapo": (dict(policy_loss="sapo"), ("sapo_gate_mean",)),
     "gmpo": (dict(policy_loss="gmpo", epsilon=0.01), ("clip_fraction",)),
     "clip_delta": (dict(epsilon=0.01, clip_delta=1.02), ("clip_fraction_delta",)),
-    "masks_gdpo": (dict(top_entropy_quantile=0.3, off_policy_mask_threshold=0.0,
+    "masks_gdpo": (dict(top_entropy_quantile=0.3, off_policy_mask_threshold=0.0, dynamic_sampling=True,
                         multi_objective_aggregation="normalize_then_sum",
                         rewards="tests.rewards_for_tests:digit_share,length", reward_weights=[1.0, 0.5]),
                    ("entropy_mask_share", "off_policy_masked_share", "advantage_batch_std")),
