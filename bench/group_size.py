@@ -2,7 +2,8 @@
 budget, at G = 2, 4, 8, 16 on the embedded default model (seed 000: the group-relative gradient's
 variance falls as 1/G; seed 003 section 2.2 sweeps K = 2, 4, 8, 16 and settles on 4).
 
-1. Gradient variance. For ``--prompts`` fixed arithmetic prompts, ``--resamples`` times: sample G
+1. Gradient variance. For ``--prompts`` fixed arithmetic prompts (those of the first ``--probe`` with
+   accuracy nearest 1/2 over 8 samples), ``--resamples`` times: sample G
    completions of each (temperature 1), score them (numeric reward), and take the gradient of
    grpo.core's loss (group z-score, ratio 1, no KL, per-sequence token mean) with respect to the
    last decoder layer's weights. Reported: tr Cov(g) = sum over weights of the unbiased variance
@@ -31,11 +32,24 @@ from pathlib import Path
 import torch
 
 
-def _prompts(n: int) -> list[dict]:
+def _prompts(a, policy, tok) -> list[dict]:
+    """The ``a.prompts`` of the first ``a.probe`` arithmetic prompts whose accuracy over 8 samples is
+    nearest 1/2: a prompt the model always fails (or always solves) gives zero-variance groups and no
+    gradient at any G, which would measure nothing."""
     from grpo.config import Config
-    from grpo.data import task_of
+    from grpo.data import render_prompt, task_of
+    from grpo.rewards import numeric_reward
+    from grpo.rollout import SamplingSettings, make_engine
 
-    return task_of(Config(task="arithmetic", eval_prompts=0, seed=0)).train[:n]
+    pool = task_of(Config(task="arithmetic", eval_prompts=0, seed=0)).train[:a.probe]
+    engine = make_engine("hf", policy, tok)
+    ro = engine.generate([render_prompt(tok, s["prompt"]) for s in pool], group_size=8,
+                         sampling=SamplingSettings(max_new_tokens=a.tokens, temperature=1.0))
+    engine.close()
+    acc = torch.tensor([numeric_reward(t, pool[i // 8]) for i, t in enumerate(ro.texts)]).view(-1, 8).mean(1)
+    order = sorted(range(len(pool)), key=lambda i: -float(acc[i] * (1 - acc[i])))
+    print("probe accuracy:", [round(float(x), 3) for x in acc], flush=True)
+    return [pool[i] for i in order[:a.prompts]]
 
 
 def gradient_variance(a, g: int, policy, tok, samples: list[dict]) -> dict:
@@ -116,6 +130,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--groups", type=int, nargs="+", default=[2, 4, 8, 16])
     ap.add_argument("--prompts", type=int, default=2, help="fixed prompts of the variance measurement")
+    ap.add_argument("--probe", type=int, default=12, help="prompts probed to find ones with mixed outcomes")
     ap.add_argument("--resamples", type=int, default=6, help="independent groups per G for the variance")
     ap.add_argument("--tokens", type=int, default=24, help="completion tokens")
     ap.add_argument("--budget", type=int, default=16, help="completions per training step (B x G)")
@@ -136,7 +151,7 @@ def main() -> None:
     torch.manual_seed(a.seed)
     models = load_models(DEFAULT_MODEL, need_reference=False)
     policy, tok = models.policy, models.tokenizer
-    samples = _prompts(a.prompts)
+    samples = _prompts(a, policy, tok)
     var = []
     for g in a.groups:
         var.append(gradient_variance(a, g, policy, tok, samples))
