@@ -122,6 +122,10 @@ def test_monitor_preset_fills_defaults_and_an_explicit_setting_wins():
         Config(clip_step_band=[0.3, 0.5], clip_target_band=[0.1, 0.2], num_iterations=2)
     with pytest.raises(ConfigError, match="reward_model_transform"):
         Config(reward_model_transform="tanh")
+    with pytest.raises(ConfigError, match="does not use"):
+        Config(reward_model_transform="sigmoid")  # the default rewards have no reward model
+    assert Config(rewards="reward_model", reward_model="x", reward_model_transform="sigmoid").reward_model_transform \
+        == "sigmoid"
 
 
 def test_reward_transforms_by_hand():

@@ -154,6 +154,9 @@ def _validate_monitors(c) -> None:
     """issue 25: seed monitors (additive clip control, the consistency probe's states, reward-model
     transforms)."""
     _choice("reward_model_transform", c.reward_model_transform, REWARD_TRANSFORMS)
+    if c.reward_model_transform != "none" and "reward_model" not in c.reward_names:
+        raise ConfigError(f"reward_model_transform: {c.reward_model_transform} maps the reward_model reward's scores, "
+                          f"which this run does not use (rewards={c.rewards!r})")
     band = c.clip_step_band
     if band is not None:
         if len(band) != 2 or not 0 <= band[0] < band[1] <= 1:
