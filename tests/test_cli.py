@@ -93,12 +93,13 @@ def test_train_then_eval_run_folder(capsys, tmp_path, tiny_model_dir, tiny_datas
 
 
 def test_toy_prints_table(capsys):
-    from grpo.tools.toy import ESTIMATORS, run_toy
+    from grpo.tools.toy import ESTIMATORS, PUBLISHED
 
-    assert main(["toy", "--seeds", "1"]) == 0
+    assert main(["toy"]) == 0  # seed 002's setup on its own seed
     out = capsys.readouterr().out
-    row = next(line.split() for line in out.splitlines() if line.split()[:1] == ["0"])  # seed 0's rates
-    assert [float(x) for x in row[1:]] == pytest.approx([run_toy(e, seed=0).exact_match for e in ESTIMATORS], abs=5e-4)
+    row = next(line.split() for line in out.splitlines() if line.split()[:1] == ["3"])  # seed 3's rates
+    assert [float(x) for x in row[1:]] == pytest.approx([PUBLISHED[e] for e in ESTIMATORS], abs=0.01)
+    assert "prompt 0 P(bit = 1), seed 3: [1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0]" in out
 
 
 def test_help_lists_config_keys(capsys):

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from grpo.config.parse import parse_value
+from grpo.config.presets import apply_monitor_preset
 from grpo.config.validate import validate
 from grpo.models.loading import DEFAULT_MODEL
 
@@ -175,6 +176,30 @@ class Config:
     consistency_prompts: int = 4
     """Fixed prompts (the first held-out ones) used by the consistency metric."""
 
+    # ---- issue 25: seed monitors (seed 003 sections 3.4 and 4.1, seed 002 section 4) ----
+    monitor_preset: str = "none"
+    """A named set of monitors: none, or seed003 (seed 003 section 3.4: clip_step_band [0.30, 0.50] moving epsilon by 0.02 after 10 steps outside, a fuse on gav above 0.45 for 5 steps, the consistency probe every 100 steps on 10 random held-out prompts x 4 samples). The preset fills only fields left at their defaults."""
+    clip_step_band: list[float] | None = None
+    """[low, high]: additive clip control (seed 003 section 3.4): after clip_step_patience consecutive steps with clip_fraction below low, epsilon shrinks by clip_step_size; above high, it grows (a wider range clips fewer tokens); between clip_epsilon_min and clip_epsilon_max (null = off)."""
+    clip_step_size: float = 0.02
+    """Additive clip control: how far one move takes epsilon."""
+    clip_step_patience: int = 10
+    """Additive clip control: consecutive steps outside clip_step_band before epsilon moves (the count restarts after a move)."""
+    consistency_random: bool = False
+    """The consistency probe draws its prompts at random from the held-out set at each probe (seeded by seed and step) instead of taking the first consistency_prompts."""
+    consistency_group_size: int = 0
+    """Samples per prompt in the consistency probe (0 = num_generations)."""
+    consistency_converging: float = 0.15
+    """The consistency probe's state is 'converging' below this coefficient of variation (seed 003 section 3.4)."""
+    consistency_guessing: float = 0.35
+    """The consistency probe's state is 'guessing' above this coefficient of variation."""
+    consistency_plateau: float = 0.18
+    """consistency_plateau_step logs the first probe step whose coefficient of variation fell below this (seed 003: the accuracy plateau follows about 2000 steps later)."""
+    correct_threshold: float = 1.0
+    """A completion counts as correct when its reward is at least this (all_correct_share, all_wrong_share)."""
+    reward_model_transform: str = "none"
+    """What the reward_model reward does to the model's raw scores (seed 003 section 4.1): none, sigmoid (into (0, 1)), or group_minmax ((r - group min) / (group max - group min + 1e-8) within each prompt's completions)."""
+
     # ---- PPO baseline (advantage_estimator=gae) ----
     gamma: float = 1.0
     """GAE discount per token."""
@@ -271,6 +296,7 @@ class Config:
 
     def __post_init__(self) -> None:
         _coerce_types(self)
+        apply_monitor_preset(self)
         validate(self)
 
     # ---- derived values ----

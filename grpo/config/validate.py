@@ -8,6 +8,7 @@ import importlib.util
 
 from grpo.core import (AGGREGATIONS, COV_MODES, ESTIMATORS, GROUP_ESTIMATORS, KL_ESTIMATORS,
                        MULTI_OBJECTIVE_AGGREGATIONS, PF_MODES, POLICY_LOSSES, RATIO_LEVELS)
+from grpo.core.stability import REWARD_TRANSFORMS
 from grpo.errors import ConfigError
 from grpo.rollout import ROLLOUT_ENGINES
 from grpo.rollout.tuning import parse_override
@@ -29,6 +30,7 @@ def validate(c) -> None:
     _validate_values(c)
     _validate_stability(c)
     _validate_loss_variants(c)
+    _validate_monitors(c)
 
 
 def _validate_choices(c) -> None:
@@ -187,3 +189,31 @@ def _validate_loss_variants(c) -> None:
         if c.num_iterations == 1 and c.mini_batches == 1:
             raise ConfigError("off_policy_mask_threshold: with one optimizer step per batch the policy is the "
                               "sampling policy (KL 0), so nothing is masked; use num_iterations > 1 or mini_batches > 1")
+
+
+def _validate_monitors(c) -> None:
+    """issue 25: seed monitors (additive clip control, the consistency probe's states, reward-model
+    transforms)."""
+    _choice("reward_model_transform", c.reward_model_transform, REWARD_TRANSFORMS)
+    if c.reward_model_transform != "none" and "reward_model" not in c.reward_names:
+        raise ConfigError(f"reward_model_transform: {c.reward_model_transform} maps the reward_model reward's scores, "
+                          f"which this run does not use (rewards={c.rewards!r})")
+    band = c.clip_step_band
+    if band is not None:
+        if len(band) != 2 or not 0 <= band[0] < band[1] <= 1:
+            raise ConfigError(f"clip_step_band: need [low, high] with 0 <= low < high <= 1, got {band}")
+        if c.clip_target_band is not None:
+            raise ConfigError("clip_step_band: clip_target_band also moves epsilon; set one of them")
+        if c.num_iterations == 1 and c.mini_batches == 1:
+            raise ConfigError("clip_step_band: needs num_iterations > 1 or mini_batches > 1 (with one optimizer "
+                              "step per batch nothing is ever clipped)" + (" (set by monitor_preset="
+                              f"{c.monitor_preset})" if c.monitor_preset != "none" else ""))
+        if c.clip_step_size <= 0 or c.clip_step_patience < 1:
+            raise ConfigError(f"clip_step_size / clip_step_patience: need > 0 and >= 1, got {c.clip_step_size}, "
+                              f"{c.clip_step_patience}")
+    if c.consistency_group_size < 0 or c.consistency_group_size == 1:
+        raise ConfigError(f"consistency_group_size: need 0 (num_generations) or >= 2, got {c.consistency_group_size}")
+    if not c.consistency_converging <= c.consistency_plateau <= c.consistency_guessing:
+        raise ConfigError("consistency_converging / consistency_plateau / consistency_guessing: need converging <= "
+                          f"plateau <= guessing, got {c.consistency_converging}, {c.consistency_plateau}, "
+                          f"{c.consistency_guessing}")

@@ -6,13 +6,14 @@ from grpo.core.losses import (AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS, aggrega
                               clipped_value_loss,
                               indexed_logprobs_and_entropy, kl_penalty, log_ratio, masked_mean, masked_moments,
                               token_logprobs, token_logprobs_and_entropy)
-from grpo.core.metrics import (advantage_group_variance, clip_fractions, explained_variance, reward_stats,
+from grpo.core.metrics import (advantage_group_variance, clip_fractions, distinct_n, explained_variance,
+                               group_advantage_std, group_outcome_shares, loop_flags, reward_stats,
                                zero_variance_share)
 from grpo.core.objective import grpo_loss, policy_loss
 from grpo.core.policy_losses import (POLICY_LOSSES, LossInputs, LossSettings, PolicyLoss, cispo_loss, clip_loss,
                                      get_policy_loss, gmpo_loss, sapo_loss)
-from grpo.core.stability import (COV_MODES, PF_MODES, high_covariance_tokens, informative_groups, overlong_penalty,
-                                 policy_filter, reward_cv, token_covariance)
+from grpo.core.stability import (COV_MODES, PF_MODES, REWARD_TRANSFORMS, high_covariance_tokens, informative_groups,
+                                 overlong_penalty, policy_filter, reward_cv, token_covariance, transform_scores)
 from grpo.core.token_masks import high_entropy_mask, off_policy_sequence_mask, policy_gradient_keep
 
 __all__ = [
@@ -27,4 +28,6 @@ __all__ = [
     "reward_cv", "token_covariance",
     "cispo_loss", "gmpo_loss", "sapo_loss", "high_entropy_mask", "off_policy_sequence_mask", "policy_gradient_keep",
     "MULTI_OBJECTIVE_AGGREGATIONS", "gdpo_advantages",
+    "distinct_n", "group_advantage_std", "group_outcome_shares", "loop_flags", "REWARD_TRANSFORMS",
+    "transform_scores",
 ]

@@ -104,3 +104,23 @@ def reward_cv(rewards: Tensor, *, eps: float = 1e-8) -> Tensor:
     """Coefficient of variation std / |mean| of each prompt's G rewards (population std): 0 when a
     prompt always gets the same reward. rewards: [B, G] -> [B]."""
     return rewards.std(dim=1, correction=0) / rewards.mean(dim=1).abs().clamp(min=eps)
+
+
+REWARD_TRANSFORMS = ("none", "sigmoid", "group_minmax")
+
+
+def transform_scores(scores: Tensor, group: Tensor, *, mode: str, eps: float = 1e-8) -> Tensor:
+    """Seed 003 section 4.1: raw reward-model logits (often in [-50, 50]) make un-normalised group
+    advantages explode; map them first. ``sigmoid``: into (0, 1); ``group_minmax``:
+    (r - group min) / (group max - group min + eps) within each group; ``none``: unchanged.
+    scores: [N]; group: [N] integer group index of each score -> [N]."""
+    if mode == "none":
+        return scores
+    if mode == "sigmoid":
+        return torch.sigmoid(scores)  # [N]
+    if mode != "group_minmax":
+        raise ValueError(f"unknown reward transform {mode!r}; valid: {list(REWARD_TRANSFORMS)}")
+    n_groups = int(group.max()) + 1 if group.numel() else 0
+    lo = torch.full((n_groups,), torch.inf, dtype=scores.dtype).scatter_reduce(0, group, scores, "amin")  # [B]
+    hi = torch.full((n_groups,), -torch.inf, dtype=scores.dtype).scatter_reduce(0, group, scores, "amax")  # [B]
+    return (scores - lo[group]) / (hi[group] - lo[group] + eps)  # [N]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import torch
 
 from grpo import core
@@ -20,3 +22,11 @@ def consistency(engine: RolloutEngine, samples: list[dict], rewards, *, system_p
     res = rewards.score(ro.texts, [s for s in samples for _ in range(group_size)])
     r = torch.nan_to_num(res.total.float(), nan=0.0).view(len(samples), group_size)  # [b, G]
     return {"consistency_cv": float(core.reward_cv(r).mean()), "consistency_reward_mean": float(r.mean())}
+
+
+def probe_prompts(pool: list[dict], count: int, *, randomly: bool, seed: int, step: int) -> list[dict]:
+    """The probe's prompts: the first ``count`` of ``pool``, or (seed 003 section 3.4) ``count`` drawn
+    at random at each probe, from a generator of (seed, step) alone, so a resumed run probes the same."""
+    if not randomly or count >= len(pool):
+        return pool[:count]
+    return random.Random(seed * 1_000_003 + step).sample(pool, count)

@@ -12,8 +12,13 @@ The model comes from the config field ``reward_model`` (a folder or hub id); the
 from __future__ import annotations
 
 import threading
+import warnings
 
 import torch
+
+from grpo.core.stability import transform_scores
+
+SPREAD_WARNING = 20.0  # seed 003 section 4.1: a max - min above this on the first batch needs a transform
 
 
 class RewardModelScorer:
@@ -61,7 +66,44 @@ class RewardModelScorer:
 
 _scorer: RewardModelScorer | None = None
 _path: str = ""
+_transform: str = "none"
+_checked = False  # the first batch's spread has been looked at
 _lock = threading.Lock()
+
+
+def set_reward_transform(mode: str) -> None:
+    """Choose what ``reward_model`` does to raw scores (config ``reward_model_transform``); the next
+    batch's spread is checked again."""
+    global _transform, _checked
+    with _lock:
+        _transform, _checked = mode, False
+
+
+def _groups(samples: list[dict]) -> torch.Tensor:
+    """Group index [N] of each completion: consecutive completions of the same prompt form a group
+    (the trainer scores a step's G completions of each prompt back to back)."""
+    idx, last = [], object()
+    for s in samples:
+        key = repr(s.get("prompt"))
+        idx.append(idx[-1] + (key != last) if idx else 0)
+        last = key
+    return torch.tensor(idx, dtype=torch.long)
+
+
+def apply_transform(raw: list[float], samples: list[dict], mode: str) -> list[float]:
+    """Warn once (the first batch) when the raw scores' spread is above SPREAD_WARNING, then map them
+    with ``mode`` (grpo.core.stability.transform_scores)."""
+    global _checked
+    scores = torch.tensor(raw, dtype=torch.float64)  # [N]
+    if not _checked and scores.numel():
+        _checked = True
+        spread = float(scores.max() - scores.min())
+        if spread > SPREAD_WARNING:
+            warnings.warn(f"reward_model: the first batch's raw scores span {spread:.1f} (min {float(scores.min()):.2f}, "
+                          f"max {float(scores.max()):.2f}), above {SPREAD_WARNING:g}: un-normalised advantages will be "
+                          f"dominated by it (seed 003 section 4.1); reward_model_transform={mode}"
+                          + ("; consider sigmoid or group_minmax" if mode == "none" else ""), stacklevel=2)
+    return transform_scores(scores, _groups(samples), mode=mode).tolist()
 
 
 def set_reward_model(path: str, **kw) -> None:
@@ -83,8 +125,9 @@ def reward_model_reward(completions: list[str], samples: list[dict]) -> list[flo
                              "model (folder or hub id)")
         if _scorer is None:
             _scorer = RewardModelScorer(_path)
-        scorer = _scorer
-    return scorer.score([s["prompt"] for s in samples], completions)
+        scorer, mode = _scorer, _transform
+    raw = scorer.score([s["prompt"] for s in samples], completions)
+    return apply_transform(raw, samples, mode)
 
 
 reward_model_reward.batched = True

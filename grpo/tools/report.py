@@ -23,6 +23,16 @@ PLOTS = (
     ("lengths", "completion length (tokens): mean solid, max dashed", ("completion_length_mean",
                                                                        "completion_length_max")),
     ("step_time", "step time (s)", ("step_seconds",)),
+    # issue 25: the seeds' monitors and symptoms (seed 002 section 4, seed 003 section 3.4, seed 004)
+    ("gav", "group advantage std GAV (r_i - mean of the others; healthy 0.15-0.25)", ("gav",)),
+    ("consistency", "consistency probe CGC: coefficient of variation (<0.15 converging, >0.35 guessing)",
+     ("consistency_cv",)),
+    ("group_outcomes", "groups all correct (solid) and all wrong (dashed)", ("all_correct_share",
+                                                                            "all_wrong_share")),
+    ("reward_group_std", "per-group reward std (mean over groups)", ("reward_group_std",)),
+    ("diversity", "distinct-1 (solid) and distinct-2 (dashed) of a step's completions", ("distinct_1",
+                                                                                       "distinct_2")),
+    ("loop_share", "share of completions that loop (a span repeated 4 times)", ("loop_share",)),
 )
 SAMPLES_PER_RUN = 24
 

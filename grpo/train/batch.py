@@ -78,6 +78,7 @@ class BatchMaker:
                    "zero_variance_share": float(core.zero_variance_share(filled)), **filter_metrics,
                    "completion_length_mean": float(lengths.float().mean()),
                    "completion_length_max": float(lengths.max()), "truncated_share": float(truncated.float().mean())}
+        metrics.update(seed_metrics(filled, ro, correct_at=cfg.correct_threshold))
         if cfg.supervision == "process":  # DeepSeekMath 4.1.3: per-step rewards, token advantages
             adv_tok, mask, step_metrics = process_supervision(
                 self.step_reward, self.tok, ro, samples, mask, group_size=cfg.num_generations,
@@ -145,3 +146,19 @@ def reshape_rewards(rewards: torch.Tensor, *, lengths: torch.Tensor, truncated: 
         keep &= core.policy_filter(rewards, mode=cfg.policy_filter, min_std=cfg.policy_filter_min_std)
         metrics["policy_filter_kept_share"] = float(keep.float().mean())
     return rewards, keep, metrics
+
+
+def seed_metrics(rewards: torch.Tensor, ro: Rollout, *, correct_at: float) -> dict:
+    """The seeds' monitors of a step (issue 25): GAV on the raw rewards (seed 003 section 3.4), the
+    shares of all-correct and all-wrong groups and the per-group reward std (seed 002 section 4), and
+    the output diversity and looping of this process's completions (seed 004's entropy-collapse
+    symptoms). rewards: [B, G] with failed rewards filled by their group's mean."""
+    out = {k: float(v) for k, v in core.group_outcome_shares(rewards, correct_at=correct_at).items()}
+    out["reward_group_std"] = float(rewards.std(dim=1, correction=0).mean())
+    if rewards.shape[1] >= 2:
+        out["gav"] = float(core.group_advantage_std(rewards))
+    ids, mask = ro.completion_ids, ro.completion_mask  # [n, T]
+    out["distinct_1"] = float(core.distinct_n(ids, mask, n=1))
+    out["distinct_2"] = float(core.distinct_n(ids, mask, n=2))
+    out["loop_share"] = float(core.loop_flags(ids, mask).float().mean())
+    return out

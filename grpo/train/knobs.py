@@ -48,6 +48,69 @@ class BandController:
         self.value = state["value"]
 
 
+class StepController:
+    """Seed 003 section 3.4's additive clip control: after ``patience`` consecutive steps with ``metric``
+    below ``low`` the knob moves by ``-direction * step``, above ``high`` by ``+direction * step``,
+    within ``bounds``; the count restarts after each move and whenever the metric is inside the band.
+    For epsilon and the clip fraction, direction +1: too few clipped tokens -> a narrower range (seed
+    003: "TLCR < 25% means epsilon is too large"), too many -> a wider one. ``state`` and ``strikes``
+    are logged (as ``<metric>_state``, ``<metric>_strikes``)."""
+
+    def __init__(self, *, metric: str, low: float, high: float, value: float, step: float, patience: int,
+                 bounds: tuple, direction: int = 1):
+        self.metric, self.low, self.high, self.value = metric, low, high, value
+        self.step, self.patience, self.bounds, self.direction = step, patience, bounds, direction
+        self.strikes, self.side, self.state = 0, 0, "inside"
+
+    def update(self, metrics: dict) -> float:
+        x = metrics.get(self.metric)
+        if not (isinstance(x, (int, float)) and math.isfinite(x)):
+            return self.value
+        side = -1 if x < self.low else 1 if x > self.high else 0
+        self.strikes = self.strikes + 1 if side and side == self.side else int(bool(side))
+        self.side, self.state = side, ("below", "inside", "above")[side + 1]
+        if side and self.strikes >= self.patience:
+            self.value = min(max(self.value + side * self.direction * self.step, self.bounds[0]), self.bounds[1])
+            self.strikes = 0
+        return self.value
+
+    def report(self) -> dict:
+        return {f"{self.metric}_state": self.state, f"{self.metric}_strikes": self.strikes}
+
+    def state_dict(self) -> dict:
+        return {"value": self.value, "strikes": self.strikes, "side": self.side, "state": self.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value, self.strikes = state["value"], state["strikes"]
+        self.side, self.state = state["side"], state["state"]
+
+
+class ConsistencyWatch:
+    """Seed 003 section 3.4's reading of the consistency probe (CGC, the coefficient of variation of a
+    prompt's rewards): 'converging' below ``converging``, 'guessing' above ``guessing``, else
+    'between'; and the first step at which it fell below ``plateau`` (the seed: accuracy tops out
+    about 2000 steps later). Steps without a probe report the last state."""
+
+    def __init__(self, *, converging: float, guessing: float, plateau: float, metric: str = "consistency_cv"):
+        self.converging, self.guessing, self.plateau, self.metric = converging, guessing, plateau, metric
+        self.steps, self.state, self.plateau_step = 0, "unprobed", None
+
+    def update(self, metrics: dict) -> dict:
+        self.steps += 1
+        x = metrics.get(self.metric)
+        if isinstance(x, (int, float)) and math.isfinite(x):
+            self.state = "converging" if x < self.converging else "guessing" if x > self.guessing else "between"
+            if self.plateau_step is None and x < self.plateau:
+                self.plateau_step = self.steps
+        return {"consistency_state": self.state, "consistency_plateau_step": self.plateau_step}
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps, "state": self.state, "plateau_step": self.plateau_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps, self.state, self.plateau_step = state["steps"], state["state"], state["plateau_step"]
+
+
 class AdaptiveKL:
     """Ziegler et al. 2019 ("Fine-Tuning Language Models from Human Preferences", section 2.2):
     beta <- beta * (1 + K_beta * clip(KL / KL_target - 1, -0.2, 0.2)), one update per step."""
@@ -117,6 +180,11 @@ class Knobs:
             self.controllers["epsilon"] = BandController(
                 metric="clip_fraction", low=lo, high=hi, value=cfg.epsilon, factor=cfg.controller_factor,
                 bounds=(cfg.clip_epsilon_min, cfg.clip_epsilon_max), direction=-1)
+        if cfg.clip_step_band is not None:  # seed 003 section 3.4 (issue 25: seed monitors)
+            lo, hi = cfg.clip_step_band
+            self.controllers["epsilon"] = StepController(
+                metric="clip_fraction", low=lo, high=hi, value=cfg.epsilon, step=cfg.clip_step_size,
+                patience=cfg.clip_step_patience, bounds=(cfg.clip_epsilon_min, cfg.clip_epsilon_max))
         if cfg.entropy_target_band is not None:
             lo, hi = cfg.entropy_target_band
             knob = cfg.entropy_target_knob
@@ -127,6 +195,10 @@ class Knobs:
                                                     hold_inside=knob == "entropy_coef")
         if cfg.kl_target is not None:
             self.controllers["beta"] = AdaptiveKL(beta=cfg.beta, target=cfg.kl_target, rate=cfg.kl_adapt_rate)
+        self.watch = None
+        if cfg.consistency_steps:
+            self.watch = ConsistencyWatch(converging=cfg.consistency_converging, guessing=cfg.consistency_guessing,
+                                          plateau=cfg.consistency_plateau)
         self.fuse = None
         if cfg.fuse_metric:
             self.fuse = Fuse(metric=cfg.fuse_metric, low=-math.inf if cfg.fuse_min is None else cfg.fuse_min,
@@ -152,12 +224,29 @@ class Knobs:
         for ctl in self.controllers.values():
             ctl.update(metrics)
         self._apply()
-        return self.fuse.update(metrics) if self.fuse is not None else None
+        metrics.update(self.report(metrics))
+        reason = self.fuse.update(metrics) if self.fuse is not None else None
+        if self.fuse is not None:
+            metrics["fuse_strikes"] = self.fuse.strikes
+        return reason
+
+    def report(self, metrics: dict) -> dict:
+        """The states the monitors report this step (the additive clip controller's side and count,
+        the consistency probe's reading), logged with the step's metrics."""
+        out = {}
+        for ctl in self.controllers.values():
+            if hasattr(ctl, "report"):
+                out.update(ctl.report())
+        if self.watch is not None:
+            out.update(self.watch.update(metrics))
+        return out
 
     def state_dict(self) -> dict:
         state = {k: c.state_dict() for k, c in self.controllers.items()}
         if self.fuse is not None:
             state["fuse"] = self.fuse.state_dict()
+        if self.watch is not None:
+            state["consistency_watch"] = self.watch.state_dict()
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -165,4 +254,6 @@ class Knobs:
             c.load_state_dict(state[k])
         if self.fuse is not None:
             self.fuse.load_state_dict(state["fuse"])
+        if self.watch is not None and "consistency_watch" in state:  # older checkpoints: none
+            self.watch.load_state_dict(state["consistency_watch"])
         self._apply()

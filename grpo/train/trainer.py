@@ -26,7 +26,7 @@ import torch
 from grpo.config import Config
 from grpo.data import task_of
 from grpo.errors import ConfigError, DataError, FuseError
-from grpo.eval.consistency import consistency
+from grpo.eval.consistency import consistency, probe_prompts
 from grpo.eval.evaluate import evaluate_as_configured
 from grpo.infra import checkpoint as ckpt_io
 from grpo.infra import distributed as dist_io
@@ -34,6 +34,7 @@ from grpo.infra.logger import NullLogger, RunLogger
 from grpo.infra.runtime import keep_freed_memory, make_run_dir, seed_everything
 from grpo.models import grouped_attention, keep_head_fp32, load_models, native_bf16, reset_reference
 from grpo.models.packing import SHARED_PREFIX_ATTENTION, sliding_window
+from grpo.rewards.reward_model import set_reward_transform
 from grpo.rewards.runner import RewardRunner
 from grpo.rewards.steps import resolve_step_reward
 from grpo.rollout import Rollout, RolloutEngine, SamplingSettings, make_engine
@@ -76,6 +77,8 @@ class Trainer:
         # Everything that can be wrong with the input is checked before the model loads.
         self.rewards = RewardRunner(cfg.reward_names, cfg.reward_weights, timeout=cfg.reward_timeout,
                                     workers=cfg.reward_workers, reward_model=cfg.reward_model)
+        if cfg.reward_model:  # issue 25: seed 003 section 4.1
+            set_reward_transform(cfg.reward_model_transform)
         step_reward = resolve_step_reward(cfg.step_reward) if cfg.supervision == "process" else None
         self.task = task or task_of(cfg)
         if not self.task.train:
@@ -255,8 +258,10 @@ class Trainer:
         pool = self.task.eval or self.task.train
         sampling = SamplingSettings(max_new_tokens=cfg.max_completion_length, temperature=self.knobs.temperature,
                                     top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length)
-        return consistency(self.eval_engine, pool[: cfg.consistency_prompts], self.rewards,
-                           system_prompt=cfg.system_prompt, group_size=cfg.num_generations, sampling=sampling)
+        chosen = probe_prompts(pool, cfg.consistency_prompts, randomly=cfg.consistency_random, seed=cfg.seed,
+                               step=self.step)
+        return consistency(self.eval_engine, chosen, self.rewards, system_prompt=cfg.system_prompt,
+                           group_size=cfg.consistency_group_size or cfg.num_generations, sampling=sampling)
 
     # ---- the run --------------------------------------------------------------------------------
     def evaluate(self) -> dict:
