@@ -15,7 +15,7 @@ import torch  # noqa: E402
 from gymnasium.utils.env_checker import check_env  # noqa: E402
 
 from grpo.control.agents import AgentSettings, group_advantages, make_agent, settings_from  # noqa: E402
-from grpo.control.env import (BAND, DT, SPEED, STEER_DEG, STEER_RAD, WHEELBASE, PathTrackingEnv,  # noqa: E402
+from grpo.control.env import (BAND, DT, SPEED, STEER_DEG, WHEELBASE, PathTrackingEnv,  # noqa: E402
                               bicycle_step)
 from grpo.control.evaluate import evaluate, proportional_controller  # noqa: E402
 from grpo.control.nets import PolicyNet, load_policy, save_policy  # noqa: E402
@@ -198,3 +198,36 @@ def test_cli_train_saves_a_policy_that_reloads(tmp_path, capsys):
     assert "policy saved" in capsys.readouterr().out
     assert load_policy(out).n_actions == 17
     assert main(["control", "train", "--algo", "ppo", "nope=1"]) == 2
+
+
+def _run(algo, seed, ret, rms, curve, reached=None):
+    from grpo.control.compare import RunResult
+
+    return RunResult(algo, seed, ret, rms, 1.0, reached, ret, 1.0, 10, 0, 100.0, curve[-1][0], curve,
+                     [(0.0, 0.0), (1.0, 0.1)])
+
+
+def test_steps_to_threshold_by_hand():
+    from grpo.control.compare import steps_to
+
+    curve = [(10, 1.0), (20, 3.0), (30, 5.0), (40, 9.0)]
+    assert steps_to(curve, 4.0, window=2) == 30  # running means 2, 4, 7
+    assert steps_to(curve, 7.5, window=2) is None
+    assert steps_to(curve, 1.0, window=1) == 10
+
+
+def test_compare_table_and_verdicts():
+    """The table's mean ± spread and the acceptance lines (the plots are left to `grpo control compare`:
+    matplotlib alone costs more than this file's budget on a contended CPU)."""
+    from grpo.control.compare import Baseline, table, verdicts
+
+    curve = [(i * 100, float(i)) for i in range(1, 40)]
+    runs = [_run("ppo", s, 90.0 + s, 0.2, curve, 1000 * (s + 1)) for s in range(2)]
+    runs.append(_run("sb3_ppo", 0, 100.0, 0.1, curve))
+    base = Baseline(1.0, 2.0, 95.0, 0.15, 1.0, [(0.0, 0.0), (1.0, 0.0)])
+    text = table(runs, base, threshold=20.0) + "\n".join(verdicts(runs, base))
+    assert "| ppo (2 seeds) | 90.50 ± 0.50 |" in text
+    assert "ppo reaches 90.5% of sb3_ppo's mean held-out return" in text and "at least 90%" in text
+    assert "ppo: mean RMS lateral error 0.200 m vs proportional 0.150 m: does NOT beat it, worse by 0.050 m" in text
+    assert "sb3_ppo: mean RMS lateral error 0.100 m vs proportional 0.150 m: beats it by 0.050 m" in text
+    assert "| 1500 ± 500 (2/2 reached) |" in text and "| not reached (0/1) |" in text

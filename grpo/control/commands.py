@@ -89,8 +89,8 @@ def compare(argv: list[str]) -> int:
                       log=lambda m: print(m, flush=True))
     base = baseline()
     meta = {"steps": args.steps, "seeds": args.seeds, "workers": args.workers, "wall_s": time.perf_counter() - t0,
-            "machine": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "commit": _commit()}
+            "machine": platform.processor() or platform.machine(), "commit": _commit(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     text = write(results, base, Path(args.out), threshold=args.threshold, meta=meta)
     print(f"\n{text}\n\ntotal wall time {meta['wall_s']:.0f} s; files in {args.out}/ (table.md, results.json, "
           "learning_curves.png, trajectory.png, policies/)")

@@ -157,13 +157,15 @@ def table(results: list[RunResult], base: Baseline, *, threshold: float) -> str:
     for a in algos:
         rs = [r for r in results if r.algo == a]
         reached = [r.steps_to_threshold for r in rs if r.steps_to_threshold is not None]
-        steps = (_ms(reached, "{:.0f}") + f" ({len(reached)}/{len(rs)} reached)") if reached else f"not reached (0/{len(rs)})"
+        steps = (_ms(reached, "{:.0f}") + f" ({len(reached)}/{len(rs)} reached)" if reached
+                 else f"not reached (0/{len(rs)})")
         lines.append(f"| {a} ({len(rs)} seeds) | {_ms([r.held_out_return for r in rs])} | "
                      f"{_ms([r.rms_lateral for r in rs], '{:.3f}')} | {_ms([r.completion for r in rs], '{:.2f}')} | "
                      f"{_ms([r.train_return_end for r in rs])} | {steps} | {_ms([r.wall_s for r in rs], '{:.1f}')} | "
                      f"{rs[0].policy_params} | {rs[0].value_params} | {_ms([r.peak_rss_mb for r in rs], '{:.0f}')} |")
     lines.append(f"| proportional (k_e {base.k_lateral:g} rad/m, k_psi {base.k_heading:g}) | "
-                 f"{base.held_out_return:.2f} | {base.rms_lateral:.3f} | {base.completion:.2f} | - | - | - | 2 | 0 | - |")
+                 f"{base.held_out_return:.2f} | {base.rms_lateral:.3f} | {base.completion:.2f} | - | - | - | "
+                 "2 | 0 | - |")
     return "\n".join(lines)
 
 
