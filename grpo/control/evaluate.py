@@ -7,7 +7,6 @@ over every step driven, and the share of scenarios that reach the path's end ins
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,7 +66,3 @@ def tune_proportional(*, seed: int = 0, n_scenarios: int = 16) -> Gains:
             if best is None or r > best.train_return:
                 best = Gains(kl, kh, r)
     return best
-
-
-def rms(x: list[float]) -> float:
-    return math.sqrt(sum(v * v for v in x) / max(1, len(x)))
