@@ -154,8 +154,12 @@ def _toy(argv: list[str]) -> int:
 
 
 def _control(argv: list[str]) -> int:
-    from grpo.control.commands import main as control_main
+    try:
+        from grpo.control.commands import main as control_main
+    except ModuleNotFoundError as e:  # gymnasium / SB3 come with the optional extra
+        from grpo.errors import ConfigError
 
+        raise ConfigError(f"needs the control extra: pip install -e '.[control]' ({e})") from None
     return control_main(argv)
 
 
