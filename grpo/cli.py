@@ -1,4 +1,4 @@
-"""The `grpo` command: train, eval, compare, report, toy."""
+"""The `grpo` command: train, eval, compare, report, toy, control."""
 
 from __future__ import annotations
 
@@ -15,13 +15,15 @@ commands:
   compare GRPO vs RLOO vs REINFORCE vs PPO with a critic: memory, step time, accuracy (own subprocesses)
   report  PNG plots and an HTML page of one or more run folders (grpo report RUN_DIR [RUN_DIR ...])
   toy     GRPO vs REINFORCE on the seeds' target-matching toy (no language model)
+  control vehicle path tracking: `grpo control train --algo grpo|ppo|trpo`, `grpo control compare`
 
 Any config key can be set as key=value; `grpo train --help` lists them."""
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"train": _train, "eval": _eval, "compare": _compare, "report": _report, "toy": _toy}
+    commands = {"train": _train, "eval": _eval, "compare": _compare, "report": _report, "toy": _toy,
+                "control": _control}
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
@@ -149,6 +151,16 @@ def _toy(argv: list[str]) -> int:
 
     toy_main(argv)
     return 0
+
+
+def _control(argv: list[str]) -> int:
+    try:
+        from grpo.control.commands import main as control_main
+    except ModuleNotFoundError as e:  # gymnasium / SB3 come with the optional extra
+        from grpo.errors import ConfigError
+
+        raise ConfigError(f"needs the control extra: pip install -e '.[control]' ({e})") from None
+    return control_main(argv)
 
 
 if __name__ == "__main__":
