@@ -253,6 +253,10 @@ class Config:
     progress: bool = True
     """Show the live progress bar."""
 
+    # ---- issue 26: reward model training / code rewards ----
+    resample_invalid_rounds: int = 0
+    """Most extra sampling rounds per draw for completions a reward declares it cannot grade (the code rewards: programs that fail ast.parse), so a group compares programs that can be compared (seed 003 section 5.1); counted in metrics as resampled_completions / invalid_after_resampling (0 = off)."""
+
     def __post_init__(self) -> None:
         _coerce_types(self)
         validate(self)

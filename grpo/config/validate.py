@@ -28,6 +28,7 @@ def validate(c) -> None:
     _validate_choices(c)
     _validate_values(c)
     _validate_stability(c)
+    _validate_reward_training(c)
 
 
 def _validate_choices(c) -> None:
@@ -146,3 +147,9 @@ def _validate_stability(c) -> None:
         raise ConfigError("fuse_metric: set fuse_min and/or fuse_max, the band the metric must stay in")
     if c.fuse_metric.startswith("consistency_") and not c.consistency_steps:
         raise ConfigError(f"fuse_metric: {c.fuse_metric} is logged only with consistency_steps > 0")
+
+
+def _validate_reward_training(c) -> None:
+    """issue 26: reward model training / code rewards."""
+    if c.resample_invalid_rounds < 0:
+        raise ConfigError(f"resample_invalid_rounds: must be >= 0, got {c.resample_invalid_rounds}")

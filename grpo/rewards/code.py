@@ -274,5 +274,15 @@ def check_code_sandbox() -> None:
 for _fn in (code_reward, code_strict_reward, code_batch_reward, code_strict_batch_reward):
     _fn.startup_check = check_code_sandbox
 code_batch_reward.batched = code_strict_batch_reward.batched = True
+
+
+def program_parses(completion: str, sample: dict) -> bool:
+    """Whether the completion's program is syntactically Python: the code rewards' validity check, by
+    which resample_invalid_rounds samples unparsable programs again (seed 003 section 5.1)."""
+    return _parses(extract_code(completion))
+
+
+for _fn in (code_reward, code_strict_reward, code_batch_reward, code_strict_batch_reward):
+    _fn.valid = program_parses
 __all__ = ["CodeGrader", "SandboxError", "code_batch_reward", "code_reward", "code_strict_batch_reward",
            "code_strict_reward", "extract_code", "plan_assert"]
