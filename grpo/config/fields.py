@@ -43,7 +43,7 @@ class Config:
     eval_prompts: int = 200
     """Held-out prompts for the before/after evaluation (never used for training; 0 disables it)."""
     rewards: str = "numeric"
-    """Comma-separated reward functions: built-ins (numeric, math, code, code_strict, code_style, reward_model, format, length, incompleteness, incompleteness_zh) or module:function paths."""
+    """Comma-separated reward functions: built-ins (numeric, math, code, code_strict, code_generated, code_style, reward_model, format, length, incompleteness, incompleteness_zh) or module:function paths."""
     reward_weights: list[float] | None = None
     """Weight of each reward in `rewards` (default: all 1.0)."""
     reward_timeout: float = 10.0

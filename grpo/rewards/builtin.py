@@ -12,6 +12,7 @@ from grpo.rewards.answers import all_boxed, parse_number
 from grpo.rewards.code import code_batch_reward, code_strict_batch_reward
 from grpo.rewards.code_style import code_style_reward
 from grpo.rewards.completeness import incompleteness
+from grpo.rewards.generated_tests import code_generated_batch_reward
 from grpo.rewards.mathverify import candidates, gold_answer, math_reward, normalize_number_text
 from grpo.rewards.reward_model import reward_model_reward
 
@@ -66,6 +67,7 @@ REWARDS: dict[str, RewardFn] = {
     "incompleteness_zh": incompleteness_zh_reward,
     "code": code_batch_reward,  # batched: a step's programs are graded concurrently in the sandbox
     "code_strict": code_strict_batch_reward,
+    "code_generated": code_generated_batch_reward,  # batched: + 10 tests per problem from its reference
     "code_style": code_style_reward,  # type hints, docstrings, exception handling; parsed, never run
     "reward_model": reward_model_reward,  # batched: fn(completions, samples) -> list[float]
 }
