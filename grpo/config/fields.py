@@ -256,6 +256,8 @@ class Config:
     # ---- issue 26: reward model training / code rewards ----
     resample_invalid_rounds: int = 0
     """Most extra sampling rounds per draw for completions a reward declares it cannot grade (the code rewards: programs that fail ast.parse), so a group compares programs that can be compared (seed 003 section 5.1); counted in metrics as resampled_completions / invalid_after_resampling (0 = off)."""
+    token_weight_gamma: float = 1.0
+    """Multiply the advantage of identifier and operator tokens (names, keywords, '=', '+', ...) by this (seed 003 section 5.1 uses 2.0 for code); 1.0 = off."""
 
     def __post_init__(self) -> None:
         _coerce_types(self)

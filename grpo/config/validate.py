@@ -153,3 +153,5 @@ def _validate_reward_training(c) -> None:
     """issue 26: reward model training / code rewards."""
     if c.resample_invalid_rounds < 0:
         raise ConfigError(f"resample_invalid_rounds: must be >= 0, got {c.resample_invalid_rounds}")
+    if c.token_weight_gamma <= 0:
+        raise ConfigError(f"token_weight_gamma: must be > 0 (1.0 = off), got {c.token_weight_gamma}")

@@ -13,6 +13,7 @@ from grpo.core.policy_losses import (POLICY_LOSSES, LossInputs, LossSettings, Po
                                      get_policy_loss)
 from grpo.core.stability import (COV_MODES, PF_MODES, high_covariance_tokens, informative_groups, overlong_penalty,
                                  policy_filter, reward_cv, token_covariance)
+from grpo.core.token_weights import token_weights, weighted_advantages
 
 __all__ = [
     "AGGREGATIONS", "ESTIMATORS", "GROUP_ESTIMATORS", "KL_ESTIMATORS", "RATIO_LEVELS",
@@ -23,5 +24,5 @@ __all__ = [
     "get_policy_loss", "process_advantages", "reward_stats", "token_logprobs",
     "token_logprobs_and_entropy", "whiten", "zero_variance_share",
     "COV_MODES", "PF_MODES", "high_covariance_tokens", "informative_groups", "overlong_penalty", "policy_filter",
-    "reward_cv", "token_covariance",
+    "reward_cv", "token_covariance", "token_weights", "weighted_advantages",
 ]

@@ -1,4 +1,5 @@
-"""Resampling completions a reward cannot grade (seed 003 section 5.1: unparsable programs)."""
+"""Code-training helpers in the loop: resampling completions a reward cannot grade (seed 003 section 5.1:
+unparsable programs), and the token weight gamma on the advantage."""
 
 from __future__ import annotations
 
@@ -66,3 +67,21 @@ def test_the_trainer_resamples_unparsable_programs(tmp_path, tiny_model_dir):
     assert 0 <= line["resample_rounds"] <= 2 and line["resampled_completions"] >= left
     if left:  # rows still invalid: every allowed round was spent on them
         assert line["resample_rounds"] == 2
+
+
+def test_token_weight_gamma_multiplies_the_advantage_of_code_tokens(tmp_path, tiny_model_dir):
+    from grpo.train.code_tokens import code_token_vocab
+    from grpo.train.trainer import Trainer
+    from tests.test_trainer import make_cfg, signal_seed
+
+    seed = signal_seed(tmp_path, tiny_model_dir, "arithmetic")
+    t = Trainer(make_cfg(tmp_path / "run", tiny_model_dir, "arithmetic", token_weight_gamma=2.0, beta=0.0, seed=seed))
+    samples, ro = t.sample()
+    rewards, _ = t.score(samples, ro)
+    weighted, metrics = t.batches.make(ro, rewards, samples, temperature=1.0, beta=0.0)
+    t.cfg.token_weight_gamma = 1.0
+    plain, _ = t.batches.make(ro, rewards, samples, temperature=1.0, beta=0.0)
+    marked = code_token_vocab(t.tok, len(t.tok))[ro.completion_ids]  # [N, T]
+    assert marked.any() and (~marked).any()
+    assert torch.equal(weighted.advantages, torch.where(marked, 2.0 * plain.advantages, plain.advantages))
+    assert 0 < metrics["weighted_token_share"] < 1
