@@ -63,7 +63,7 @@ def test_the_trainer_resamples_unparsable_programs(tmp_path, tiny_model_dir):
     line = json.loads((t.run_dir / "metrics.jsonl").read_text().splitlines()[0])
 
     left = sum(not program_parses(x, {}) for x in scored[0])
-    assert line["invalid_after_resampling"] == left
+    assert line["invalid_after_resampling"] == left and line["grading_seconds"] > 0
     assert 0 <= line["resample_rounds"] <= 2 and line["resampled_completions"] >= left
     if left:  # rows still invalid: every allowed round was spent on them
         assert line["resample_rounds"] == 2

@@ -80,3 +80,35 @@ def test_hostile_programs_and_references(grader, monkeypatch):
         "def f(s):\n    return open('/work/test.json').read()\n",
     ]
     assert code_rewards.code_batch_reward(hostile, extended * len(hostile)) == [0.0] * len(hostile)
+
+
+@needs_sandbox
+def test_the_remote_grading_service_grades_as_the_local_grader(grader, monkeypatch):
+    import threading
+
+    from grpo.errors import SandboxError
+    from grpo.rewards import grading_service
+
+    server = grading_service.make_server("127.0.0.1", 0, grader)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        good = {"tests": ["assert f(2) == 4", "assert f(5) == 10"]}
+        bad_test = {"tests": ["f(2) == 4"]}  # not an assert: that sample's grading raises
+        completions = ["def f(x):\n    return 2 * x\n", "def f(x):\n    return 4\n", "def f(x):\n    return x\n"]
+        samples = [good, good, bad_test]
+        monkeypatch.setattr(code_rewards, "_default", grader)
+        local = code_rewards.code_batch_reward(completions, samples)
+        monkeypatch.setenv("GRPO_CODE_GRADER_URL", f"{url},{url}")  # two services: two shares
+        code_rewards.check_code_sandbox()
+        remote = code_rewards.code_batch_reward(completions, samples)
+        assert remote[:2] == local[:2] == [1.0, 0.5]
+        assert isinstance(local[2], ValueError) and isinstance(remote[2], ValueError)
+        assert code_rewards.code_strict_batch_reward(completions[:2], samples[:2]) == [1.0, 0.0]
+    finally:
+        server.shutdown()
+        server.server_close()
+    monkeypatch.setenv("GRPO_CODE_GRADER_URL", url)  # the service is gone: the start-up check says so
+    with pytest.raises(SandboxError, match="grading service"):
+        code_rewards.check_code_sandbox()
+    assert all(isinstance(x, RuntimeError) for x in code_rewards.code_batch_reward(completions[:1], samples[:1]))

@@ -13,6 +13,8 @@ from grpo.core.policy_losses import (POLICY_LOSSES, LossInputs, LossSettings, Po
                                      get_policy_loss)
 from grpo.core.stability import (COV_MODES, PF_MODES, high_covariance_tokens, informative_groups, overlong_penalty,
                                  policy_filter, reward_cv, token_covariance)
+from grpo.core.reward_model import (bradley_terry_loss, distillation_loss, group_pairs, head_scores,
+                                    pairwise_accuracy, pointwise_accuracy, pointwise_loss)
 from grpo.core.token_weights import token_weights, weighted_advantages
 
 __all__ = [
@@ -25,4 +27,6 @@ __all__ = [
     "token_logprobs_and_entropy", "whiten", "zero_variance_share",
     "COV_MODES", "PF_MODES", "high_covariance_tokens", "informative_groups", "overlong_penalty", "policy_filter",
     "reward_cv", "token_covariance", "token_weights", "weighted_advantages",
+    "bradley_terry_loss", "distillation_loss", "group_pairs", "head_scores", "pairwise_accuracy",
+    "pointwise_accuracy", "pointwise_loss",
 ]

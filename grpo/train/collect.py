@@ -7,6 +7,7 @@ Dimension letters: B prompts, G group size, N = B*G sequences (n on this process
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -110,7 +111,9 @@ class Collector:
         failed), and the reward metrics."""
         cfg, world = self.cfg, self.world
         group_samples = [s for s in samples for _ in range(cfg.num_generations)]
+        t0 = time.perf_counter()
         res = self.rewards.score(ro.texts, group_samples)
+        grading = time.perf_counter() - t0  # every reward of the step (the code rewards: its sandboxed tests)
         for msgs in dist_io.gather_objects(res.messages, world):
             for msg in msgs:
                 self.note(msg, "yellow")
@@ -122,7 +125,8 @@ class Collector:
         timeouts = int(dist_io.all_sum(torch.tensor(self.rewards.timeouts), world))
         metrics = {f"rewards/{k}": float(torch.nanmean(v)) for k, v in per_reward.items()}
         metrics.update(accuracy=float((first >= 1.0).double().mean()), reward_failures=n_failed,
-                       reward_failures_total=self.reward_failures, reward_timeouts_total=timeouts)
+                       reward_failures_total=self.reward_failures, reward_timeouts_total=timeouts,
+                       grading_seconds=max(dist_io.gather_objects(grading, world)))  # the slowest process
         if self.checks and cfg.resample_invalid_rounds:  # the resampling since the last scoring
             metrics.update(self.resample)
             self.resample = dict.fromkeys(self.resample, 0)
