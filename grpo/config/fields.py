@@ -258,6 +258,26 @@ class Config:
     """Most extra sampling rounds per draw for completions a reward declares it cannot grade (the code rewards: programs that fail ast.parse), so a group compares programs that can be compared (seed 003 section 5.1); counted in metrics as resampled_completions / invalid_after_resampling (0 = off)."""
     token_weight_gamma: float = 1.0
     """Multiply the advantage of identifier and operator tokens (names, keywords, '=', '+', ...) by this (seed 003 section 5.1 uses 2.0 for code); 1.0 = off."""
+    reward_model_train_steps: int = 0
+    """Iterative GRPO with a learning reward model (seed 001 Algorithm 1, step 4): at every iteration boundary (ref_reset_steps) the `reward_model` model takes this many optimizer steps on the iteration's completions labelled by `reward_model_verifier` (0 = the reward model stays frozen)."""
+    reward_model_verifier: str = "numeric"
+    """Reward that labels the policy's completions for reward-model training (a built-in or module:function)."""
+    reward_model_objective: str = "pointwise"
+    """pointwise: cross-entropy of the score against the verifier's label; pairwise: Bradley-Terry on (better, worse) pairs within a group."""
+    reward_model_replay: float = 0.1
+    """Share of each reward-model update batch drawn from earlier iterations' examples (the replay buffer; the seed: 10%)."""
+    reward_model_buffer_size: int = 4096
+    """Most examples (completions) the replay buffer keeps; the oldest leave first."""
+    reward_model_batch_size: int = 16
+    """Examples (pointwise) or pairs (pairwise) per reward-model optimizer step."""
+    reward_model_lr: float = 1e-5
+    """AdamW learning rate of the reward model."""
+    reward_model_heldout: int = 8
+    """The first this many groups sampled are a held-out labelled set (never trained on) for the logged accuracy before and after each update."""
+    reward_model_teacher: str = ""
+    """Sequence-classification teacher (folder or hub id) whose logits are the reward model's soft targets instead of the verifier's labels (distillation, seed 003 section 3.3); same head size as the reward model."""
+    reward_model_distill_temperature: float = 1.0
+    """Temperature T of the teacher distillation (loss scaled by T^2)."""
 
     def __post_init__(self) -> None:
         _coerce_types(self)

@@ -43,6 +43,7 @@ from grpo.train.collect import Collector
 from grpo.train.critic import Critic
 from grpo.train.forwards import Forwards
 from grpo.train.knobs import Knobs
+from grpo.train.reward_model import make_reward_model_trainer
 from grpo.train.update import Updater
 
 
@@ -97,6 +98,8 @@ class Trainer:
         self._open_engines()
         self.collector = Collector(cfg, world=world, train=self.task.train, engine=self.engine, rewards=self.rewards,
                                    note=lambda text, style=None: self.logger.note(text, style))
+        # seed 001 Algorithm 1 step 4: the reward model learns at iteration boundaries (train/reward_model.py)
+        self.rm_trainer = make_reward_model_trainer(cfg) if cfg.reward_model_train_steps else None
         self.batches = BatchMaker(cfg, world=world, forwards=self.forwards, policy=self.policy,
                                   reference=self.models.reference, critic=self.critic, step_reward=step_reward,
                                   tokenizer=self.tok)
@@ -167,17 +170,24 @@ class Trainer:
         parts = {"collector": self.collector, "updater": self.updater, "knobs": self.knobs}
         if self.critic is not None:
             parts["critic"] = self.critic
+        if self.rm_trainer is not None:
+            parts["reward_model_trainer"] = self.rm_trainer
         return parts
 
     # ---- one step (Algorithm 1) ------------------------------------------------------------------
     def train_step(self) -> dict:
         cfg, k = self.cfg, self.knobs
-        t0, cut_before = time.perf_counter(), self.collector.prompts_truncated
+        t0, cut_before, rm_metrics = time.perf_counter(), self.collector.prompts_truncated, {}
         if cfg.ref_reset_steps and self.step and self.step % cfg.ref_reset_steps == 0:
             reset_reference(self.models.reference, self.policy)
             self.ref_reset_at = self.step
+            if self.rm_trainer is not None:  # the reward model learns from the iteration that ended
+                rm_metrics = self.rm_trainer.update()
         got = self.collector.collect(step=self.step, temperature=k.temperature)
         metrics = {**got.metrics, **k.values()}  # the knob values this step trains with
+        if self.rm_trainer is not None:
+            self.rm_trainer.observe(got.samples, got.rollout.texts)
+            metrics.update(rm_metrics)
         batch, batch_metrics = self.prepare(got.rollout, got.rewards, got.samples)
         metrics.update(batch_metrics)
         metrics.update(self.update(batch))
