@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from grpo.config import Config
+from grpo.core import distillation_loss
 from grpo.rewards import reward_model as rm
 from grpo.rewards.reward_model import RewardModelScorer
 from grpo.train.reward_model import RewardModelTrainer, replay_count
@@ -113,3 +114,35 @@ def test_resume_continues_the_reward_model_bit_exactly(tmp_path, tiny_model_dir,
     assert metric_lines(resumed.run_dir) == lines
     assert all("rm_heldout_accuracy_after" in l and "rm_buffer_size" in l for l in lines[1:])  # steps 2-3
     assert rm._scorer is resumed.rm_trainer.scorer  # the reward the policy trains on is the model being trained
+
+
+def test_distillation_from_a_teacher_moves_the_student_to_its_logits(tiny_rm_dir, tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    teacher_dir = tmp_path / "teacher"
+    torch.manual_seed(1)
+    teacher_model = AutoModelForSequenceClassification.from_pretrained(str(tiny_rm_dir))
+    with torch.no_grad():
+        teacher_model.score.weight.normal_(0, 2.0)  # a different, confident head
+    teacher_model.save_pretrained(teacher_dir)
+    build_tokenizer().save_pretrained(teacher_dir)
+    cfg = Config(model="unused", reward_model=str(tiny_rm_dir), reward_model_train_steps=8, ref_reset_steps=1,
+                 reward_model_batch_size=8, reward_model_verifier=VERIFIER, reward_model_heldout=0,
+                 reward_model_teacher=str(teacher_dir), num_generations=4, prompts_per_step=2,
+                 per_device_train_batch_size=4, reward_model_lr=3e-3)
+    teacher = RewardModelScorer(str(teacher_dir), device="cpu")
+    t = RewardModelTrainer(cfg, RewardModelScorer(str(tiny_rm_dir), device="cpu"), teacher)
+    samples, texts = _groups(2, 4, 0)
+    t.observe(samples, texts)
+    want = teacher.score([s["prompt"] for s in samples for _ in range(4)], texts)
+    assert [e.teacher[0] for e in t.current] == pytest.approx(want, abs=1e-5)  # the teacher's logits are kept
+
+    examples = list(t.current)  # update() hands them to the buffer
+
+    def gap() -> float:
+        with torch.no_grad():
+            got = t._logits(t.scorer, [e.prompt for e in examples], [e.completion for e in examples])
+            return float(distillation_loss(got, torch.tensor([e.teacher for e in examples])))
+    before = gap()
+    t.update()
+    assert gap() < before
