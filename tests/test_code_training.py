@@ -85,3 +85,19 @@ def test_token_weight_gamma_multiplies_the_advantage_of_code_tokens(tmp_path, ti
     assert marked.any() and (~marked).any()
     assert torch.equal(weighted.advantages, torch.where(marked, 2.0 * plain.advantages, plain.advantages))
     assert 0 < metrics["weighted_token_share"] < 1
+
+
+def test_the_code_hard_task_references_pass_their_tests():
+    from grpo.data import load_task
+
+    t = load_task("code_hard", eval_size=15)
+    assert (len(t.train), len(t.eval)) == (45, 15)
+    assert not {s["prompt"] for s in t.train} & {s["prompt"] for s in t.eval}
+    for s in t.train + t.eval:
+        ns: dict = {}
+        exec(s["answer"], ns)  # the task's own references: trusted
+        for test in s["tests"]:
+            exec(test, dict(ns))
+        assert program_parses(f"```python\n{s['answer']}```", s)
+    # the empty inputs are among the tests, and every problem's expected values are not all equal
+    assert sum("f([])" in x or "f('')" in x for s in t.eval for x in s["tests"]) >= 5
