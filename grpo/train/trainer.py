@@ -58,6 +58,8 @@ def _check_world(cfg: Config, world: dist_io.World) -> None:
     if world.distributed and cfg.distributed_strategy == "fsdp2" and cfg.rollout_backend == "fast":
         raise ConfigError("rollout_backend: fast does not sample a model sharded by FSDP2 (every process must run "
                           "the same synced generate); use rollout_backend=auto or hf")
+    if world.distributed and cfg.reward_model_train_steps:
+        raise ConfigError("reward_model_train_steps: the reward model trains on one process only")
     if world.distributed and cfg.advantage_estimator == "gae" and cfg.critic_shared_trunk:
         raise ConfigError("critic_shared_trunk: runs on one process only (the value loss's gradients in the "
                           "policy's body would bypass the policy's DDP/FSDP2 wrapper)")
@@ -271,7 +273,10 @@ class Trainer:
         cfg = self.cfg
         self._open_engines()
         # every process evaluates the same prompts (FSDP2 needs them all in each sharded forward)
-        return evaluate_as_configured(self.eval_engine, self.task.eval, self.rewards.fns[cfg.reward_names[0]], cfg)
+        # a reward model that is still learning is no judge of correctness: its verifier is
+        verifier = next(iter(self.rm_trainer.verifier.values())) if self.rm_trainer is not None \
+            else self.rewards.fns[cfg.reward_names[0]]
+        return evaluate_as_configured(self.eval_engine, self.task.eval, verifier, cfg)
 
     # ---- checkpoints (train/state.py) -------------------------------------------------------------
     def state(self) -> dict:
