@@ -146,3 +146,20 @@ def test_distillation_from_a_teacher_moves_the_student_to_its_logits(tiny_rm_dir
     before = gap()
     t.update()
     assert gap() < before
+
+
+@pytest.mark.parametrize("kw, field", [
+    ({"reward_model_train_steps": 2, "ref_reset_steps": 2}, "set reward_model"),
+    ({"reward_model_train_steps": 2, "reward_model": "x"}, "ref_reset_steps"),
+    ({"reward_model_train_steps": 2, "reward_model": "x", "ref_reset_steps": 2, "reward_model_replay": 1.0},
+     "reward_model_replay"),
+    ({"reward_model_train_steps": 2, "reward_model": "x", "ref_reset_steps": 2, "reward_model_objective": "listwise"},
+     "reward_model_objective"),
+    ({"resample_invalid_rounds": -1}, "resample_invalid_rounds"),
+    ({"token_weight_gamma": 0.0}, "token_weight_gamma"),
+])
+def test_bad_settings_name_their_field(kw, field):
+    from grpo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=field):
+        Config(model="unused", **kw)
