@@ -24,16 +24,16 @@ def build_reward_model(out: Path, layers: int) -> Path:
     """The embedded model's first ``layers`` layers with a one-label score head, saved with its tokenizer."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    from grpo.models.loading import DEFAULT_MODEL, load_tokenizer
+    from grpo.models.loading import DEFAULT_MODEL, load_tokenizer, resolve_model_path
 
-    path = out / "reward_model"
-    cfg = AutoConfig.from_pretrained(DEFAULT_MODEL)
+    path, folder = out / "reward_model", resolve_model_path(DEFAULT_MODEL)
+    cfg = AutoConfig.from_pretrained(folder)
     cfg.num_hidden_layers, cfg.num_labels = layers, 1
-    tok = load_tokenizer(DEFAULT_MODEL)
+    tok = load_tokenizer(folder)
     cfg.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     torch.manual_seed(0)
     rm = AutoModelForSequenceClassification.from_config(cfg)
-    base = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL).model.state_dict()
+    base = AutoModelForCausalLM.from_pretrained(folder).model.state_dict()
     missing, _ = rm.model.load_state_dict({k: v for k, v in base.items() if not k.startswith("layers.")
                                            or int(k.split(".")[1]) < layers}, strict=False)
     assert not missing, missing
