@@ -91,7 +91,7 @@ def test_the_code_hard_task_references_pass_their_tests():
     from grpo.data import load_task
 
     t = load_task("code_hard", eval_size=15)
-    assert (len(t.train), len(t.eval)) == (45, 15)
+    assert (len(t.train), len(t.eval)) == (81, 15)
     assert not {s["prompt"] for s in t.train} & {s["prompt"] for s in t.eval}
     for s in t.train + t.eval:
         ns: dict = {}

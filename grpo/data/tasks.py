@@ -86,17 +86,20 @@ HARD_CODE_TEMPLATES = [  # (signature, what it returns, reference body, test inp
      "return sum(1 for w in s.split() if len(w) > {k})", ("''", "'a bb ccc dddd'", "'hello world'", "'  x   yyyyyyyy '")),
     ("f(xs)", "the second largest distinct value of the list xs (it has at least two distinct values), plus {k}",
      "return sorted(set(xs))[-2] + {k}", ("[1, 2]", "[5, 5, 3, 9]", "[-1, -7, -3]", "[10, 20, 20, 30]")),
+    # the `code` task's kinds, which the untrained embedded model mostly solves: the mix sets the start
+    *[("f(x)", f"{what} for an integer x", f"return {body}", ("0", "3", "10", "-4")) for what, body in CODE_TEMPLATES],
 ]
 
 
 def code_hard_task(*, eval_size: int, seed: int) -> Task:
-    """Programming problems on lists, strings and digits (10 kinds x 6 constants = 60 problems) with
-    assert tests at four inputs, including empty ones; harder than ``code``, so an untrained small
-    model passes only some (measured in the README). The held-out share is at most a quarter."""
+    """Programming problems on lists, strings and digits (10 kinds) mixed with the ``code`` task's 6
+    kinds of f(x), x 6 constants = 96 problems, assert tests at four inputs including empty ones: an
+    untrained small model passes some, not most (measured in the README). The held-out share is at
+    most a quarter."""
     items = []
     for sig, what, body, inputs in HARD_CODE_TEMPLATES:
         for k in range(1, 7):
-            fill = {"k": k, "c": "abcdef"[k - 1]}
+            fill = {"k": k, "k1": k + 1, "c": "abcdef"[k - 1]}
             src = f"def {sig}:\n    {body.format(**fill)}\n"
             ns: dict = {}
             exec(src, ns)  # the task's own reference, to compute the expected values
