@@ -31,7 +31,7 @@ def metric_lines(run_dir):
     out = []
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         d = json.loads(line)
-        for k in ("step_seconds", "generation_seconds", "tokens_per_second"):  # wall-clock, not state
+        for k in ("step_seconds", "generation_seconds", "tokens_per_second", "grading_seconds"):  # wall-clock
             d.pop(k)
         out.append(d)
     return out

@@ -87,3 +87,43 @@ def test_incompleteness_subtracts_lambda_times_from_the_outcome():
     res = score_completions(["(so 7", "Step 1: 3 + 4 = 7"], [{"answer": "7"}] * 2, fns, [1.0, -0.1])
     # first: right (1.0) with an unclosed bracket (0.25): 1 - 0.1 * 0.25 = 0.975; second complete: 1.0
     assert res.total.tolist() == pytest.approx([0.975, 1.0])
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("第一步：2 + 3 = 5。\n第二步：5 × 2 = 10。\n因此答案是 $10$。", 0.0),  # every marker, paired $
+    ("第一步：设 $x = 2$。第二步：求得 \\(x^2 = 4\\)。综上，答案为 4。", 0.0),  # one line, several sentences
+    ("2 + 3 = 5。\n5 × 2 = 10。\n因此答案是 10。", 0.2),  # several sentences without step markers
+    ("第二步：5 × 2 = 10。\n第一步：2 + 3 = 5。\n因此 10。", 0.2),  # the markers out of order
+    ("第一步：2 + 3 = 5。\n第二步：5 × 2 = 10。", 0.2),  # no conclusion (因此 / 综上)
+    ("第一步：（2 + 3 = 5。\n第二步：10。因此 10。", 0.2),  # an unclosed full-width bracket
+    ("第一步：\\[ \\sum_{i=1}^{n} i \\]。\n第二步：\\begin{cases} x \\end{align}。因此 1。", 0.2),  # environments cross
+    ("第一步：5 × 2 =\n第二步：10。因此 10。", 0.2),  # a dangling '='
+    ("（答案 $x \\( 10 =\n再算", 1.0),  # all five fail
+    ("42", 0.2),  # one sentence needs no steps, but a conclusion marker
+])
+def test_incompleteness_chinese_markers_by_hand(text, expected):
+    from grpo.rewards.builtin import REWARDS
+
+    assert REWARDS["incompleteness_zh"](text, {}) == pytest.approx(expected)
+
+
+def test_incompleteness_languages_differ_and_an_unknown_one_is_refused():
+    from grpo.rewards.completeness import incompleteness
+
+    zh = "第一步：2 + 3 = 5。\n第二步：5 × 2 = 10。\n因此答案是 10。"
+    assert incompleteness(zh, language="zh") == 0.0
+    assert incompleteness(zh, language="en") == 0.25  # the English checks want numbered lines
+    assert incompleteness("Step 1: 1 + 1 = 2\nStep 2: so 2", language="zh") == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="valid"):
+        incompleteness("x", language="fr")
+
+
+def test_seed_shaping_lambda_03_on_the_chinese_markers():
+    from grpo.rewards import score_completions
+    from grpo.rewards.builtin import REWARDS
+
+    fns = {"numeric": REWARDS["numeric"], "incompleteness_zh": REWARDS["incompleteness_zh"]}
+    texts = ["第一步：3 + 4 = 7。\n第二步：检查。\n因此 7", "7"]
+    res = score_completions(texts, [{"answer": "7"}] * 2, fns, [1.0, -0.3])
+    # r_final = r_raw - 0.3 * (1 - completeness): complete -> 1.0; "7" lacks only the conclusion -> 1 - 0.3 * 0.2
+    assert res.total.tolist() == pytest.approx([1.0, 0.94])

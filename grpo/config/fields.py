@@ -28,7 +28,7 @@ class Config:
     model: str = DEFAULT_MODEL
     """Policy to train: a hub id, a local folder, a run folder (its newest checkpoint), or the embedded default."""
     task: str = "arithmetic"
-    """Prompts and answers: a built-in task (arithmetic, gsm8k, code), a local .jsonl/.json/.parquet file, a hub dataset id, or a local copy of a hub dataset repository (a folder)."""
+    """Prompts and answers: a built-in task (arithmetic, gsm8k, code, code_hard), a local .jsonl/.json/.parquet file, a hub dataset id, or a local copy of a hub dataset repository (a folder)."""
     task_split: str = "train"
     """Split to load when `task` is a hub dataset id or a dataset repository folder."""
     prompt_field: str = "prompt"
@@ -44,7 +44,7 @@ class Config:
     eval_prompts: int = 200
     """Held-out prompts for the before/after evaluation (never used for training; 0 disables it)."""
     rewards: str = "numeric"
-    """Comma-separated reward functions: built-ins (numeric, math, code, code_strict, reward_model, format, length, incompleteness) or module:function paths."""
+    """Comma-separated reward functions: built-ins (numeric, math, code, code_strict, code_generated, code_style, reward_model, format, length, incompleteness, incompleteness_zh) or module:function paths."""
     reward_weights: list[float] | None = None
     """Weight of each reward in `rewards` (default: all 1.0)."""
     reward_timeout: float = 10.0
@@ -293,6 +293,32 @@ class Config:
     """Training on the CPU under Linux's glibc: keep freed memory in the process for the next step instead of handing it back to the system (mallopt: no mmap, no trim). PyTorch's CPU allocator keeps no cache, so every large temporary (logits, activations, gradients) is a fresh mapping whose pages fault in on first touch: ~300k faults and ~2 s of system time per 4 x 8 update on the 2-core bench machine, none once the heap has grown. The process's memory then stays at its peak between steps."""
     progress: bool = True
     """Show the live progress bar."""
+
+    # ---- issue 26: reward model training / code rewards ----
+    resample_invalid_rounds: int = 0
+    """Most extra sampling rounds per draw for completions a reward declares it cannot grade (the code rewards: programs that fail ast.parse), so a group compares programs that can be compared (seed 003 section 5.1); counted in metrics as resampled_completions / invalid_after_resampling (0 = off)."""
+    token_weight_gamma: float = 1.0
+    """Multiply the advantage of identifier and operator tokens (names, keywords, '=', '+', ...) by this (seed 003 section 5.1 uses 2.0 for code); 1.0 = off."""
+    reward_model_train_steps: int = 0
+    """Iterative GRPO with a learning reward model (seed 001 Algorithm 1, step 4): at every iteration boundary (ref_reset_steps) the `reward_model` model takes this many optimizer steps on the iteration's completions labelled by `reward_model_verifier` (0 = the reward model stays frozen)."""
+    reward_model_verifier: str = "numeric"
+    """Reward that labels the policy's completions for reward-model training (a built-in or module:function)."""
+    reward_model_objective: str = "pointwise"
+    """pointwise: cross-entropy of the score against the verifier's label; pairwise: Bradley-Terry on (better, worse) pairs within a group."""
+    reward_model_replay: float = 0.1
+    """Share of each reward-model update batch drawn from earlier iterations' examples (the replay buffer; the seed: 10%)."""
+    reward_model_buffer_size: int = 4096
+    """Most examples (completions) the replay buffer keeps; the oldest leave first."""
+    reward_model_batch_size: int = 16
+    """Examples (pointwise) or pairs (pairwise) per reward-model optimizer step."""
+    reward_model_lr: float = 1e-5
+    """AdamW learning rate of the reward model."""
+    reward_model_heldout: int = 8
+    """The first this many groups sampled are a held-out labelled set (never trained on) for the logged accuracy before and after each update."""
+    reward_model_teacher: str = ""
+    """Sequence-classification teacher (folder or hub id) whose logits are the reward model's soft targets instead of the verifier's labels (distillation, seed 003 section 3.3); same head size as the reward model."""
+    reward_model_distill_temperature: float = 1.0
+    """Temperature T of the teacher distillation (loss scaled by T^2)."""
 
     def __post_init__(self) -> None:
         _coerce_types(self)

@@ -31,6 +31,7 @@ def validate(c) -> None:
     _validate_stability(c)
     _validate_loss_variants(c)
     _validate_monitors(c)
+    _validate_reward_training(c)
 
 
 def _validate_choices(c) -> None:
@@ -217,3 +218,28 @@ def _validate_monitors(c) -> None:
         raise ConfigError("consistency_converging / consistency_plateau / consistency_guessing: need converging <= "
                           f"plateau <= guessing, got {c.consistency_converging}, {c.consistency_plateau}, "
                           f"{c.consistency_guessing}")
+
+
+def _validate_reward_training(c) -> None:
+    """issue 26: reward model training / code rewards."""
+    if c.resample_invalid_rounds < 0:
+        raise ConfigError(f"resample_invalid_rounds: must be >= 0, got {c.resample_invalid_rounds}")
+    if c.token_weight_gamma <= 0:
+        raise ConfigError(f"token_weight_gamma: must be > 0 (1.0 = off), got {c.token_weight_gamma}")
+    if c.reward_model_train_steps:
+        if c.reward_model_train_steps < 0:
+            raise ConfigError(f"reward_model_train_steps: must be >= 0, got {c.reward_model_train_steps}")
+        if not c.reward_model:
+            raise ConfigError("reward_model_train_steps: set reward_model to the sequence-classification model to train")
+        if not c.ref_reset_steps:
+            raise ConfigError("reward_model_train_steps: the reward model trains at iteration boundaries; set "
+                              "ref_reset_steps (the steps per iteration)")
+        _choice("reward_model_objective", c.reward_model_objective, ("pointwise", "pairwise"))
+        if not 0 <= c.reward_model_replay < 1:
+            raise ConfigError(f"reward_model_replay: must be in [0, 1), got {c.reward_model_replay}")
+        for key in ("reward_model_buffer_size", "reward_model_batch_size"):
+            if getattr(c, key) < 1:
+                raise ConfigError(f"{key}: must be >= 1, got {getattr(c, key)}")
+        if c.reward_model_lr <= 0 or c.reward_model_distill_temperature <= 0 or c.reward_model_heldout < 0:
+            raise ConfigError("reward_model_lr and reward_model_distill_temperature must be > 0, "
+                              "reward_model_heldout >= 0")

@@ -15,6 +15,9 @@ from grpo.core.policy_losses import (POLICY_LOSSES, LossInputs, LossSettings, Po
 from grpo.core.stability import (COV_MODES, PF_MODES, REWARD_TRANSFORMS, high_covariance_tokens, informative_groups,
                                  overlong_penalty, policy_filter, reward_cv, token_covariance, transform_scores)
 from grpo.core.token_masks import high_entropy_mask, off_policy_sequence_mask, policy_gradient_keep
+from grpo.core.reward_model import (bradley_terry_loss, distillation_loss, group_pairs, head_scores,
+                                    pairwise_accuracy, pointwise_accuracy, pointwise_loss)
+from grpo.core.token_weights import token_weights, weighted_advantages
 
 __all__ = [
     "AGGREGATIONS", "ESTIMATORS", "GROUP_ESTIMATORS", "KL_ESTIMATORS", "RATIO_LEVELS",
@@ -30,4 +33,7 @@ __all__ = [
     "MULTI_OBJECTIVE_AGGREGATIONS", "gdpo_advantages",
     "distinct_n", "group_advantage_std", "group_outcome_shares", "loop_flags", "REWARD_TRANSFORMS",
     "transform_scores",
+    "token_weights", "weighted_advantages",
+    "bradley_terry_loss", "distillation_loss", "group_pairs", "head_scores", "pairwise_accuracy",
+    "pointwise_accuracy", "pointwise_loss",
 ]

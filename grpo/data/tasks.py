@@ -15,7 +15,7 @@ from pathlib import Path
 
 from grpo.errors import DataError
 
-BUILTIN_TASKS = ("arithmetic", "gsm8k", "code")
+BUILTIN_TASKS = ("arithmetic", "gsm8k", "code", "code_hard")
 GSM8K_HUB_ID = "openai/gsm8k"
 
 
@@ -63,6 +63,54 @@ def code_task(*, eval_size: int, seed: int) -> Task:
     random.Random(f"code-{seed}").shuffle(items)
     n_eval = min(eval_size, len(items) // 4)
     return Task("code", train=items[n_eval:], eval=items[:n_eval])
+
+
+HARD_CODE_TEMPLATES = [  # (signature, what it returns, reference body, test inputs as Python literals; {k} {c} filled)
+    ("f(xs)", "the sum of the elements of the list xs that are greater than {k}",
+     "return sum(x for x in xs if x > {k})", ("[]", "[1, 5, 9]", "[-3, 10, 2, 7, {k}]", "[100]")),
+    ("f(xs)", "how many elements of the list xs are divisible by {k}",
+     "return sum(1 for x in xs if x % {k} == 0)", ("[]", "[1, 2, 3, 4, 5, 6, 12]", "[{k}, 7, -{k}]", "[0, 11]")),
+    ("f(s)", "the string s with every character '{c}' removed",
+     "return s.replace('{c}', '')", ("''", "'{c}b{c}'", "'hello {c}orld'", "'{c}{c}{c}'")),
+    ("f(s)", "how many times the character '{c}' occurs in the string s",
+     "return s.count('{c}')", ("''", "'{c}'", "'x{c}y{c}{c}'", "'none'")),
+    ("f(xs)", "the largest element of the non-empty list xs minus the smallest, plus {k}",
+     "return max(xs) - min(xs) + {k}", ("[4]", "[1, 9, 3]", "[-5, 5]", "[7, 7, 2, 10]")),
+    ("f(s)", "the string s reversed and repeated {k} times",
+     "return s[::-1] * {k}", ("''", "'ab'", "'xyz'", "'a b'")),
+    ("f(xs)", "the list of the elements of xs at even positions (0, 2, 4, ...), each multiplied by {k}",
+     "return [x * {k} for x in xs[::2]]", ("[]", "[1]", "[1, 2, 3, 4, 5]", "[-1, 0, 6]")),
+    ("f(n)", "the sum of the digits of the integer n (ignore its sign), plus {k}",
+     "return sum(int(d) for d in str(abs(n))) + {k}", ("0", "7", "1234", "-509")),
+    ("f(s)", "the number of words in the string s (words are separated by spaces) longer than {k} characters",
+     "return sum(1 for w in s.split() if len(w) > {k})", ("''", "'a bb ccc dddd'", "'hello world'", "'  x   yyyyyyyy '")),
+    ("f(xs)", "the second largest distinct value of the list xs (it has at least two distinct values), plus {k}",
+     "return sorted(set(xs))[-2] + {k}", ("[1, 2]", "[5, 5, 3, 9]", "[-1, -7, -3]", "[10, 20, 20, 30]")),
+    # the `code` task's kinds, which the untrained embedded model mostly solves: the mix sets the start
+    *[("f(x)", f"{what} for an integer x", f"return {body}", ("0", "3", "10", "-4")) for what, body in CODE_TEMPLATES],
+]
+
+
+def code_hard_task(*, eval_size: int, seed: int) -> Task:
+    """Programming problems on lists, strings and digits (10 kinds) mixed with the ``code`` task's 6
+    kinds of f(x), x 6 constants = 96 problems, assert tests at four inputs including empty ones: an
+    untrained small model passes some, not most (measured in the README). The held-out share is at
+    most a quarter."""
+    items = []
+    for sig, what, body, inputs in HARD_CODE_TEMPLATES:
+        for k in range(1, 7):
+            fill = {"k": k, "k1": k + 1, "c": "abcdef"[k - 1]}
+            src = f"def {sig}:\n    {body.format(**fill)}\n"
+            ns: dict = {}
+            exec(src, ns)  # the task's own reference, to compute the expected values
+            args = [eval(x.format(**fill)) for x in inputs]
+            prompt = (f"Write a Python function {sig} that returns {what.format(**fill)}. "
+                      f"Answer with the function in a ```python code block.")
+            items.append({"prompt": prompt, "answer": src,
+                          "tests": [f"assert f({a!r}) == {ns['f'](a)!r}" for a in args]})
+    random.Random(f"code_hard-{seed}").shuffle(items)
+    n_eval = min(eval_size, len(items) // 4)
+    return Task("code_hard", train=items[n_eval:], eval=items[:n_eval])
 
 
 def _gsm8k_gold(answer: str, where: str) -> str:
@@ -183,6 +231,8 @@ def load_task(name: str, *, eval_size: int, max_operand: int = 30, ops: str = "+
         return gsm8k_task(eval_size=eval_size, seed=0)
     if name == "code":
         return code_task(eval_size=eval_size, seed=0)
+    if name == "code_hard":
+        return code_hard_task(eval_size=eval_size, seed=0)
     return user_task(name, prompt_field=prompt_field, answer_field=answer_field, split=split,
                      eval_size=eval_size, seed=0)
 

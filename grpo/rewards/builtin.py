@@ -10,6 +10,9 @@ from typing import Callable
 from grpo.errors import ConfigError
 from grpo.rewards.answers import all_boxed, parse_number
 from grpo.rewards.code import code_batch_reward, code_strict_batch_reward
+from grpo.rewards.code_style import code_style_reward
+from grpo.rewards.completeness import incompleteness
+from grpo.rewards.generated_tests import code_generated_batch_reward
 from grpo.rewards.mathverify import candidates, gold_answer, math_reward, normalize_number_text
 from grpo.rewards.reward_model import reward_model_reward
 
@@ -43,25 +46,16 @@ def length_reward(completion: str, sample: dict) -> float:
 
 
 def incompleteness_reward(completion: str, sample: dict) -> float:
-    """Step-completeness shaping: the share of four checks the completion fails, 0.0 when complete.
-    Checks: steps are numbered ('Step 1', '1.' or '1)' lines) when there are several lines; brackets
-    ( [ { are balanced; $ math delimiters are paired; no line ends in a dangling '=' or operator.
-    Used with a negative weight, e.g. rewards=numeric,incompleteness reward_weights=1,-0.1 subtracts
-    lambda = 0.1 times it from the outcome reward."""
-    lines = [ln.strip() for ln in completion.splitlines() if ln.strip()]
-    numbered = len(lines) < 2 or any(re.match(r"(?:step\s*)?\d+\s*[.):]", ln, re.IGNORECASE) for ln in lines)
-    depth, balanced = [], True
-    for ch in completion:
-        if ch in "([{":
-            depth.append(ch)
-        elif ch in ")]}":
-            if not depth or "([{"[")]}".index(ch)] != depth.pop():
-                balanced = False
-                break
-    balanced = balanced and not depth
-    paired = completion.replace("\\$", "").count("$") % 2 == 0
-    dangling = any(re.search(r"[=+\-*/]\s*$", ln) for ln in lines)
-    return (int(not numbered) + int(not balanced) + int(not paired) + int(dangling)) / 4
+    """Step-completeness shaping (English/ASCII checks): the share of four checks the completion fails,
+    0.0 when complete (grpo.rewards.completeness). Used with a negative weight lambda, e.g. the seed's
+    lambda = 0.3 (seed 003 section 3.3): rewards=numeric,incompleteness reward_weights=1,-0.3."""
+    return incompleteness(completion, language="en")
+
+
+def incompleteness_zh_reward(completion: str, sample: dict) -> float:
+    """Step-completeness shaping with the seed's Chinese markers (第一步, 第二步, 因此, 综上, paired
+    formula delimiters): the share of five checks failed (grpo.rewards.completeness)."""
+    return incompleteness(completion, language="zh")
 
 
 REWARDS: dict[str, RewardFn] = {
@@ -70,8 +64,11 @@ REWARDS: dict[str, RewardFn] = {
     "format": format_reward,
     "length": length_reward,
     "incompleteness": incompleteness_reward,
+    "incompleteness_zh": incompleteness_zh_reward,
     "code": code_batch_reward,  # batched: a step's programs are graded concurrently in the sandbox
     "code_strict": code_strict_batch_reward,
+    "code_generated": code_generated_batch_reward,  # batched: + 10 tests per problem from its reference
+    "code_style": code_style_reward,  # type hints, docstrings, exception handling; parsed, never run
     "reward_model": reward_model_reward,  # batched: fn(completions, samples) -> list[float]
 }
 

@@ -103,8 +103,11 @@ def plan_assert(test: str) -> tuple[list[str], list, callable]:
 class CodeGrader:
     """Grades programs in a Sandbox; thread-safe; ``check()`` at start-up refuses to run without one."""
 
-    def __init__(self, *, test_timeout: float = 5.0, program_timeout: float = 8.0, slots: int = 4, **limits):
-        self.test_timeout, self.program_timeout = test_timeout, program_timeout
+    def __init__(self, *, test_timeout: float = 5.0, program_timeout: float = 8.0, slots: int | None = None,
+                 **limits):
+        # a step's tests run concurrently up to this machine's cores (past them they only queue)
+        slots = slots or available_cores()
+        self.test_timeout, self.program_timeout, self.slots = test_timeout, program_timeout, slots
         self.sandbox = Sandbox(slots=slots, **limits)
         self._pool = cf.ThreadPoolExecutor(slots)
 
@@ -176,6 +179,16 @@ class CodeGrader:
 _END = object()
 
 
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity), at least 1."""
+    import os
+
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def _parses(code: str) -> bool:
     """Whether the program is syntactically Python. ast.parse only builds a tree (no constant folding,
     nothing runs); pathological nesting raises and counts as not parsing."""
@@ -241,10 +254,18 @@ def code_strict_reward(completion: str, sample: dict) -> float:
 
 
 def _grade_batch(completions: list[str], samples: list[dict], *, strict: bool) -> list:
-    """All completions of a step graded concurrently (their tests share the grader's slots); a sample
-    whose grading raised gets its exception in its place (one counted failure, not the batch's)."""
-    grader = default_grader()
+    """All completions of a step graded concurrently, here or (GRPO_CODE_GRADER_URL) by grading services
+    on other machines (grpo.rewards.grading_service)."""
+    from grpo.rewards.grading_service import grade_remotely, remote_urls
 
+    if remote_urls():
+        return grade_remotely(completions, samples, strict=strict)
+    return _grade_batch_local(default_grader(), completions, samples, strict=strict)
+
+
+def _grade_batch_local(grader: CodeGrader, completions: list[str], samples: list[dict], *, strict: bool) -> list:
+    """The step's completions graded concurrently on ``grader`` (their tests share its slots); a sample
+    whose grading raised gets its exception in its place (one counted failure, not the batch's)."""
     def one(pair):
         try:
             score = grader.grade(*pair)
@@ -267,12 +288,28 @@ def code_strict_batch_reward(completions: list[str], samples: list[dict]) -> lis
 
 
 def check_code_sandbox() -> None:
-    """Start-up check for the code rewards: raises SandboxError when no sandbox can run."""
-    default_grader()
+    """Start-up check for the code rewards: raises SandboxError when no sandbox can run (with
+    GRPO_CODE_GRADER_URL set: when a grading service does not answer)."""
+    from grpo.rewards.grading_service import check_remote, remote_urls
+
+    if remote_urls():
+        check_remote()
+    else:
+        default_grader()
 
 
 for _fn in (code_reward, code_strict_reward, code_batch_reward, code_strict_batch_reward):
     _fn.startup_check = check_code_sandbox
 code_batch_reward.batched = code_strict_batch_reward.batched = True
+
+
+def program_parses(completion: str, sample: dict) -> bool:
+    """Whether the completion's program is syntactically Python: the code rewards' validity check, by
+    which resample_invalid_rounds samples unparsable programs again (seed 003 section 5.1)."""
+    return _parses(extract_code(completion))
+
+
+for _fn in (code_reward, code_strict_reward, code_batch_reward, code_strict_batch_reward):
+    _fn.valid = program_parses
 __all__ = ["CodeGrader", "SandboxError", "code_batch_reward", "code_reward", "code_strict_batch_reward",
            "code_strict_reward", "extract_code", "plan_assert"]

@@ -116,6 +116,13 @@ def set_reward_model(path: str, **kw) -> None:
             _scorer = RewardModelScorer(_path, **kw)
 
 
+def install_scorer(scorer: RewardModelScorer) -> None:
+    """Make ``scorer`` the one behind the ``reward_model`` reward (a model trained during the run)."""
+    global _path, _scorer
+    with _lock:
+        _path, _scorer = scorer.path, scorer
+
+
 def reward_model_reward(completions: list[str], samples: list[dict]) -> list[float]:
     """Scores of the configured reward model for each (sample['prompt'], completion), batched."""
     global _scorer

@@ -15,6 +15,7 @@ from grpo import core
 from grpo.infra import distributed as dist_io
 from grpo.rewards.steps import process_supervision
 from grpo.rollout import Rollout
+from grpo.train.code_tokens import code_token_vocab
 
 
 @dataclass
@@ -39,6 +40,7 @@ class BatchMaker:
         self.cfg, self.world, self.forwards = cfg, world, forwards
         self.policy, self.reference, self.critic = policy, reference, critic
         self.step_reward, self.tok = step_reward, tokenizer
+        self._code_vocab: torch.Tensor | None = None  # [V] identifier/operator tokens (token_weight_gamma)
 
     def frozen_logps(self, model, ro: Rollout, temperature: float) -> torch.Tensor:
         """Log-probs [N, T] of the rollout under ``model`` (old policy or reference), no gradient."""
@@ -53,6 +55,22 @@ class BatchMaker:
 
     def make(self, ro: Rollout, rewards: torch.Tensor, samples: list[dict] | None, *, temperature: float,
              beta: float, per_reward: torch.Tensor | None = None) -> tuple[Batch, dict]:
+        """The step's batch (``_make``); with token_weight_gamma != 1 the advantages of identifier and
+        operator tokens are multiplied by it (seed 003 section 5.1)."""
+        batch, metrics = self._make(ro, rewards, samples, temperature=temperature, beta=beta,
+                                    per_reward=per_reward)
+        if self.cfg.token_weight_gamma != 1.0:
+            if self._code_vocab is None:
+                self._code_vocab = code_token_vocab(self.tok, len(self.tok))
+            vocab = self._code_vocab.to(ro.completion_ids.device)  # [V]
+            batch.advantages = core.weighted_advantages(batch.advantages, ro.completion_ids, vocab,
+                                                        gamma=self.cfg.token_weight_gamma)  # [n, T]
+            marked = core.token_weights(ro.completion_ids, vocab, gamma=2.0) > 1  # [n, T]
+            metrics["weighted_token_share"] = float(core.masked_mean(marked.float(), batch.mask))
+        return batch, metrics
+
+    def _make(self, ro: Rollout, rewards: torch.Tensor, samples: list[dict] | None, *, temperature: float,
+              beta: float, per_reward: torch.Tensor | None = None) -> tuple[Batch, dict]:
         """This process's batch from its rollout and the step's global rewards [B, G]: advantages
         are computed on all B groups (identically on every process), then each keeps its rows.
         ``samples`` (this process's prompts) are needed by process supervision's step rewards;

@@ -7,6 +7,7 @@ Dimension letters: B prompts, G group size, N = B*G sequences (n on this process
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -20,6 +21,7 @@ from grpo.rollout import Rollout, RolloutEngine, SamplingSettings
 from grpo.rollout.base import concat_rollouts, rollout_to, select_rollout
 from grpo.rollout.keys import row_keys
 from grpo.rollout.tuning import take_messages
+from grpo.train.resample import RESAMPLE_ROW_BASE, resample_invalid, validity_checks
 
 
 @dataclass
@@ -46,6 +48,8 @@ class Collector:
         self.reward_failures = 0
         self.prompts_truncated = 0  # this run's sampled prompts cut to max_prompt_length (every process)
         self.last_per_reward: torch.Tensor | None = None  # [B, G, K] of the last score()
+        self.checks = validity_checks(rewards.fns)  # rewards that declare which completions they can grade
+        self.resample = {"resample_rounds": 0, "resampled_completions": 0, "invalid_after_resampling": 0}
 
     def collect(self, *, step: int, temperature: float) -> Collected:
         """Sample and score this step (with dynamic sampling: several rounds)."""
@@ -54,6 +58,26 @@ class Collector:
         samples, ro = self.sample(step=step, temperature=temperature)
         rewards, metrics = self.score(samples, ro)
         return Collected(samples, ro, rewards, metrics, per_reward=self.last_per_reward)
+
+    def _resample_invalid(self, samples, prompts, ro, *, step, draw, sampling) -> Rollout:
+        """Rows a reward cannot grade (its ``valid`` check fails) sampled again (resample_invalid_rounds)."""
+        cfg, world, g = self.cfg, self.world, self.cfg.num_generations
+        n_global, first = cfg.prompts_per_step * g, world.rank * len(ro.texts)
+
+        def key_of(rnd: int, row: int) -> int:
+            rnd_row = RESAMPLE_ROW_BASE + ((draw * cfg.resample_invalid_rounds + rnd) * n_global + first + row)
+            return row_keys(cfg.seed, step, rnd_row, 1)[0]
+
+        def generate(ps, keys):
+            return self.engine.generate(ps, group_size=1, sampling=sampling, keys=keys, with_logprobs=False)
+
+        got = resample_invalid(ro, [s for s in samples for _ in range(g)], [p for p in prompts for _ in range(g)],
+                               checks=self.checks, rounds=cfg.resample_invalid_rounds, generate=generate,
+                               key_of=key_of, pad_id=self.tok.pad_token_id, world=world)
+        self.resample["resample_rounds"] += got.rounds
+        self.resample["resampled_completions"] += int(dist_io.all_sum(torch.tensor(got.resampled), world))
+        self.resample["invalid_after_resampling"] += int(dist_io.all_sum(torch.tensor(got.invalid_left), world))
+        return got.rollout
 
     def sample(self, *, step: int, temperature: float, draw: int = 0) -> tuple[list[dict], Rollout]:
         """This process's b = B / world prompts of the step's global draw, G completions each. Each
@@ -72,6 +96,8 @@ class Collector:
         for msg in take_messages():  # what the rollout measured or read about this machine's kernels, once
             self.note(msg)
         self._count_truncated(int(dist_io.all_sum(torch.tensor(ro.prompts_truncated), world)))
+        if self.checks and cfg.resample_invalid_rounds:
+            ro = self._resample_invalid(samples, prompts, ro, step=step, draw=draw, sampling=sampling)
         return samples, ro
 
     def _count_truncated(self, n: int) -> None:
@@ -87,7 +113,9 @@ class Collector:
         failed), and the reward metrics."""
         cfg, world = self.cfg, self.world
         group_samples = [s for s in samples for _ in range(cfg.num_generations)]
+        t0 = time.perf_counter()
         res = self.rewards.score(ro.texts, group_samples)
+        grading = time.perf_counter() - t0  # every reward of the step (the code rewards: its sandboxed tests)
         for msgs in dist_io.gather_objects(res.messages, world):
             for msg in msgs:
                 self.note(msg, "yellow")
@@ -101,7 +129,11 @@ class Collector:
         self.last_per_reward = torch.stack([per_reward[k] for k in cfg.reward_names], -1).float().view(
             cfg.prompts_per_step, cfg.num_generations, -1)  # [B, G, K]
         metrics.update(accuracy=float((first >= 1.0).double().mean()), reward_failures=n_failed,
-                       reward_failures_total=self.reward_failures, reward_timeouts_total=timeouts)
+                       reward_failures_total=self.reward_failures, reward_timeouts_total=timeouts,
+                       grading_seconds=max(dist_io.gather_objects(grading, world)))  # the slowest process
+        if self.checks and cfg.resample_invalid_rounds:  # the resampling since the last scoring
+            metrics.update(self.resample)
+            self.resample = dict.fromkeys(self.resample, 0)
         return total.float().view(cfg.prompts_per_step, cfg.num_generations), metrics
 
     def _dynamic(self, *, step: int, temperature: float) -> Collected:

@@ -44,6 +44,7 @@ from grpo.train.collect import Collector
 from grpo.train.critic import Critic
 from grpo.train.forwards import Forwards
 from grpo.train.knobs import Knobs
+from grpo.train.reward_model import make_reward_model_trainer
 from grpo.train.update import Updater
 
 
@@ -58,6 +59,8 @@ def _check_world(cfg: Config, world: dist_io.World) -> None:
     if world.distributed and cfg.distributed_strategy == "fsdp2" and cfg.rollout_backend == "fast":
         raise ConfigError("rollout_backend: fast does not sample a model sharded by FSDP2 (every process must run "
                           "the same synced generate); use rollout_backend=auto or hf")
+    if world.distributed and cfg.reward_model_train_steps:
+        raise ConfigError("reward_model_train_steps: the reward model trains on one process only")
     if world.distributed and cfg.advantage_estimator == "gae" and cfg.critic_shared_trunk:
         raise ConfigError("critic_shared_trunk: runs on one process only (the value loss's gradients in the "
                           "policy's body would bypass the policy's DDP/FSDP2 wrapper)")
@@ -100,6 +103,8 @@ class Trainer:
         self._open_engines()
         self.collector = Collector(cfg, world=world, train=self.task.train, engine=self.engine, rewards=self.rewards,
                                    note=lambda text, style=None: self.logger.note(text, style))
+        # seed 001 Algorithm 1 step 4: the reward model learns at iteration boundaries (train/reward_model.py)
+        self.rm_trainer = make_reward_model_trainer(cfg) if cfg.reward_model_train_steps else None
         self.batches = BatchMaker(cfg, world=world, forwards=self.forwards, policy=self.policy,
                                   reference=self.models.reference, critic=self.critic, step_reward=step_reward,
                                   tokenizer=self.tok)
@@ -170,17 +175,24 @@ class Trainer:
         parts = {"collector": self.collector, "updater": self.updater, "knobs": self.knobs}
         if self.critic is not None:
             parts["critic"] = self.critic
+        if self.rm_trainer is not None:
+            parts["reward_model_trainer"] = self.rm_trainer
         return parts
 
     # ---- one step (Algorithm 1) ------------------------------------------------------------------
     def train_step(self) -> dict:
         cfg, k = self.cfg, self.knobs
-        t0, cut_before = time.perf_counter(), self.collector.prompts_truncated
+        t0, cut_before, rm_metrics = time.perf_counter(), self.collector.prompts_truncated, {}
         if cfg.ref_reset_steps and self.step and self.step % cfg.ref_reset_steps == 0:
             reset_reference(self.models.reference, self.policy)
             self.ref_reset_at = self.step
+            if self.rm_trainer is not None:  # the reward model learns from the iteration that ended
+                rm_metrics = self.rm_trainer.update()
         got = self.collector.collect(step=self.step, temperature=k.temperature)
         metrics = {**got.metrics, **k.values()}  # the knob values this step trains with
+        if self.rm_trainer is not None:
+            self.rm_trainer.observe(got.samples, got.rollout.texts)
+            metrics.update(rm_metrics)
         batch, batch_metrics = self.prepare(got.rollout, got.rewards, got.samples, per_reward=got.per_reward)
         metrics.update(batch_metrics)
         metrics.update(self.update(batch))
@@ -268,7 +280,10 @@ class Trainer:
         cfg = self.cfg
         self._open_engines()
         # every process evaluates the same prompts (FSDP2 needs them all in each sharded forward)
-        return evaluate_as_configured(self.eval_engine, self.task.eval, self.rewards.fns[cfg.reward_names[0]], cfg)
+        # a reward model that is still learning is no judge of correctness: its verifier is
+        verifier = next(iter(self.rm_trainer.verifier.values())) if self.rm_trainer is not None \
+            else self.rewards.fns[cfg.reward_names[0]]
+        return evaluate_as_configured(self.eval_engine, self.task.eval, verifier, cfg)
 
     # ---- checkpoints (train/state.py) -------------------------------------------------------------
     def state(self) -> dict:

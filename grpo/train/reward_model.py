@@ -1,0 +1,202 @@
+"""Iterative GRPO with a reward model that keeps learning (seed 001 Algorithm 1, step 4: "continually
+train the reward model with a replay mechanism that includes 10% historical data").
+
+During an iteration (``ref_reset_steps`` steps) every completion the policy samples is labelled by
+a verifier reward (``reward_model_verifier``) and kept. At the iteration boundary, where the
+reference is reset, the sequence-classification model behind the ``reward_model`` reward takes
+``reward_model_train_steps`` optimizer steps on batches of ``reward_model_batch_size`` examples
+(pointwise: completions with their labels; pairwise: (better, worse) pairs within a group, a
+Bradley-Terry loss) of which ``round(reward_model_replay * batch)`` come from earlier iterations (the
+replay buffer) once there are any. The iteration's examples then join the buffer (oldest dropped past
+``reward_model_buffer_size``). With ``reward_model_teacher`` the targets are a teacher's logits
+(distillation, seed 003 section 3.3) instead of the labels; accuracy is still against the verifier.
+
+The first ``reward_model_heldout`` groups seen are a held-out labelled set, never trained on: the
+reward model's accuracy on it is logged before and after each update, with the agreement of the
+model (before the update) with the verifier on the iteration's new samples (the drift the replay is
+there to catch), the buffer's size and mean age in iterations. The seed finds a reward model most
+useful at a moderate accuracy (72-78%).
+
+The model, its optimizer, the buffer, the iteration's examples and the sampling generator are this
+component's state (``state_dict``), so a resumed run updates the reward model bit for bit as the
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import asdict, dataclass
+
+import torch
+
+from grpo import core
+from grpo.rewards import resolve_reward, score_completions
+
+
+@dataclass
+class Example:
+    prompt: object  # the task row's prompt (text or chat messages)
+    completion: str
+    label: float  # the verifier's reward
+    group: int  # id of the group (prompt draw) it was sampled in, unique over the run
+    iteration: int  # the iteration that sampled it
+    teacher: list | None = None  # the teacher's logits [L] (reward_model_teacher)
+
+
+def replay_count(batch_size: int, *, fraction: float, have_old: bool) -> int:
+    """How many of an update batch's examples come from the replay buffer: round(fraction * batch),
+    0 while the buffer is empty, and at most batch - 1 so every batch holds new data."""
+    return min(batch_size - 1, round(fraction * batch_size)) if have_old and fraction > 0 else 0
+
+
+class RewardModelTrainer:
+    """Trains the ``reward_model`` reward's model at iteration boundaries (see the module doc)."""
+
+    def __init__(self, cfg, scorer, teacher=None):
+        self.cfg, self.scorer, self.teacher = cfg, scorer, teacher
+        self.verifier = {cfg.reward_model_verifier: resolve_reward(cfg.reward_model_verifier)}
+        self.optimizer = torch.optim.AdamW(self.scorer.model.parameters(), lr=cfg.reward_model_lr, weight_decay=0.0)
+        self.rng = random.Random(cfg.seed + 7919)  # the batches' draw; its state is checkpointed
+        self.buffer: list[Example] = []
+        self.current: list[Example] = []
+        self.heldout: list[Example] = []
+        self.iteration = 0
+        self.groups_seen = 0
+
+    # ---- observation -------------------------------------------------------------------------
+    def observe(self, samples: list[dict], texts: list[str]) -> None:
+        """Label the step's completions (G per prompt, grouped) with the verifier and keep them."""
+        g = self.cfg.num_generations
+        rows = [s for s in samples for _ in range(g)]
+        labels = score_completions(texts, rows, self.verifier).per_reward[self.cfg.reward_model_verifier]
+        teacher = self._teacher_logits(rows, texts) if self.teacher is not None else [None] * len(texts)
+        for b in range(len(samples)):
+            group = [Example(samples[b]["prompt"], texts[b * g + i], float(labels[b * g + i]), self.groups_seen,
+                             self.iteration, teacher[b * g + i]) for i in range(g)
+                     if not torch.isnan(labels[b * g + i])]  # a failed verifier call labels nothing
+            target = self.heldout if self.groups_seen < self.cfg.reward_model_heldout else self.current
+            target.extend(group)
+            self.groups_seen += 1
+
+    @torch.no_grad()
+    def _teacher_logits(self, rows: list[dict], texts: list[str]) -> list[list[float]]:
+        return self._logits(self.teacher, [r["prompt"] for r in rows], texts).tolist()
+
+    def _logits(self, scorer, prompts: list, completions: list[str]) -> torch.Tensor:
+        """Logits [N, L] of ``scorer``'s model on (prompt, completion) pairs (with gradient if enabled)."""
+        texts = [scorer.render(p, c) for p, c in zip(prompts, completions)]
+        enc = scorer.tok(texts, return_tensors="pt", padding=True, truncation=True, max_length=scorer.max_length,
+                         add_special_tokens=not scorer.templated).to(scorer.device)
+        return scorer.model(**enc).logits.float()  # [N, L]
+
+    # ---- the update at an iteration boundary ----------------------------------------------------
+    @torch.no_grad()
+    def accuracy(self, examples: list[Example]) -> float | None:
+        """The model's accuracy against the verifier on ``examples`` (pairwise: on their within-group
+        pairs), None when there is nothing to judge."""
+        if self.cfg.reward_model_objective == "pairwise":
+            pairs = self._pairs(examples)
+            if not pairs:
+                return None
+            s = self._scores([e for p in pairs for e in p])  # [2P]
+            return float(core.pairwise_accuracy(s[0::2], s[1::2]))
+        if not examples:
+            return None
+        return float(core.pointwise_accuracy(self._scores(examples), torch.tensor([e.label for e in examples])))
+
+    def _scores(self, examples: list[Example]) -> torch.Tensor:
+        self.scorer.model.eval()
+        out = [core.head_scores(self._logits(self.scorer, [e.prompt for e in examples[i:i + 16]],
+                                             [e.completion for e in examples[i:i + 16]])).cpu()
+               for i in range(0, len(examples), 16)]
+        return torch.cat(out)  # [N]
+
+    @staticmethod
+    def _pairs(examples: list[Example]) -> list[tuple[Example, Example]]:
+        """(better, worse) pairs within each group (core.group_pairs on each group's labels)."""
+        groups: dict[int, list[Example]] = {}
+        for e in examples:
+            groups.setdefault(e.group, []).append(e)
+        pairs = []
+        for members in groups.values():
+            better, worse = core.group_pairs(torch.tensor([[e.label for e in members]]))
+            pairs += [(members[i], members[j]) for i, j in zip(better.tolist(), worse.tolist())]
+        return pairs
+
+    def update(self) -> dict:
+        """Train on this iteration's examples with replay; the buffer takes them; the metrics."""
+        cfg = self.cfg
+        new = self._pairs(self.current) if cfg.reward_model_objective == "pairwise" else self.current
+        old = self._pairs(self.buffer) if cfg.reward_model_objective == "pairwise" else self.buffer
+        metrics = {"rm_heldout_accuracy_before": self.accuracy(self.heldout),
+                   "rm_agreement_new": self.accuracy(self.current)}
+        losses, replayed, seen = [], 0, 0
+        if new:
+            self.scorer.model.train()
+            for _ in range(cfg.reward_model_train_steps):
+                n_old = replay_count(cfg.reward_model_batch_size, fraction=cfg.reward_model_replay, have_old=bool(old))
+                batch = self._draw(new, cfg.reward_model_batch_size - n_old) + self._draw(old, n_old)
+                losses.append(self._step(batch))
+                replayed, seen = replayed + n_old, seen + len(batch)
+            self.scorer.model.eval()
+        self.buffer = (self.buffer + self.current)[-cfg.reward_model_buffer_size:]
+        self.current = []
+        self.iteration += 1
+        ages = [self.iteration - e.iteration for e in self.buffer]
+        metrics.update(rm_heldout_accuracy_after=self.accuracy(self.heldout),
+                       rm_loss=sum(losses) / len(losses) if losses else None,
+                       rm_replay_share=replayed / seen if seen else 0.0, rm_buffer_size=len(self.buffer),
+                       rm_buffer_age_mean=sum(ages) / len(ages) if ages else 0.0, rm_iteration=self.iteration)
+        return {k: v for k, v in metrics.items() if v is not None}
+
+    def _draw(self, pool: list, n: int) -> list:
+        """``n`` items of ``pool`` drawn without replacement (with it when the pool is smaller)."""
+        if n <= 0 or not pool:
+            return []
+        return self.rng.sample(pool, n) if n <= len(pool) else [self.rng.choice(pool) for _ in range(n)]
+
+    def _step(self, batch: list) -> float:
+        cfg = self.cfg
+        pairwise = cfg.reward_model_objective == "pairwise"
+        examples = [e for p in batch for e in p] if pairwise else batch
+        logits = self._logits(self.scorer, [e.prompt for e in examples], [e.completion for e in examples])  # [N, L]
+        if self.teacher is not None:  # distillation: the teacher's logits are the targets
+            target = torch.tensor([e.teacher for e in examples], dtype=logits.dtype, device=logits.device)  # [N, L]
+            loss = core.distillation_loss(logits, target, temperature=cfg.reward_model_distill_temperature)
+        elif pairwise:
+            s = core.head_scores(logits)  # [2P]
+            loss = core.bradley_terry_loss(s[0::2], s[1::2])
+        else:
+            labels = torch.tensor([e.label for e in examples], device=logits.device)
+            loss = core.pointwise_loss(core.head_scores(logits), labels)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        return float(loss.detach())
+
+    # ---- checkpoint -------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"model": {k: v.detach().cpu().clone() for k, v in self.scorer.model.state_dict().items()},
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()), "rng": self.rng.getstate(),
+                "buffer": [asdict(e) for e in self.buffer], "current": [asdict(e) for e in self.current],
+                "heldout": [asdict(e) for e in self.heldout], "iteration": self.iteration,
+                "groups_seen": self.groups_seen}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scorer.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.rng.setstate(state["rng"])
+        self.buffer, self.current, self.heldout = ([Example(**e) for e in state[k]] for k in ("buffer", "current", "heldout"))
+        self.iteration, self.groups_seen = state["iteration"], state["groups_seen"]
+
+
+def make_reward_model_trainer(cfg) -> RewardModelTrainer:
+    """The trainer of the run's ``reward_model`` (its scorer now the one the reward uses), with the
+    teacher when ``reward_model_teacher`` is set."""
+    from grpo.rewards.reward_model import RewardModelScorer, install_scorer
+
+    scorer = RewardModelScorer(cfg.reward_model)
+    install_scorer(scorer)
+    teacher = RewardModelScorer(cfg.reward_model_teacher) if cfg.reward_model_teacher else None
+    return RewardModelTrainer(cfg, scorer, teacher)

@@ -1,0 +1,165 @@
+"""A reward model trained during the run (seed 001 Algorithm 1 step 4): the replay mix by count, the
+metrics it logs, and a resume that continues it bit for bit."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+
+from grpo.config import Config
+from grpo.core import distillation_loss
+from grpo.rewards import reward_model as rm
+from grpo.rewards.reward_model import RewardModelScorer
+from grpo.train.reward_model import RewardModelTrainer, replay_count
+from tests.conftest import build_tokenizer
+
+VERIFIER = "tests.rewards_for_tests:digit_share"
+
+
+@pytest.fixture(scope="module")
+def tiny_rm_dir(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    path = tmp_path_factory.mktemp("tiny-rm-train")
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, num_labels=1, pad_token_id=tok.pad_token_id,
+                      eos_token_id=tok.eos_token_id, bos_token_id=None)
+    LlamaForSequenceClassification(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_replay_count_by_hand():
+    assert replay_count(16, fraction=0.1, have_old=True) == 2  # round(1.6)
+    assert replay_count(10, fraction=0.1, have_old=True) == 1
+    assert replay_count(10, fraction=0.1, have_old=False) == 0  # nothing earlier yet
+    assert replay_count(2, fraction=0.9, have_old=True) == 1  # every batch keeps new data
+    assert replay_count(10, fraction=0.0, have_old=True) == 0
+
+
+def _groups(n: int, g: int, offset: int) -> tuple[list[dict], list[str]]:
+    samples = [{"prompt": f"What is {offset + i} + 1?", "answer": str(offset + i + 1)} for i in range(n)]
+    texts = [f"{'7' * (j + 1)} apples {i}" for i in range(n) for j in range(g)]  # digit shares differ in a group
+    return samples, texts
+
+
+@pytest.mark.parametrize("objective", ["pointwise", "pairwise"])
+def test_each_update_mixes_replay_by_count(tiny_rm_dir, objective):
+    cfg = Config(model="unused", reward_model=str(tiny_rm_dir), reward_model_train_steps=3, ref_reset_steps=1,
+                 reward_model_batch_size=10, reward_model_replay=0.2, reward_model_verifier=VERIFIER,
+                 reward_model_heldout=1, reward_model_objective=objective, num_generations=4, prompts_per_step=2,
+                 per_device_train_batch_size=4, reward_model_lr=1e-3)
+    t = RewardModelTrainer(cfg, RewardModelScorer(str(tiny_rm_dir), device="cpu"))
+    batches = []
+    step = t._step
+    t._step = lambda batch: (batches.append(batch), step(batch))[1]
+    t.observe(*_groups(3, 4, 0))  # group 0 is held out, groups 1-2 train
+    assert len(t.heldout) == 4 and len(t.current) == 8
+    before = {k: v.clone() for k, v in t.scorer.model.state_dict().items()}
+    first = t.update()
+    assert all(len(b) == 10 for b in batches) and first["rm_replay_share"] == 0.0  # no earlier iteration yet
+    assert first["rm_buffer_size"] == 8 and first["rm_buffer_age_mean"] == 1.0
+    assert any(not torch.equal(before[k], v) for k, v in t.scorer.model.state_dict().items())
+    batches.clear()
+    t.observe(*_groups(2, 4, 10))
+    second = t.update()
+
+    def iteration(item):
+        return (item[0] if objective == "pairwise" else item).iteration
+    # 20% of each batch of 10 comes from the buffer (iteration 0), by count, in every step
+    assert [sum(iteration(x) == 0 for x in b) for b in batches] == [2, 2, 2]
+    assert all(sum(iteration(x) == 1 for x in b) == 8 for b in batches)
+    assert second["rm_replay_share"] == pytest.approx(0.2) and second["rm_buffer_size"] == 16
+    assert second["rm_buffer_age_mean"] == pytest.approx(1.5)  # 8 examples of age 2, 8 of age 1
+    for key in ("rm_heldout_accuracy_before", "rm_heldout_accuracy_after", "rm_agreement_new", "rm_loss"):
+        assert 0.0 <= second[key] <= (1.0 if "accuracy" in key or "agreement" in key else 100.0)
+
+
+def _hash(state: dict) -> str:
+    h = hashlib.sha256()
+    for k, v in sorted(state.items()):
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def test_resume_continues_the_reward_model_bit_exactly(tmp_path, tiny_model_dir, tiny_dataset, tiny_rm_dir, monkeypatch):
+    from grpo.train.trainer import Trainer
+    from tests.test_checkpoint import metric_lines
+    from tests.test_trainer import make_cfg
+
+    monkeypatch.setattr(rm, "_path", "")
+    monkeypatch.setattr(rm, "_scorer", None)
+    kw = dict(rewards="reward_model", reward_model=str(tiny_rm_dir), reward_model_train_steps=2, ref_reset_steps=1,
+              reward_model_verifier=VERIFIER, reward_model_heldout=1, reward_model_batch_size=4,
+              reward_model_lr=1e-3, reward_model_objective="pairwise", max_steps=3, eval_prompts=0, beta=0.05)
+    full = Trainer(make_cfg(tmp_path / "full", tiny_model_dir, tiny_dataset, **kw))
+    initial = _hash(full.rm_trainer.scorer.model.state_dict())
+    full.train()
+    part = Trainer(make_cfg(tmp_path / "part", tiny_model_dir, tiny_dataset, **{**kw, "max_steps": 2}))
+    part.train()
+    resumed = Trainer(make_cfg(tmp_path / "part", tiny_model_dir, tiny_dataset,
+                               **{**kw, "resume_from_checkpoint": str(part.run_dir)}))
+    assert resumed.step == 2 and len(resumed.rm_trainer.buffer) == len(part.rm_trainer.buffer) > 0
+    resumed.train()
+    final = _hash(full.rm_trainer.scorer.model.state_dict())
+    assert final != initial  # the reward model did learn
+    assert _hash(resumed.rm_trainer.scorer.model.state_dict()) == final
+    assert [vars(e) for e in resumed.rm_trainer.buffer] == [vars(e) for e in full.rm_trainer.buffer]
+    lines = metric_lines(full.run_dir)
+    assert metric_lines(resumed.run_dir) == lines
+    assert all("rm_heldout_accuracy_after" in l and "rm_buffer_size" in l for l in lines[1:])  # steps 2-3
+    assert rm._scorer is resumed.rm_trainer.scorer  # the reward the policy trains on is the model being trained
+
+
+def test_distillation_from_a_teacher_moves_the_student_to_its_logits(tiny_rm_dir, tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    teacher_dir = tmp_path / "teacher"
+    torch.manual_seed(1)
+    teacher_model = AutoModelForSequenceClassification.from_pretrained(str(tiny_rm_dir))
+    with torch.no_grad():
+        teacher_model.score.weight.normal_(0, 2.0)  # a different, confident head
+    teacher_model.save_pretrained(teacher_dir)
+    build_tokenizer().save_pretrained(teacher_dir)
+    cfg = Config(model="unused", reward_model=str(tiny_rm_dir), reward_model_train_steps=8, ref_reset_steps=1,
+                 reward_model_batch_size=8, reward_model_verifier=VERIFIER, reward_model_heldout=0,
+                 reward_model_teacher=str(teacher_dir), num_generations=4, prompts_per_step=2,
+                 per_device_train_batch_size=4, reward_model_lr=3e-3)
+    teacher = RewardModelScorer(str(teacher_dir), device="cpu")
+    t = RewardModelTrainer(cfg, RewardModelScorer(str(tiny_rm_dir), device="cpu"), teacher)
+    samples, texts = _groups(2, 4, 0)
+    t.observe(samples, texts)
+    want = teacher.score([s["prompt"] for s in samples for _ in range(4)], texts)
+    assert [e.teacher[0] for e in t.current] == pytest.approx(want, abs=1e-5)  # the teacher's logits are kept
+
+    examples = list(t.current)  # update() hands them to the buffer
+
+    def gap() -> float:
+        with torch.no_grad():
+            got = t._logits(t.scorer, [e.prompt for e in examples], [e.completion for e in examples])
+            return float(distillation_loss(got, torch.tensor([e.teacher for e in examples])))
+    before = gap()
+    t.update()
+    assert gap() < before
+
+
+@pytest.mark.parametrize("kw, field", [
+    ({"reward_model_train_steps": 2, "ref_reset_steps": 2}, "set reward_model"),
+    ({"reward_model_train_steps": 2, "reward_model": "x"}, "ref_reset_steps"),
+    ({"reward_model_train_steps": 2, "reward_model": "x", "ref_reset_steps": 2, "reward_model_replay": 1.0},
+     "reward_model_replay"),
+    ({"reward_model_train_steps": 2, "reward_model": "x", "ref_reset_steps": 2, "reward_model_objective": "listwise"},
+     "reward_model_objective"),
+    ({"resample_invalid_rounds": -1}, "resample_invalid_rounds"),
+    ({"token_weight_gamma": 0.0}, "token_weight_gamma"),
+])
+def test_bad_settings_name_their_field(kw, field):
+    from grpo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=field):
+        Config(model="unused", **kw)
