@@ -98,7 +98,7 @@ def build_state(args):
                    entropy_threshold=scheme.entropy_threshold, entropy_run=scheme.entropy_run)
     fallback = Batcher(engines[1], max_batch=args.max_batch, max_queue=args.max_queue, window_s=args.batch_window)
     for b in (grpo, fallback):  # the first decode of each batch size pays one-off costs (kernel choice)
-        for n in sorted({1, args.max_batch}):
+        for n in range(1, args.max_batch + 1):
             for f in [b.submit("Hello", cap=2, deadline=None) for _ in range(n)]:
                 f.result()
     limits = Limits(max_body_bytes=args.max_request_bytes, max_tokens=args.max_tokens_limit,
