@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 from pathlib import Path
 
 from grpo.errors import ConfigError
@@ -134,6 +135,8 @@ def serve_main(argv: list[str]) -> int:
     server = make_server(state, host=args.host, port=args.port)
     print(f"grpo serve: {args.model} (fallback: {args.fallback}) on http://{args.host}:{args.port} "
           f"(engine {state.grpo.engine.name}; models: grpo, base)", flush=True)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn raises the signal it caught again once drained:
+        signal.signal(sig, lambda *a: None)  # by then there is nothing left to stop, so exit normally
     server.run()
     print("grpo serve: drained and stopped", flush=True)
     return 0
