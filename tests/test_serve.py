@@ -309,3 +309,18 @@ def test_sigterm_drains_in_flight_requests():
     assert results["first"].status_code == 200 and results["first"].json()["answered_by"] == "grpo"
     assert results["after"] in ("ConnectError", 503)
     assert not state.grpo.thread.is_alive() and not state.fallback.thread.is_alive()
+
+
+def test_flags_parse_and_unknown_engine_lists_the_valid_ones():
+    from grpo.errors import ConfigError
+    from grpo.serve.engines import make_serve_engine
+    from grpo.serve.server import parse_markers
+
+    assert parse_markers(["none"]) == {}
+    got = parse_markers(["en=finally, so"])
+    assert got["en"] == ("finally", "so") and got["zh"] == ("因此", "综上", "所以", "答案是")
+    with pytest.raises(ConfigError, match="LANG=word"):
+        parse_markers(["therefore"])
+    tok, plain, _ = _models()
+    with pytest.raises(ConfigError, match="valid: auto, fast, hf"):
+        make_serve_engine("vllm-not-here", plain, tok)

@@ -23,7 +23,7 @@ def _logp(model, ro):
 
 def test_exported_lora_run_loads_in_transformers_with_the_runs_logprobs(tmp_path, tiny_model_dir, tiny_dataset):
     cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, use_peft=True, lora_r=4, learning_rate=5e-2,
-                   eval_prompts=0, max_steps=1, bf16=False)
+                   eval_prompts=0, max_steps=1, bf16=False, rollout_backend="hf")
     t = Trainer(cfg)
     t.train()
     assert (t.run_dir / "checkpoints" / "step-1" / "adapter_config.json").is_file()  # the run saved adapters only

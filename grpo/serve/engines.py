@@ -18,6 +18,7 @@ from typing import Callable, ClassVar
 
 import torch
 
+from grpo.errors import ConfigError
 from grpo.core.entropy_stop import entropy_run_step, next_token_entropy
 from grpo.rollout.base import encode_prompts, eos_token_ids
 from grpo.rollout.fast import decode_ids, fast_unsupported_reason
@@ -123,7 +124,7 @@ def make_serve_engine(name: str, model, tokenizer, *, kernels: str = "auto") -> 
     if name == "auto":
         name = "fast" if fast_unsupported_reason(model) is None else "hf"
     if name not in SERVE_ENGINES:
-        raise ValueError(f"--engine: unknown {name!r}; valid: auto, {', '.join(SERVE_ENGINES)}")
+        raise ConfigError(f"--engine: unknown {name!r}; valid: auto, {', '.join(SERVE_ENGINES)}")
     return SERVE_ENGINES[name](model, tokenizer, kernels=kernels)
 
 
@@ -136,7 +137,7 @@ class FastServeEngine(ServeEngine):
     def __init__(self, model, tokenizer, *, kernels: str = "auto"):
         reason = fast_unsupported_reason(model)
         if reason is not None:
-            raise ValueError(f"--engine fast: {reason}")
+            raise ConfigError(f"--engine fast: {reason}")
         super().__init__(model, tokenizer, kernels=kernels)
 
     @torch.no_grad()
