@@ -23,13 +23,16 @@ from tests.conftest import TEST_SEED, build_tiny_model, build_tokenizer
 
 
 class Scripted(LlamaForCausalLM):
-    """A real tiny Llama whose forward can be slowed (per prefill, per step), made to emit EOS as its
-    k-th token, to be certain of one token (entropy ~0), or to fail."""
+    """A real tiny Llama whose forward can be slowed (per prefill, per step; ``release`` ends a wait
+    early), made to emit EOS as its k-th token or never, to be certain of one token (entropy ~0), or
+    to fail."""
 
     prefill_delay = step_delay = 0.0
     eos_after: int | None = None
+    ban_eos = False
     peak_token: int | None = None
     fail = False
+    release = threading.Event()
 
     def forward(self, input_ids=None, **kw):
         if self.fail:
@@ -38,10 +41,13 @@ class Scripted(LlamaForCausalLM):
             self.step, delay = 0, self.prefill_delay
         else:
             self.step, delay = self.step + 1, self.step_delay
-        time.sleep(delay)
+        if delay:
+            self.release.wait(delay)
         out = super().forward(input_ids=input_ids, **kw)
         if self.peak_token is not None:
             out.logits[:, -1, self.peak_token] += 100.0
+        if self.ban_eos:
+            out.logits[:, -1, self.config.eos_token_id] = float("-inf")
         if self.eos_after is not None and self.step + 1 >= self.eos_after:
             out.logits[:, -1, :] = float("-inf")
             out.logits[:, -1, self.config.eos_token_id] = 0.0
@@ -50,7 +56,8 @@ class Scripted(LlamaForCausalLM):
     def script(self, **kw):
         self.prefill_delay = self.step_delay = 0.0
         self.eos_after = self.peak_token = None
-        self.fail = False
+        self.fail = self.ban_eos = False
+        self.release = threading.Event()
         for k, v in kw.items():
             setattr(self, k, v)
 
@@ -120,14 +127,14 @@ def _answer(r):
 
 
 def test_complete_answer_comes_from_the_grpo_model(live, scheme):
-    live.scripted.script(eos_after=5)
+    live.scripted.script(eos_after=5, ban_eos=True)
     body = _answer(live.chat(max_tokens=20))
     assert (body["answered_by"], body["answer_reason"]) == ("grpo", "complete")
     assert body["usage"]["completion_tokens"] == 5 and body["choices"][0]["finish_reason"] == "stop"
 
 
 def test_fallback_on_incomplete_answers(live, scheme):
-    live.scripted.script(eos_after=40)
+    live.scripted.script(ban_eos=True)
     scheme.grpo_max_tokens = 6  # the GRPO model is cut at its cap: truncated
     body = _answer(live.chat(max_tokens=30))
     assert (body["answered_by"], body["answer_reason"]) == ("base", "token_cap")
@@ -152,14 +159,15 @@ def test_entropy_early_stop_falls_back_after_three_certain_tokens(live, scheme):
 
 def test_fallback_on_deadline_starts_while_the_grpo_model_still_runs(live, scheme):
     scheme.deadline_s = 0.3
-    live.scripted.script(prefill_delay=2.0, eos_after=3)  # in time it would be complete
+    live.scripted.script(prefill_delay=60.0, eos_after=3)  # in time it would be complete
     body = _answer(live.chat(max_tokens=10))
     assert (body["answered_by"], body["answer_reason"]) == ("base", "deadline")
-    # the answer came while the GRPO model was still in its 2 s prefill: the fallback did not wait
+    # the answer came while the GRPO model was still in its prefill: the fallback did not wait
     assert live.state.grpo.depth() == 1
+    live.scripted.release.set()
     while live.state.grpo.depth():
-        time.sleep(0.05)
-    live.scripted.script(step_delay=0.05)  # slow steps: stopped by the stopper at the deadline
+        time.sleep(0.02)
+    live.scripted.script(step_delay=0.05, ban_eos=True)  # slow steps: stopped by the stopper at the deadline
     body = _answer(live.chat(max_tokens=60))
     assert body["answer_reason"] == "deadline"
 
@@ -184,7 +192,7 @@ def test_a_failing_grpo_model_falls_back_and_concurrent_requests_are_batched(liv
 def test_openai_client_unchanged(live, scheme):
     import openai
 
-    live.scripted.script(eos_after=4)
+    live.scripted.script(eos_after=4, ban_eos=True)
     client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0)
     assert [m.id for m in client.models.list()] == ["grpo", "base"]
     chat = client.chat.completions.create(model="grpo", messages=[{"role": "user", "content": "hello"}], max_tokens=8)
