@@ -92,6 +92,45 @@ def _check_key(request: Request, key: str | None) -> None:
                        code="invalid_api_key")
 
 
+async def _answer(state: ServerState, router: Router, request: Request, *, chat: bool):
+    """The checked request, its prompt's token count and the scheme's Answer (ApiError when refused)."""
+    _check_key(request, state.api_key)
+    if state.draining:
+        raise ApiError(503, None, "the server is shutting down", code="unavailable")
+    req = parse_request(parse_json(await _read_body(request, state.limits.max_body_bytes)), chat=chat,
+                        limits=state.limits, models=list(MODELS))
+    prompt = render_prompt(state.engine.tokenizer, req.messages, state.system_prompt) if chat else req.prompt
+    n_prompt = state.engine.prompt_tokens(prompt)
+    if n_prompt > state.limits.max_prompt_tokens:
+        name = "messages" if chat else "prompt"
+        raise ApiError(400, name, f"{name}: {n_prompt} prompt tokens, over the limit of "
+                       f"{state.limits.max_prompt_tokens} (--max-prompt-tokens)")
+    temperature = state.default_temperature if req.temperature is None else req.temperature
+    sample = {"prompt": req.messages if chat else req.prompt, "answer": None}
+    try:
+        ans = await router.answer(prompt, sample, max_tokens=req.max_tokens, temperature=temperature,
+                                  top_p=req.top_p, direct_fallback=req.model == "base")
+    except Overloaded as e:
+        raise ApiError(503 if state.draining else 429, None, f"overloaded: {e}", code="overloaded") from None
+    return req, n_prompt, ans
+
+
+def _response(req, n_prompt: int, ans, *, chat: bool) -> JSONResponse:
+    """OpenAI's response object, plus who answered and why (fields and headers)."""
+    usage = {"prompt_tokens": n_prompt, "completion_tokens": ans.completion_tokens,
+             "total_tokens": n_prompt + ans.completion_tokens}
+    if chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": ans.text},
+                  "finish_reason": ans.finish_reason, "logprobs": None}
+    else:
+        choice = {"index": 0, "text": ans.text, "finish_reason": ans.finish_reason, "logprobs": None}
+    body = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": req.model, "choices": [choice], "usage": usage,
+            "answered_by": ans.answered_by, "answer_reason": ans.reason}
+    return JSONResponse(body, headers={"X-Grpo-Answered-By": ans.answered_by, "X-Grpo-Reason": ans.reason})
+
+
 def create_app(state: ServerState, *, on_shutdown=None) -> FastAPI:
     """The FastAPI app over ``state``; ``on_shutdown`` runs after the last in-flight request."""
     app = FastAPI(title="grpo serve", docs_url=None, redoc_url=None, openapi_url=None)
@@ -105,24 +144,7 @@ def create_app(state: ServerState, *, on_shutdown=None) -> FastAPI:
     async def complete(request: Request, *, chat: bool) -> Response:
         start = time.monotonic()
         try:
-            _check_key(request, state.api_key)
-            if state.draining:
-                raise ApiError(503, None, "the server is shutting down", code="unavailable")
-            req = parse_request(parse_json(await _read_body(request, state.limits.max_body_bytes)), chat=chat,
-                                limits=state.limits, models=list(MODELS))
-            prompt = render_prompt(state.engine.tokenizer, req.messages, state.system_prompt) if chat else req.prompt
-            n_prompt = state.engine.prompt_tokens(prompt)
-            if n_prompt > state.limits.max_prompt_tokens:
-                field_name = "messages" if chat else "prompt"
-                raise ApiError(400, field_name, f"{field_name}: {n_prompt} prompt tokens, over the limit of "
-                               f"{state.limits.max_prompt_tokens} (--max-prompt-tokens)")
-            temperature = state.default_temperature if req.temperature is None else req.temperature
-            sample = {"prompt": req.messages if chat else req.prompt, "answer": None}
-            try:
-                ans = await router.answer(prompt, sample, max_tokens=req.max_tokens, temperature=temperature,
-                                          top_p=req.top_p, direct_fallback=req.model == "base")
-            except Overloaded as e:
-                raise ApiError(503 if state.draining else 429, None, f"overloaded: {e}", code="overloaded") from None
+            req, n_prompt, ans = await _answer(state, router, request, chat=chat)
         except ApiError as e:
             return _error(e, metrics)
         except Exception as e:  # a failing request is a 500 for it alone; the server keeps serving
@@ -131,18 +153,7 @@ def create_app(state: ServerState, *, on_shutdown=None) -> FastAPI:
         metrics.requests.labels(answered_by=ans.answered_by).inc()
         if ans.answered_by != "grpo" and ans.reason != "requested":
             metrics.fallbacks.labels(reason=ans.reason).inc()
-        usage = {"prompt_tokens": n_prompt, "completion_tokens": ans.completion_tokens,
-                 "total_tokens": n_prompt + ans.completion_tokens}
-        if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": ans.text},
-                      "finish_reason": ans.finish_reason, "logprobs": None}
-        else:
-            choice = {"index": 0, "text": ans.text, "finish_reason": ans.finish_reason, "logprobs": None}
-        body = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
-                "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-                "model": req.model, "choices": [choice], "usage": usage,
-                "answered_by": ans.answered_by, "answer_reason": ans.reason}
-        return JSONResponse(body, headers={"X-Grpo-Answered-By": ans.answered_by, "X-Grpo-Reason": ans.reason})
+        return _response(req, n_prompt, ans, chat=chat)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
