@@ -16,6 +16,9 @@ commands:
   report  PNG plots and an HTML page of one or more run folders (grpo report RUN_DIR [RUN_DIR ...])
   toy     GRPO vs REINFORCE on the seeds' target-matching toy (no language model)
   control vehicle path tracking: `grpo control train --algo grpo|ppo|trpo`, `grpo control compare`
+  export  a run's newest checkpoint as a plain transformers folder, LoRA merged (grpo export RUN --out DIR)
+  serve   an OpenAI-compatible API: the GRPO model first, a fallback model past a deadline (grpo serve RUN)
+  serve-bench  load test of a running `grpo serve` (grpo serve-bench --url URL --concurrency 1,4,16)
 
 Any config key can be set as key=value; `grpo train --help` lists them."""
 
@@ -23,7 +26,8 @@ Any config key can be set as key=value; `grpo train --help` lists them."""
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"train": _train, "eval": _eval, "compare": _compare, "report": _report, "toy": _toy,
-                "control": _control}
+                "control": _control, "export": _serving("export_main"), "serve": _serving("serve_main"),
+                "serve-bench": _serving("bench_main")}
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
@@ -161,6 +165,16 @@ def _control(argv: list[str]) -> int:
 
         raise ConfigError(f"needs the control extra: pip install -e '.[control]' ({e})") from None
     return control_main(argv)
+
+
+def _serving(name: str):
+    def run(argv: list[str]) -> int:
+        import importlib
+
+        module = "grpo.serve.bench" if name == "bench_main" else "grpo.serve.server"
+        return getattr(importlib.import_module(module), name)(argv)
+
+    return run
 
 
 if __name__ == "__main__":

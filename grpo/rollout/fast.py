@@ -220,9 +220,11 @@ def decode_ids(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new
 
 def _decode(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new_tokens: int, eos: list[int],
             sampler: KeyedSampler | None, keys: list[int] | None, with_logprobs: bool, temperature: float,
-            pad_id: int | None, stepper, head, clock: list[float] | None = None) -> dict:
+            pad_id: int | None, stepper, head, clock: list[float] | None = None, stop_rows=None) -> dict:
     """Prefill the B prompts once, hand their cache to ``stepper`` (which shares it with the G rows of
-    each prompt), decode until every row ended.
+    each prompt), decode until every row ended. ``stop_rows(t, scores [n, V], tokens [n], live [n])``,
+    when given, is asked after each step which live rows end there besides those that emitted EOS
+    (bool [n]; serving's per-row caps, deadlines and early stops).
 
     ids, pmask: [B, P] left-padded. Returns {"ids": [N, T] (pad after a row ended), "logp": [N, T] or
     None}, T = the steps run (the longest completion), as ``generate`` pads them.
@@ -256,6 +258,8 @@ def _decode(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new_to
             logps[live, t] = token_logprobs(scores[:, None], tok[:, None], temperature=temperature)[:, 0]
         t += 1
         ended = torch.isin(tok, eos_t)  # [n]
+        if stop_rows is not None:
+            ended = ended | stop_rows(t, scores, tok, live)  # [n]
         if t == max_new_tokens or bool(ended.all()):
             break
         if bool(ended.any()):  # the rows that ended leave the batch (the stepper drops their cache rows)

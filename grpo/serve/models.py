@@ -1,0 +1,91 @@
+"""The models behind ``grpo serve`` and ``grpo export``: a run folder (its newest checkpoint, LoRA
+adapters merged into the base weights) or any model ``grpo train`` accepts, and its base model."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from grpo.errors import CheckpointError, ConfigError
+from grpo.infra.checkpoint import newest_checkpoint
+from grpo.models.loading import load_tokenizer, resolve_model_path
+
+
+@dataclass
+class Source:
+    """What a ``RUN_OR_MODEL`` argument names: the weights to load and the model they started from."""
+
+    name: str  # as given
+    weights: str  # a folder or hub id from_pretrained takes (a LoRA checkpoint: the adapters' folder)
+    base: str  # the run's ``model`` (a plain model: itself)
+    lora: bool  # weights holds adapters over ``base``
+    system_prompt: str = ""
+    max_prompt_length: int | None = None
+
+
+def source_of(name: str) -> Source:
+    """A run folder (it holds config.yaml) -> its newest checkpoint over the run's model; anything
+    else -> the model itself, its own base."""
+    p = Path(name)
+    if p.is_dir() and (p / "config.yaml").is_file():
+        from grpo.config.io import load_config
+
+        cfg = load_config(p / "config.yaml")
+        ckpt = newest_checkpoint(p)
+        if ckpt is None:
+            raise CheckpointError(f"{p}: a run folder without checkpoints (nothing trained to serve)")
+        return Source(name, str(ckpt), cfg.model, (ckpt / "adapter_config.json").is_file(), cfg.system_prompt,
+                      cfg.max_prompt_length)
+    return Source(name, name, name, False)
+
+
+def _load(path: str):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(path), dtype=torch.float32)
+    model.config.use_cache = True
+    return model.eval()
+
+
+def load_policy(src: Source):
+    """The source's model as plain full weights (adapters merged: W + scaling * B A) and its tokenizer."""
+    if not src.lora:
+        return _load(src.weights), load_tokenizer(resolve_model_path(src.weights))
+    from peft import PeftModel
+
+    merged = PeftModel.from_pretrained(_load(src.base), src.weights).merge_and_unload()
+    return merged.eval(), load_tokenizer(src.weights)
+
+
+def load_base(src: Source):
+    """The source's base model and its tokenizer (a plain model: itself again, a second copy)."""
+    return _load(src.base), load_tokenizer(resolve_model_path(src.base))
+
+
+def fallback_source(src: Source, fallback: str) -> Source:
+    """``--fallback``: 'base' is the run's base model; anything else is a model or run folder."""
+    if fallback == "base":
+        return Source(src.base, src.base, src.base, False, src.system_prompt, src.max_prompt_length)
+    if not fallback:
+        raise ConfigError("--fallback: empty; give 'base' or a model")
+    other = source_of(fallback)
+    return Source(other.name, other.weights, other.base, other.lora, src.system_prompt, src.max_prompt_length)
+
+
+def export(name: str, out: Path) -> Path:
+    """Write the model ``name`` names (a run: its newest checkpoint, adapters merged) as a plain
+    transformers folder: weights, config, tokenizer, and grpo_export.json saying where it came from."""
+    src = source_of(name)
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"--out {out}: exists and is not empty")
+    model, tok = load_policy(src)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    (out / "grpo_export.json").write_text(json.dumps(
+        {"source": name, "checkpoint": src.weights, "base_model": src.base, "lora_merged": src.lora,
+         "system_prompt": src.system_prompt}, indent=2) + "\n")
+    return out

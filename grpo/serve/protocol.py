@@ -1,0 +1,136 @@
+"""The OpenAI request bodies ``grpo serve`` accepts, checked field by field: a bad request is an
+``ApiError`` whose message names the field (answered 4xx in OpenAI's error format)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+ROLES = ("system", "user", "assistant")
+
+
+class ApiError(Exception):
+    """A request the server refuses: HTTP status, the field at fault, a message naming it."""
+
+    def __init__(self, status: int, param: str | None, message: str, code: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.param, self.message, self.code = status, param, message, code
+
+    def body(self) -> dict:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class Limits:
+    """What one request may ask for."""
+
+    max_body_bytes: int = 1 << 20
+    max_prompt_tokens: int = 1024
+    max_tokens: int = 1024
+
+
+@dataclass
+class Request:
+    """A checked request: the model asked for, the chat messages or the raw prompt, sampling."""
+
+    model: str
+    messages: list[dict] | None  # chat
+    prompt: str | None  # completions
+    max_tokens: int | None
+    temperature: float | None
+    top_p: float
+
+
+def parse_json(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ApiError(400, "body", f"body: not valid JSON ({e})") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "body", f"body: a JSON object expected, got {type(body).__name__}")
+    return body
+
+
+def _number(body: dict, name: str, lo: float, hi: float) -> float | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ApiError(400, name, f"{name}: a number expected, got {type(v).__name__}")
+    if not lo <= v <= hi:
+        raise ApiError(400, name, f"{name}: {v} is outside [{lo}, {hi}]")
+    return float(v)
+
+
+def _max_tokens(body: dict, limits: Limits) -> int | None:
+    for name in ("max_completion_tokens", "max_tokens"):
+        v = body.get(name)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ApiError(400, name, f"{name}: an integer expected, got {type(v).__name__}")
+        if not 1 <= v <= limits.max_tokens:
+            raise ApiError(400, name, f"{name}: {v} is outside [1, {limits.max_tokens}] (--max-tokens-limit)")
+        return v
+    return None
+
+
+def _content(m: dict, i: int) -> str:
+    c = m.get("content")
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                                   for p in c):
+        return "".join(p["text"] for p in c)
+    raise ApiError(400, f"messages[{i}].content", f"messages[{i}].content: a string (or text parts) expected, "
+                   f"got {type(c).__name__}")
+
+
+def _messages(body: dict) -> list[dict]:
+    msgs = body.get("messages")
+    if msgs is None:
+        raise ApiError(400, "messages", "messages: required")
+    if not isinstance(msgs, list) or not msgs:
+        raise ApiError(400, "messages", "messages: a non-empty list of {role, content} objects expected")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise ApiError(400, f"messages[{i}]", f"messages[{i}]: an object expected, got {type(m).__name__}")
+        if m.get("role") not in ROLES:
+            raise ApiError(400, f"messages[{i}].role", f"messages[{i}].role: {m.get('role')!r} is not one of {ROLES}")
+        out.append({"role": m["role"], "content": _content(m, i)})
+    return out
+
+
+def _prompt(body: dict) -> str:
+    p = body.get("prompt")
+    if isinstance(p, list) and len(p) == 1:
+        p = p[0]
+    if not isinstance(p, str):
+        raise ApiError(400, "prompt", f"prompt: a string expected, got {type(p).__name__}")
+    return p
+
+
+def parse_request(body: dict, *, chat: bool, limits: Limits, models: list[str]) -> Request:
+    """The checked request of a /v1/chat/completions (``chat``) or /v1/completions body."""
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise ApiError(400, "model", "model: required, a string" if model is None else
+                       f"model: a string expected, got {type(model).__name__}")
+    if model not in models:
+        raise ApiError(404, "model", f"model: {model!r} is not served; served: {', '.join(models)}",
+                       code="model_not_found")
+    if body.get("stream"):
+        raise ApiError(400, "stream", "stream: streaming is not supported; send stream=false")
+    n = body.get("n", 1)
+    if n != 1 or isinstance(n, bool):
+        raise ApiError(400, "n", f"n: only 1 completion per request is served, got {n!r}")
+    if body.get("stop") is not None:
+        raise ApiError(400, "stop", "stop: stop sequences are not supported")
+    top_p = _number(body, "top_p", 0.0, 1.0)
+    if top_p == 0.0:
+        raise ApiError(400, "top_p", "top_p: must be > 0")
+    return Request(model=model, messages=_messages(body) if chat else None, prompt=None if chat else _prompt(body),
+                   max_tokens=_max_tokens(body, limits), temperature=_number(body, "temperature", 0.0, 2.0),
+                   top_p=1.0 if top_p is None else top_p)

@@ -1,0 +1,124 @@
+"""The serving scheme of seed 003, section 5.3: two models of one architecture behind one API.
+
+The GRPO model answers first, capped at 512 new tokens and stopped early once 3 consecutive tokens
+have an entropy below a threshold, under a hard deadline (0.8 s). An answer that misses the deadline
+or fails the completeness check is replaced by the base model's answer (capped at 1024 tokens), with
+a note saying the base model produced it. The seed's check looks for concluding words ("因此",
+"综上"); here the closing markers are set per language, or any grpo reward function is the verifier.
+The seed gives no entropy threshold; ``DEFAULT_ENTROPY_THRESHOLD`` is this project's choice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import dataclass, field
+
+from grpo.serve.batcher import Batcher, resolve
+from grpo.serve.engines import Generation
+
+DEFAULT_ENTROPY_THRESHOLD = 0.01  # nats; the seed names no value
+DEFAULT_MARKERS = {
+    "en": ("therefore", "thus", "hence", "so the answer", "the answer is", "in conclusion", "in summary"),
+    "zh": ("因此", "综上", "所以", "答案是"),
+}
+DEFAULT_NOTES = {
+    "en": "This answer was produced by the base model, without reinforcement-learning optimization.",
+    "zh": "本回答由基础模型生成，未经强化学习优化。",  # the seed's note
+}
+_CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
+
+
+def language_of(text: str) -> str:
+    """'zh' when the text holds CJK characters, else 'en' (the keys of the markers and notes)."""
+    return "zh" if _CJK.search(text) else "en"
+
+
+@dataclass
+class Scheme:
+    """Every setting of the seed's scheme (the CLI flags of ``grpo serve``)."""
+
+    grpo_max_tokens: int = 512
+    entropy_threshold: float = DEFAULT_ENTROPY_THRESHOLD
+    entropy_run: int = 3
+    deadline_s: float = 0.8
+    markers: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_MARKERS))
+    verifier: object = None  # a grpo reward function (completion, sample) -> score; > 0 passes
+    fallback_max_tokens: int = 1024
+    notes: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_NOTES))
+
+
+def incomplete_reason(gen: Generation, sample: dict, scheme: Scheme) -> str | None:
+    """Why the GRPO model's answer is not accepted (None: it is). It must have ended on its own (EOS)
+    or by the entropy stop, and reach a concluding statement: a closing marker of its language (a
+    language without markers passes) or, with a verifier, a score above 0. An entropy-stopped answer
+    with no content check configured has nothing showing it concluded, and is refused."""
+    if gen.finish in ("deadline", "length"):
+        return {"deadline": "deadline", "length": "token_cap"}[gen.finish]
+    if scheme.verifier is not None:
+        fn = scheme.verifier
+        try:
+            score = fn([gen.text], [sample])[0] if getattr(fn, "batched", False) else fn(gen.text, sample)
+        except Exception:
+            return "verifier_error"
+        return None if score is not None and score > 0 else "verifier_rejected"
+    markers = scheme.markers.get(language_of(gen.text))
+    if markers:
+        low = gen.text.lower()
+        return None if any(m.lower() in low for m in markers) else "no_closing_marker"
+    return "early_stop" if gen.finish == "entropy" else None
+
+
+@dataclass
+class Answer:
+    """What the server returns for one request."""
+
+    text: str
+    answered_by: str  # "grpo" or "base"
+    reason: str  # "complete" (the GRPO model's answer), "requested" (model=base), or the fallback's reason
+    finish_reason: str  # OpenAI's: "stop" or "length"
+    completion_tokens: int
+    seconds: float
+
+
+def _openai_finish(gen: Generation) -> str:
+    return "stop" if gen.finish in ("stop", "entropy") else "length"
+
+
+class Router:
+    """Runs the scheme for one request over the GRPO model's and the fallback's batchers."""
+
+    def __init__(self, grpo: Batcher, fallback: Batcher, scheme: Scheme):
+        self.grpo, self.fallback, self.scheme = grpo, fallback, scheme
+
+    async def answer(self, prompt: str, sample: dict, *, max_tokens: int | None, temperature: float, top_p: float,
+                     direct_fallback: bool = False) -> Answer:
+        """The GRPO model's answer when it is in time and complete, else the fallback's with its note.
+        ``direct_fallback``: the request named the base model; the scheme does not run."""
+        s, start = self.scheme, time.monotonic()
+        if direct_fallback:
+            gen = await self._fallback(prompt, max_tokens, temperature, top_p)
+            return Answer(gen.text, "base", "requested", _openai_finish(gen), gen.tokens, time.monotonic() - start)
+        cap = min(s.grpo_max_tokens, max_tokens or s.grpo_max_tokens)
+        deadline = start + s.deadline_s
+        fut = self.grpo.submit(prompt, cap=cap, deadline=deadline, temperature=temperature, top_p=top_p)
+        try:  # the wait ends at the deadline even where a long prefill keeps the stopper from running
+            gen = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), max(deadline - time.monotonic(), 0))
+        except asyncio.TimeoutError:
+            resolve(fut, Generation("", 0, "deadline", 0.0))  # the batcher drops the row when it gets there
+            gen = fut.result()
+        except Exception:  # the GRPO model's batch failed: the fallback answers
+            gen = None
+        reason = "grpo_error" if gen is None else incomplete_reason(gen, sample, s)
+        if reason is None:
+            return Answer(gen.text, "grpo", "complete", _openai_finish(gen), gen.tokens, time.monotonic() - start)
+        fb = await self._fallback(prompt, max_tokens, temperature, top_p)
+        note = s.notes.get(language_of(fb.text)) or next(iter(s.notes.values()), "")
+        text = f"{fb.text}\n\n{note}" if note else fb.text
+        return Answer(text, "base", reason, _openai_finish(fb), fb.tokens, time.monotonic() - start)
+
+    async def _fallback(self, prompt: str, max_tokens: int | None, temperature: float, top_p: float) -> Generation:
+        cap = min(self.scheme.fallback_max_tokens, max_tokens or self.scheme.fallback_max_tokens)
+        fut = self.fallback.submit(prompt, cap=cap, deadline=None, temperature=temperature, top_p=top_p)
+        return await asyncio.wrap_future(fut)

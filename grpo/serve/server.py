@@ -1,0 +1,155 @@
+"""``grpo serve`` and ``grpo export``: flags, model loading, the uvicorn server and its drain."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+from pathlib import Path
+
+from grpo.errors import ConfigError
+from grpo.serve.scheme import DEFAULT_ENTROPY_THRESHOLD, DEFAULT_MARKERS, Scheme
+
+
+def parse_markers(values: list[str] | None) -> dict[str, tuple[str, ...]]:
+    """``--closing-markers LANG=a,b,c`` (repeatable; a language given replaces its defaults) or 'none'."""
+    if not values:
+        return dict(DEFAULT_MARKERS)
+    if values == ["none"]:
+        return {}
+    out = dict(DEFAULT_MARKERS)
+    for v in values:
+        lang, sep, words = v.partition("=")
+        if not sep or not lang.strip():
+            raise ConfigError(f"--closing-markers: {v!r} is not LANG=word,word (or 'none')")
+        out[lang.strip()] = tuple(w.strip() for w in words.split(",") if w.strip())
+    return out
+
+
+def scheme_arguments(ap: argparse.ArgumentParser) -> None:
+    g = ap.add_argument_group("the scheme (seed 003, section 5.3; defaults are the seed's)")
+    g.add_argument("--grpo-max-tokens", type=int, default=512, help="cap on the GRPO model's new tokens")
+    g.add_argument("--entropy-threshold", type=float, default=DEFAULT_ENTROPY_THRESHOLD,
+                   help="early stop: entropy (nats) below which a token counts as certain (the seed names no value)")
+    g.add_argument("--entropy-run", type=int, default=3, help="early stop after this many consecutive certain tokens (0 = off)")
+    g.add_argument("--deadline", type=float, default=0.8, help="seconds the GRPO model has before the fallback answers")
+    g.add_argument("--closing-markers", action="append", metavar="LANG=a,b",
+                   help="completeness: words one of which the answer must contain, per language (repeatable; 'none' = no marker check)")
+    g.add_argument("--verifier", help="completeness: a grpo reward (name or module:function) scoring > 0, instead of markers")
+    g.add_argument("--fallback", default="base", help="'base' (the run's base model; a plain model: itself) or a model")
+    g.add_argument("--fallback-max-tokens", type=int, default=1024, help="cap on the fallback's new tokens")
+    g.add_argument("--fallback-note", help="note appended to the fallback's answers (default: per language)")
+
+
+def build_scheme(args) -> Scheme:
+    verifier = None
+    if args.verifier:
+        from grpo.rewards import resolve_reward
+
+        verifier = resolve_reward(args.verifier)
+    scheme = Scheme(grpo_max_tokens=args.grpo_max_tokens, entropy_threshold=args.entropy_threshold,
+                    entropy_run=args.entropy_run, deadline_s=args.deadline, markers=parse_markers(args.closing_markers),
+                    verifier=verifier, fallback_max_tokens=args.fallback_max_tokens)
+    if args.fallback_note is not None:
+        scheme.notes = {"en": args.fallback_note, "zh": args.fallback_note}
+    for name in ("grpo_max_tokens", "fallback_max_tokens"):
+        if getattr(scheme, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')}: must be >= 1")
+    if scheme.deadline_s <= 0:
+        raise ConfigError("--deadline: must be > 0")
+    return scheme
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="grpo serve", description="Serve a run (or any model) behind an "
+                                 "OpenAI-compatible API, with a latency budget and a fallback model.")
+    ap.add_argument("model", metavar="RUN_OR_MODEL", help="run folder, model folder, hub id or the embedded default")
+    ap.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--api-key", default=os.environ.get("GRPO_SERVE_API_KEY"),
+                    help="require 'Authorization: Bearer KEY' (default: $GRPO_SERVE_API_KEY; unset: no key)")
+    ap.add_argument("--engine", default="auto", help="auto, fast (grpo's decode loop) or hf (transformers generate)")
+    ap.add_argument("--kernels", default="auto", help="the fast engine's decode_kernels setting")
+    ap.add_argument("--max-batch", type=int, default=8, help="requests decoded together")
+    ap.add_argument("--batch-window", type=float, default=0.005, help="seconds a batch waits for more requests")
+    ap.add_argument("--max-queue", type=int, default=64, help="waiting requests per model before 429")
+    ap.add_argument("--max-request-bytes", type=int, default=1 << 20)
+    ap.add_argument("--max-prompt-tokens", type=int, help="default: the run's max_prompt_length, else 1024")
+    ap.add_argument("--max-tokens-limit", type=int, default=1024, help="largest max_tokens a request may ask")
+    ap.add_argument("--temperature", type=float, default=0.0, help="when a request gives none (0 = greedy)")
+    scheme_arguments(ap)
+    return ap
+
+
+def build_state(args):
+    """Load both models, their engines and batchers; warm each engine up once."""
+    from grpo.serve.app import ServerState
+    from grpo.serve.batcher import Batcher
+    from grpo.serve.engines import make_serve_engine
+    from grpo.serve.models import fallback_source, load_base, load_policy, source_of
+    from grpo.serve.protocol import Limits
+
+    scheme = build_scheme(args)
+    src = source_of(args.model)
+    policy, tok = load_policy(src)
+    fb_src = fallback_source(src, args.fallback)
+    base, base_tok = load_base(fb_src) if args.fallback == "base" else load_policy(fb_src)
+    engines = [make_serve_engine(args.engine, m, t, kernels=args.kernels) for m, t in ((policy, tok), (base, base_tok))]
+    grpo = Batcher(engines[0], max_batch=args.max_batch, max_queue=args.max_queue, window_s=args.batch_window,
+                   entropy_threshold=scheme.entropy_threshold, entropy_run=scheme.entropy_run)
+    fallback = Batcher(engines[1], max_batch=args.max_batch, max_queue=args.max_queue, window_s=args.batch_window)
+    for b in (grpo, fallback):  # the first decode of each batch size pays one-off costs (kernel choice)
+        for n in range(1, args.max_batch + 1):
+            for f in [b.submit("Hello", cap=2, deadline=None) for _ in range(n)]:
+                f.result()
+    limits = Limits(max_body_bytes=args.max_request_bytes, max_tokens=args.max_tokens_limit,
+                    max_prompt_tokens=args.max_prompt_tokens or src.max_prompt_length or 1024)
+    return ServerState(grpo=grpo, fallback=fallback, scheme=scheme, limits=limits, api_key=args.api_key or None,
+                       system_prompt=src.system_prompt, default_temperature=args.temperature)
+
+
+def make_server(state, *, host: str, port: int):
+    """A uvicorn server of the app whose SIGTERM/SIGINT first marks the state draining (new requests:
+    503), then lets uvicorn finish the in-flight requests before the batchers stop."""
+    import uvicorn
+
+    from grpo.serve.app import create_app
+
+    def stop_batchers():
+        state.grpo.stop()
+        state.fallback.stop()
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            state.draining = True
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(create_app(state, on_shutdown=stop_batchers), host=host, port=port, log_level="warning",
+                            timeout_graceful_shutdown=60, access_log=False)
+    return DrainingServer(config)
+
+
+def serve_main(argv: list[str]) -> int:
+    args = serve_parser().parse_args(argv)
+    state = build_state(args)
+    server = make_server(state, host=args.host, port=args.port)
+    print(f"grpo serve: {args.model} (fallback: {args.fallback}) on http://{args.host}:{args.port} "
+          f"(engine {state.grpo.engine.name}; models: grpo, base)", flush=True)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn raises the signal it caught again once drained:
+        signal.signal(sig, lambda *a: None)  # by then there is nothing left to stop, so exit normally
+    server.run()
+    print("grpo serve: drained and stopped", flush=True)
+    return 0
+
+
+def export_main(argv: list[str]) -> int:
+    from grpo.serve.models import export
+
+    ap = argparse.ArgumentParser(prog="grpo export", description="Write a run's newest checkpoint as a plain "
+                                 "transformers model folder (LoRA adapters merged into the weights).")
+    ap.add_argument("model", metavar="RUN_OR_MODEL")
+    ap.add_argument("--out", required=True, type=Path, help="folder to write (must not exist or be empty)")
+    args = ap.parse_args(argv)
+    out = export(args.model, args.out)
+    print(f"exported {args.model} to {out}")
+    return 0
