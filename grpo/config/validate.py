@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 
+from grpo.core.rollout_correction import CORRECTION_LEVELS, CORRECTION_MODES
 from grpo.core import (AGGREGATIONS, COV_MODES, ESTIMATORS, GROUP_ESTIMATORS, KL_ESTIMATORS, PF_MODES,
                        POLICY_LOSSES, RATIO_LEVELS)
 from grpo.errors import ConfigError
@@ -28,6 +29,7 @@ def validate(c) -> None:
     _validate_choices(c)
     _validate_values(c)
     _validate_stability(c)
+    _validate_vllm(c)
 
 
 def _validate_choices(c) -> None:
@@ -41,6 +43,9 @@ def _validate_choices(c) -> None:
     _choice("report_to", c.report_to, REPORT_TO)
     _choice("distributed_strategy", c.distributed_strategy, ("ddp", "fsdp2"))
     _choice("rollout_backend", c.rollout_backend, ROLLOUT_ENGINES)
+    reason = ROLLOUT_ENGINES[c.rollout_backend].unavailable_reason()
+    if reason is not None:
+        raise ConfigError(f"rollout_backend: {c.rollout_backend} {reason}")
     try:
         parse_override(c.decode_kernels)
     except ValueError as e:
@@ -146,3 +151,14 @@ def _validate_stability(c) -> None:
         raise ConfigError("fuse_metric: set fuse_min and/or fuse_max, the band the metric must stay in")
     if c.fuse_metric.startswith("consistency_") and not c.consistency_steps:
         raise ConfigError(f"fuse_metric: {c.fuse_metric} is logged only with consistency_steps > 0")
+
+
+def _validate_vllm(c) -> None:
+    """vLLM's settings and the train/inference mismatch correction."""
+    _choice("rollout_correction", c.rollout_correction, ("auto", "none", *CORRECTION_MODES))
+    _choice("rollout_correction_level", c.rollout_correction_level, CORRECTION_LEVELS)
+    low, high = c.rollout_correction_low, c.rollout_correction_high
+    if (low is not None and low < 0) or (high is not None and high <= 0) or (None not in (low, high) and low > high):
+        raise ConfigError(f"rollout_correction_low/high: need 0 <= low <= high and high > 0, got {low}, {high}")
+    if not 0 < c.vllm_gpu_memory_utilization <= 1:
+        raise ConfigError(f"vllm_gpu_memory_utilization: must lie in (0, 1], got {c.vllm_gpu_memory_utilization}")

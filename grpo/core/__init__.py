@@ -11,6 +11,8 @@ from grpo.core.metrics import (advantage_group_variance, clip_fractions, explain
 from grpo.core.objective import grpo_loss, policy_loss
 from grpo.core.policy_losses import (POLICY_LOSSES, LossInputs, LossSettings, PolicyLoss, clip_loss,
                                      get_policy_loss)
+from grpo.core.rollout_correction import (CORRECTION_LEVELS, CORRECTION_MODES, Correction, correction_weights,
+                                         mismatch_kl)
 from grpo.core.stability import (COV_MODES, PF_MODES, high_covariance_tokens, informative_groups, overlong_penalty,
                                  policy_filter, reward_cv, token_covariance)
 
@@ -24,4 +26,5 @@ __all__ = [
     "token_logprobs_and_entropy", "whiten", "zero_variance_share",
     "COV_MODES", "PF_MODES", "high_covariance_tokens", "informative_groups", "overlong_penalty", "policy_filter",
     "reward_cv", "token_covariance",
+    "CORRECTION_LEVELS", "CORRECTION_MODES", "Correction", "correction_weights", "mismatch_kl",
 ]

@@ -14,7 +14,7 @@ import torch
 from grpo import core
 from grpo.infra import distributed as dist_io
 from grpo.rewards.steps import process_supervision
-from grpo.rollout import Rollout
+from grpo.rollout import Rollout, engine_class
 
 
 @dataclass
@@ -53,6 +53,31 @@ class BatchMaker:
 
     def make(self, ro: Rollout, rewards: torch.Tensor, samples: list[dict] | None, *, temperature: float,
              beta: float) -> tuple[Batch, dict]:
+        """This process's batch (``build``), its advantages weighted by the train/inference mismatch
+        correction where one is configured (``correction_mode``)."""
+        batch, metrics = self.build(ro, rewards, samples, temperature=temperature, beta=beta)
+        mode = correction_mode(self.cfg)
+        if mode != "none":
+            metrics.update(self.correct(batch, mode, temperature))
+        return batch, metrics
+
+    def correct(self, batch: Batch, mode: str, temperature: float) -> dict:
+        """Weight each token's advantage by pi_train / pi_engine (core.correction_weights): the
+        trainer's log-probs of the rollout (the old policy's where computed anyway, else one more
+        inference forward) against the engine's sampling log-probs. Returns the correction's metrics."""
+        cfg, ro = self.cfg, batch.rollout
+        if ro.sampling_logp is None:
+            raise ValueError(f"rollout_correction={cfg.rollout_correction}: the {ro.backend!r} rollout carries no "
+                             "sampling log-probs")
+        train_logp = batch.old_logp if batch.old_logp is not None else self.frozen_logps(self.policy, ro, temperature)
+        corr = core.correction_weights(train_logp, ro.sampling_logp.to(train_logp.dtype), batch.mask,
+                                       level=cfg.rollout_correction_level, mode=mode,
+                                       low=cfg.rollout_correction_low, high=cfg.rollout_correction_high)
+        batch.advantages = batch.advantages * corr.weights  # [n, T]; w >= 0 scales the surrogate term only
+        return {k: float(v) for k, v in corr.metrics.items()}
+
+    def build(self, ro: Rollout, rewards: torch.Tensor, samples: list[dict] | None, *, temperature: float,
+              beta: float) -> tuple[Batch, dict]:
         """This process's batch from its rollout and the step's global rewards [B, G]: advantages
         are computed on all B groups (identically on every process), then each keeps its rows.
         ``samples`` (this process's prompts) are needed by process supervision's step rewards."""
@@ -126,3 +151,12 @@ def reshape_rewards(rewards: torch.Tensor, *, lengths: torch.Tensor, truncated: 
         keep &= core.policy_filter(rewards, mode=cfg.policy_filter, min_std=cfg.policy_filter_min_std)
         metrics["policy_filter_kept_share"] = float(keep.float().mean())
     return rewards, keep, metrics
+
+
+def correction_mode(cfg) -> str:
+    """The train/inference mismatch correction this run applies: ``rollout_correction``, with auto
+    resolved to mask for an engine that samples with kernels of its own (its log-probs differ from
+    the trainer's) and to none for one that samples with the trainer's model."""
+    if cfg.rollout_correction != "auto":
+        return cfg.rollout_correction
+    return "mask" if engine_class(cfg.rollout_backend).own_kernels else "none"
