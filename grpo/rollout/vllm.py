@@ -5,8 +5,8 @@ model folder, with the trainer's current weights pushed into it through the mode
 ``load_weights`` after each optimizer step (``sync_weights``; a LoRA policy's adapters are merged into
 a copy of the base weights first, the trainer's modules untouched). vLLM runs its engine core in a
 spawned process, so a script that trains with it needs the ``if __name__ == "__main__":`` guard
-(the ``grpo`` CLI has it). The weights reach that process through ``collective_rpc`` and the worker
-extension in ``vllm_worker.py``.
+(the ``grpo`` CLI has it). The weights reach that process as a safetensors file in shared memory, its path
+sent through ``collective_rpc`` to the worker extension in ``vllm_worker.py``.
 
 Sampling: every row is its own request (n = 1) seeded with its row key where keys are given, so a
 row's tokens depend on its key and not on the batch it is drawn in (vLLM's CPU build cannot seed a
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import tempfile
 import time
 
 import torch
@@ -47,11 +48,12 @@ def merged_weights(model) -> list[tuple[str, torch.Tensor]]:
                 if adapter in getattr(module, "lora_A", {}):
                     key = f"{name}.base_layer.weight"
                     deltas[key] = deltas.get(key, 0) + module.get_delta_weight(adapter).detach()
-    out = []
+    out, seen = [], set()
     with torch.no_grad():
         for name, t in base.state_dict().items():
-            if "lora_" in name:
+            if "lora_" in name or (t.data_ptr(), t.shape) in seen:  # tied weights (lm_head = embeddings) once
                 continue
+            seen.add((t.data_ptr(), t.shape))
             t = t.detach() + deltas[name] if name in deltas else t.detach()
             out.append((name.replace(".base_layer", ""), t.contiguous()))
     return out
@@ -177,14 +179,29 @@ class VLLMEngine(RolloutEngine):
         return [[d[t].logprob for t, d in zip(r[1:], o.prompt_logprobs[1:])] for r, o in zip(rows, outs)]
 
     def sync_weights(self, policy) -> None:
-        """Push ``policy``'s weights (LoRA merged) into the engine's model through its ``load_weights``."""
+        """Push ``policy``'s weights (LoRA merged) into the engine's model through its ``load_weights``.
+        An engine process found dead here is remembered, not raised: the step that called this has
+        already taken its optimizer steps and ends normally; the next ``generate`` raises, so the
+        trainer's checkpoint holds whole steps."""
+        try:
+            self._push(policy)
+        except EngineError:
+            pass
+
+    def _push(self, policy) -> None:
         RolloutEngine.sync_weights(self, policy)  # the model it was built on
+        from safetensors.torch import save_file
+
         start = time.perf_counter()
-        weights = [(k, v.cpu()) for k, v in merged_weights(policy)] if self.device.type == "cpu" else \
-            merged_weights(policy)
+        weights = {k: v.cpu() for k, v in merged_weights(policy)}
         self._wake()
-        self._call("sync_weights", lambda: self.llm.collective_rpc("load_grpo_weights", args=(weights,)))
-        self._call("sync_weights", lambda: self.llm.reset_prefix_cache())  # cached prefixes hold the old weights' keys
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        with tempfile.TemporaryDirectory(prefix="grpo-weights-", dir=folder) as tmp:
+            path = os.path.join(tmp, "weights.safetensors")
+            save_file(weights, path)
+            del weights
+            self._call("sync_weights", lambda: self.llm.collective_rpc("load_grpo_weights", args=(path,)))
+        self._call("sync_weights", self.llm.reset_prefix_cache)  # cached prefixes hold the old weights' keys
         self.sync_seconds = time.perf_counter() - start
 
     def _wake(self) -> None:

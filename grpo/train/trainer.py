@@ -25,7 +25,7 @@ import torch
 
 from grpo.config import Config
 from grpo.data import task_of
-from grpo.errors import ConfigError, DataError, FuseError
+from grpo.errors import ConfigError, DataError, EngineError, FuseError
 from grpo.eval.consistency import consistency
 from grpo.eval.evaluate import evaluate_as_configured
 from grpo.infra import checkpoint as ckpt_io
@@ -312,7 +312,10 @@ class Trainer:
                     eval_path.write_text(json.dumps(result, indent=2))
                 self.logger.note(f"before: accuracy {result['before']['accuracy']:.3f}")
             while self.step < cfg.max_steps and not self._should_stop():
-                metrics = self.train_step()
+                try:
+                    metrics = self.train_step()
+                except EngineError as e:  # the engine's process died: the last finished step is saved
+                    raise EngineError(f"{e}; stopped at step {self.step}, checkpoint {self.save()}") from e
                 if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps:
                     self.logger.log_step(self.step, metrics)
                 if self.fuse_reason:

