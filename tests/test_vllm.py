@@ -35,6 +35,57 @@ def test_a_missing_vllm_is_a_config_error_naming_the_extra(monkeypatch):
         Config(rollout_backend="vllm")
 
 
+def test_a_lora_policy_is_pushed_as_its_merged_weights(tiny_model_dir):
+    """What sync_weights sends for a LoRA policy: the base names, each adapted weight W + scaling B A
+    (peft's own merge on a copy as the reference), tied weights once, the policy left unmerged."""
+    import copy
+
+    from grpo.models import load_models
+
+    m = load_models(str(tiny_model_dir), need_reference=False, lora_r=4, lora_alpha=8,
+                    lora_target_modules="q_proj,v_proj")
+    with torch.no_grad():
+        for name, p in m.policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(generator=torch.Generator().manual_seed(0))  # B = 0 at init: the delta would be 0
+    before = {k: v.clone() for k, v in m.policy.state_dict().items()}
+    sent = dict(vllm_engine.merged_weights(m.policy))
+    merged = copy.deepcopy(m.policy).merge_and_unload().state_dict()
+    assert set(sent) == set(merged) - {"lm_head.weight"}  # tied to the embeddings: sent once
+    for name, t in sent.items():
+        torch.testing.assert_close(t, merged[name], atol=1e-6, rtol=0)
+    assert not torch.equal(sent["model.layers.0.self_attn.q_proj.weight"],
+                           before["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"])
+    assert all(torch.equal(v, before[k]) for k, v in m.policy.state_dict().items())
+
+
+@pytest.mark.parametrize("mode", ["mask", "truncate"])
+def test_the_correction_runs_in_the_trainer_and_is_one_where_sampler_and_trainer_agree(tmp_path, tiny_model_dir,
+                                                                                      tiny_dataset, mode):
+    """hf samples with the trainer's own model: its sampling log-probs are the trainer's to fp32
+    rounding, so the mismatch KL is ~0, every weight ~1 and nothing is masked or clipped."""
+    from grpo.train.trainer import Trainer
+
+    cfg = Config(model=str(tiny_model_dir), task=str(tiny_dataset), output_dir=str(tmp_path / "run"), max_steps=1,
+                 num_generations=4, prompts_per_step=2, per_device_train_batch_size=8, max_completion_length=8,
+                 eval_prompts=0, rewards="tests.rewards_for_tests:digit_share", progress=False, report_to="none",
+                 seed=TEST_SEED, reward_timeout=0.0, bf16=False, rollout_backend="hf", rollout_correction=mode,
+                 rollout_correction_level="token", rollout_correction_low=0.5, rollout_correction_high=2.0)
+    t = Trainer(cfg)
+    try:
+        m = t.train_step()
+    finally:
+        t.close()
+    assert abs(m["mismatch_kl_k1"]) < 1e-4 and 0 <= m["mismatch_kl_k3"] < 1e-6
+    assert m["rollout_is_weight_min"] > 0.999 and m["rollout_is_weight_max"] < 1.001
+    assert m["rollout_is_masked_share"] == 0 and m["rollout_is_clipped_share"] == 0
+    none = Trainer(Config(**{**cfg.to_dict(), "rollout_correction": "auto", "output_dir": str(tmp_path / "b")}))
+    try:
+        assert not any(k.startswith(("mismatch_", "rollout_is_")) for k in none.train_step())  # auto: none for hf
+    finally:
+        none.close()
+
+
 def _descendants(pid: int) -> set[int]:
     """Every live process below ``pid`` (from /proc)."""
     children: dict[int, list[int]] = {}
@@ -194,10 +245,13 @@ def test_a_trainer_killed_outright_leaves_no_engine_process(trainer, tmp_path):
                                             model=str(trainer.models.path)))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True)
+    engine: set[int] = set()
     try:
-        assert proc.stdout.readline().strip() == "ready"
+        for line in proc.stdout:  # vLLM logs to stdout too
+            if line.strip() == "ready":
+                break
         engine = _descendants(proc.pid)
-        assert engine
+        assert engine, "the engine process did not start"
         proc.kill()
         proc.wait()
         deadline = time.monotonic() + 30
@@ -205,9 +259,10 @@ def test_a_trainer_killed_outright_leaves_no_engine_process(trainer, tmp_path):
             time.sleep(0.5)
         assert not any(_alive(p) for p in engine), [p for p in engine if _alive(p)]
     finally:
-        proc.kill()
-        for p in _descendants(proc.pid):  # nothing should be left; never leave it to the next test
-            os.kill(p, signal.SIGKILL)
+        for p in [proc.pid, *engine]:  # nothing should be left; never leave it to the next test
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+        proc.wait()
 
 
 @needs_vllm
