@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import tempfile
+import threading
 import time
 
 import torch
@@ -117,18 +118,43 @@ class VLLMEngine(RolloutEngine):
                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
 
     def _call(self, what: str, fn):
-        """Run ``fn`` against the engine; a dead engine process is an EngineError naming it."""
+        """Run ``fn`` against the engine; a dead engine process is an EngineError naming it. vLLM's
+        client notices a dead engine core but leaves a call already waiting for its outputs blocked,
+        so a watchdog thread checks the process each second and wakes the waiting call."""
+        if self.dead is None and not self._engine_alive():
+            self.dead = f"rollout engine vllm: its engine process died before {what}; the run cannot sample any more"
         if self.dead is not None:
             raise EngineError(self.dead)
+        stop = threading.Event()
+
+        def watch():
+            while not stop.wait(1.0):
+                if not self._engine_alive():
+                    queue = getattr(self.llm.llm_engine.engine_core, "outputs_queue", None)
+                    if queue is not None:
+                        queue.put_nowait(RuntimeError("the engine core process exited"))
+                    return
+
+        watchdog = threading.Thread(target=watch, daemon=True, name="grpo-vllm-watchdog")
+        watchdog.start()
         try:
             return fn()
         except Exception as e:
-            if type(e).__name__ not in ("EngineDeadError", "ConnectionError", "ZMQError", "BrokenPipeError",
-                                        "EOFError", "TimeoutError"):
+            if self._engine_alive():
                 raise
             self.dead = (f"rollout engine vllm: its engine process died during {what} ({type(e).__name__}); "
                          "the run cannot sample any more")
             raise EngineError(self.dead) from e
+        finally:
+            stop.set()
+
+    def _engine_alive(self) -> bool:
+        return all(p.is_alive() for p in self._engine_processes())  # none: an engine in this process
+
+    def _engine_processes(self) -> list:
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        manager = getattr(getattr(core, "resources", None), "engine_manager", None)
+        return list(getattr(manager, "processes", []))
 
     def _sampling_params(self, sampling: SamplingSettings, *, greedy: bool, seed: int | None, with_logprobs: bool,
                          eos: list[int]):
@@ -219,9 +245,7 @@ class VLLMEngine(RolloutEngine):
 
     def engine_pids(self) -> list[int]:
         """The engine core processes' ids (what close() ends; tests check none outlives it)."""
-        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
-        procs = getattr(getattr(core, "resources", None), "engine_manager", None)
-        return [p.pid for p in getattr(procs, "processes", [])]
+        return [p.pid for p in self._engine_processes()]
 
     def close(self) -> None:
         if not self.closed:
