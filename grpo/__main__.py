@@ -2,4 +2,6 @@ import sys
 
 from grpo.cli import main
 
-sys.exit(main())
+# the guard: vLLM (rollout_backend=vllm) spawns its engine process, which imports this module again
+if __name__ == "__main__":
+    sys.exit(main())

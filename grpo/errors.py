@@ -28,3 +28,8 @@ class SandboxError(GrpoError, RuntimeError):
 class FuseError(GrpoError, RuntimeError):
     """The fuse stopped the run; the message names the metric, its band and the checkpoint."""
 
+
+
+class EngineError(GrpoError, RuntimeError):
+    """A rollout engine that stopped working (its process died); the message names the engine and,
+    from the trainer, the checkpoint saved."""

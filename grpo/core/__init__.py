@@ -18,6 +18,8 @@ from grpo.core.token_masks import high_entropy_mask, off_policy_sequence_mask, p
 from grpo.core.reward_model import (bradley_terry_loss, distillation_loss, group_pairs, head_scores,
                                     pairwise_accuracy, pointwise_accuracy, pointwise_loss)
 from grpo.core.token_weights import token_weights, weighted_advantages
+from grpo.core.rollout_correction import (CORRECTION_LEVELS, CORRECTION_MODES, Correction, correction_weights,
+                                         mismatch_kl)
 
 __all__ = [
     "AGGREGATIONS", "ESTIMATORS", "GROUP_ESTIMATORS", "KL_ESTIMATORS", "RATIO_LEVELS",
@@ -36,4 +38,5 @@ __all__ = [
     "token_weights", "weighted_advantages",
     "bradley_terry_loss", "distillation_loss", "group_pairs", "head_scores", "pairwise_accuracy",
     "pointwise_accuracy", "pointwise_loss",
+    "CORRECTION_LEVELS", "CORRECTION_MODES", "Correction", "correction_weights", "mismatch_kl",
 ]

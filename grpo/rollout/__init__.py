@@ -9,7 +9,8 @@ from grpo.rollout.engine import ROLLOUT_ENGINES, RolloutEngine, SamplingSettings
 from grpo.rollout.hf import HFEngine, generate_rollout
 from grpo.rollout.fast import FastEngine, fast_rollout, fast_unsupported_reason
 from grpo.rollout.choice import AutoEngine, resolve_backend
+from grpo.rollout.vllm import VLLMEngine
 
-__all__ = ["ROLLOUT_ENGINES", "AutoEngine", "FastEngine", "HFEngine", "Rollout", "RolloutEngine", "SamplingSettings",
+__all__ = ["ROLLOUT_ENGINES", "AutoEngine", "FastEngine", "HFEngine", "VLLMEngine", "Rollout", "RolloutEngine", "SamplingSettings",
            "completion_mask_from_ids", "engine_class", "fast_rollout", "fast_unsupported_reason", "generate_rollout",
            "make_engine", "resolve_backend"]

@@ -119,8 +119,8 @@ class AutoEngine(RolloutEngine):
     same_tokens_for_keys = True
     returns_sampling_logprobs = True
 
-    def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto"):
-        super().__init__(model, tokenizer, synced=synced, kernels=kernels)
+    def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto", options: dict | None = None):
+        super().__init__(model, tokenizer, synced=synced, kernels=kernels, options=options)
         kw = dict(synced=synced, kernels=kernels)
         self.engines: dict[str, RolloutEngine] = {"hf": HFEngine(model, tokenizer, **kw)}
         if fast_unsupported_reason(model, synced=synced) is None:

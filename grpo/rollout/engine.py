@@ -1,10 +1,12 @@
 """Rollout engines: a sampler built once per run on a model, with a lifecycle, found by name.
 
 Every engine takes the same constructor arguments (the model it samples from, its tokenizer, whether
-generation is synced across processes, the fast loop's kernel setting), samples groups of
+generation is synced across processes, the fast loop's kernel setting, and ``options``: the run's
+settings named after the engine, ``vllm_gpu_memory_utilization`` reaching the vllm engine as
+``gpu_memory_utilization``; an engine ignores those that are not its own), samples groups of
 completions with ``generate``, hears about each optimizer step through ``sync_weights`` and is
 released with ``close``. Capabilities are declared on the class so callers can check them without
-building one. The engines live next to their code (hf.py, fast.py, choice.py) and register here;
+building one. The engines live next to their code (hf.py, fast.py, choice.py, vllm.py) and register here;
 ``grpo.rollout`` imports them all, so ``ROLLOUT_ENGINES`` is complete once that package is imported.
 """
 
@@ -39,16 +41,29 @@ class RolloutEngine:
 
     ``same_tokens_for_keys``: given the same keys, draws the same tokens as every other engine that
     declares it (so choosing among them changes no result). ``returns_sampling_logprobs``: fills
-    ``Rollout.sampling_logp`` when asked (``with_logprobs=True``, not greedy).
+    ``Rollout.sampling_logp`` when asked (``with_logprobs=True``, not greedy). ``own_kernels``:
+    samples with a model and kernels of its own (a copy of the weights), so its log-probs differ
+    from the trainer's and the train/inference mismatch correction applies by default.
+    ``serves_evaluation``: evaluation and the consistency probe sample with this engine too (one
+    costly engine per run) instead of an hf engine beside it.
     """
 
     name: ClassVar[str] = ""
     same_tokens_for_keys: ClassVar[bool] = False
     returns_sampling_logprobs: ClassVar[bool] = False
+    own_kernels: ClassVar[bool] = False
+    serves_evaluation: ClassVar[bool] = False
 
-    def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto"):
+    def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto", options: dict | None = None):
         self.model, self.tokenizer, self.synced, self.kernels = model, tokenizer, synced, kernels
+        self.options = dict(options or {})
         self.closed = False
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """Why this engine cannot be built in this environment (a missing package, naming the extra
+        that installs it), checked when the config is validated; None when it can."""
+        return None
 
     def generate(self, prompts: list[str], *, group_size: int, sampling: SamplingSettings,
                  keys: Sequence[int] | Tensor | None = None, with_logprobs: bool = False, greedy: bool = False) -> Rollout:
@@ -99,6 +114,14 @@ def engine_class(name: str) -> type[RolloutEngine]:
     return ROLLOUT_ENGINES[name]
 
 
-def make_engine(name: str, model, tokenizer, *, synced: bool = False, kernels: str = "auto") -> RolloutEngine:
+def make_engine(name: str, model, tokenizer, *, synced: bool = False, kernels: str = "auto",
+                options: dict | None = None) -> RolloutEngine:
     """An engine of kind ``name`` (a ``rollout_backend`` value) on ``model``."""
-    return engine_class(name)(model, tokenizer, synced=synced, kernels=kernels)
+    return engine_class(name)(model, tokenizer, synced=synced, kernels=kernels, options=options)
+
+
+def engine_options(settings: dict, name: str) -> dict:
+    """The settings named ``<name>_<option>`` (a run's config as a dict), as {option: value}: what
+    the engine ``name`` is built with."""
+    prefix = f"{name}_"
+    return {k[len(prefix):]: v for k, v in settings.items() if k.startswith(prefix)}

@@ -188,11 +188,11 @@ class FastEngine(RolloutEngine):
     same_tokens_for_keys = True
     returns_sampling_logprobs = True
 
-    def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto"):
+    def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto", options: dict | None = None):
         reason = fast_unsupported_reason(model, synced=synced)
         if reason is not None:
             raise ValueError(f"rollout_backend fast: {reason}")
-        super().__init__(model, tokenizer, synced=synced, kernels=kernels)
+        super().__init__(model, tokenizer, synced=synced, kernels=kernels, options=options)
 
     def _generate(self, prompts: list[str], *, group_size: int, sampling: SamplingSettings, keys: list[int] | None,
                   with_logprobs: bool, greedy: bool) -> Rollout:

@@ -14,7 +14,7 @@ import torch
 from grpo import core
 from grpo.infra import distributed as dist_io
 from grpo.rewards.steps import process_supervision
-from grpo.rollout import Rollout
+from grpo.rollout import Rollout, engine_class
 from grpo.train.code_tokens import code_token_vocab
 
 
@@ -55,9 +55,10 @@ class BatchMaker:
 
     def make(self, ro: Rollout, rewards: torch.Tensor, samples: list[dict] | None, *, temperature: float,
              beta: float, per_reward: torch.Tensor | None = None) -> tuple[Batch, dict]:
-        """The step's batch (``_make``); with token_weight_gamma != 1 the advantages of identifier and
-        operator tokens are multiplied by it (seed 003 section 5.1)."""
-        batch, metrics = self._make(ro, rewards, samples, temperature=temperature, beta=beta,
+        """This process's batch (``build``); with token_weight_gamma != 1 the advantages of identifier
+        and operator tokens are multiplied by it (seed 003 section 5.1), and they are weighted by the
+        train/inference mismatch correction where one is configured (``correction_mode``)."""
+        batch, metrics = self.build(ro, rewards, samples, temperature=temperature, beta=beta,
                                     per_reward=per_reward)
         if self.cfg.token_weight_gamma != 1.0:
             if self._code_vocab is None:
@@ -67,9 +68,27 @@ class BatchMaker:
                                                         gamma=self.cfg.token_weight_gamma)  # [n, T]
             marked = core.token_weights(ro.completion_ids, vocab, gamma=2.0) > 1  # [n, T]
             metrics["weighted_token_share"] = float(core.masked_mean(marked.float(), batch.mask))
+        mode = correction_mode(self.cfg)
+        if mode != "none":
+            metrics.update(self.correct(batch, mode, temperature))
         return batch, metrics
 
-    def _make(self, ro: Rollout, rewards: torch.Tensor, samples: list[dict] | None, *, temperature: float,
+    def correct(self, batch: Batch, mode: str, temperature: float) -> dict:
+        """Weight each token's advantage by pi_train / pi_engine (core.correction_weights): the
+        trainer's log-probs of the rollout (the old policy's where computed anyway, else one more
+        inference forward) against the engine's sampling log-probs. Returns the correction's metrics."""
+        cfg, ro = self.cfg, batch.rollout
+        if ro.sampling_logp is None:
+            raise ValueError(f"rollout_correction={cfg.rollout_correction}: the {ro.backend!r} rollout carries no "
+                             "sampling log-probs")
+        train_logp = batch.old_logp if batch.old_logp is not None else self.frozen_logps(self.policy, ro, temperature)
+        corr = core.correction_weights(train_logp, ro.sampling_logp.to(train_logp.dtype), batch.mask,
+                                       level=cfg.rollout_correction_level, mode=mode,
+                                       low=cfg.rollout_correction_low, high=cfg.rollout_correction_high)
+        batch.advantages = batch.advantages * corr.weights  # [n, T]; w >= 0 scales the surrogate term only
+        return {k: float(v) for k, v in corr.metrics.items()}
+
+    def build(self, ro: Rollout, rewards: torch.Tensor, samples: list[dict] | None, *, temperature: float,
               beta: float, per_reward: torch.Tensor | None = None) -> tuple[Batch, dict]:
         """This process's batch from its rollout and the step's global rewards [B, G]: advantages
         are computed on all B groups (identically on every process), then each keeps its rows.
@@ -180,3 +199,12 @@ def seed_metrics(rewards: torch.Tensor, ro: Rollout, *, correct_at: float) -> di
     out["distinct_2"] = float(core.distinct_n(ids, mask, n=2))
     out["loop_share"] = float(core.loop_flags(ids, mask).float().mean())
     return out
+
+
+def correction_mode(cfg) -> str:
+    """The train/inference mismatch correction this run applies: ``rollout_correction``, with auto
+    resolved to mask for an engine that samples with kernels of its own (its log-probs differ from
+    the trainer's) and to none for one that samples with the trainer's model."""
+    if cfg.rollout_correction != "auto":
+        return cfg.rollout_correction
+    return "mask" if engine_class(cfg.rollout_backend).own_kernels else "none"

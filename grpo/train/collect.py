@@ -22,6 +22,7 @@ from grpo.rollout.base import concat_rollouts, rollout_to, select_rollout
 from grpo.rollout.keys import row_keys
 from grpo.rollout.tuning import take_messages
 from grpo.train.resample import RESAMPLE_ROW_BASE, resample_invalid, validity_checks
+from grpo.train.batch import correction_mode
 
 
 @dataclass
@@ -91,8 +92,10 @@ class Collector:
         keys = row_keys(cfg.seed, step, (draw * world.size + world.rank) * b * g, b * g)
         sampling = SamplingSettings(max_new_tokens=cfg.max_completion_length, temperature=temperature,
                                     top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length)
-        # no sampling log-probs: the loss recomputes them; keeping [N, T, V] logits costs memory
-        ro = self.engine.generate(prompts, group_size=g, sampling=sampling, keys=keys, with_logprobs=False)
+        # no sampling log-probs (the loss recomputes them; keeping [N, T, V] logits costs memory), except
+        # for the train/inference mismatch correction, which compares the engine's with the trainer's
+        ro = self.engine.generate(prompts, group_size=g, sampling=sampling, keys=keys,
+                                  with_logprobs=correction_mode(cfg) != "none")
         for msg in take_messages():  # what the rollout measured or read about this machine's kernels, once
             self.note(msg)
         self._count_truncated(int(dist_io.all_sum(torch.tensor(ro.prompts_truncated), world)))

