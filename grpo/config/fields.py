@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from grpo.config.parse import parse_value
-from grpo.config.validate import validate
+from grpo.config.validate import derived_micro_batch, validate
 from grpo.models.loading import DEFAULT_MODEL
 
 
@@ -190,8 +190,8 @@ class Config:
     """AdamW beta2."""
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm (0 = off)."""
-    per_device_train_batch_size: int = 8
-    """Completions per forward/backward micro-batch; B * G must be a multiple of it."""
+    per_device_train_batch_size: int | None = None
+    """Completions per forward/backward micro-batch; B * G must be a multiple of it. Unset (null): the largest divisor of B * G up to 8, written to the run's config.yaml."""
     max_tokens_per_forward: int = 1024
     """Token budget of one forward/backward pass (as verl's max token length per GPU): a micro-batch runs in as many passes as its packed tokens (prompt once per group with shared_prefix) need, one or more groups or part of a group each; the gradient is the same, peak activation memory is bounded by the budget, and no pass pads one group's row to another's length. 0 = one pass per micro-batch. Under FSDP2 (every process must run the same passes) a micro-batch is one pass; shared-prefix rows are capped at this many tokens everywhere, which bounds attention's cost."""
     shared_prefix: bool = True
@@ -255,6 +255,8 @@ class Config:
 
     def __post_init__(self) -> None:
         _coerce_types(self)
+        if self.per_device_train_batch_size is None:  # the one value that always fits (TRL issue #3061)
+            self.per_device_train_batch_size = derived_micro_batch(self.prompts_per_step, self.num_generations)
         validate(self)
 
     # ---- derived values ----

@@ -17,6 +17,19 @@ DTYPES = ("float32", "bfloat16", "float16")
 REPORT_TO = ("tensorboard", "wandb", "none")
 
 
+MICRO_BATCH_CAP = 8  # the derived micro-batch: the largest divisor of B * G up to this
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of n in increasing order (none for n < 1)."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def derived_micro_batch(prompts_per_step: int, num_generations: int) -> int:
+    """The largest divisor of B * G up to MICRO_BATCH_CAP (1 where B * G < 1, which validation refuses)."""
+    return max([d for d in divisors(prompts_per_step * num_generations) if d <= MICRO_BATCH_CAP], default=1)
+
+
 def _choice(key: str, value: str, valid) -> None:
     if value not in valid:
         raise ConfigError(f"{key}: {value!r} is not valid; choose one of {sorted(valid)}")
@@ -73,12 +86,7 @@ def _validate_values(c) -> None:
     if c.num_generations < 2 and c.advantage_estimator in GROUP_ESTIMATORS:
         raise ConfigError(f"num_generations: {c.advantage_estimator!r} compares completions within a group "
                           f"and needs num_generations >= 2, got {c.num_generations}")
-    if c.sequences_per_step % c.per_device_train_batch_size:
-        raise ConfigError(f"per_device_train_batch_size: prompts_per_step * num_generations = "
-                          f"{c.sequences_per_step} is not a multiple of {c.per_device_train_batch_size}")
-    if c.prompts_per_step % c.mini_batches:
-        raise ConfigError(f"mini_batches: {c.prompts_per_step} prompts per step cannot be split into "
-                          f"{c.mini_batches} mini-batches of whole groups")
+    _validate_batch_arithmetic(c)
     if not c.reward_names:
         raise ConfigError("rewards: name at least one reward function")
     if c.reward_weights is not None and len(c.reward_weights) != len(c.reward_names):
@@ -98,6 +106,19 @@ def _validate_values(c) -> None:
     if c.use_peft and c.ref_reset_steps:
         raise ConfigError("ref_reset_steps: with use_peft the reference is the frozen base model and cannot "
                           "be reset; use full fine-tuning or ref_reset_steps=0")
+
+
+def _validate_batch_arithmetic(c) -> None:
+    """Where one value fits it is derived (fields.py); where several do, the error lists them."""
+    n = c.sequences_per_step
+    if n % c.per_device_train_batch_size:
+        raise ConfigError(f"per_device_train_batch_size: prompts_per_step * num_generations = {n} is not a "
+                          f"multiple of {c.per_device_train_batch_size}; use one of {divisors(n)} (unset: "
+                          f"{derived_micro_batch(c.prompts_per_step, c.num_generations)})")
+    if c.prompts_per_step % c.mini_batches:
+        raise ConfigError(f"mini_batches: {c.prompts_per_step} prompts per step cannot be split into "
+                          f"{c.mini_batches} mini-batches of whole groups; use one of {divisors(c.prompts_per_step)}, "
+                          f"or prompts_per_step a multiple of {c.mini_batches}")
 
 
 def _validate_stability(c) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from grpo.config import Config
+from grpo.config.validate import divisors
 from grpo.data import task_of
 from grpo.errors import ConfigError, DataError, FuseError
 from grpo.eval.consistency import consistency
@@ -49,11 +50,15 @@ from grpo.train.update import Updater
 def _check_world(cfg: Config, world: dist_io.World) -> None:
     """What cannot run on this many processes, refused before anything loads."""
     if cfg.prompts_per_step % world.size:
+        lower = cfg.prompts_per_step - cfg.prompts_per_step % world.size
+        near = [v for v in (lower, lower + world.size) if v > 0]
         raise ConfigError(f"prompts_per_step: {cfg.prompts_per_step} prompts cannot be split evenly over "
-                          f"{world.size} processes (each group stays on one process)")
+                          f"{world.size} processes (each group stays on one process); use a multiple of "
+                          f"{world.size}, e.g. {' or '.join(map(str, near))}")
     if (cfg.prompts_per_step // world.size) % cfg.mini_batches:
-        raise ConfigError(f"mini_batches: each process's {cfg.prompts_per_step // world.size} prompts cannot be "
-                          f"split into {cfg.mini_batches} mini-batches of whole groups")
+        b = cfg.prompts_per_step // world.size
+        raise ConfigError(f"mini_batches: each process's {b} prompts cannot be split into {cfg.mini_batches} "
+                          f"mini-batches of whole groups; use one of {divisors(b)}")
     if world.distributed and cfg.distributed_strategy == "fsdp2" and cfg.rollout_backend == "fast":
         raise ConfigError("rollout_backend: fast does not sample a model sharded by FSDP2 (every process must run "
                           "the same synced generate); use rollout_backend=auto or hf")
