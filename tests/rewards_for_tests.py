@@ -71,3 +71,8 @@ def sigterm_on_rank1_step2(completion: str, sample: dict) -> float:
         if _calls["n"] == 9:
             os.kill(os.getpid(), signal.SIGTERM)
     return digit_share(completion, sample)
+
+
+def odd_length(completion: str, sample: dict) -> float:
+    """1.0 for a completion of odd length: a verifier a random model passes about half the time."""
+    return float(len(completion) % 2)

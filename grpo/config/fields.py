@@ -253,6 +253,10 @@ class Config:
     progress: bool = True
     """Show the live progress bar."""
 
+    # ---- issue 27: training conveniences ----
+    eval_steps: int = 0
+    """Every this many steps, evaluate on the held-out set as before and after training (greedy accuracy, pass@k): eval/accuracy, eval/pass@k in that step's metrics line (always logged), a few completions with their rewards in eval_completions.jsonl (0 = off)."""
+
     def __post_init__(self) -> None:
         _coerce_types(self)
         if self.per_device_train_batch_size is None:  # the one value that always fits (TRL issue #3061)

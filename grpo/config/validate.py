@@ -70,7 +70,7 @@ def _validate_values(c) -> None:
     non_negative = ["vf_coef", "reward_timeout", "max_steps", "warmup_steps", "save_steps", "ref_reset_steps", "eval_prompts", "beta",
                     "learning_rate", "weight_decay", "max_grad_norm", "eval_pass_k", "eval_pass_prompts",
                     "log_completions_steps", "num_threads", "max_tokens_per_forward", "save_total_limit", "max_consecutive_skips", "top_k", "std_eps", "entropy_coef",
-                    "arithmetic_max_operand", "lora_dropout"]
+                    "arithmetic_max_operand", "lora_dropout", "eval_steps"]
     for key in non_negative:
         if getattr(c, key) < 0:
             raise ConfigError(f"{key}: must be >= 0, got {getattr(c, key)}")

@@ -32,6 +32,7 @@ from grpo.eval.evaluate import evaluate_as_configured
 from grpo.infra import checkpoint as ckpt_io
 from grpo.infra import distributed as dist_io
 from grpo.infra.logger import NullLogger, RunLogger
+from grpo.infra.timing import STAGES, StageTimer, stage_key
 from grpo.infra.runtime import keep_freed_memory, make_run_dir, seed_everything
 from grpo.models import grouped_attention, keep_head_fp32, load_models, native_bf16, reset_reference
 from grpo.models.packing import SHARED_PREFIX_ATTENTION, sliding_window
@@ -42,9 +43,13 @@ from grpo.train import state as run_state
 from grpo.train.batch import Batch, BatchMaker
 from grpo.train.collect import Collector
 from grpo.train.critic import Critic
+from grpo.train.evals import periodic_eval
 from grpo.train.forwards import Forwards
 from grpo.train.knobs import Knobs
 from grpo.train.update import Updater
+
+AFTER_STEP = ("eval", "checkpoint")  # stages after the step proper, still in its metrics line
+IN_STEP = tuple(s for s in STAGES if s not in AFTER_STEP)
 
 
 def _check_world(cfg: Config, world: dist_io.World) -> None:
@@ -100,11 +105,12 @@ class Trainer:
         self.knobs = Knobs(cfg)  # the step's knobs (eps, beta, temperature, ...) and their controllers
         self.engine = self.eval_engine = self.collector = None
         self._open_engines()
+        self.timer = StageTimer(next(self.policy.parameters()).device)  # seconds per stage, in every metrics line
         self.collector = Collector(cfg, world=world, train=self.task.train, engine=self.engine, rewards=self.rewards,
-                                   note=lambda text, style=None: self.logger.note(text, style))
+                                   note=lambda text, style=None: self.logger.note(text, style), timer=self.timer)
         self.batches = BatchMaker(cfg, world=world, forwards=self.forwards, policy=self.policy,
                                   reference=self.models.reference, critic=self.critic, step_reward=step_reward,
-                                  tokenizer=self.tok)
+                                  tokenizer=self.tok, timer=self.timer)
         self.updater = Updater(cfg, world=world, policy=self.policy, module=self.module, forwards=self.forwards,
                                critic=self.critic, checkpoint_dir=self.run_dir / "checkpoints")
         self.step = 0
@@ -192,6 +198,7 @@ class Trainer:
                        tokens_per_second=float(ro.lengths.sum()) * self.world.size / max(ro.seconds, 1e-9),
                        step_seconds=time.perf_counter() - t0,
                        prompts_truncated=self.collector.prompts_truncated - cut_before)
+        metrics.update(self.timer.take(IN_STEP))  # what follows the step adds its own (after_step)
         if cfg.consistency_steps and self.step % cfg.consistency_steps == 0:
             metrics.update(self._consistency())
         self.fuse_reason = k.after_step(metrics)  # controllers move the next step's knobs
@@ -217,8 +224,10 @@ class Trainer:
 
     def update(self, batch: Batch) -> dict:
         """The step's optimizer steps (Updater.update); the engines then sample the new weights."""
-        metrics = self.updater.update(batch, self.knobs, step=self.step)
-        self._sync_engines()
+        with self.timer.stage("update"):
+            metrics = self.updater.update(batch, self.knobs, step=self.step)
+        with self.timer.stage("sync"):
+            self._sync_engines()
         return metrics
 
     def _open_engines(self) -> None:
@@ -314,13 +323,13 @@ class Trainer:
                 self.logger.note(f"before: accuracy {result['before']['accuracy']:.3f}")
             while self.step < cfg.max_steps and not self._should_stop():
                 metrics = self.train_step()
-                if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps:
-                    self.logger.log_step(self.step, metrics)
                 if self.fuse_reason:
+                    self.logger.log_step(self.step, {**metrics, **self.timer.take(AFTER_STEP)})
                     raise FuseError(f"{self.fuse_reason} (step {self.step}); stopped, checkpoint "
                                      f"{self.save()}")
-                if cfg.save_steps and self.step % cfg.save_steps == 0 and self.step < cfg.max_steps:
-                    self.save()
+                metrics.update(self.after_step(metrics))
+                if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps or "eval/accuracy" in metrics:
+                    self.logger.log_step(self.step, metrics)
             result["checkpoint"] = str(self.save())
             if self._stop_signal is not None:
                 result["interrupted"] = self._stop_signal
@@ -336,6 +345,20 @@ class Trainer:
         if main:
             eval_path.write_text(json.dumps(result, indent=2))
         return result
+
+    def after_step(self, metrics: dict) -> dict:
+        """What follows a step within its metrics line: the periodic evaluation (eval_steps) and the
+        periodic checkpoint (save_steps), each timed; step_seconds then counts them too (as verl's step timer)."""
+        cfg, out = self.cfg, {}
+        if cfg.eval_steps and self.step % cfg.eval_steps == 0 and self.task.eval:
+            with self.timer.stage("eval"):
+                out.update(periodic_eval(self.evaluate(), step=self.step, logger=self.logger))
+        if cfg.save_steps and self.step % cfg.save_steps == 0 and self.step < cfg.max_steps:
+            with self.timer.stage("checkpoint"):
+                self.save()
+        out.update(self.timer.take(AFTER_STEP))
+        out["step_seconds"] = metrics["step_seconds"] + sum(out[stage_key(s)] for s in AFTER_STEP)
+        return out
 
     def close(self) -> None:
         """Release the rollout engines and the reward workers (train() does this at its end; a

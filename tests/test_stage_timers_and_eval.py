@@ -1,0 +1,73 @@
+"""Stage timers in every metrics line and evaluation during training (issue 27)."""
+
+import json
+
+import pytest
+
+from grpo.infra.timing import STAGES, NullTimer, StageTimer, stage_key
+from grpo.train.evals import EVAL_COMPLETIONS
+from tests.rewards_for_tests import odd_length
+from tests.test_trainer import make_cfg
+from grpo.train.trainer import Trainer
+
+
+def test_timer_adds_repeated_stages_and_take_resets():
+    t = StageTimer()
+    for _ in range(3):
+        with t.stage("rewards"):
+            pass
+    with pytest.raises(KeyError, match="unknown stage 'nope'"):
+        with t.stage("nope"):
+            pass
+    got = t.take(("rewards", "update"))
+    assert set(got) == {"time/rewards_seconds", "time/update_seconds"} and got["time/update_seconds"] == 0.0
+    assert got["time/rewards_seconds"] > 0 and t.take()["time/rewards_seconds"] == 0.0
+    with NullTimer().stage("anything"):  # outside a trainer nothing is timed or checked
+        pass
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, tiny_model_dir):
+    tmp = tmp_path_factory.mktemp("i27")
+    data = tmp / "data.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i} plus {i}?", "answer": str(2 * i)}) + "\n" for i in range(24)))
+    cfg = make_cfg(tmp, tiny_model_dir, data, max_steps=3, eval_steps=2, save_steps=2, beta=0.1, num_iterations=2,
+                   eval_prompts=4, eval_batch_size=2, rewards="tests.rewards_for_tests:odd_length",
+                   report_to="tensorboard")
+    t = Trainer(cfg)
+    result = t.train()
+    lines = [json.loads(x) for x in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
+    return t, result, lines
+
+
+def test_every_stage_in_every_line_and_within_the_step(run):
+    _, _, lines = run
+    assert [x["step"] for x in lines] == [1, 2, 3]
+    for line in lines:
+        stages = [line[stage_key(s)] for s in STAGES]
+        assert all(v >= 0 for v in stages), line
+        assert sum(stages) <= line["step_seconds"] + 1e-9, line
+        for s in ("sampling", "rewards", "old_logp", "reference", "update"):  # ran on every step here
+            assert line[stage_key(s)] > 0, (s, line)
+    assert [x["time/eval_seconds"] > 0 for x in lines] == [False, True, False]
+    assert [x["time/checkpoint_seconds"] > 0 for x in lines] == [False, True, False]  # the last save is the run's
+
+
+def test_eval_metrics_and_completions_table(run):
+    t, result, lines = run
+    assert [("eval/accuracy" in x) for x in lines] == [False, True, False]
+    line = lines[1]
+    rows = [json.loads(x) for x in (t.run_dir / EVAL_COMPLETIONS).read_text().splitlines()]
+    # eval_batch_size 2: the table holds the first two prompts of each batch, so all four held-out prompts
+    assert [r["step"] for r in rows] == [2] * 4 and [r["prompt"] for r in rows] == [s["prompt"] for s in t.task.eval]
+    for r in rows:  # the verifier's own value of the logged completion
+        assert r["reward"] == odd_length(r["completion"], {})
+    assert line["eval/accuracy"] == sum(r["reward"] >= 1 for r in rows) / 4
+    assert 0 <= line["eval/pass@k"] <= 1 and line["eval/pass@k"] >= 0
+    assert line["eval/mean_length"] > 0 and "after" in result
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(t.run_dir / "tensorboard"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("eval/accuracy")] == [2]
+    assert [e.step for e in acc.Scalars("time/update_seconds")] == [1, 2, 3]
