@@ -33,7 +33,7 @@ def metric_lines(run_dir):
         d = json.loads(line)
         for k in ("step_seconds", "generation_seconds", "tokens_per_second"):  # wall-clock, not state
             d.pop(k)
-        out.append(d)
+        out.append({k: v for k, v in d.items() if not k.startswith("time/")})  # stage timers: wall-clock too
     return out
 
 

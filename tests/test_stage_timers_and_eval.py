@@ -71,3 +71,21 @@ def test_eval_metrics_and_completions_table(run):
     acc.Reload()
     assert [e.step for e in acc.Scalars("eval/accuracy")] == [2]
     assert [e.step for e in acc.Scalars("time/update_seconds")] == [1, 2, 3]
+
+
+def test_report_shows_stage_times_eval_plot_and_completions(run, tmp_path):
+    import html
+
+    from grpo.tools.report import build_report
+
+    t, _, lines = run
+    page = build_report([t.run_dir], tmp_path / "rep").read_text()
+    times = page.split('<table id="stage_times">')[1].split("</table>")[0]
+    for s in STAGES:
+        assert f"<th>{s}</th>" in times
+    mean_update = sum(x["time/update_seconds"] for x in lines) / len(lines)
+    assert f"<td>{mean_update:.4g}</td>" in times
+    table = page.split('<table id="eval_completions">')[1].split("</table>")[0]
+    rows = [json.loads(x) for x in (t.run_dir / EVAL_COMPLETIONS).read_text().splitlines()]
+    assert table.count("<tr>") == 1 + len(rows) and all(html.escape(r["prompt"]) in table for r in rows)
+    assert (tmp_path / "rep" / "eval_during_training.png").stat().st_size > 1000
