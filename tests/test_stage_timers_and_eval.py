@@ -6,6 +6,7 @@ import pytest
 
 from grpo.infra.timing import STAGES, NullTimer, StageTimer, stage_key
 from grpo.train.evals import EVAL_COMPLETIONS
+from tests.reward_server import RewardServer
 from tests.rewards_for_tests import odd_length
 from tests.test_trainer import make_cfg
 from grpo.train.trainer import Trainer
@@ -31,17 +32,33 @@ def run(tmp_path_factory, tiny_model_dir):
     tmp = tmp_path_factory.mktemp("i27")
     data = tmp / "data.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{i} plus {i}?", "answer": str(2 * i)}) + "\n" for i in range(24)))
+    server = RewardServer()  # the run also trains on an async reward and one served over HTTP
+    rewards = f"tests.rewards_for_tests:odd_length,tests.rewards_for_tests:async_digit_share,{server.url('/ok')}"
     cfg = make_cfg(tmp, tiny_model_dir, data, max_steps=3, eval_steps=2, save_steps=2, beta=0.1, num_iterations=2,
-                   eval_prompts=4, eval_batch_size=2, rewards="tests.rewards_for_tests:odd_length",
+                   eval_prompts=4, eval_batch_size=2, rewards=rewards, reward_weights=[1.0, 1.0, 0.01],
                    report_to="tensorboard")
-    t = Trainer(cfg)
-    result = t.train()
+    try:
+        t = Trainer(cfg)
+        result = t.train()
+    finally:
+        server.close()
     lines = [json.loads(x) for x in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
-    return t, result, lines
+    return t, result, lines, server
+
+
+def test_async_and_url_rewards_in_a_run(run):
+    t, _, lines, server = run
+    url = t.cfg.reward_names[2]
+    steps = [b for path, b in server.requests if path == "/ok"]
+    assert len(steps) == 3 and all(len(b["completions"]) == 8 for b in steps)  # one request per step: B * G
+    for line, batch in zip(lines, steps):
+        want = sum(len(c) + len(s["answer"]) for c, s in zip(batch["completions"], batch["samples"])) / 8
+        assert line[f"rewards/{url}"] == pytest.approx(want) and line["reward_failures"] == 0
+        assert 0 <= line["rewards/tests.rewards_for_tests:async_digit_share"] <= 1
 
 
 def test_every_stage_in_every_line_and_within_the_step(run):
-    _, _, lines = run
+    _, _, lines, _ = run
     assert [x["step"] for x in lines] == [1, 2, 3]
     for line in lines:
         stages = [line[stage_key(s)] for s in STAGES]
@@ -54,7 +71,7 @@ def test_every_stage_in_every_line_and_within_the_step(run):
 
 
 def test_eval_metrics_and_completions_table(run):
-    t, result, lines = run
+    t, result, lines, _ = run
     assert [("eval/accuracy" in x) for x in lines] == [False, True, False]
     line = lines[1]
     rows = [json.loads(x) for x in (t.run_dir / EVAL_COMPLETIONS).read_text().splitlines()]
@@ -78,7 +95,7 @@ def test_report_shows_stage_times_eval_plot_and_completions(run, tmp_path):
 
     from grpo.tools.report import build_report
 
-    t, _, lines = run
+    t, _, lines, _ = run
     page = build_report([t.run_dir], tmp_path / "rep").read_text()
     times = page.split('<table id="stage_times">')[1].split("</table>")[0]
     for s in STAGES:

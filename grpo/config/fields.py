@@ -43,11 +43,11 @@ class Config:
     eval_prompts: int = 200
     """Held-out prompts for the before/after evaluation (never used for training; 0 disables it)."""
     rewards: str = "numeric"
-    """Comma-separated reward functions: built-ins (numeric, math, code, code_strict, reward_model, format, length, incompleteness) or module:function paths."""
+    """Comma-separated reward functions: built-ins (numeric, math, code, code_strict, reward_model, format, length, incompleteness), module:function paths (an `async def` one runs its batch's calls concurrently), or http(s):// URLs that score a JSON batch (README, Remote rewards)."""
     reward_weights: list[float] | None = None
     """Weight of each reward in `rewards` (default: all 1.0)."""
     reward_timeout: float = 10.0
-    """Wall-clock deadline in seconds for one reward call, run in a worker process; a call past it scores None (0 = run rewards in-process, no deadline)."""
+    """Wall-clock deadline in seconds for one reward call, run in a worker process (an `async def` reward's call and a URL reward's request: in the trainer's process); a call past it scores None (0 = run rewards in-process, no deadline)."""
     reward_workers: int = 1
     """Worker processes that run reward calls when reward_timeout > 0."""
     reward_model: str = ""
@@ -254,6 +254,12 @@ class Config:
     """Show the live progress bar."""
 
     # ---- issue 27: training conveniences ----
+    load_in_4bit: bool = False
+    """QLoRA (arXiv 2305.14314), with use_peft: the base model's linear layers in 4-bit NF4 (bitsandbytes; checked on the device before the model loads, a clear error where its build cannot), LoRA adapters trained in dtype on top, the reference the quantized base with adapters off. Samples with generate."""
+    reward_retries: int = 2
+    """A reward given as an http(s):// URL (README, Remote rewards): further attempts after a timeout, a refused connection, a 429 or a 5xx, with exponential backoff; each attempt has reward_timeout seconds."""
+    reward_concurrency: int = 16
+    """Most calls in flight at once of an `async def` reward (a batch's calls run concurrently on one event loop, each within reward_timeout)."""
     eval_steps: int = 0
     """Every this many steps, evaluate on the held-out set as before and after training (greedy accuracy, pass@k): eval/accuracy, eval/pass@k in that step's metrics line (always logged), a few completions with their rewards in eval_completions.jsonl (0 = off)."""
 

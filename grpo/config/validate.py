@@ -63,14 +63,14 @@ def _validate_choices(c) -> None:
 def _validate_values(c) -> None:
     positive = ["reward_workers", "num_generations", "prompts_per_step", "max_prompt_length", "max_completion_length",
                 "num_iterations", "per_device_train_batch_size", "eval_max_new_tokens", "eval_batch_size",
-                "logging_steps", "lora_r", "mini_batches"]
+                "logging_steps", "lora_r", "mini_batches", "reward_concurrency"]
     for key in positive:
         if getattr(c, key) < 1:
             raise ConfigError(f"{key}: must be >= 1, got {getattr(c, key)}")
     non_negative = ["vf_coef", "reward_timeout", "max_steps", "warmup_steps", "save_steps", "ref_reset_steps", "eval_prompts", "beta",
                     "learning_rate", "weight_decay", "max_grad_norm", "eval_pass_k", "eval_pass_prompts",
                     "log_completions_steps", "num_threads", "max_tokens_per_forward", "save_total_limit", "max_consecutive_skips", "top_k", "std_eps", "entropy_coef",
-                    "arithmetic_max_operand", "lora_dropout", "eval_steps"]
+                    "arithmetic_max_operand", "lora_dropout", "eval_steps", "reward_retries"]
     for key in non_negative:
         if getattr(c, key) < 0:
             raise ConfigError(f"{key}: must be >= 0, got {getattr(c, key)}")
@@ -103,6 +103,11 @@ def _validate_values(c) -> None:
     _choice("supervision", c.supervision, ("outcome", "process"))
     if c.supervision == "process" and c.advantage_estimator == "gae":
         raise ConfigError("supervision: process supervision uses group-normalized step rewards, not gae")
+    if c.load_in_4bit and not c.use_peft:
+        raise ConfigError("load_in_4bit: a 4-bit base cannot be trained itself; set use_peft=true (QLoRA)")
+    if c.load_in_4bit and c.rollout_backend not in ("auto", "hf"):
+        raise ConfigError(f"load_in_4bit: rollout_backend {c.rollout_backend} does not sample a 4-bit model; "
+                          "use rollout_backend=auto or hf")
     if c.use_peft and c.ref_reset_steps:
         raise ConfigError("ref_reset_steps: with use_peft the reference is the frozen base model and cannot "
                           "be reset; use full fine-tuning or ref_reset_steps=0")

@@ -85,7 +85,8 @@ class Trainer:
             keep_freed_memory()
         # Everything that can be wrong with the input is checked before the model loads.
         self.rewards = RewardRunner(cfg.reward_names, cfg.reward_weights, timeout=cfg.reward_timeout,
-                                    workers=cfg.reward_workers, reward_model=cfg.reward_model)
+                                    workers=cfg.reward_workers, reward_model=cfg.reward_model,
+                                    retries=cfg.reward_retries, concurrency=cfg.reward_concurrency)
         step_reward = resolve_step_reward(cfg.step_reward) if cfg.supervision == "process" else None
         self.task = task or task_of(cfg)
         if not self.task.train:
@@ -97,7 +98,8 @@ class Trainer:
         self.models = models or load_models(cfg.model, dtype=cfg.dtype, need_reference=cfg.beta > 0,
                                             lora_r=cfg.lora_r if cfg.use_peft else 0, lora_alpha=cfg.lora_alpha,
                                             lora_dropout=cfg.lora_dropout,
-                                            lora_target_modules=cfg.lora_target_modules)
+                                            lora_target_modules=cfg.lora_target_modules,
+                                            load_in_4bit=cfg.load_in_4bit, device=world.device)
         self.policy, self.tok = self.models.policy, self.models.tokenizer
         self._place_models()
         self.logger = NullLogger()  # train() replaces it with the run's logger on rank 0
@@ -134,7 +136,7 @@ class Trainer:
         self.policy.train()
         if world.device.type != "cpu":
             for m in (self.policy, self.models.reference):
-                if m is not None:
+                if m is not None and not cfg.load_in_4bit:  # a 4-bit base loads onto the device
                     m.to(world.device)
         device = next(self.policy.parameters()).device
         self.amp = cfg.bf16 if cfg.bf16 is not None else (native_bf16(device) and cfg.dtype == "float32")
