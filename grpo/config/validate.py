@@ -103,6 +103,8 @@ def _validate_values(c) -> None:
     _choice("supervision", c.supervision, ("outcome", "process"))
     if c.supervision == "process" and c.advantage_estimator == "gae":
         raise ConfigError("supervision: process supervision uses group-normalized step rewards, not gae")
+    if c.eval_steps and not c.eval_prompts:
+        raise ConfigError("eval_steps: evaluation during training needs held-out prompts (eval_prompts > 0)")
     if c.load_in_4bit and not c.use_peft:
         raise ConfigError("load_in_4bit: a 4-bit base cannot be trained itself; set use_peft=true (QLoRA)")
     if c.load_in_4bit and c.rollout_backend not in ("auto", "hf"):

@@ -119,6 +119,7 @@ class Trainer:
         self.ref_reset_at = 0  # step at which the reference last became a copy of the policy
         self._stop_signal: str | None = None
         self.fuse_reason: str | None = None
+        self._last_eval = None  # (step, result) of the latest evaluation during training
         self.resumed_from = None  # the checkpoint this run continues, set by state.restore
         path = run_state.resume_path(cfg.resume_from_checkpoint, self.run_dir)
         if path is not None:
@@ -305,6 +306,8 @@ class Trainer:
         main = self.world.is_main
         self._open_engines()  # closed at the end of an earlier train()
         self._stop_signal = None  # an earlier train() may have stopped on one
+        self._last_eval = None  # (step, result) of the latest evaluation during training
+        self.timer.take()  # stage seconds of sample() or score() calls made before train()
         self.logger = RunLogger(self.run_dir, total_steps=cfg.max_steps, start_step=self.step,
                                 tensorboard=cfg.report_to == "tensorboard", progress=cfg.progress,
                                 wandb_config=cfg.to_dict() if cfg.report_to == "wandb" else None,
@@ -337,8 +340,9 @@ class Trainer:
                 result["interrupted"] = self._stop_signal
                 self.logger.note(f"{self._stop_signal}: saved {result['checkpoint']}; continue with "
                                  f"grpo train --resume {self.run_dir}")
-            elif self.task.eval:
-                result["after"] = self.evaluate()
+            elif self.task.eval:  # an evaluation at the last step (eval_steps) already measured these weights
+                last = self._last_eval
+                result["after"] = last[1] if last is not None and last[0] == self.step else self.evaluate()
         finally:
             for s, h in handlers.items():
                 signal.signal(s, h)
@@ -354,7 +358,8 @@ class Trainer:
         cfg, out = self.cfg, {}
         if cfg.eval_steps and self.step % cfg.eval_steps == 0 and self.task.eval:
             with self.timer.stage("eval"):
-                out.update(periodic_eval(self.evaluate(), step=self.step, logger=self.logger))
+                self._last_eval = (self.step, self.evaluate())
+                out.update(periodic_eval(self._last_eval[1], step=self.step, logger=self.logger))
         if cfg.save_steps and self.step % cfg.save_steps == 0 and self.step < cfg.max_steps:
             with self.timer.stage("checkpoint"):
                 self.save()
