@@ -44,3 +44,21 @@ def test_mini_batches_error_lists_the_divisors():
         load_config(None, ["prompts_per_step=6", "mini_batches=4"])
     assert str(err.value) == ("mini_batches: 6 prompts per step cannot be split into 4 mini-batches of whole "
                               "groups; use one of [1, 2, 3, 6], or prompts_per_step a multiple of 4")
+
+
+def test_a_run_with_the_derived_micro_batch(tmp_path, tiny_model_dir, tiny_dataset):
+    """B * G = 6, which the old fixed default of 8 refused: the run trains in micro-batches of 6."""
+    import json
+
+    import yaml
+
+    from grpo.train.trainer import Trainer
+    from tests.test_trainer import make_cfg
+
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, per_device_train_batch_size=None, num_generations=3,
+                   prompts_per_step=2, max_steps=1, eval_prompts=0)
+    t = Trainer(cfg)
+    t.train()
+    assert yaml.safe_load((t.run_dir / "config.yaml").read_text())["per_device_train_batch_size"] == 6
+    line = json.loads((t.run_dir / "metrics.jsonl").read_text())
+    assert line["step"] == 1 and line["optimizer_steps"] == 1
