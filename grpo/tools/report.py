@@ -12,6 +12,8 @@ from pathlib import Path
 
 import yaml
 
+from grpo.infra.timing import STAGES, stage_key
+
 # (file stem, title, metric keys in metrics.jsonl): one PNG each
 PLOTS = (
     ("reward", "reward (mean over the step's completions)", ("reward_mean",)),
@@ -122,7 +124,9 @@ def _eval_rows(runs: list[dict]) -> list[list]:
 
 def _stage_rows(runs: list[dict]) -> tuple[list[str], list[list]]:
     """Mean seconds per step of each stage (time/<stage>_seconds) and of the step, per run."""
-    stages = sorted({k for run in runs for line in run["metrics"] for k in line if k.startswith("time/")})
+    order = {stage_key(s): i for i, s in enumerate(STAGES)}  # a step's order, unknown ones after
+    stages = sorted({k for run in runs for line in run["metrics"] for k in line if k.startswith("time/")},
+                    key=lambda k: (order.get(k, len(order)), k))
     rows = []
     for run in runs:
         row = [run["name"]]
