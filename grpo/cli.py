@@ -125,7 +125,8 @@ def _eval(argv: list[str]) -> int:
     from grpo.rewards import resolve_reward
     from grpo.rollout import make_engine
 
-    verifier = resolve_reward(cfg.reward_names[0])
+    verifier = resolve_reward(cfg.reward_names[0], timeout=cfg.reward_timeout, retries=cfg.reward_retries,
+                              concurrency=cfg.reward_concurrency)
     task = task_of(cfg)
     models = load_models(cfg.model, dtype=cfg.dtype, need_reference=False)
     engine = make_engine("hf", models.policy, models.tokenizer)  # generate, as evaluation inside `train`

@@ -71,3 +71,27 @@ def sigterm_on_rank1_step2(completion: str, sample: dict) -> float:
         if _calls["n"] == 9:
             os.kill(os.getpid(), signal.SIGTERM)
     return digit_share(completion, sample)
+
+
+def odd_length(completion: str, sample: dict) -> float:
+    """1.0 for a completion of odd length: a verifier a random model passes about half the time."""
+    return float(len(completion) % 2)
+
+
+in_flight = {"now": 0, "max": 0}
+
+
+async def async_digit_share(completion: str, sample: dict) -> float:
+    """digit_share, awaiting a short sleep in between (so a batch's calls overlap); 'hang' never
+    returns, 'raise' raises. Records the most calls in flight at once."""
+    import asyncio
+
+    in_flight["now"] += 1
+    in_flight["max"] = max(in_flight["max"], in_flight["now"])
+    try:
+        await asyncio.sleep(3600 if completion == "hang" else 0.01)
+        if completion == "raise":
+            raise ValueError("bad sample")
+        return digit_share(completion, sample)
+    finally:
+        in_flight["now"] -= 1

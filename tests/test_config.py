@@ -72,7 +72,7 @@ BAD_VALUE_MESSAGES = {
     "kl_estimator=k9": "kl_estimator: 'k9' is not valid; choose one of ['k1', 'k2', 'k3']",
     "temperature=0": "temperature: must be > 0, got 0.0",
     "per_device_train_batch_size=5": "per_device_train_batch_size: prompts_per_step * num_generations = 32 is not "
-                                     "a multiple of 5",
+                                     "a multiple of 5; use one of [1, 2, 4, 8, 16, 32] (unset: 8)",
     "dual_clip=0.5": "dual_clip: must be > 1 (or null), got 0.5",
     "max_steps=2.5": "max_steps: expected int, got '2.5'",
     "max_steps=25e-1": "max_steps: expected int, got '25e-1'",

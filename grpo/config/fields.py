@@ -18,7 +18,7 @@ import yaml
 
 from grpo.config.parse import parse_value
 from grpo.config.presets import apply_monitor_preset
-from grpo.config.validate import validate
+from grpo.config.validate import derived_micro_batch, validate
 from grpo.models.loading import DEFAULT_MODEL
 
 
@@ -44,11 +44,11 @@ class Config:
     eval_prompts: int = 200
     """Held-out prompts for the before/after evaluation (never used for training; 0 disables it)."""
     rewards: str = "numeric"
-    """Comma-separated reward functions: built-ins (numeric, math, code, code_strict, code_generated, code_style, reward_model, format, length, incompleteness, incompleteness_zh) or module:function paths."""
+    """Comma-separated reward functions: built-ins (numeric, math, code, code_strict, code_generated, code_style, reward_model, format, length, incompleteness, incompleteness_zh), module:function paths (an `async def` one runs its batch's calls concurrently), or http(s):// URLs that score a JSON batch (README, Remote rewards)."""
     reward_weights: list[float] | None = None
     """Weight of each reward in `rewards` (default: all 1.0)."""
     reward_timeout: float = 10.0
-    """Wall-clock deadline in seconds for one reward call, run in a worker process; a call past it scores None (0 = run rewards in-process, no deadline)."""
+    """Wall-clock deadline in seconds for one reward call, run in a worker process (an `async def` reward's call and a URL reward's request: in the trainer's process); a call past it scores None (0 = run rewards in-process, no deadline)."""
     reward_workers: int = 1
     """Worker processes that run reward calls when reward_timeout > 0."""
     reward_model: str = ""
@@ -247,8 +247,8 @@ class Config:
     """AdamW beta2."""
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm (0 = off)."""
-    per_device_train_batch_size: int = 8
-    """Completions per forward/backward micro-batch; B * G must be a multiple of it."""
+    per_device_train_batch_size: int | None = None
+    """Completions per forward/backward micro-batch; B * G must be a multiple of it. Unset (null): the largest divisor of B * G up to 8, written to the run's config.yaml."""
     max_tokens_per_forward: int = 1024
     """Token budget of one forward/backward pass (as verl's max token length per GPU): a micro-batch runs in as many passes as its packed tokens (prompt once per group with shared_prefix) need, one or more groups or part of a group each; the gradient is the same, peak activation memory is bounded by the budget, and no pass pads one group's row to another's length. 0 = one pass per micro-batch. Under FSDP2 (every process must run the same passes) a micro-batch is one pass; shared-prefix rows are capped at this many tokens everywhere, which bounds attention's cost."""
     shared_prefix: bool = True
@@ -336,9 +336,22 @@ class Config:
     reward_model_distill_temperature: float = 1.0
     """Temperature T of the teacher distillation (loss scaled by T^2)."""
 
+
+    # ---- issue 27: training conveniences ----
+    load_in_4bit: bool = False
+    """QLoRA (arXiv 2305.14314), with use_peft: the base model's linear layers in 4-bit NF4 (bitsandbytes; checked on the device before the model loads, a clear error where its build cannot), LoRA adapters trained in dtype on top, the reference the quantized base with adapters off. Samples with generate."""
+    reward_retries: int = 2
+    """A reward given as an http(s):// URL (README, Remote rewards): further attempts after a timeout, a refused connection, a 429 or a 5xx, with exponential backoff; each attempt has reward_timeout seconds."""
+    reward_concurrency: int = 16
+    """Most calls in flight at once of an `async def` reward (a batch's calls run concurrently on one event loop, each within reward_timeout)."""
+    eval_steps: int = 0
+    """Every this many steps, evaluate on the held-out set as before and after training (greedy accuracy, pass@k): eval/accuracy, eval/pass@k in that step's metrics line (always logged), a few completions with their rewards in eval_completions.jsonl (0 = off)."""
+
     def __post_init__(self) -> None:
         _coerce_types(self)
         apply_monitor_preset(self)
+        if self.per_device_train_batch_size is None:  # the one value that always fits (TRL issue #3061)
+            self.per_device_train_batch_size = derived_micro_batch(self.prompts_per_step, self.num_generations)
         validate(self)
 
     # ---- derived values ----

@@ -19,6 +19,19 @@ DTYPES = ("float32", "bfloat16", "float16")
 REPORT_TO = ("tensorboard", "wandb", "none")
 
 
+MICRO_BATCH_CAP = 8  # the derived micro-batch: the largest divisor of B * G up to this
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of n in increasing order (none for n < 1)."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def derived_micro_batch(prompts_per_step: int, num_generations: int) -> int:
+    """The largest divisor of B * G up to MICRO_BATCH_CAP (1 where B * G < 1, which validation refuses)."""
+    return max([d for d in divisors(prompts_per_step * num_generations) if d <= MICRO_BATCH_CAP], default=1)
+
+
 def _choice(key: str, value: str, valid) -> None:
     if value not in valid:
         raise ConfigError(f"{key}: {value!r} is not valid; choose one of {sorted(valid)}")
@@ -59,14 +72,14 @@ def _validate_choices(c) -> None:
 def _validate_values(c) -> None:
     positive = ["reward_workers", "num_generations", "prompts_per_step", "max_prompt_length", "max_completion_length",
                 "num_iterations", "per_device_train_batch_size", "eval_max_new_tokens", "eval_batch_size",
-                "logging_steps", "lora_r", "mini_batches"]
+                "logging_steps", "lora_r", "mini_batches", "reward_concurrency"]
     for key in positive:
         if getattr(c, key) < 1:
             raise ConfigError(f"{key}: must be >= 1, got {getattr(c, key)}")
     non_negative = ["vf_coef", "reward_timeout", "max_steps", "warmup_steps", "save_steps", "ref_reset_steps", "eval_prompts", "beta",
                     "learning_rate", "weight_decay", "max_grad_norm", "eval_pass_k", "eval_pass_prompts",
                     "log_completions_steps", "num_threads", "max_tokens_per_forward", "save_total_limit", "max_consecutive_skips", "top_k", "std_eps", "entropy_coef",
-                    "arithmetic_max_operand", "lora_dropout"]
+                    "arithmetic_max_operand", "lora_dropout", "eval_steps", "reward_retries"]
     for key in non_negative:
         if getattr(c, key) < 0:
             raise ConfigError(f"{key}: must be >= 0, got {getattr(c, key)}")
@@ -82,12 +95,7 @@ def _validate_values(c) -> None:
     if c.num_generations < 2 and c.advantage_estimator in GROUP_ESTIMATORS:
         raise ConfigError(f"num_generations: {c.advantage_estimator!r} compares completions within a group "
                           f"and needs num_generations >= 2, got {c.num_generations}")
-    if c.sequences_per_step % c.per_device_train_batch_size:
-        raise ConfigError(f"per_device_train_batch_size: prompts_per_step * num_generations = "
-                          f"{c.sequences_per_step} is not a multiple of {c.per_device_train_batch_size}")
-    if c.prompts_per_step % c.mini_batches:
-        raise ConfigError(f"mini_batches: {c.prompts_per_step} prompts per step cannot be split into "
-                          f"{c.mini_batches} mini-batches of whole groups")
+    _validate_batch_arithmetic(c)
     if not c.reward_names:
         raise ConfigError("rewards: name at least one reward function")
     if c.reward_weights is not None and len(c.reward_weights) != len(c.reward_names):
@@ -104,9 +112,29 @@ def _validate_values(c) -> None:
     _choice("supervision", c.supervision, ("outcome", "process"))
     if c.supervision == "process" and c.advantage_estimator == "gae":
         raise ConfigError("supervision: process supervision uses group-normalized step rewards, not gae")
+    if c.eval_steps and not c.eval_prompts:
+        raise ConfigError("eval_steps: evaluation during training needs held-out prompts (eval_prompts > 0)")
+    if c.load_in_4bit and not c.use_peft:
+        raise ConfigError("load_in_4bit: a 4-bit base cannot be trained itself; set use_peft=true (QLoRA)")
+    if c.load_in_4bit and c.rollout_backend not in ("auto", "hf"):
+        raise ConfigError(f"load_in_4bit: rollout_backend {c.rollout_backend} does not sample a 4-bit model; "
+                          "use rollout_backend=auto or hf")
     if c.use_peft and c.ref_reset_steps:
         raise ConfigError("ref_reset_steps: with use_peft the reference is the frozen base model and cannot "
                           "be reset; use full fine-tuning or ref_reset_steps=0")
+
+
+def _validate_batch_arithmetic(c) -> None:
+    """Where one value fits it is derived (fields.py); where several do, the error lists them."""
+    n = c.sequences_per_step
+    if n % c.per_device_train_batch_size:
+        raise ConfigError(f"per_device_train_batch_size: prompts_per_step * num_generations = {n} is not a "
+                          f"multiple of {c.per_device_train_batch_size}; use one of {divisors(n)} (unset: "
+                          f"{derived_micro_batch(c.prompts_per_step, c.num_generations)})")
+    if c.prompts_per_step % c.mini_batches:
+        raise ConfigError(f"mini_batches: {c.prompts_per_step} prompts per step cannot be split into "
+                          f"{c.mini_batches} mini-batches of whole groups; use one of {divisors(c.prompts_per_step)}, "
+                          f"or prompts_per_step a multiple of {c.mini_batches}")
 
 
 def _validate_stability(c) -> None:

@@ -21,10 +21,13 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
+def _verify(texts: list[str], samples: list[dict], verifier) -> list[float]:
+    """The verifier's value of each completion (NaN where it failed, which counts as wrong)."""
+    return score_completions(texts, samples, {"verifier": verifier}).per_reward["verifier"].tolist()
+
+
 def _correct(texts: list[str], samples: list[dict], verifier) -> list[bool]:
-    res = score_completions(texts, samples, {"verifier": verifier})
-    vals = res.per_reward["verifier"]  # [n]: NaN where the verifier failed, which counts as wrong
-    return [bool(v >= 1.0) for v in vals.tolist()]
+    return [bool(v >= 1.0) for v in _verify(texts, samples, verifier)]
 
 
 @torch.no_grad()
@@ -36,7 +39,8 @@ def evaluate(engine: RolloutEngine, samples: list[dict], verifier, *, system_pro
 
     A completion is correct when ``verifier(completion, sample) >= 1`` (the task's first reward).
     Returns {"accuracy", "pass@k" (or None), "k", "n_prompts", "mean_length", "truncated_share",
-    "prompts_truncated" (prompts cut from the left to ``max_prompt_length``), "seconds", "examples"}.
+    "prompts_truncated" (prompts cut from the left to ``max_prompt_length``), "seconds", "examples"
+    (a few prompts with their greedy completion and its verifier value, "reward")}.
     """
     start = time.perf_counter()
     sampling = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
@@ -45,11 +49,13 @@ def evaluate(engine: RolloutEngine, samples: list[dict], verifier, *, system_pro
     correct, lengths, truncated, examples, n_cut = [], [], [], [], 0
     for i in range(0, len(samples), batch_size):
         ro = engine.generate(prompts[i:i + batch_size], group_size=1, sampling=sampling, greedy=True)
-        correct += _correct(ro.texts, samples[i:i + batch_size], verifier)
+        values = _verify(ro.texts, samples[i:i + batch_size], verifier)
+        correct += [bool(v >= 1.0) for v in values]
         lengths += ro.lengths.tolist()
         truncated += ro.truncated.tolist()
         n_cut += ro.prompts_truncated
-        examples += [{"prompt": samples[i + j]["prompt"], "answer": samples[i + j]["answer"], "completion": t}
+        examples += [{"prompt": samples[i + j]["prompt"], "answer": samples[i + j]["answer"], "completion": t,
+                      "reward": None if math.isnan(values[j]) else values[j]}
                      for j, t in enumerate(ro.texts[:2])] if len(examples) < 6 else []
     result = {"accuracy": sum(correct) / max(len(correct), 1), "n_prompts": len(samples),
               "mean_length": sum(lengths) / max(len(lengths), 1),

@@ -66,8 +66,9 @@ class RunLogger:
                              if isinstance(metrics.get(k), (int, float)))
             self.progress.update(self.task, completed=step, description=desc)
 
-    def log_samples(self, step: int, rows: list[dict]) -> None:
-        with self.samples_path.open("a") as f:
+    def log_samples(self, step: int, rows: list[dict], file: str = "samples.jsonl") -> None:
+        """Rows of one step into ``file`` of the run folder (samples.jsonl; eval_completions.jsonl)."""
+        with (self.run_dir / file).open("a") as f:
             for r in rows:
                 f.write(json.dumps({"step": step, **r}) + "\n")
 
@@ -97,7 +98,7 @@ class NullLogger:
     def log_step(self, step: int, metrics: dict) -> None:
         pass
 
-    def log_samples(self, step: int, rows: list[dict]) -> None:
+    def log_samples(self, step: int, rows: list[dict], file: str = "samples.jsonl") -> None:
         pass
 
     def note(self, text: str, style: str | None = None) -> None:

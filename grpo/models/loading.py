@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from grpo.infra.checkpoint import newest_checkpoint
+from grpo.models.quantization import check_4bit, quantization_config
 
 
 DEFAULT_MODEL = "embedded:SmolLM2-135M-Instruct"
@@ -124,13 +125,20 @@ def load_tokenizer(path: str):
 
 def load_models(name: str, *, dtype: str = "float32", need_reference: bool = True, lora_r: int = 0,
                 lora_alpha: int = 16, lora_dropout: float = 0.0,
-                lora_target_modules: str = "all-linear") -> LoadedModels:
-    """Load policy (optionally wrapped with LoRA), tokenizer and reference."""
+                lora_target_modules: str = "all-linear", load_in_4bit: bool = False,
+                device: torch.device | None = None) -> LoadedModels:
+    """Load policy (optionally wrapped with LoRA), tokenizer and reference. ``load_in_4bit`` (QLoRA,
+    with LoRA): the base's linear layers in 4-bit NF4 on ``device`` (default CPU), checked first."""
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(name)
     torch_dtype = getattr(torch, dtype)
-    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    quantized = {}
+    if load_in_4bit:
+        device = device or torch.device("cpu")
+        check_4bit(device)
+        quantized = dict(quantization_config=quantization_config(torch_dtype), device_map={"": str(device)})
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **quantized)
     policy.config.use_cache = True
     tokenizer = load_tokenizer(path)
     reference = None

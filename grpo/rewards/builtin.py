@@ -14,6 +14,7 @@ from grpo.rewards.code_style import code_style_reward
 from grpo.rewards.completeness import incompleteness
 from grpo.rewards.generated_tests import code_generated_batch_reward
 from grpo.rewards.mathverify import candidates, gold_answer, math_reward, normalize_number_text
+from grpo.rewards.remote import DEFAULT_CONCURRENCY, AsyncReward, HttpReward, is_async, is_url
 from grpo.rewards.reward_model import reward_model_reward
 
 RewardFn = Callable[[str, dict], "float | None"]
@@ -91,11 +92,19 @@ def resolve_named(name: str, registry: dict, *, field: str):
     return fn
 
 
-def resolve_reward(name: str) -> RewardFn:
-    """A built-in by name, or ``package.module:function``; errors list the built-ins. A reward with a
-    ``startup_check`` attribute (the sandboxed code rewards) runs it here, so a run that cannot grade
-    stops before its model loads."""
+def resolve_reward(name: str, *, timeout: float = 0.0, retries: int = 0,
+                   concurrency: int = DEFAULT_CONCURRENCY) -> RewardFn:
+    """A built-in by name, ``package.module:function``, or an http(s):// URL (an HttpReward); errors
+    list the built-ins. An ``async def`` function becomes an AsyncReward (its batch's calls concurrent).
+    ``timeout`` (seconds, 0 = none), ``retries`` and ``concurrency`` set those two's deadline per call
+    or request, HTTP's retries and the most async calls in flight. A reward with a ``startup_check``
+    attribute (the sandboxed code rewards) runs it here, so a run that cannot grade stops before its
+    model loads."""
+    if is_url(name):
+        return HttpReward(name, timeout=timeout, retries=retries)
     fn = resolve_named(name, REWARDS, field="rewards")
+    if is_async(fn):
+        return AsyncReward(fn, timeout=timeout, concurrency=concurrency)
     check = getattr(fn, "startup_check", None) if name in REWARDS else None
     if check is not None:
         check()

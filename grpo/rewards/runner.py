@@ -16,6 +16,7 @@ import os
 
 from grpo.infra.processes import die_with_parent
 from grpo.rewards.builtin import resolve_reward
+from grpo.rewards.remote import DEFAULT_CONCURRENCY, AsyncReward, HttpReward
 from grpo.rewards.scoring import RewardResult, score_completions
 
 
@@ -50,13 +51,15 @@ class RewardRunner:
     """Scores completions with named rewards, in-process (timeout 0) or in workers with a deadline."""
 
     def __init__(self, names: list[str], weights: list[float] | None, *, timeout: float = 0.0, workers: int = 1,
-                 reward_model: str = ""):
+                 reward_model: str = "", retries: int = 0, concurrency: int = DEFAULT_CONCURRENCY):
         self.names, self.weights, self.timeout, self.workers = names, weights, timeout, workers
         if reward_model:
             from grpo.rewards.reward_model import set_reward_model
 
             set_reward_model(reward_model)
-        self.fns = {n: resolve_reward(n) for n in names}  # fail early, in this process, on a bad name
+        # fail early, in this process, on a bad name; async and URL rewards keep their own deadline here
+        self.fns = {n: resolve_reward(n, timeout=timeout, retries=retries, concurrency=concurrency) for n in names}
+        self._remote = [f for f in self.fns.values() if isinstance(f, (AsyncReward, HttpReward))]
         self.logged: set = set()
         self.timeouts = 0
         self._pool: cf.ProcessPoolExecutor | None = None
@@ -117,6 +120,13 @@ class RewardRunner:
         return results
 
     def score(self, completions: list[str], samples: list[dict]) -> RewardResult:
+        before = sum(f.timeouts for f in self._remote)
+        try:
+            return self._score(completions, samples)
+        finally:  # async calls and HTTP requests past their deadline count as the workers' do
+            self.timeouts += sum(f.timeouts for f in self._remote) - before
+
+    def _score(self, completions: list[str], samples: list[dict]) -> RewardResult:
         if self.timeout <= 0:
             return score_completions(completions, samples, self.fns, self.weights, logged=self.logged)
         results = self._run_in_workers(completions, samples)

@@ -44,6 +44,8 @@ def fast_unsupported_reason(model, *, synced: bool = False) -> str | None:
     config = getattr(model, "config", None)
     if config is None or getattr(config, "is_encoder_decoder", False):
         return "not a decoder-only transformers model"
+    if getattr(config, "quantization_config", None) is not None:
+        return "a quantized model (its weights are packed, e.g. load_in_4bit); generate samples it"
     if getattr(config, "model_type", None) not in FAST_MODEL_TYPES:
         return f"model_type {getattr(config, 'model_type', None)!r} is not one of {FAST_MODEL_TYPES}"
     return None

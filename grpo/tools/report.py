@@ -12,6 +12,8 @@ from pathlib import Path
 
 import yaml
 
+from grpo.infra.timing import STAGES, stage_key
+
 # (file stem, title, metric keys in metrics.jsonl): one PNG each
 PLOTS = (
     ("reward", "reward (mean over the step's completions)", ("reward_mean",)),
@@ -34,7 +36,10 @@ PLOTS = (
                                                                                        "distinct_2")),
     ("loop_share", "share of completions that loop (a span repeated 4 times)", ("loop_share",)),
 )
+# evaluation during training (eval_steps): greedy accuracy solid, pass@k dashed
+PLOTS += (("eval_during_training", "held-out greedy accuracy (solid), pass@k (dashed)", ("eval/accuracy", "eval/pass@k")),)
 SAMPLES_PER_RUN = 24
+EVAL_COMPLETIONS_PER_RUN = 24
 
 
 def _read_jsonl(path: Path, what: str) -> list[dict]:
@@ -59,6 +64,7 @@ def load_run(run_dir: str | Path) -> dict:
     evaluation = json.loads((d / "eval.json").read_text()) if (d / "eval.json").is_file() else {}
     return {"name": d.resolve().name, "dir": d, "metrics": _read_jsonl(d / "metrics.jsonl", "metrics"),
             "samples": _read_jsonl(d / "samples.jsonl", "samples"), "config": config or {},
+            "eval_completions": _read_jsonl(d / "eval_completions.jsonl", "evaluation completions"),
             "eval": evaluation}
 
 
@@ -126,6 +132,32 @@ def _eval_rows(runs: list[dict]) -> list[list]:
     return rows
 
 
+def _stage_rows(runs: list[dict]) -> tuple[list[str], list[list]]:
+    """Mean seconds per step of each stage (time/<stage>_seconds) and of the step, per run."""
+    order = {stage_key(s): i for i, s in enumerate(STAGES)}  # a step's order, unknown ones after
+    stages = sorted({k for run in runs for line in run["metrics"] for k in line if k.startswith("time/")},
+                    key=lambda k: (order.get(k, len(order)), k))
+    rows = []
+    for run in runs:
+        row = [run["name"]]
+        for key in [*stages, "step_seconds"]:
+            ys = _series(run["metrics"], key)[1]
+            row.append(sum(ys) / len(ys) if ys else None)
+        rows.append(row)
+    return [s[len("time/"):].removesuffix("_seconds") for s in stages], rows
+
+
+def _training_sections(runs: list[dict]) -> list[str]:
+    """Stage times, and the completions of the evaluations during training (eval_steps)."""
+    stages, rows = _stage_rows(runs)
+    completions = [[run["name"], r.get("step"), r.get("prompt"), r.get("completion"), r.get("answer"), r.get("reward")]
+                   for run in runs for r in run["eval_completions"][-EVAL_COMPLETIONS_PER_RUN:]]
+    return ["<h2>Time per stage (mean seconds per logged step)</h2>",
+            _table("stage_times", ["run", *stages, "step"], rows),
+            f"<h2>Evaluation completions during training (last {EVAL_COMPLETIONS_PER_RUN} per run)</h2>",
+            _table("eval_completions", ["run", "step", "prompt", "completion", "answer", "reward"], completions)]
+
+
 def render_html(runs: list[dict], images: list[str]) -> str:
     """The report page: plots, config, evaluation and samples tables."""
     e = html.escape
@@ -144,6 +176,7 @@ def render_html(runs: list[dict], images: list[str]) -> str:
         "<h2>Evaluation (held-out greedy accuracy)</h2>",
         _table("evaluation", ["run", "prompts", "accuracy before", "accuracy after", "pass@k before",
                               "pass@k after", "length before", "length after"], _eval_rows(runs)),
+        *_training_sections(runs),
         "<h2>Resolved config</h2>", _table("config", ["key", *[run["name"] for run in runs]], config_rows),
         f"<h2>Sample completions (last {SAMPLES_PER_RUN} per run)</h2>",
         _table("samples", ["run", "step", "prompt", "completion", "answer", "reward"], sample_rows),

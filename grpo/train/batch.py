@@ -13,6 +13,7 @@ import torch
 
 from grpo import core
 from grpo.infra import distributed as dist_io
+from grpo.infra.timing import NullTimer, StageTimer
 from grpo.rewards.steps import process_supervision
 from grpo.rollout import Rollout, engine_class
 from grpo.train.code_tokens import code_token_vocab
@@ -36,8 +37,10 @@ class BatchMaker:
     """Makes a step's Batch: the models it runs (policy, reference, critic) and how it runs them
     (``forwards``) are fixed for the run; the knobs (temperature, beta) are given per step."""
 
-    def __init__(self, cfg, *, world: dist_io.World, forwards, policy, reference, critic, step_reward, tokenizer):
+    def __init__(self, cfg, *, world: dist_io.World, forwards, policy, reference, critic, step_reward, tokenizer,
+                 timer: StageTimer | None = None):
         self.cfg, self.world, self.forwards = cfg, world, forwards
+        self.timer = timer or NullTimer()  # seconds of the old-policy and reference forwards
         self.policy, self.reference, self.critic = policy, reference, critic
         self.step_reward, self.tok = step_reward, tokenizer
         self._code_vocab: torch.Tensor | None = None  # [V] identifier/operator tokens (token_weight_gamma)
@@ -48,9 +51,14 @@ class BatchMaker:
                                           micro_batch=self.cfg.per_device_train_batch_size)
 
     def reference_logps(self, ro: Rollout, temperature: float) -> torch.Tensor:
-        if self.reference is not None:
-            return self.frozen_logps(self.reference, ro, temperature)
-        with self.policy.disable_adapter():  # LoRA: the base model is the reference
+        with self.timer.stage("reference"):
+            if self.reference is not None:
+                return self.frozen_logps(self.reference, ro, temperature)
+            with self.policy.disable_adapter():  # LoRA: the base model is the reference
+                return self.frozen_logps(self.policy, ro, temperature)
+
+    def old_logps(self, ro: Rollout, temperature: float) -> torch.Tensor:
+        with self.timer.stage("old_logp"):
             return self.frozen_logps(self.policy, ro, temperature)
 
     def make(self, ro: Rollout, rewards: torch.Tensor, samples: list[dict] | None, *, temperature: float,
@@ -107,7 +115,7 @@ class BatchMaker:
         filled = torch.where(failed, group_mean.expand_as(rewards), rewards)  # [B, G]
         mask = ro.loss_mask * (~failed & keep).reshape(-1, 1)[rows]  # [n, T] trained tokens that count
         # the sampling policy's log-probs, once the policy can have moved: after the first epoch or mini-batch
-        old_logp = self.frozen_logps(self.policy, ro, temperature) \
+        old_logp = self.old_logps(ro, temperature) \
             if cfg.num_iterations > 1 or cfg.mini_batches > 1 else None
         ref_logp = self.reference_logps(ro, temperature) if cfg.beta > 0 else None
         metrics = {"reward_mean": float(torch.nanmean(rewards)),

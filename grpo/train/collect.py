@@ -16,6 +16,7 @@ import torch
 from grpo import core
 from grpo.data import PromptSampler, render_prompt
 from grpo.infra import distributed as dist_io
+from grpo.infra.timing import NullTimer, StageTimer
 from grpo.rewards.runner import RewardRunner
 from grpo.rollout import Rollout, RolloutEngine, SamplingSettings
 from grpo.rollout.base import concat_rollouts, rollout_to, select_rollout
@@ -42,8 +43,9 @@ class Collector:
     max_prompt_length). ``note`` reports a message to the run's log."""
 
     def __init__(self, cfg, *, world: dist_io.World, train: list[dict], engine: RolloutEngine, rewards: RewardRunner,
-                 note: Callable[..., None]):
+                 note: Callable[..., None], timer: StageTimer | None = None):
         self.cfg, self.world, self.train, self.rewards, self.note = cfg, world, train, rewards, note
+        self.timer = timer or NullTimer()  # seconds of the sampling and rewards stages
         self.engine, self.tok = engine, engine.tokenizer
         self.sampler = PromptSampler(len(train), seed=cfg.seed)
         self.reward_failures = 0
@@ -94,8 +96,9 @@ class Collector:
                                     top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length)
         # no sampling log-probs (the loss recomputes them; keeping [N, T, V] logits costs memory), except
         # for the train/inference mismatch correction, which compares the engine's with the trainer's
-        ro = self.engine.generate(prompts, group_size=g, sampling=sampling, keys=keys,
-                                  with_logprobs=correction_mode(cfg) != "none")
+        with self.timer.stage("sampling"):
+            ro = self.engine.generate(prompts, group_size=g, sampling=sampling, keys=keys,
+                                      with_logprobs=correction_mode(cfg) != "none")
         for msg in take_messages():  # what the rollout measured or read about this machine's kernels, once
             self.note(msg)
         self._count_truncated(int(dist_io.all_sum(torch.tensor(ro.prompts_truncated), world)))
@@ -117,7 +120,8 @@ class Collector:
         cfg, world = self.cfg, self.world
         group_samples = [s for s in samples for _ in range(cfg.num_generations)]
         t0 = time.perf_counter()
-        res = self.rewards.score(ro.texts, group_samples)
+        with self.timer.stage("rewards"):
+            res = self.rewards.score(ro.texts, group_samples)
         grading = time.perf_counter() - t0  # every reward of the step (the code rewards: its sandboxed tests)
         for msgs in dist_io.gather_objects(res.messages, world):
             for msg in msgs:

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from grpo.config import Config
+from grpo.config.validate import divisors
 from grpo.data import task_of
 from grpo.errors import ConfigError, DataError, EngineError, FuseError
 from grpo.eval.consistency import consistency, probe_prompts
@@ -31,6 +32,7 @@ from grpo.eval.evaluate import evaluate_as_configured
 from grpo.infra import checkpoint as ckpt_io
 from grpo.infra import distributed as dist_io
 from grpo.infra.logger import NullLogger, RunLogger
+from grpo.infra.timing import STAGES, StageTimer, stage_key
 from grpo.infra.runtime import keep_freed_memory, make_run_dir, seed_everything
 from grpo.models import grouped_attention, keep_head_fp32, load_models, native_bf16, reset_reference
 from grpo.models.packing import SHARED_PREFIX_ATTENTION, sliding_window
@@ -43,20 +45,28 @@ from grpo.train import state as run_state
 from grpo.train.batch import Batch, BatchMaker
 from grpo.train.collect import Collector
 from grpo.train.critic import Critic
+from grpo.train.evals import periodic_eval
 from grpo.train.forwards import Forwards
 from grpo.train.knobs import Knobs
 from grpo.train.reward_model import make_reward_model_trainer
 from grpo.train.update import Updater
 
+AFTER_STEP = ("eval", "checkpoint")  # stages after the step proper, still in its metrics line
+IN_STEP = tuple(s for s in STAGES if s not in AFTER_STEP)
+
 
 def _check_world(cfg: Config, world: dist_io.World) -> None:
     """What cannot run on this many processes, refused before anything loads."""
     if cfg.prompts_per_step % world.size:
+        lower = cfg.prompts_per_step - cfg.prompts_per_step % world.size
+        near = [v for v in (lower, lower + world.size) if v > 0]
         raise ConfigError(f"prompts_per_step: {cfg.prompts_per_step} prompts cannot be split evenly over "
-                          f"{world.size} processes (each group stays on one process)")
+                          f"{world.size} processes (each group stays on one process); use a multiple of "
+                          f"{world.size}, e.g. {' or '.join(map(str, near))}")
     if (cfg.prompts_per_step // world.size) % cfg.mini_batches:
-        raise ConfigError(f"mini_batches: each process's {cfg.prompts_per_step // world.size} prompts cannot be "
-                          f"split into {cfg.mini_batches} mini-batches of whole groups")
+        b = cfg.prompts_per_step // world.size
+        raise ConfigError(f"mini_batches: each process's {b} prompts cannot be split into {cfg.mini_batches} "
+                          f"mini-batches of whole groups; use one of {divisors(b)}")
     if world.distributed and cfg.distributed_strategy == "fsdp2" and cfg.rollout_backend == "fast":
         raise ConfigError("rollout_backend: fast does not sample a model sharded by FSDP2 (every process must run "
                           "the same synced generate); use rollout_backend=auto or hf")
@@ -80,7 +90,8 @@ class Trainer:
             keep_freed_memory()
         # Everything that can be wrong with the input is checked before the model loads.
         self.rewards = RewardRunner(cfg.reward_names, cfg.reward_weights, timeout=cfg.reward_timeout,
-                                    workers=cfg.reward_workers, reward_model=cfg.reward_model)
+                                    workers=cfg.reward_workers, reward_model=cfg.reward_model,
+                                    retries=cfg.reward_retries, concurrency=cfg.reward_concurrency)
         if cfg.reward_model:  # issue 25: seed 003 section 4.1
             set_reward_transform(cfg.reward_model_transform)
         step_reward = resolve_step_reward(cfg.step_reward) if cfg.supervision == "process" else None
@@ -94,7 +105,8 @@ class Trainer:
         self.models = models or load_models(cfg.model, dtype=cfg.dtype, need_reference=cfg.beta > 0,
                                             lora_r=cfg.lora_r if cfg.use_peft else 0, lora_alpha=cfg.lora_alpha,
                                             lora_dropout=cfg.lora_dropout,
-                                            lora_target_modules=cfg.lora_target_modules)
+                                            lora_target_modules=cfg.lora_target_modules,
+                                            load_in_4bit=cfg.load_in_4bit, device=world.device)
         self.policy, self.tok = self.models.policy, self.models.tokenizer
         self._place_models()
         self.logger = NullLogger()  # train() replaces it with the run's logger on rank 0
@@ -102,19 +114,21 @@ class Trainer:
         self.knobs = Knobs(cfg)  # the step's knobs (eps, beta, temperature, ...) and their controllers
         self.engine = self.eval_engine = self.collector = None
         self._open_engines()
+        self.timer = StageTimer(next(self.policy.parameters()).device)  # seconds per stage, in every metrics line
         self.collector = Collector(cfg, world=world, train=self.task.train, engine=self.engine, rewards=self.rewards,
-                                   note=lambda text, style=None: self.logger.note(text, style))
+                                   note=lambda text, style=None: self.logger.note(text, style), timer=self.timer)
         # seed 001 Algorithm 1 step 4: the reward model learns at iteration boundaries (train/reward_model.py)
         self.rm_trainer = make_reward_model_trainer(cfg) if cfg.reward_model_train_steps else None
         self.batches = BatchMaker(cfg, world=world, forwards=self.forwards, policy=self.policy,
                                   reference=self.models.reference, critic=self.critic, step_reward=step_reward,
-                                  tokenizer=self.tok)
+                                  tokenizer=self.tok, timer=self.timer)
         self.updater = Updater(cfg, world=world, policy=self.policy, module=self.module, forwards=self.forwards,
                                critic=self.critic, checkpoint_dir=self.run_dir / "checkpoints")
         self.step = 0
         self.ref_reset_at = 0  # step at which the reference last became a copy of the policy
         self._stop_signal: str | None = None
         self.fuse_reason: str | None = None
+        self._last_eval = None  # (step, result) of the latest evaluation during training
         self.resumed_from = None  # the checkpoint this run continues, set by state.restore
         path = run_state.resume_path(cfg.resume_from_checkpoint, self.run_dir)
         if path is not None:
@@ -132,7 +146,7 @@ class Trainer:
         self.policy.train()
         if world.device.type != "cpu":
             for m in (self.policy, self.models.reference):
-                if m is not None:
+                if m is not None and not cfg.load_in_4bit:  # a 4-bit base loads onto the device
                     m.to(world.device)
         device = next(self.policy.parameters()).device
         self.amp = cfg.bf16 if cfg.bf16 is not None else (native_bf16(device) and cfg.dtype == "float32")
@@ -203,6 +217,7 @@ class Trainer:
                        tokens_per_second=float(ro.lengths.sum()) * self.world.size / max(ro.seconds, 1e-9),
                        step_seconds=time.perf_counter() - t0,
                        prompts_truncated=self.collector.prompts_truncated - cut_before)
+        metrics.update(self.timer.take(IN_STEP))  # what follows the step adds its own (after_step)
         if cfg.consistency_steps and self.step % cfg.consistency_steps == 0:
             metrics.update(self._consistency())
         self.fuse_reason = k.after_step(metrics)  # controllers move the next step's knobs
@@ -230,8 +245,10 @@ class Trainer:
 
     def update(self, batch: Batch) -> dict:
         """The step's optimizer steps (Updater.update); the engines then sample the new weights."""
-        metrics = self.updater.update(batch, self.knobs, step=self.step)
-        self._sync_engines()
+        with self.timer.stage("update"):
+            metrics = self.updater.update(batch, self.knobs, step=self.step)
+        with self.timer.stage("sync"):
+            self._sync_engines()
         return metrics
 
     def _open_engines(self) -> None:
@@ -315,6 +332,8 @@ class Trainer:
         main = self.world.is_main
         self._open_engines()  # closed at the end of an earlier train()
         self._stop_signal = None  # an earlier train() may have stopped on one
+        self._last_eval = None  # (step, result) of the latest evaluation during training
+        self.timer.take()  # stage seconds of sample() or score() calls made before train()
         self.logger = RunLogger(self.run_dir, total_steps=cfg.max_steps, start_step=self.step,
                                 tensorboard=cfg.report_to == "tensorboard", progress=cfg.progress,
                                 wandb_config=cfg.to_dict() if cfg.report_to == "wandb" else None,
@@ -338,20 +357,21 @@ class Trainer:
                     metrics = self.train_step()
                 except EngineError as e:  # the engine's process died: the last finished step is saved
                     raise EngineError(f"{e}; stopped at step {self.step}, checkpoint {self.save()}") from e
-                if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps:
-                    self.logger.log_step(self.step, metrics)
                 if self.fuse_reason:
+                    self.logger.log_step(self.step, {**metrics, **self.timer.take(AFTER_STEP)})
                     raise FuseError(f"{self.fuse_reason} (step {self.step}); stopped, checkpoint "
                                      f"{self.save()}")
-                if cfg.save_steps and self.step % cfg.save_steps == 0 and self.step < cfg.max_steps:
-                    self.save()
+                metrics.update(self.after_step(metrics))
+                if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps or "eval/accuracy" in metrics:
+                    self.logger.log_step(self.step, metrics)
             result["checkpoint"] = str(self.save())
             if self._stop_signal is not None:
                 result["interrupted"] = self._stop_signal
                 self.logger.note(f"{self._stop_signal}: saved {result['checkpoint']}; continue with "
                                  f"grpo train --resume {self.run_dir}")
-            elif self.task.eval:
-                result["after"] = self.evaluate()
+            elif self.task.eval:  # an evaluation at the last step (eval_steps) already measured these weights
+                last = self._last_eval
+                result["after"] = last[1] if last is not None and last[0] == self.step else self.evaluate()
         finally:
             for s, h in handlers.items():
                 signal.signal(s, h)
@@ -360,6 +380,21 @@ class Trainer:
         if main:
             eval_path.write_text(json.dumps(result, indent=2))
         return result
+
+    def after_step(self, metrics: dict) -> dict:
+        """What follows a step within its metrics line: the periodic evaluation (eval_steps) and the
+        periodic checkpoint (save_steps), each timed; step_seconds then counts them too (as verl's step timer)."""
+        cfg, out = self.cfg, {}
+        if cfg.eval_steps and self.step % cfg.eval_steps == 0 and self.task.eval:
+            with self.timer.stage("eval"):
+                self._last_eval = (self.step, self.evaluate())
+                out.update(periodic_eval(self._last_eval[1], step=self.step, logger=self.logger))
+        if cfg.save_steps and self.step % cfg.save_steps == 0 and self.step < cfg.max_steps:
+            with self.timer.stage("checkpoint"):
+                self.save()
+        out.update(self.timer.take(AFTER_STEP))
+        out["step_seconds"] = metrics["step_seconds"] + sum(out[stage_key(s)] for s in AFTER_STEP)
+        return out
 
     def close(self) -> None:
         """Release the rollout engines and the reward workers (train() does this at its end; a
