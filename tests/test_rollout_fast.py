@@ -116,8 +116,8 @@ def test_auto_backend_falls_back_to_generate(tiny):
     assert resolve_backend("auto", model) == "fast"
     assert resolve_backend("auto", model, synced=True) == "hf"  # FSDP2 generation is a collective
     assert resolve_backend("hf", model) == "hf"
-    with pytest.raises(ValueError, match="valid: hf, fast, auto"):
-        resolve_backend("vllm", model)
+    with pytest.raises(ValueError, match="valid: hf, fast, auto, vllm"):
+        resolve_backend("no-such-engine", model)
 
 
 def test_a_decoder_that_ignores_the_cache_is_a_clear_error(tiny, monkeypatch):
