@@ -69,6 +69,20 @@ def need_native() -> None:
     assert native.unavailable_reason() is None, native.unavailable_reason()
 
 
+def build_tiny_reward_model(path):
+    """A tiny random LlamaForSequenceClassification (one label) with the byte-level tokenizer, saved at path."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, num_labels=1, pad_token_id=tok.pad_token_id,
+                      eos_token_id=tok.eos_token_id, bos_token_id=None)
+    LlamaForSequenceClassification(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
 def build_tiny_model(vocab_size: int, seed: int = 0, eos_id: int | None = None, pad_id: int | None = None):
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -8,23 +8,13 @@ import torch
 from grpo.rewards import reward_model as rm
 from grpo.rewards.runner import RewardRunner
 from grpo.rewards.scoring import score_completions
-from tests.conftest import build_tokenizer
+from tests.conftest import build_tiny_reward_model, build_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tiny_rm_dir(tmp_path_factory):
     """A tiny random LlamaForSequenceClassification (one label) with the byte-level tokenizer."""
-    from transformers import LlamaConfig, LlamaForSequenceClassification
-
-    path = tmp_path_factory.mktemp("tiny-rm")
-    tok = build_tokenizer()
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, num_labels=1, pad_token_id=tok.pad_token_id,
-                      eos_token_id=tok.eos_token_id, bos_token_id=None)
-    LlamaForSequenceClassification(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+    return build_tiny_reward_model(tmp_path_factory.mktemp("tiny-rm"))
 
 
 PROMPTS = ["What is 2 + 2?", "Name a colour.", "What is 2 + 2?"]
