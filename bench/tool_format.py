@@ -152,6 +152,8 @@ FORMATS = [
            result_role="user", result_prefix="Result: "),
     Format("py_tool_nofinal", PY_SYSTEM, worked("calculator(12 * 34)", final=False)),
     Format("py_call_only", PY_SYSTEM, worked("calculator(12 * 34)", result=False)),
+    Format("py_call_only_nosys", None, worked("calculator(12 * 34)", result=False)),
+    Format("calc_call_only_nosys", None, worked("calc(12 * 34)", result=False), tool_name="calc"),
     Format("calc_tool_final", CALC_SYSTEM, worked("calc(12 * 34)"), tool_name="calc"),
     Format("hermes_tool_final", HERMES_SYSTEM, worked(HERMES_CALL), syntax="hermes"),
 ]
@@ -316,14 +318,18 @@ def main():
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--only", default="", help="comma-separated format names")
+    ap.add_argument("--only", default="", help="comma-separated format names, run in that order")
     ap.add_argument("--show", action="store_true", help="print one transcript per format")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_models(args.model, need_reference=False)
     model, tok = loaded.policy.eval(), loaded.tokenizer
     problems = problems_for(args.problems, args.seed)
-    chosen = [f for f in FORMATS if not args.only or f.name in args.only.split(",")]
+    by_name = {f.name: f for f in FORMATS}
+    unknown = [n for n in args.only.split(",") if n and n not in by_name]
+    if unknown:
+        raise SystemExit(f"unknown format(s) {unknown}; known: {sorted(by_name)}")
+    chosen = [by_name[n] for n in args.only.split(",")] if args.only else FORMATS
     print(f"problems ({len(problems)}): {problems}")
     head = (f"{'format':22s} {'mode':6s} {'call':>5s} {'right':>5s} {'acc':>5s} {'acc|rc':>6s} "
             f"{'gen':>5s} {'ctx':>5s} {'mixed':>5s} {'s':>5s}")
