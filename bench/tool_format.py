@@ -153,6 +153,7 @@ FORMATS = [
     Format("py_tool_nofinal", PY_SYSTEM, worked("calculator(12 * 34)", final=False)),
     Format("py_call_only", PY_SYSTEM, worked("calculator(12 * 34)", result=False)),
     Format("py_call_only_nosys", None, worked("calculator(12 * 34)", result=False)),
+    Format("calc_call_only", CALC_SYSTEM, worked("calc(12 * 34)", result=False), tool_name="calc"),
     Format("calc_call_only_nosys", None, worked("calc(12 * 34)", result=False), tool_name="calc"),
     Format("calc_tool_final", CALC_SYSTEM, worked("calc(12 * 34)"), tool_name="calc"),
     Format("hermes_tool_final", HERMES_SYSTEM, worked(HERMES_CALL), syntax="hermes"),
