@@ -11,7 +11,11 @@ import json
 import os
 import shutil
 import signal
+import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,6 +61,24 @@ def test_a_lora_policy_is_pushed_as_its_merged_weights(tiny_model_dir):
     assert not torch.equal(sent["model.layers.0.self_attn.q_proj.weight"],
                            before["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"])
     assert all(torch.equal(v, before[k]) for k, v in m.policy.state_dict().items())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_no_server_at_the_url_is_an_error_naming_it_before_training(tmp_path, tiny_model_dir, tiny_dataset):
+    """rollout_backend=vllm_server needs no vLLM in the trainer: the error comes from the missing server."""
+    from grpo.train.trainer import Trainer
+
+    port = _free_port()
+    cfg = Config(model=str(tiny_model_dir), task=str(tiny_dataset), output_dir=str(tmp_path / "run"), max_steps=1,
+                 eval_prompts=0, progress=False, report_to="none", rollout_backend="vllm_server",
+                 vllm_server_port=port, vllm_server_timeout=0.3)
+    with pytest.raises(ConfigError, match=rf"no vLLM server answers at http://127\.0\.0\.1:{port} .*grpo vllm-serve"):
+        Trainer(cfg)
 
 
 @pytest.mark.parametrize("mode", ["mask", "truncate"])
@@ -236,10 +258,6 @@ if __name__ == "__main__":
 def test_a_trainer_killed_outright_leaves_no_engine_process(trainer, tmp_path):
     """SIGKILL runs no cleanup: the engine core and its worker die with their parent (the vllm
     general plugin in vllm_worker.py sets the kernel's parent-death signal in each)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER_SCRIPT.format(root=str(Path(__file__).resolve().parents[1]),
                                             model=str(trainer.models.path)))
@@ -263,6 +281,76 @@ def test_a_trainer_killed_outright_leaves_no_engine_process(trainer, tmp_path):
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
         proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(trainer):
+    """`grpo vllm-serve` in a subprocess on a free port, on the module trainer's model folder."""
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-m", "grpo", "vllm-serve", str(trainer.models.path), "--port", str(port),
+                             "--dtype", "float32", "--gpu-memory-utilization", "0.05"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc.port = port
+    yield proc
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server_trainer(trainer, server):
+    """A second trainer on the same model, sampling on the server (waits for it to load)."""
+    from grpo.train.trainer import Trainer
+
+    cfg = Config(**{**trainer.cfg.to_dict(), "output_dir": str(trainer.run_dir.parent / "server-run"),
+                    "rollout_backend": "vllm_server", "vllm_server_port": server.port, "vllm_server_timeout": 180.0,
+                    "max_steps": 2})
+    t = Trainer(cfg)
+    yield t
+    t.close()
+
+
+@needs_vllm
+def test_server_mode_trains_and_after_each_sync_the_server_scores_tokens_as_the_trainer(server_trainer, tmp_path):
+    """Weights in the request body, then through a shared folder (vllm_server_weight_dir): after each
+    optimizer step the server's log-probs of fixed tokens follow the trainer's to fp32 tolerance."""
+    t = server_trainer
+    assert t.eval_engine is t.engine and t.engine.url.endswith(f":{t.cfg.vllm_server_port}")
+    rows = [t.tok("What is 3 + 4? It is 7.")["input_ids"], t.tok("Hello there")["input_ids"]]
+    for weight_dir in (None, str(tmp_path)):
+        t.engine.options["weight_dir"] = weight_dir
+        before = _trainer_logprobs(t.policy, rows)
+        metrics = t.train_step()
+        assert metrics["rollout_backend"] == "vllm_server"
+        assert abs(metrics["mismatch_kl_k1"]) < 1e-3 and 0 <= metrics["mismatch_kl_k3"] < 1e-3  # fp32: same policy
+        after = _trainer_logprobs(t.policy, rows)
+        assert max(float((a - b).abs().max()) for a, b in zip(after, before)) > 1e-2
+        for mine, theirs in zip(after, t.engine.sequence_logprobs(rows)):
+            torch.testing.assert_close(torch.tensor(theirs), mine, atol=2e-4, rtol=0)
+    assert not os.listdir(tmp_path)  # the shared folder's weights file is removed after the load
+
+
+@needs_vllm
+def test_a_server_that_dies_mid_run_saves_a_checkpoint_and_leaves_no_process(server_trainer, server):
+    t = server_trainer
+    procs = _descendants(server.pid)
+    assert procs, "the server's engine process did not start"
+    server.kill()  # outright: no cleanup runs in the server
+    server.wait()
+    t.cfg.max_steps = t.step + 2
+    with pytest.raises(EngineError, match=rf"server at http://127\.0\.0\.1:{server.port} stopped answering"
+                                          rf".*checkpoint .*step-{t.step}"):
+        t.train()
+    assert (t.run_dir / "checkpoints" / f"step-{t.step}").is_dir()
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(_alive(p) for p in procs), [p for p in procs if _alive(p)]
 
 
 @needs_vllm
