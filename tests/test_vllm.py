@@ -136,12 +136,10 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def trainer(tmp_path_factory):
-    """A trainer on a small random Llama whose head size vLLM's CPU attention supports (64; the
-    suite's tiny model has 8)."""
+def vllm_root(tmp_path_factory):
+    """A folder with a small random Llama whose head size vLLM's CPU attention supports (64; the
+    suite's tiny model has 8) under model/, and a task, sums.jsonl."""
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from grpo.train.trainer import Trainer
 
     root = tmp_path_factory.mktemp("vllm")
     tok = build_tokenizer()
@@ -153,14 +151,41 @@ def trainer(tmp_path_factory):
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = tok.eos_token_id, tok.pad_token_id
     model.save_pretrained(root / "model")
     tok.save_pretrained(root / "model")
-    data = root / "sums.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"What is {a} + {b}?", "answer": str(a + b)}) + "\n"
-                            for a in range(1, 7) for b in range(1, 5)))
-    cfg = Config(model=str(root / "model"), task=str(data), output_dir=str(root / "run"), max_steps=1,
-                 num_generations=4, prompts_per_step=2, per_device_train_batch_size=8, max_completion_length=8,
-                 eval_prompts=0, rewards="tests.rewards_for_tests:digit_share", learning_rate=5e-2, temperature=1.0,
-                 progress=False, report_to="none", seed=TEST_SEED, reward_timeout=0.0, bf16=False, beta=0.0,
-                 rollout_backend="vllm", vllm_gpu_memory_utilization=0.05)
+    (root / "sums.jsonl").write_text("".join(json.dumps({"prompt": f"What is {a} + {b}?", "answer": str(a + b)}) + "\n"
+                                             for a in range(1, 7) for b in range(1, 5)))
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(vllm_root):
+    """`grpo vllm-serve` in a subprocess on a free port, on the module's model: started first, so it
+    loads while the colocated trainer's engine does; server_trainer waits for it."""
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-m", "grpo", "vllm-serve", str(vllm_root / "model"), "--port", str(port),
+                             "--dtype", "float32", "--gpu-memory-utilization", "0.05"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc.port = port
+    yield proc
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def trainer(vllm_root, server):
+    """The colocated trainer (rollout_backend=vllm) every test of the module shares."""
+    from grpo.train.trainer import Trainer
+
+    cfg = Config(model=str(vllm_root / "model"), task=str(vllm_root / "sums.jsonl"), output_dir=str(vllm_root / "run"),
+                 max_steps=1, num_generations=4, prompts_per_step=2, per_device_train_batch_size=8,
+                 max_completion_length=8, eval_prompts=0, rewards="tests.rewards_for_tests:digit_share",
+                 learning_rate=5e-2, temperature=1.0, progress=False, report_to="none", seed=TEST_SEED,
+                 reward_timeout=0.0, bf16=False, beta=0.0, rollout_backend="vllm", vllm_gpu_memory_utilization=0.05)
     t = Trainer(cfg)
     t.engine_processes = {p for core in t.engine.engine_pids() for p in {core, *_descendants(core)}}
     yield t
@@ -281,25 +306,6 @@ def test_a_trainer_killed_outright_leaves_no_engine_process(trainer, tmp_path):
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
         proc.wait()
-
-
-@pytest.fixture(scope="module")
-def server(trainer):
-    """`grpo vllm-serve` in a subprocess on a free port, on the module trainer's model folder."""
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.Popen([sys.executable, "-m", "grpo", "vllm-serve", str(trainer.models.path), "--port", str(port),
-                             "--dtype", "float32", "--gpu-memory-utilization", "0.05"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    proc.port = port
-    yield proc
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture(scope="module")
