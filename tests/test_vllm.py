@@ -342,6 +342,27 @@ def test_server_mode_trains_and_after_each_sync_the_server_scores_tokens_as_the_
 
 
 @needs_vllm
+def test_a_lora_run_sends_its_merged_weights_and_the_engine_scores_tokens_as_the_trainer(trainer, server, tmp_path):
+    """A LoRA policy on the same server: after one optimizer step (the adapters move from B = 0) the
+    engine's log-probs of fixed tokens are the peft model's to fp32 tolerance."""
+    from grpo.train.trainer import Trainer
+
+    t = Trainer(Config(**{**trainer.cfg.to_dict(), "output_dir": str(tmp_path / "lora"), "lora_r": 4, "lora_alpha": 8,
+                          "rollout_backend": "vllm_server", "vllm_server_port": server.port,
+                          "vllm_server_timeout": 180.0}))
+    try:
+        rows = [t.tok("What is 3 + 4? It is 7.")["input_ids"], t.tok("Hello there")["input_ids"]]
+        before = _trainer_logprobs(t.policy, rows)
+        t.train_step()
+        after = _trainer_logprobs(t.policy, rows)
+        assert max(float((a - b).abs().max()) for a, b in zip(after, before)) > 1e-2
+        for mine, theirs in zip(after, t.engine.sequence_logprobs(rows)):
+            torch.testing.assert_close(torch.tensor(theirs), mine, atol=2e-4, rtol=0)
+    finally:
+        t.close()
+
+
+@needs_vllm
 def test_a_server_that_dies_mid_run_saves_a_checkpoint_and_leaves_no_process(server_trainer, server):
     t = server_trainer
     procs = _descendants(server.pid)
