@@ -43,7 +43,7 @@ def commit() -> str:
         return "?"
 
 
-def measure(engine_name: str, tokens: int, out_dir: str) -> dict:
+def measure(engine_name: str, tokens: int, out_dir: str, vllm_memory: float) -> dict:
     """Sampling at each batch and one training step with ``engine_name``: {batch: (tok/s, s/group), 'step': s}."""
     from grpo.config import Config
     from grpo.data import render_prompt
@@ -52,7 +52,8 @@ def measure(engine_name: str, tokens: int, out_dir: str) -> dict:
     from grpo.train.trainer import Trainer
 
     cfg = Config(rollout_backend=engine_name, max_steps=1, eval_prompts=0, progress=False, report_to="none",
-                 output_dir=os.path.join(out_dir, engine_name), max_completion_length=tokens)
+                 output_dir=os.path.join(out_dir, engine_name), max_completion_length=tokens,
+                 vllm_gpu_memory_utilization=vllm_memory)
     t = Trainer(cfg)
     try:
         prompts = [render_prompt(t.tok, s["prompt"], cfg.system_prompt) for s in t.task.train[:max(BATCHES) // GROUP]]
@@ -84,12 +85,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tokens", type=int, default=64, help="new tokens at most per row")
     p.add_argument("--engines", default="hf,fast,vllm")
+    p.add_argument("--vllm-memory", type=float, default=0.05,
+                   help="vllm_gpu_memory_utilization (the CPU build: the NUMA node's share for the KV cache)")
     a = p.parse_args()
     names = [n for n in a.engines.split(",") if n != "vllm" or importlib.util.find_spec("vllm") is not None]
     print(f"# bench/engines.py  {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit()}")
     print(f"# CPU: {cpu_line()}; load average {os.getloadavg()[0]:.1f}; {a.tokens} tokens, groups of {GROUP}")
     with tempfile.TemporaryDirectory(prefix="grpo-bench-engines-") as tmp:
-        results = {n: measure(n, a.tokens, tmp) for n in names}
+        results = {n: measure(n, a.tokens, tmp, a.vllm_memory) for n in names}
     base = results.get("hf")
     print("\n| engine | " + " | ".join(f"{b} rows: tok/s (x hf), s/group" for b in BATCHES) + " | train step s (x hf) |")
     print("|---|" + "---|" * (len(BATCHES) + 1))

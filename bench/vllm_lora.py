@@ -110,9 +110,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=4)
     a = p.parse_args()
     m = _policy()
-    prompts = [m.tokenizer.apply_chat_template([{"role": "user", "content": QUESTION.format(r, 2 * r)}],
-                                               tokenize=True, add_generation_prompt=True) for r in range(a.rows)]
-    prompts = [list(x["input_ids"]) if isinstance(x, dict) else list(x) for x in prompts]
+    texts = [m.tokenizer.apply_chat_template([{"role": "user", "content": QUESTION.format(r, 2 * r)}],
+                                             tokenize=False, add_generation_prompt=True) for r in range(a.rows)]
+    prompts = [m.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     print(f"# bench/vllm_lora.py  {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit()}")
     print(f"# CPU: {cpu_line()}; load average {os.getloadavg()[0]:.1f}; {a.rows} rows x {a.tokens} tokens")
     res = {"merged": merged(m, prompts, a.rows, a.tokens, a.rounds),
