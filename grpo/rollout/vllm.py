@@ -95,7 +95,9 @@ class VLLMEngine(VLLMRowsEngine):
         try:
             return fn()
         except Exception as e:
-            if self._engine_alive():
+            # EngineDeadError: the engine core is up but its worker died (found when the OOM killer took
+            # the worker in a 25-step run: the core lives on, so the process check alone missed it)
+            if self._engine_alive() and type(e).__name__ != "EngineDeadError":
                 raise
             self.dead = (f"rollout engine vllm: its engine process died during {what} ({type(e).__name__}); "
                          "the run cannot sample any more")
