@@ -85,8 +85,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tokens", type=int, default=64, help="new tokens at most per row")
     p.add_argument("--engines", default="hf,fast,vllm")
-    p.add_argument("--vllm-memory", type=float, default=0.05,
-                   help="vllm_gpu_memory_utilization (the CPU build: the NUMA node's share for the KV cache)")
+    p.add_argument("--vllm-memory", type=float, default=0.15,
+                   help="vllm_gpu_memory_utilization (the CPU build: the NUMA node's share for weights, profiling and KV cache; 0.05 left the 135M model no KV cache)")
     a = p.parse_args()
     names = [n for n in a.engines.split(",") if n != "vllm" or importlib.util.find_spec("vllm") is not None]
     print(f"# bench/engines.py  {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit()}")
