@@ -83,7 +83,11 @@ def start_llm(folder: str, *, dtype: str, cpu: bool, options: dict):
                    enforce_eager=cpu if eager is None else eager,
                    enable_sleep_mode=bool(options.get("enable_sleep_mode", False)),
                    logprobs_mode="processed_logprobs", worker_extension_cls=WORKER_EXTENSION,
-                   max_num_seqs=256, enable_prefix_caching=True)
+                   max_num_seqs=256, enable_prefix_caching=True,
+                   # a prompt split across engine steps discards the token sampled after its first part and
+                   # rewinds the request's generator, which vLLM's CPU build cannot do for a seeded request
+                   # ("CPU Generator does not use offset", met at 128 rows in bench/engines.py)
+                   enable_chunked_prefill=False)
     except Exception as e:  # an architecture vLLM does not know, a memory share refused, ...
         raise ValueError(f"vLLM could not load the model in {folder}: "
                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
