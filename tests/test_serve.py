@@ -112,6 +112,7 @@ def scheme(live):
     """Each test starts from the tiny defaults: markers off, deadline 0.8 s, nothing scripted."""
     s = live.state.scheme
     s.deadline_s, s.grpo_max_tokens, s.fallback_max_tokens, s.markers, s.verifier = 0.8, 512, 1024, {}, None
+    s.completeness = "markers"
     live.state.api_key = None
     live.state.grpo.max_queue = live.state.fallback.max_queue = 8
     live.state.grpo.window_s = live.state.fallback.window_s = 0.005
@@ -144,7 +145,7 @@ def test_fallback_on_incomplete_answers(live, scheme):
     scheme.markers = {"en": ("therefore-never-said",), "zh": ("因此",)}
     body = _answer(live.chat(max_tokens=30))
     assert body["answer_reason"] == "no_closing_marker" and body["usage"]["completion_tokens"] <= 30
-    scheme.markers, scheme.verifier = {}, (lambda completion, sample: 0.0)  # a verifier that refuses
+    scheme.completeness, scheme.verifier = "verifier", (lambda completion, sample: 0.0)  # a verifier that refuses
     assert _answer(live.chat(max_tokens=30))["answer_reason"] == "verifier_rejected"
 
 
