@@ -110,16 +110,17 @@ def level(model: str, run: Path, deadline: float, requests: int, extra: list[str
 def table(rows: list[dict], requests: int) -> str:
     ms = lambda v: "-" if v is None else f"{v / 1000:.2f} s" if v >= 1000 else f"{v:.0f} ms"  # noqa: E731
     head = ("| model (fallback: its base) | deadline | engine | check | ok / sent | P50 | P95 | P99 | req/s | "
-            "GRPO share | fallback reasons | errors | load avg before -> after |\n" + "|---" * 13 + "|\n")
+            "GRPO share | fallback reasons | errors | mean tokens (grpo / base) | load avg before -> after |\n" + "|---" * 14 + "|\n")
     lines = []
     for r in rows:
         name = "untrained SmolLM2-135M-Instruct (itself)" if r["model"] == UNTRAINED else f"trained run `{r['model']}`"
         share = "-" if r["grpo_share"] is None else f"{r['grpo_share']:.0%}"
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(r["fallback_reasons"].items())) or "-"
         errors = ", ".join(f"{k} {v}" for k, v in sorted(r["errors"].items())) or "-"
+        toks = " / ".join(str(r.get("mean_tokens", {}).get(k, "-")) for k in ("grpo", "base"))
         lines.append(f"| {name} | {r['deadline']} s | {r['engine']} | {r['check']} | {r['ok']} / {requests} | "
                      f"{ms(r['p50_ms'])} | {ms(r['p95_ms'])} | {ms(r['p99_ms'])} | {r['throughput_rps']} | {share} | "
-                     f"{reasons} | {errors} | {r['load']} |")
+                     f"{reasons} | {errors} | {toks} | {r['load']} |")
     return head + "\n".join(lines) + "\n"
 
 

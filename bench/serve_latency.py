@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import subprocess
-import threading
 import time
 
 import torch
