@@ -142,6 +142,7 @@ class FastServeEngine(ServeEngine):
     """grpo.rollout.fast's decode loop: one prefill per batch, rows leave as they end."""
 
     name = "fast"
+    MAX_KEPT_PLANS = 2  # each kept plan holds a folded, packed copy of the weights
 
     def __init__(self, model, tokenizer, *, kernels: str = "auto"):
         reason = fast_unsupported_reason(model)
@@ -152,12 +153,19 @@ class FastServeEngine(ServeEngine):
 
     def parts(self, rows: int, capacity: int) -> DecodeParts | None:
         """The decode step for ``rows`` rows, built on first use and kept: the served weights never
-        change, so folding and packing them once per model (not once per batch) is enough."""
+        change, so folding and packing them once per model (not once per batch) is enough. Row
+        counts whose measured kernel plans agree share one; past ``MAX_KEPT_PLANS`` distinct plans a
+        new row count takes the nearest kept one's (the same numbers to fp32 rounding, maybe slower)."""
         if decoder_unsupported_reason(base_model(self.model), capacity) is not None:
             return None  # (a sliding window shorter than this batch's positions) decode_ids steps through HF's decoder
         if rows not in self._parts:
+            kept = {id(p): p for p in self._parts.values() if p is not None}
+            if len(kept) >= self.MAX_KEPT_PLANS:  # memory: the nearest row count's parts (only speed differs)
+                self._parts[rows] = self._parts[min((r for r, p in self._parts.items() if p is not None),
+                                                    key=lambda r: abs(r - rows))]
+                return self._parts[rows]
             made = decode_parts(self.model, rows, capacity, kernels=self.kernels)
-            same = [p for p in self._parts.values() if p is not None and made is not None and p.products == made.products]
+            same = [p for p in kept.values() if made is not None and p.products == made.products]
             self._parts[rows] = same[0] if same else made
         return self._parts[rows]
 
