@@ -140,18 +140,17 @@ def main() -> int:
     commit = sh("git rev-parse --short HEAD") + (" (+ uncommitted changes)" if sh("git status --porcelain -uno") else "")
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     deadlines = [0.8] + ([args.scaled_deadline] if args.scaled_deadline > 0 else [])
-    rows = []
+    rows, out = [], args.out or run / "serve_acceptance.md"
     for d in deadlines:
         for model, extra in ((str(run), []), (UNTRAINED, ["--completeness", "final_answer"])):
             print(f"== {model}, deadline {d} s, {args.requests} requests at concurrency 4", flush=True)
             rows.append(level(model, run, d, args.requests, extra, logdir))
-    md = (f"Serving acceptance (issue 23; seed 003 section 5.3 targets: P99 <= 650 ms, GRPO share >= 75%), "
-          f"`grpo serve-bench --concurrency 4 --requests {args.requests}` on the run's held-out prompts, "
-          f"the seed's scheme defaults except the deadline shown; {started}, commit {commit}; CPU{model_name}, "
-          f"{os.cpu_count()} cores, AVX-512 flags: {cpu}.\n\n" + table(rows, args.requests))
-    out = args.out or run / "serve_acceptance.md"
-    out.write_text(md)
-    (logdir / "rows.json").write_text(json.dumps(rows, indent=2) + "\n")
+            md = (f"Serving acceptance (issue 23; seed 003 section 5.3 targets: P99 <= 650 ms, GRPO share >= 75%), "
+                  f"`grpo serve-bench --concurrency 4 --requests {args.requests}` on the run's held-out prompts, "
+                  f"the seed's scheme defaults except the deadline shown; {started}, commit {commit}; "
+                  f"CPU{model_name}, {os.cpu_count()} cores, AVX-512 flags: {cpu}.\n\n" + table(rows, args.requests))
+            out.write_text(md)  # after every level: an interrupted measurement keeps what it made
+            (logdir / "rows.json").write_text(json.dumps(rows, indent=2) + "\n")
     print(md)
     print(f"written: {out}")
     return 0
