@@ -148,7 +148,7 @@ def main() -> int:
             md = (f"Serving acceptance (issue 23; seed 003 section 5.3 targets: P99 <= 650 ms, GRPO share >= 75%), "
                   f"`grpo serve-bench --concurrency 4 --requests {args.requests}` on the run's held-out prompts, "
                   f"the seed's scheme defaults except the deadline shown; {started}, commit {commit}; "
-                  f"CPU{model_name}, {os.cpu_count()} cores, AVX-512 flags: {cpu}.\n\n" + table(rows, args.requests))
+                  f"CPU {model_name}, {os.cpu_count()} cores, AVX-512 flags: {cpu}.\n\n" + table(rows, args.requests))
             out.write_text(md)  # after every level: an interrupted measurement keeps what it made
             (logdir / "rows.json").write_text(json.dumps(rows, indent=2) + "\n")
     print(md)
