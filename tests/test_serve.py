@@ -112,6 +112,7 @@ def scheme(live):
     """Each test starts from the tiny defaults: markers off, deadline 0.8 s, nothing scripted."""
     s = live.state.scheme
     s.deadline_s, s.grpo_max_tokens, s.fallback_max_tokens, s.markers, s.verifier = 0.8, 512, 1024, {}, None
+    s.completeness = "markers"
     live.state.api_key = None
     live.state.grpo.max_queue = live.state.fallback.max_queue = 8
     live.state.grpo.window_s = live.state.fallback.window_s = 0.005
@@ -144,7 +145,7 @@ def test_fallback_on_incomplete_answers(live, scheme):
     scheme.markers = {"en": ("therefore-never-said",), "zh": ("因此",)}
     body = _answer(live.chat(max_tokens=30))
     assert body["answer_reason"] == "no_closing_marker" and body["usage"]["completion_tokens"] <= 30
-    scheme.markers, scheme.verifier = {}, (lambda completion, sample: 0.0)  # a verifier that refuses
+    scheme.completeness, scheme.verifier = "verifier", (lambda completion, sample: 0.0)  # a verifier that refuses
     assert _answer(live.chat(max_tokens=30))["answer_reason"] == "verifier_rejected"
 
 
@@ -332,3 +333,19 @@ def test_flags_parse_and_unknown_engine_lists_the_valid_ones():
     tok, plain, _ = _models()
     with pytest.raises(ConfigError, match="valid: auto, fast, hf"):
         make_serve_engine("vllm-not-here", plain, tok)
+
+
+def test_serve_bench_counts_who_answered_and_their_tokens(live, scheme):
+    from grpo.serve.bench import percentile, run_level
+
+    assert percentile([3.0, 1.0, 2.0, 4.0], 50) == 2.0 and percentile([3.0, 1.0, 2.0, 4.0], 99) == 4.0
+    live.scripted.script(eos_after=4, ban_eos=True)  # complete answers of 3 tokens
+    r = asyncio.run(run_level(live.url, ["What is 2 + 3?", "What is 1 + 1?"], concurrency=2, requests=4, model="grpo",
+                              max_tokens=8, api_key=None, timeout=30))
+    assert (r.ok, r.grpo_share, r.fallback_reasons, r.errors) == (4, 1.0, {}, {})
+    assert r.mean_tokens == {"grpo": 4.0} and r.p50_ms <= r.p95_ms <= r.p99_ms
+    live.scripted.script(ban_eos=True)
+    scheme.grpo_max_tokens = 2  # every GRPO answer hits its cap: the fallback answers
+    r = asyncio.run(run_level(live.url, ["hi"], concurrency=1, requests=2, model="grpo", max_tokens=3, api_key=None,
+                              timeout=30))
+    assert (r.grpo_share, r.fallback_reasons) == (0.0, {"token_cap": 2}) and set(r.mean_tokens) == {"base"}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -203,12 +204,40 @@ class FastEngine(RolloutEngine):
                             **sampling.as_kwargs())
 
 
+@dataclass
+class DecodeParts:
+    """A model's decode step and output product for one kernel plan, built once (the RMSNorm weights
+    folded and every weight packed: a copy of the model's weights) and reusable by later decodes
+    while the weights stay as they were (serving; a trainer's weights change every step)."""
+
+    stepper: object
+    head: object
+    products: tuple  # the plan's (role, product) pairs: parts with the same products are the same
+
+
+def decode_parts(model, rows: int, capacity: int, *, kernels: str = "auto", use_native: bool = True) -> DecodeParts | None:
+    """The parts ``decode_ids`` builds for ``rows`` rows and ``capacity`` positions; None where our
+    decode step does not cover the model (decode_ids then steps through HF's decoder)."""
+    base = base_model(model)
+    if decoder_unsupported_reason(base, capacity) is not None:
+        return None
+    plan = kernel_plan(base, rows, kernels)
+    return DecodeParts(_stepper(base, plan=plan, use_native=use_native), _head(base, plan, use_native),
+                       tuple(sorted(plan.products.items())))
+
+
 def decode_ids(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new_tokens: int, eos: list[int],
-               kernels: str = "auto", use_native: bool = True, clock: list[float] | None = None, **kw) -> dict:
+               kernels: str = "auto", use_native: bool = True, clock: list[float] | None = None,
+               parts: DecodeParts | None = None, **kw) -> dict:
     """Token-level fast decoding of left-padded prompt ids [B, P] (``_decode``'s result), on a model or
     a LoRA wrapper (the base model runs, adapters merged into the packed weights). ``clock``: the
-    time after each decode step is appended (the backend probe in grpo.rollout.choice)."""
+    time after each decode step is appended (the backend probe in grpo.rollout.choice). ``parts``:
+    a decode_parts result made earlier for this model (its weights unchanged since), instead of
+    folding and packing the weights again (about 0.4 s for a 135M model on a 2-core CPU)."""
     base = base_model(model)  # under a LoRA wrapper
+    if parts is not None:
+        return _decode(base, ids, pmask, g=g, max_new_tokens=max_new_tokens, eos=eos, stepper=parts.stepper,
+                       head=parts.head, clock=clock, **kw)
     own_step = decoder_unsupported_reason(base, ids.shape[1] + max_new_tokens) is None
     plan = kernel_plan(base, ids.shape[0] * g, kernels) if own_step else None
     stepper = _stepper(base, plan=plan, use_native=use_native)

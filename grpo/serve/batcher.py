@@ -6,6 +6,15 @@ The queue is bounded: a request that finds it full is refused (``Overloaded``: t
 'deadline' without decoding; a row whose deadline passes mid-batch is answered the moment the
 engine's stopper sees it (its future resolves then, the rest of the batch decodes on). A batch that
 raises fails only its own requests; the worker keeps serving.
+
+A batcher can yield to another (``yield_to``): between two of its tokens it waits while the other
+has requests waiting or decoding that can still make their deadline (never past the latest of
+those deadlines: a GRPO request already answered 'deadline' is not waited for). The fallback yields
+to the GRPO model: on a CPU both models share
+the same cores, and a fallback decoding up to 1024 tokens beside the GRPO model would slow every
+GRPO answer past its deadline (seed 003 section 5.3 gives the GRPO model a 0.8 s budget and the
+fallback none); only one model's products then run at a time, so the two workers' thread pools do
+not oversubscribe the cores either.
 """
 
 from __future__ import annotations
@@ -52,20 +61,40 @@ class Batcher:
     """A worker thread and a bounded queue in front of one ServeEngine."""
 
     def __init__(self, engine: ServeEngine, *, max_batch: int = 8, max_queue: int = 64, window_s: float = 0.005,
-                 entropy_threshold: float = 0.0, entropy_run: int = 0):
+                 entropy_threshold: float = 0.0, entropy_run: int = 0, yield_to: "Batcher | None" = None):
         self.engine, self.max_batch, self.max_queue, self.window_s = engine, max_batch, max_queue, window_s
         self.entropy_threshold, self.entropy_run = entropy_threshold, entropy_run
         self.pending: collections.deque[Job] = collections.deque()
         self.cond = threading.Condition()
         self.running = 0  # rows in the batch being decoded
+        self.current: list[Job] = []  # that batch
         self.stopping = False
         self.batches = 0
+        self.yield_to = yield_to
+        self.idle = threading.Event()  # set while nothing waits or decodes (what a yielding batcher waits for)
+        self.idle.set()
         self.thread = threading.Thread(target=self._loop, name=f"serve-{engine.name}", daemon=True)
         self.thread.start()
 
     def depth(self) -> int:
         """Requests waiting or being decoded."""
         return len(self.pending) + self.running
+
+    def busy_until(self) -> float | None:
+        """The latest deadline (time.monotonic(); inf: a job without one) of the requests waiting or
+        decoding whose answer is still awaited; None when there are none."""
+        with self.cond:
+            jobs = [j for j in (*self.pending, *self.current) if not j.future.done()]
+        if not jobs:
+            return None
+        return max(float("inf") if j.deadline is None else j.deadline for j in jobs)
+
+    def wait_for(self, other: "Batcher") -> None:
+        """Wait while ``other`` has work that can still make its deadline (the yield, between tokens)."""
+        while (until := other.busy_until()) is not None:
+            left = until - time.monotonic()
+            if left <= 0 or other.idle.wait(min(left, 1.0)):
+                return
 
     def submit(self, prompt: str, *, cap: int, deadline: float | None, temperature: float = 0.0,
                top_p: float = 1.0) -> Future:
@@ -76,6 +105,7 @@ class Batcher:
             if len(self.pending) >= self.max_queue:
                 raise Overloaded(f"{len(self.pending)} requests already wait (--max-queue {self.max_queue})")
             self.pending.append(job)
+            self.idle.clear()
             self.cond.notify()
         return job.future
 
@@ -85,12 +115,14 @@ class Batcher:
             self.stopping = True
             self.cond.notify()
         self.thread.join(timeout=60)
+        self.idle.set()  # a batcher yielding to this one goes on
 
     def _take(self) -> list[Job] | None:
         with self.cond:
             while not self.pending and not self.stopping:
                 self.cond.wait()
             if not self.pending:
+                self.idle.set()
                 return None
             until = time.monotonic() + self.window_s
             while len(self.pending) < self.max_batch and not self.stopping:
@@ -103,7 +135,7 @@ class Batcher:
                 job = self.pending.popleft()
                 (batch if job.sampling == key and len(batch) < self.max_batch else rest).append(job)
             self.pending = rest
-            self.running = len(batch)
+            self.running, self.current = len(batch), batch
             return batch
 
     def _loop(self) -> None:
@@ -118,7 +150,9 @@ class Batcher:
                     resolve(job.future, error=e)
             finally:
                 with self.cond:
-                    self.running = 0
+                    self.running, self.current = 0, []
+                    if not self.pending:
+                        self.idle.set()
 
     def _run(self, batch: list[Job]) -> None:
         now = time.monotonic()
@@ -134,7 +168,8 @@ class Batcher:
             return
         stopper = RowStopper([j.cap for j in live], [j.deadline for j in live], eos=self.engine.eos,
                              entropy_threshold=self.entropy_threshold, entropy_run=self.entropy_run,
-                             on_deadline=lambda row: resolve(live[row].future, Generation("", 0, "deadline", 0.0)))
+                             on_deadline=lambda row: resolve(live[row].future, Generation("", 0, "deadline", 0.0)),
+                             pause=(lambda: self.wait_for(self.yield_to)) if self.yield_to is not None else None)
         self.batches += 1
         gens = self.engine.decode([j.prompt for j in live], stopper=stopper, temperature=live[0].temperature,
                                   top_p=live[0].top_p)

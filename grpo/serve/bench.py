@@ -37,6 +37,7 @@ class LevelResult:
     grpo_share: float | None
     fallback_reasons: dict = field(default_factory=dict)
     errors: dict = field(default_factory=dict)
+    mean_tokens: dict = field(default_factory=dict)  # answering model -> mean completion tokens of its answers
 
 
 def held_out_prompts(source: str) -> list[str]:
@@ -55,7 +56,7 @@ async def run_level(url: str, prompts: list[str], *, concurrency: int, requests:
                     max_tokens: int | None, api_key: str | None, timeout: float) -> LevelResult:
     import httpx
 
-    latencies, answered, reasons, errors = [], Counter(), Counter(), Counter()
+    latencies, answered, reasons, errors, tokens = [], Counter(), Counter(), Counter(), Counter()
     counter = iter(range(requests))
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
@@ -76,6 +77,7 @@ async def run_level(url: str, prompts: list[str], *, concurrency: int, requests:
             latencies.append(time.perf_counter() - t0)
             by = r.headers.get("x-grpo-answered-by", "?")
             answered[by] += 1
+            tokens[by] += (r.json().get("usage") or {}).get("completion_tokens", 0)
             if by != "grpo":
                 reasons[r.headers.get("x-grpo-reason", "?")] += 1
 
@@ -87,7 +89,8 @@ async def run_level(url: str, prompts: list[str], *, concurrency: int, requests:
     ok = len(latencies)
     pct = (lambda q: round(percentile(latencies, q) * 1000, 1)) if ok else (lambda q: None)
     return LevelResult(concurrency, requests, ok, round(seconds, 2), pct(50), pct(95), pct(99), round(ok / seconds, 2),
-                       answered["grpo"] / ok if ok else None, dict(reasons), dict(errors))
+                       answered["grpo"] / ok if ok else None, dict(reasons), dict(errors),
+                       {k: round(tokens[k] / n, 1) for k, n in answered.items()})
 
 
 def bench_main(argv: list[str]) -> int:
@@ -108,14 +111,15 @@ def bench_main(argv: list[str]) -> int:
         raise SystemExit("grpo serve-bench: --concurrency needs counts >= 1 and --requests >= 1")
     prompts = held_out_prompts(args.prompts)
     results = []
-    print(f"{'conc':>4} {'ok':>5} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'req/s':>6} {'grpo':>6}  fallbacks / errors")
+    print(f"{'conc':>4} {'ok':>5} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'req/s':>6} {'grpo':>6}  fallbacks / errors"
+          " / mean tokens by model")
     for c in levels:
         r = asyncio.run(run_level(args.url, prompts, concurrency=c, requests=args.requests, model=args.model,
                                   max_tokens=args.max_tokens, api_key=args.api_key, timeout=args.timeout))
         results.append(asdict(r))
         share = "-" if r.grpo_share is None else f"{r.grpo_share:.0%}"
         print(f"{c:>4} {r.ok:>5} {r.p50_ms!s:>8} {r.p95_ms!s:>8} {r.p99_ms!s:>8} {r.throughput_rps:>6} {share:>6}  "
-              f"{r.fallback_reasons} / {r.errors}", flush=True)
+              f"{r.fallback_reasons} / {r.errors} / {r.mean_tokens}", flush=True)
     if args.out:
         args.out.write_text(json.dumps({"url": args.url, "prompts": args.prompts, "levels": results}, indent=2) + "\n")
     return 0

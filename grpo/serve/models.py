@@ -24,6 +24,7 @@ class Source:
     lora: bool  # weights holds adapters over ``base``
     system_prompt: str = ""
     max_prompt_length: int | None = None
+    rewards: str | None = None  # the run's reward functions (the completeness check's default); None: not a run
 
 
 def source_of(name: str) -> Source:
@@ -38,7 +39,7 @@ def source_of(name: str) -> Source:
         if ckpt is None:
             raise CheckpointError(f"{p}: a run folder without checkpoints (nothing trained to serve)")
         return Source(name, str(ckpt), cfg.model, (ckpt / "adapter_config.json").is_file(), cfg.system_prompt,
-                      cfg.max_prompt_length)
+                      cfg.max_prompt_length, cfg.rewards)
     return Source(name, name, name, False)
 
 

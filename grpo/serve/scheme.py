@@ -4,7 +4,9 @@ The GRPO model answers first, capped at 512 new tokens and stopped early once 3 
 have an entropy below a threshold, under a hard deadline (0.8 s). An answer that misses the deadline
 or fails the completeness check is replaced by the base model's answer (capped at 1024 tokens), with
 a note saying the base model produced it. The seed's check looks for concluding words ("因此",
-"综上"); here the closing markers are set per language, or any grpo reward function is the verifier.
+"综上"); here the check is one of ``COMPLETENESS_CHECKS``: closing markers set per language, a
+stated final answer (for tasks whose reward reads one, such as arithmetic, where "7 + 5 = 12" is the
+concluding statement and holds no concluding word), or any grpo reward function as the verifier.
 The seed gives no entropy threshold; ``DEFAULT_ENTROPY_THRESHOLD`` is this project's choice.
 """
 
@@ -15,6 +17,8 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from grpo.rewards.builtin import format_reward
+from grpo.rewards.mathverify import candidates
 from grpo.serve.batcher import Batcher, resolve
 from grpo.serve.engines import Generation
 
@@ -43,31 +47,74 @@ class Scheme:
     entropy_threshold: float = DEFAULT_ENTROPY_THRESHOLD
     entropy_run: int = 3
     deadline_s: float = 0.8
+    completeness: str = "markers"  # a COMPLETENESS_CHECKS name
     markers: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_MARKERS))
-    verifier: object = None  # a grpo reward function (completion, sample) -> score; > 0 passes
+    verifier: object = None  # a grpo reward function (completion, sample) -> score; > 0 passes (check "verifier")
     fallback_max_tokens: int = 1024
     notes: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_NOTES))
 
 
-def incomplete_reason(gen: Generation, sample: dict, scheme: Scheme) -> str | None:
-    """Why the GRPO model's answer is not accepted (None: it is). It must have ended on its own (EOS)
-    or by the entropy stop, and reach a concluding statement: a closing marker of its language (a
-    language without markers passes) or, with a verifier, a score above 0. An entropy-stopped answer
-    with no content check configured has nothing showing it concluded, and is refused."""
-    if gen.finish in ("deadline", "length"):
-        return {"deadline": "deadline", "length": "token_cap"}[gen.finish]
-    if scheme.verifier is not None:
-        fn = scheme.verifier
-        try:
-            score = fn([gen.text], [sample])[0] if getattr(fn, "batched", False) else fn(gen.text, sample)
-        except Exception:
-            return "verifier_error"
-        return None if score is not None and score > 0 else "verifier_rejected"
+# the last number of the text stated as a result: after '=', 'is', 'equals' or ':' with no digit after it
+_STATED = re.compile(r"(?:=|\bis\b|\bequals\b|:)\s*\$?\s*-?\d[\d,]*(?:\.\d+)?[^\d]*$", re.IGNORECASE)
+_BARE = re.compile(r"-?\d[\d,]*(?:\.\d+)?\.?")  # the answer is the number alone
+_SENTENCE_END = re.compile(r"[.!?。！？]\s*[$)*\s]*$|\n\s*$")
+# the reward functions that read a final answer out of the text: a run trained on one is checked for one
+ANSWER_READING_REWARDS = ("numeric", "math", "format")
+
+
+def _markers_check(gen: Generation, sample: dict, scheme: "Scheme") -> str | None:
+    """A closing marker of the answer's language (a language without markers passes); an
+    entropy-stopped answer with no markers configured has nothing showing it concluded."""
     markers = scheme.markers.get(language_of(gen.text))
     if markers:
         low = gen.text.lower()
         return None if any(m.lower() in low for m in markers) else "no_closing_marker"
     return "early_stop" if gen.finish == "entropy" else None
+
+
+def _final_answer_check(gen: Generation, sample: dict, scheme: "Scheme") -> str | None:
+    """One final answer stated as such: a recognised form (\\boxed{}, '#### n', 'answer is n') or
+    the last number stated as a result ('7 + 5 = 12', 'the sum is 12') or alone ('12'), not hedged ('12 or 13'),
+    as the answer-reading rewards read it. An entropy-stopped answer must also end its sentence
+    (a stop inside '= 1|2' would state a cut number)."""
+    text = gen.text.strip()
+    if candidates(text, "0") is None:
+        return "no_final_answer"
+    if not (format_reward(text, sample) > 0 or _STATED.search(text) or _BARE.fullmatch(text)):
+        return "no_final_answer"
+    if gen.finish == "entropy" and not _SENTENCE_END.search(text):
+        return "early_stop"
+    return None
+
+
+def _verifier_check(gen: Generation, sample: dict, scheme: "Scheme") -> str | None:
+    fn = scheme.verifier
+    if fn is None:
+        return "verifier_error"
+    try:
+        score = fn([gen.text], [sample])[0] if getattr(fn, "batched", False) else fn(gen.text, sample)
+    except Exception:
+        return "verifier_error"
+    return None if score is not None and score > 0 else "verifier_rejected"
+
+
+COMPLETENESS_CHECKS = {"markers": _markers_check, "final_answer": _final_answer_check, "verifier": _verifier_check}
+
+
+def default_completeness(rewards: str | None) -> str:
+    """The check for a run trained on ``rewards`` (its config's comma-separated names; None: not a
+    run): 'final_answer' where one of them reads a final answer (the answer the run was trained to
+    state is its concluding statement), else 'markers'."""
+    names = {r.strip() for r in (rewards or "").split(",")}
+    return "final_answer" if names & set(ANSWER_READING_REWARDS) else "markers"
+
+
+def incomplete_reason(gen: Generation, sample: dict, scheme: Scheme) -> str | None:
+    """Why the GRPO model's answer is not accepted (None: it is). It must have ended on its own (EOS)
+    or by the entropy stop, and pass the scheme's completeness check (COMPLETENESS_CHECKS)."""
+    if gen.finish in ("deadline", "length"):
+        return {"deadline": "deadline", "length": "token_cap"}[gen.finish]
+    return COMPLETENESS_CHECKS[scheme.completeness](gen, sample, scheme)
 
 
 @dataclass

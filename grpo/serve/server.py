@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 from grpo.errors import ConfigError
-from grpo.serve.scheme import DEFAULT_ENTROPY_THRESHOLD, DEFAULT_MARKERS, Scheme
+from grpo.serve.scheme import COMPLETENESS_CHECKS, DEFAULT_ENTROPY_THRESHOLD, DEFAULT_MARKERS, Scheme, default_completeness
 
 
 def parse_markers(values: list[str] | None) -> dict[str, tuple[str, ...]]:
@@ -33,6 +33,9 @@ def scheme_arguments(ap: argparse.ArgumentParser) -> None:
                    help="early stop: entropy (nats) below which a token counts as certain (the seed names no value)")
     g.add_argument("--entropy-run", type=int, default=3, help="early stop after this many consecutive certain tokens (0 = off)")
     g.add_argument("--deadline", type=float, default=0.8, help="seconds the GRPO model has before the fallback answers")
+    g.add_argument("--completeness", default="auto", help="the completeness check: auto (a run trained on a reward "
+                   "that reads a final answer, e.g. numeric: final_answer; otherwise markers; --closing-markers: markers, "
+                   f"--verifier: verifier) or one of {', '.join(COMPLETENESS_CHECKS)}")
     g.add_argument("--closing-markers", action="append", metavar="LANG=a,b",
                    help="completeness: words one of which the answer must contain, per language (repeatable; 'none' = no marker check)")
     g.add_argument("--verifier", help="completeness: a grpo reward (name or module:function) scoring > 0, instead of markers")
@@ -41,15 +44,31 @@ def scheme_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--fallback-note", help="note appended to the fallback's answers (default: per language)")
 
 
-def build_scheme(args) -> Scheme:
+def completeness_of(args, rewards: str | None) -> str:
+    """``--completeness``: auto is derived from the flags given, then from the run's rewards."""
+    check = getattr(args, "completeness", "auto") or "auto"
+    if check == "auto":
+        if args.verifier:
+            return "verifier"
+        return "markers" if args.closing_markers else default_completeness(rewards)
+    if check not in COMPLETENESS_CHECKS:
+        raise ConfigError(f"--completeness: unknown {check!r}; valid: auto, {', '.join(COMPLETENESS_CHECKS)}")
+    if check == "verifier" and not args.verifier:
+        raise ConfigError("--completeness verifier: needs --verifier NAME")
+    return check
+
+
+def build_scheme(args, rewards: str | None = None) -> Scheme:
+    """The scheme of the flags; ``rewards``: the served run's reward functions (None: not a run)."""
     verifier = None
     if args.verifier:
         from grpo.rewards import resolve_reward
 
         verifier = resolve_reward(args.verifier)
     scheme = Scheme(grpo_max_tokens=args.grpo_max_tokens, entropy_threshold=args.entropy_threshold,
-                    entropy_run=args.entropy_run, deadline_s=args.deadline, markers=parse_markers(args.closing_markers),
-                    verifier=verifier, fallback_max_tokens=args.fallback_max_tokens)
+                    entropy_run=args.entropy_run, deadline_s=args.deadline, completeness=completeness_of(args, rewards),
+                    markers=parse_markers(args.closing_markers), verifier=verifier,
+                    fallback_max_tokens=args.fallback_max_tokens)
     if args.fallback_note is not None:
         scheme.notes = {"en": args.fallback_note, "zh": args.fallback_note}
     for name in ("grpo_max_tokens", "fallback_max_tokens"):
@@ -77,6 +96,9 @@ def serve_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-prompt-tokens", type=int, help="default: the run's max_prompt_length, else 1024")
     ap.add_argument("--max-tokens-limit", type=int, default=1024, help="largest max_tokens a request may ask")
     ap.add_argument("--temperature", type=float, default=0.0, help="when a request gives none (0 = greedy)")
+    ap.add_argument("--no-fallback-yields", dest="fallback_yields", action="store_false",
+                    help="let the fallback decode beside the GRPO model (default: it pauses between its tokens "
+                         "while the GRPO model has work, as both share the CPU's cores)")
     scheme_arguments(ap)
     return ap
 
@@ -89,15 +111,16 @@ def build_state(args):
     from grpo.serve.models import fallback_source, load_base, load_policy, source_of
     from grpo.serve.protocol import Limits
 
-    scheme = build_scheme(args)
     src = source_of(args.model)
+    scheme = build_scheme(args, src.rewards)
     policy, tok = load_policy(src)
     fb_src = fallback_source(src, args.fallback)
     base, base_tok = load_base(fb_src) if args.fallback == "base" else load_policy(fb_src)
     engines = [make_serve_engine(args.engine, m, t, kernels=args.kernels) for m, t in ((policy, tok), (base, base_tok))]
     grpo = Batcher(engines[0], max_batch=args.max_batch, max_queue=args.max_queue, window_s=args.batch_window,
                    entropy_threshold=scheme.entropy_threshold, entropy_run=scheme.entropy_run)
-    fallback = Batcher(engines[1], max_batch=args.max_batch, max_queue=args.max_queue, window_s=args.batch_window)
+    fallback = Batcher(engines[1], max_batch=args.max_batch, max_queue=args.max_queue, window_s=args.batch_window,
+                       yield_to=grpo if args.fallback_yields else None)
     for b in (grpo, fallback):  # the first decode of each batch size pays one-off costs (kernel choice)
         for n in range(1, args.max_batch + 1):
             for f in [b.submit("Hello", cap=2, deadline=None) for _ in range(n)]:
@@ -134,7 +157,8 @@ def serve_main(argv: list[str]) -> int:
     state = build_state(args)
     server = make_server(state, host=args.host, port=args.port)
     print(f"grpo serve: {args.model} (fallback: {args.fallback}) on http://{args.host}:{args.port} "
-          f"(engine {state.grpo.engine.name}; models: grpo, base)", flush=True)
+          f"(engine {state.grpo.engine.name}; completeness check {state.scheme.completeness}; models: grpo, base)",
+          flush=True)
     for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn raises the signal it caught again once drained:
         signal.signal(sig, lambda *a: None)  # by then there is nothing left to stop, so exit normally
     server.run()
