@@ -65,10 +65,11 @@ class RolloutEngine:
         that installs it), checked when the config is validated; None when it can."""
         return None
 
-    def generate(self, prompts: list[str], *, group_size: int, sampling: SamplingSettings,
+    def generate(self, prompts: list[str] | list[list[int]], *, group_size: int, sampling: SamplingSettings,
                  keys: Sequence[int] | Tensor | None = None, with_logprobs: bool = False, greedy: bool = False) -> Rollout:
         """``group_size`` completions of each rendered prompt, grouped by prompt (N = len(prompts) *
-        group_size rows). ``keys`` (one int per row, grpo.rollout.keys.row_keys; a list or an int64
+        group_size rows). A prompt is text or a list of token ids (taken as they are: a multi-turn
+        episode's exact context). ``keys`` (one int per row, grpo.rollout.keys.row_keys; a list or an int64
         tensor [N]): each row draws from its own key instead of the global RNG; ``greedy``: argmax
         decoding (keys ignored)."""
         if self.closed:
