@@ -226,3 +226,21 @@ def test_a_trl_environment_class_runs_unchanged(tok, model):
 def test_an_unknown_builtin_lists_the_valid_ones():
     with pytest.raises(ConfigError, match="builtin:calculator"):
         resolve_tools("builtin:abacus")
+
+
+@pytest.mark.parametrize("expr,want", [("12 * 34", "408"), ("(2 + 3) ** 2 / 5", "5"), ("7 / 2", "3.5"),
+                                       ("-3 ** 2", "-9"), ("  123*45 ", "5535"), ("2 ^ 10", "1024"),
+                                       ("1.5 * 4", "6"), ("((1))", "1")])
+def test_calculator_by_hand(expr, want):
+    from grpo.agent import calculator
+    assert calculator(expr) == want
+
+
+@pytest.mark.parametrize("hostile", ["__import__('os').system('true')", "9 ** 9 ** 9", "2 ** 100000", "1 / 0",
+                                     "x + 1", "(-8) ** 0.5", "1" * 300, "10 ** 200 * 10 ** 200", "1e308 * 10",
+                                     "[1] * 3", "'a' * 3", "0 ** -1", "abs(-1)", "1 if 1 else 2", "+".join(["1"] * 90),
+                                     "(1).__class__", "1e200 ** 2", "", "lambda: 1"])
+def test_calculator_refuses_hostile_input(hostile):
+    from grpo.agent import calculator
+    with pytest.raises(ValueError):
+        calculator(hostile)
