@@ -20,7 +20,6 @@ Keys: turn k of a row draws from ``turn_key(key, k)``, so an episode's tokens de
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -138,9 +137,16 @@ def _result_turn(tokenizer, ep: Episode, call: Call, res: ToolResult, fmt: CallF
         ep.done = ep.truncated = True
 
 
+def _grouped(contexts: list[list[int]], g: int) -> bool:
+    """Whether every run of ``g`` consecutive contexts is one context repeated."""
+    return g > 1 and len(contexts) % g == 0 and all(contexts[i] == contexts[i - i % g] for i in range(len(contexts)))
+
+
 def run_episodes(engine: RolloutEngine, episodes: list[Episode], *, fmt: CallFormat, sampling: SamplingSettings,
-                 max_turns: int, tool_timeout: float, with_logprobs: bool = False, greedy: bool = False) -> None:
-    """Sample every episode to its end (the module docstring), in place."""
+                 max_turns: int, tool_timeout: float, with_logprobs: bool = False, greedy: bool = False,
+                 group_size: int = 1) -> None:
+    """Sample every episode to its end (the module docstring), in place; episodes come in groups of
+    ``group_size`` (G episodes of one prompt, consecutive)."""
     tok = engine.tokenizer
     eos = set(eos_token_ids(engine.model, tok))
     budget = sampling.max_new_tokens
@@ -151,7 +157,10 @@ def run_episodes(engine: RolloutEngine, episodes: list[Episode], *, fmt: CallFor
         s = dataclasses.replace(sampling, max_new_tokens=max(room),
                                 max_prompt_length=max(len(c) for c in contexts))
         keys = None if greedy or live[0].key is None else [turn_key(ep.key, turn) for ep in live]
-        ro = engine.generate(contexts, group_size=1, sampling=s, keys=keys, with_logprobs=with_logprobs, greedy=greedy)
+        g = group_size if turn == 0 and _grouped(contexts, group_size) else 1
+        # the first turn of a group starts from one context: the engine may prefill it once for its G rows
+        ro = engine.generate(contexts[::g], group_size=g, sampling=s, keys=keys, with_logprobs=with_logprobs,
+                             greedy=greedy)
         jobs = []
         for i, ep in enumerate(live):
             n = min(int(ro.completion_mask[i].sum()), room[i])

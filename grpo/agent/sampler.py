@@ -101,7 +101,7 @@ class AgentSampler:
         eps, cut = self.episodes(samples, group_size=group_size, system_prompt=system_prompt,
                                  max_prompt_length=sampling.max_prompt_length, keys=keys)
         run_episodes(engine, eps, fmt=self.fmt, sampling=sampling, max_turns=self.max_turns,
-                     tool_timeout=self.tool_timeout, with_logprobs=with_logprobs, greedy=greedy)
+                     tool_timeout=self.tool_timeout, with_logprobs=with_logprobs, greedy=greedy, group_size=group_size)
         ro = episodes_rollout(eps, pad_id=self.tok.pad_token_id, with_logprobs=with_logprobs, backend=engine.name,
                               seconds=time.perf_counter() - start, prompts_truncated=cut,
                               device=next(engine.model.parameters()).device)
