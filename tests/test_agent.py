@@ -244,3 +244,49 @@ def test_calculator_refuses_hostile_input(hostile):
     from grpo.agent import calculator
     with pytest.raises(ValueError):
         calculator(hostile)
+
+
+def test_engines_take_token_id_prompts_as_they_are(tok):
+    text = "<|im_start|>user\nhi<|im_end|>\n"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    by_text, _, _ = encode_prompts(tok, [text, "ab"], 100)
+    mixed, mask, cut = encode_prompts(tok, [ids, [5, 6, 7]], 100)
+    assert torch.equal(by_text[0], mixed[0]) and mixed[1, -3:].tolist() == [5, 6, 7] and mask[1].sum() == 3
+    _, _, cut = encode_prompts(tok, [ids], 4)
+    assert cut == 1
+
+
+class Guess:
+    """An environment whose reset takes one named field (not **kwargs)."""
+
+    def reset(self, answer: str) -> None:
+        self.answer, self.hit = answer, False
+
+    def guess(self, number: int) -> str:
+        """Guess the answer.
+
+        Args:
+            number: the guess
+        """
+        self.hit = str(number) == self.answer
+        return "yes" if self.hit else "no"
+
+    async def get_reward(self) -> float:
+        return float(self.hit)
+
+
+def test_reset_gets_the_fields_its_signature_names_and_an_async_reward(tok, model):
+    eng = ScriptedEngine(model, tok, lambda ctx: "guess(5535)" if "Result" not in ctx else "ok")
+    ro = _sampler(tok, [], factory=Guess).generate(eng, [SAMPLE, {**SAMPLE, "answer": "1"}], group_size=1,
+                                                   sampling=SAMPLING)
+    assert [e["environment_reward"] for e in ro.episodes] == [1.0, 0.0]
+
+
+def test_auto_format_is_hermes_where_the_template_renders_tools(tok):
+    from grpo.agent import DEFAULT_FORMAT
+    assert call_format("auto", tok).name == DEFAULT_FORMAT  # the test template has no tools
+    other = build_tokenizer()
+    other.chat_template = "{% if tools %}{{ tools | tojson }}{% endif %}" + other.chat_template
+    assert call_format("auto", other).name == "hermes"
+    with pytest.raises(ValueError, match="valid: auto, hermes, python"):
+        call_format("nope")
