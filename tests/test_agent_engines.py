@@ -63,8 +63,9 @@ def setup():
     sampling = SamplingSettings(max_new_tokens=64, temperature=1.0, max_prompt_length=512)
     keys = row_keys(TEST_SEED, 3, 0, 4)
     runs = {}
-    for name in ("hf", "fast"):
-        engine = make_engine(name, model, tok)
+    for name in ("hf", "fast", "hf_cut"):
+        engine = make_engine(name.removesuffix("_cut"), model, tok)
+        engine.supports_stop = not name.endswith("_cut")  # hf_cut: decodes past the call; the runner cuts
         runs[name] = sampler.generate(engine, samples, group_size=2, sampling=sampling, keys=keys, with_logprobs=True)
         engine.close()
     return tok, model, runs
@@ -73,7 +74,9 @@ def setup():
 def test_fast_and_hf_draw_the_same_episodes(setup):
     assert ROLLOUT_ENGINES["fast"].same_tokens_for_keys and ROLLOUT_ENGINES["hf"].same_tokens_for_keys
     _, _, runs = setup
-    hf, fast = runs["hf"], runs["fast"]
+    hf, fast, cut = runs["hf"], runs["fast"], runs["hf_cut"]
+    # stopping a row at its call's end draws what decoding on and cutting there draws
+    assert torch.equal(hf.completion_ids, cut.completion_ids) and torch.equal(hf.loss_mask, cut.loss_mask)
     hf.check()
     assert max(e["turns"] for e in hf.episodes) >= 2  # the episodes are multi-turn
     assert torch.equal(hf.completion_ids, fast.completion_ids) and torch.equal(hf.loss_mask, fast.loss_mask)

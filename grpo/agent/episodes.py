@@ -137,6 +137,14 @@ def _result_turn(tokenizer, ep: Episode, call: Call, res: ToolResult, fmt: CallF
         ep.done = ep.truncated = True
 
 
+def _call_stop(tok, fmt: CallFormat, has_tools: list[bool]):
+    """``stop(row, new_ids)`` for RolloutEngine.generate: true once the row's text holds a complete call."""
+    def stop(row: int, ids: list[int]) -> bool:
+        return has_tools[row] and fmt.find_call(tok.decode(ids, skip_special_tokens=True)) is not None
+
+    return stop
+
+
 def _grouped(contexts: list[list[int]], g: int) -> bool:
     """Whether every run of ``g`` consecutive contexts is one context repeated."""
     return g > 1 and len(contexts) % g == 0 and all(contexts[i] == contexts[i - i % g] for i in range(len(contexts)))
@@ -159,8 +167,10 @@ def run_episodes(engine: RolloutEngine, episodes: list[Episode], *, fmt: CallFor
         keys = None if greedy or live[0].key is None else [turn_key(ep.key, turn) for ep in live]
         g = group_size if turn == 0 and _grouped(contexts, group_size) else 1
         # the first turn of a group starts from one context: the engine may prefill it once for its G rows
+        # where the engine can, a row ends as soon as its text holds a complete call (else it is cut below)
+        stop = _call_stop(tok, fmt, [bool(ep.tools) for ep in live])
         ro = engine.generate(contexts[::g], group_size=g, sampling=s, keys=keys, with_logprobs=with_logprobs,
-                             greedy=greedy)
+                             greedy=greedy, stop=stop)
         jobs = []
         for i, ep in enumerate(live):
             n = min(int(ro.completion_mask[i].sum()), room[i])
