@@ -70,13 +70,23 @@ class CallFormat:
         """The messages that show ``result`` of ``call`` to the model."""
         raise NotImplementedError
 
+    # which parts of a task's worked exchange the conversation shows, in order (a tuning knob: the
+    # untrained model imitates the last assistant turn it saw, see the module docstring)
+    example_parts: ClassVar[tuple[str, ...]] = ("question", "call", "result", "answer")
+
     def example_messages(self, example: dict) -> list[dict]:
-        """A worked exchange: {"question", "call": {"name", "arguments"}, "result", "answer"} as messages."""
+        """A worked exchange: {"question", "call": {"name", "arguments"}, "result", "answer"} as
+        messages, the parts ``example_parts`` names."""
         call = Call(example["call"]["name"], example["call"]["arguments"], "")
-        return [{"role": "user", "content": example["question"]},
-                {"role": "assistant", "content": self.render_call(call.name, call.arguments)},
-                *self.result_messages(call, str(example["result"])),
-                {"role": "assistant", "content": example["answer"]}]
+        parts = {"question": [{"role": "user", "content": example["question"]}],
+                 "call": [self.call_message(call.name, call.arguments)],
+                 "result": self.result_messages(call, str(example["result"])),
+                 "answer": [{"role": "assistant", "content": example["answer"]}]}
+        return [m for p in self.example_parts for m in parts[p]]
+
+    def call_message(self, name: str, arguments: dict) -> dict:
+        """The assistant message that makes a call (worked examples)."""
+        return {"role": "assistant", "content": self.render_call(name, arguments)}
 
 
 class HermesFormat(CallFormat):
@@ -121,13 +131,9 @@ class HermesFormat(CallFormat):
     def result_messages(self, call: Call, result: str) -> list[dict]:
         return [{"role": "tool", "name": call.name, "content": result}]
 
-    def example_messages(self, example: dict) -> list[dict]:
-        call = example["call"]
-        return [{"role": "user", "content": example["question"]},
-                {"role": "assistant", "content": "",
-                 "tool_calls": [{"type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}]},
-                {"role": "tool", "name": call["name"], "content": str(example["result"])},
-                {"role": "assistant", "content": example["answer"]}]
+    def call_message(self, name: str, arguments: dict) -> dict:
+        return {"role": "assistant", "content": "",
+                "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}]}
 
 
 class PythonCallFormat(CallFormat):
