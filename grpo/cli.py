@@ -132,7 +132,10 @@ def _eval(argv: list[str]) -> int:
     models = load_models(cfg.model, dtype=cfg.dtype, need_reference=False)
     engine = make_engine("hf", models.policy, models.tokenizer)  # generate, as evaluation inside `train`
     try:
-        res = evaluate_as_configured(engine, task.eval, verifier, cfg)
+        from grpo.agent import AgentSampler
+
+        res = evaluate_as_configured(engine, task.eval, verifier, cfg,
+                                     agent=AgentSampler.from_config(cfg, models.tokenizer))
     finally:
         engine.close()
     res.pop("examples", None)

@@ -28,7 +28,7 @@ class Config:
     model: str = DEFAULT_MODEL
     """Policy to train: a hub id, a local folder, a run folder (its newest checkpoint), or the embedded default."""
     task: str = "arithmetic"
-    """Prompts and answers: a built-in task (arithmetic, gsm8k, code, code_hard), a local .jsonl/.json/.parquet file, a hub dataset id, or a local copy of a hub dataset repository (a folder)."""
+    """Prompts and answers: a built-in task (arithmetic, gsm8k, code, code_hard, calculator), a local .jsonl/.json/.parquet file, a hub dataset id, or a local copy of a hub dataset repository (a folder)."""
     task_split: str = "train"
     """Split to load when `task` is a hub dataset id or a dataset repository folder."""
     prompt_field: str = "prompt"
@@ -44,7 +44,7 @@ class Config:
     eval_prompts: int = 200
     """Held-out prompts for the before/after evaluation (never used for training; 0 disables it)."""
     rewards: str = "numeric"
-    """Comma-separated reward functions: built-ins (numeric, math, code, code_strict, code_generated, code_style, reward_model, format, length, incompleteness, incompleteness_zh), module:function paths (an `async def` one runs its batch's calls concurrently), or http(s):// URLs that score a JSON batch (README, Remote rewards)."""
+    """Comma-separated reward functions: built-ins (numeric, math, code, code_strict, code_generated, code_style, reward_model, format, length, incompleteness, incompleteness_zh, environment: an environment_factory's get_reward()), module:function paths (an `async def` one runs its batch's calls concurrently), or http(s):// URLs that score a JSON batch (README, Remote rewards)."""
     reward_weights: list[float] | None = None
     """Weight of each reward in `rewards` (default: all 1.0)."""
     reward_timeout: float = 10.0
@@ -364,6 +364,18 @@ class Config:
         if self.per_device_train_batch_size is None:  # the one value that always fits (TRL issue #3061)
             self.per_device_train_batch_size = derived_micro_batch(self.prompts_per_step, self.num_generations)
         validate(self)
+
+    # ---- issue 22: multi-turn rollouts with tools and environments (grpo/agent/) ----
+    tools: str = ""
+    """Comma-separated tools the model may call during a rollout: builtin:calculator or module:function paths (typed functions with a Google-style docstring; `async def` allowed). Set (or environment_factory set), every rollout and the held-out evaluation are multi-turn episodes."""
+    environment_factory: str = ""
+    """module:Class of an environment in TRL's environment_factory form: a fresh instance per completion, reset(**fields) may return the first user message, its public methods are tools, an optional get_reward() reaches rewards as the `environment` reward."""
+    max_turns: int = 4
+    """Most model turns of an episode (tools/environment runs); an episode still calling a tool then ends and is counted in tools/max_turns_share."""
+    tool_format: str = "auto"
+    """How tools are shown and calls are read: auto (hermes where the chat template renders tools, else python), hermes (<tool_call>{json}</tool_call>, results as tool messages) or python (a line name(args), e.g. calculator(12 * 34); results as a user message 'Result: ...'); grpo/agent/formats.py."""
+    tool_timeout: float = 10.0
+    """Deadline in seconds of one tool call (0 = none); a call past it answers the model with an error and counts in tools/timeouts."""
 
     # ---- derived values ----
     @property

@@ -48,6 +48,7 @@ def validate(c) -> None:
     _validate_monitors(c)
     _validate_reward_training(c)
     _validate_vllm(c)
+    _validate_agent(c)
 
 
 def _validate_choices(c) -> None:
@@ -293,3 +294,17 @@ def _validate_vllm(c) -> None:
                           f"{c.vllm_server_port}, {c.vllm_server_timeout}")
     if c.vllm_server_weight_dir is not None and not os.path.isdir(c.vllm_server_weight_dir):
         raise ConfigError(f"vllm_server_weight_dir: {c.vllm_server_weight_dir!r} is not a folder")
+
+
+def _validate_agent(c) -> None:
+    """The tool settings (the tools and the environment are resolved when the run starts)."""
+    from grpo.agent.formats import CALL_FORMATS
+
+    _choice("tool_format", c.tool_format, ["auto", *CALL_FORMATS])
+    if c.max_turns < 1:
+        raise ConfigError(f"max_turns: must be >= 1, got {c.max_turns}")
+    if c.tool_timeout < 0:
+        raise ConfigError(f"tool_timeout: must be >= 0 (0 = no deadline), got {c.tool_timeout}")
+    if (c.tools.strip() or c.environment_factory.strip()) and c.resample_invalid_rounds:
+        raise ConfigError("resample_invalid_rounds: not supported with tools / environment_factory (an episode "
+                          "cannot be resampled row by row); set it to 0")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from grpo.errors import DataError
 
-BUILTIN_TASKS = ("arithmetic", "gsm8k", "code", "code_hard")
+BUILTIN_TASKS = ("arithmetic", "gsm8k", "code", "code_hard", "calculator")
 GSM8K_HUB_ID = "openai/gsm8k"
 
 
@@ -39,6 +39,30 @@ def arithmetic_task(*, max_operand: int, ops: str, eval_size: int, seed: int) ->
                         f"({len(items)} problems with arithmetic_max_operand={max_operand})")
     samples = [{"prompt": f"What is {a} {op} {b}?", "answer": str(eval(f"{a}{op}{b}"))} for a, op, b in items]
     return Task("arithmetic", train=samples[eval_size:], eval=samples[:eval_size])
+
+
+# The worked exchange every calculator prompt shows (grpo.agent's call format renders it as messages:
+# the question, the assistant's call, the result turn, the answer). Not a problem of the task itself.
+CALCULATOR_EXAMPLE = {"question": "What is 12 * 34?", "call": {"name": "calculator", "arguments": {"expression": "12 * 34"}},
+                      "result": "408", "answer": "12 * 34 = 408"}
+
+
+def calculator_task(*, eval_size: int, seed: int) -> Task:
+    """Products a * b of a 2- or 3-digit a and a 2-digit b (11..999 x 11..99), which a small model
+    gets wrong in its head, for the ``calculator`` tool: 4,000 problems drawn by a seeded generator,
+    split by a seeded shuffle (the held-out problems never appear in training). Each sample carries
+    ``tool_example``, the worked exchange shown before its question."""
+    rng = random.Random(f"calculator-{seed}")
+    pairs: set[tuple[int, int]] = set()
+    while len(pairs) < 4000:
+        pairs.add((rng.randint(11, 999), rng.randint(11, 99)))
+    items = sorted(pairs)
+    rng.shuffle(items)
+    if eval_size >= len(items):
+        raise DataError(f"eval_prompts: {eval_size} held-out problems leave none of {len(items)} to train on")
+    samples = [{"prompt": f"What is {a} * {b}?", "answer": str(a * b), "tool_example": CALCULATOR_EXAMPLE}
+               for a, b in items]
+    return Task("calculator", train=samples[eval_size:], eval=samples[:eval_size])
 
 
 CODE_TEMPLATES = [  # (what f returns, the reference body); k is the problem's constant
@@ -233,6 +257,8 @@ def load_task(name: str, *, eval_size: int, max_operand: int = 30, ops: str = "+
         return code_task(eval_size=eval_size, seed=0)
     if name == "code_hard":
         return code_hard_task(eval_size=eval_size, seed=0)
+    if name == "calculator":
+        return calculator_task(eval_size=eval_size, seed=0)
     return user_task(name, prompt_field=prompt_field, answer_field=answer_field, split=split,
                      eval_size=eval_size, seed=0)
 

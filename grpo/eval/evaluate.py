@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from grpo.agent import AgentSampler, episode_metrics
 from grpo.data import render_prompt
 from grpo.rewards import score_completions
 from grpo.rollout import RolloutEngine, SamplingSettings
@@ -33,23 +34,36 @@ def _correct(texts: list[str], samples: list[dict], verifier) -> list[bool]:
 @torch.no_grad()
 def evaluate(engine: RolloutEngine, samples: list[dict], verifier, *, system_prompt: str, max_new_tokens: int,
              batch_size: int = 64, pass_k: int = 0, pass_prompts: int = 0, temperature: float = 1.0,
-             top_p: float = 1.0, top_k: int = 0, max_prompt_length: int = 1024) -> dict:
+             top_p: float = 1.0, top_k: int = 0, max_prompt_length: int = 1024,
+             agent: AgentSampler | None = None) -> dict:
     """Greedy accuracy on every sample; pass@k from k samples per prompt on the first ``pass_prompts``,
     both sampled by ``engine`` (pass@k unkeyed, from the global RNG).
 
     A completion is correct when ``verifier(completion, sample) >= 1`` (the task's first reward).
     Returns {"accuracy", "pass@k" (or None), "k", "n_prompts", "mean_length", "truncated_share",
     "prompts_truncated" (prompts cut from the left to ``max_prompt_length``), "seconds", "examples"
-    (a few prompts with their greedy completion and its verifier value, "reward")}.
+    (a few prompts with their greedy completion and its verifier value, "reward")}. With ``agent``
+    (tools / an environment) every completion is a multi-turn episode, graded on its final answer
+    with its transcript beside the sample, and the result holds the episodes' tool metrics ("tools").
     """
     start = time.perf_counter()
     sampling = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                 max_prompt_length=max_prompt_length)
     prompts = [render_prompt(engine.tokenizer, s["prompt"], system_prompt) for s in samples]
-    correct, lengths, truncated, examples, n_cut = [], [], [], [], 0
+    correct, lengths, truncated, examples, n_cut, infos = [], [], [], [], 0, []
+
+    def generate(lo: int, hi: int, group_size: int, greedy: bool):
+        if agent is None:
+            return engine.generate(prompts[lo:hi], group_size=group_size, sampling=sampling, greedy=greedy), \
+                [s for s in samples[lo:hi] for _ in range(group_size)]
+        ro = agent.generate(engine, samples[lo:hi], group_size=group_size, sampling=sampling,
+                            system_prompt=system_prompt, greedy=greedy)
+        return ro, [{**s, **e} for s, e in zip([s for s in samples[lo:hi] for _ in range(group_size)], ro.episodes)]
+
     for i in range(0, len(samples), batch_size):
-        ro = engine.generate(prompts[i:i + batch_size], group_size=1, sampling=sampling, greedy=True)
-        values = _verify(ro.texts, samples[i:i + batch_size], verifier)
+        ro, rows = generate(i, i + batch_size, 1, True)
+        infos += ro.episodes or []
+        values = _verify(ro.texts, rows, verifier)
         correct += [bool(v >= 1.0) for v in values]
         lengths += ro.lengths.tolist()
         truncated += ro.truncated.tolist()
@@ -66,21 +80,24 @@ def evaluate(engine: RolloutEngine, samples: list[dict], verifier, *, system_pro
         per_batch = max(1, batch_size // pass_k)
         scores = []
         for i in range(0, len(sub), per_batch):
-            ro = engine.generate(prompts[i:min(i + per_batch, len(sub))], group_size=pass_k, sampling=sampling)
-            ok = _correct(ro.texts, [s for s in sub[i:i + per_batch] for _ in range(pass_k)], verifier)
+            ro, rows = generate(i, min(i + per_batch, len(sub)), pass_k, False)
+            ok = _correct(ro.texts, rows, verifier)
             scores += [pass_at_k(pass_k, sum(ok[j:j + pass_k]), pass_k) for j in range(0, len(ok), pass_k)]
         result["pass@k"] = sum(scores) / len(scores)
         result["pass_prompts"] = len(sub)
+    if agent is not None:
+        result["tools"] = episode_metrics(infos)
     result["seconds"] = time.perf_counter() - start
     result["examples"] = examples
     return result
 
 
-def evaluate_as_configured(engine: RolloutEngine, samples: list[dict], verifier, cfg) -> dict:
+def evaluate_as_configured(engine: RolloutEngine, samples: list[dict], verifier, cfg,
+                           agent: AgentSampler | None = None) -> dict:
     """``evaluate`` with a run config's evaluation settings (eval_max_new_tokens, eval_batch_size,
     eval_pass_k on the first eval_pass_prompts, the sampling warpers, max_prompt_length, the system
     prompt): the one place a config becomes evaluation settings, for the trainer and ``grpo eval``."""
     return evaluate(engine, samples, verifier, system_prompt=cfg.system_prompt, max_new_tokens=cfg.eval_max_new_tokens,
                     batch_size=cfg.eval_batch_size, pass_k=cfg.eval_pass_k,
                     pass_prompts=min(cfg.eval_pass_prompts, len(samples)), temperature=cfg.temperature,
-                    top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length)
+                    top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length, agent=agent)

@@ -59,6 +59,13 @@ def incompleteness_zh_reward(completion: str, sample: dict) -> float:
     return incompleteness(completion, language="zh")
 
 
+def environment_reward(completion: str, sample: dict) -> float | None:
+    """The episode's environment score: ``get_reward()`` of the environment_factory instance it ran
+    in (grpo.agent puts it in the sample as "environment_reward"); None (a counted failure) without one."""
+    value = sample.get("environment_reward")
+    return None if value is None else float(value)
+
+
 REWARDS: dict[str, RewardFn] = {
     "numeric": numeric_reward,
     "math": math_reward,
@@ -71,6 +78,7 @@ REWARDS: dict[str, RewardFn] = {
     "code_generated": code_generated_batch_reward,  # batched: + 10 tests per problem from its reference
     "code_style": code_style_reward,  # type hints, docstrings, exception handling; parsed, never run
     "reward_model": reward_model_reward,  # batched: fn(completions, samples) -> list[float]
+    "environment": environment_reward,  # an environment_factory episode's get_reward()
 }
 
 

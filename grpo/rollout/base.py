@@ -37,6 +37,7 @@ class Rollout:
     seconds: float  # wall time of sampling
     prompts_truncated: int = 0  # prompts (not rows) the sampling call cut to max_prompt_length (0 in a selection)
     loss_mask: Tensor | None = None  # [N, T] 1 on tokens trained on, within completion_mask; None: all of it
+    episodes: list[dict] | None = None  # per row, a multi-turn episode's transcript and counts (grpo.agent)
 
     def __post_init__(self):
         # only the shape is checked here (no device sync on every selection); check_masks checks values
@@ -55,15 +56,18 @@ class Rollout:
         check_masks(self.completion_mask, self.loss_mask)
 
 
-def encode_prompts(tokenizer, prompts: list[str], max_length: int) -> tuple[Tensor, Tensor, int]:
-    """Token ids [B, P] and mask [B, P] of rendered prompts, left-padded, each cut to its last
+def encode_prompts(tokenizer, prompts: list, max_length: int) -> tuple[Tensor, Tensor, int]:
+    """Token ids [B, P] and mask [B, P] of rendered prompts (text, or token ids as a list of ints: a
+    multi-turn episode's context so far, which must not be re-tokenized), left-padded, each cut to its last
     ``max_length`` tokens, and how many were cut. The end is kept because the chat template puts the
     generation prompt (the assistant header) there: cut from the right, the model would continue the
     user's text instead of answering. Padding and truncation are done here rather than through the
     tokenizer's ``padding_side`` / ``truncation_side`` so a caller's tokenizer is left as it was."""
     if tokenizer.pad_token_id is None:
         raise ValueError("tokenizer: no pad token (set tokenizer.pad_token, e.g. to its eos_token)")
-    rows = tokenizer(prompts, add_special_tokens=False, verbose=False)["input_ids"]
+    texts = [p for p in prompts if isinstance(p, str)]
+    encoded = iter(tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"] if texts else [])
+    rows = [next(encoded) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
     n_cut = sum(len(r) > max_length for r in rows)
     rows = [r[len(r) - max_length:] if len(r) > max_length else r for r in rows]
     width = max((len(r) for r in rows), default=0)
@@ -101,7 +105,7 @@ class EncodedPrompts:
         return self.ids.repeat_interleave(g, 0), self.mask.repeat_interleave(g, 0)  # [N, P] each
 
 
-def encode_for_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_prompt_length: int,
+def encode_for_rollout(model, tokenizer, prompts: list, *, group_size: int, max_prompt_length: int,
                        keys: list[int] | None) -> EncodedPrompts:
     """The prelude shared by the backends: prompts encoded (``encode_prompts``) onto the model's
     device, the EOS ids, and ``keys`` checked to hold one key per row (None: nothing to check)."""
@@ -146,7 +150,8 @@ def select_rollout(ro: Rollout, idx: torch.Tensor) -> Rollout:
     il = idx.tolist()
     return Rollout(ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx], ro.completion_mask[idx],
                    ro.truncated[idx], None if ro.sampling_logp is None else ro.sampling_logp[idx],
-                   [ro.texts[i] for i in il], ro.backend, ro.seconds, loss_mask=ro.loss_mask[idx])
+                   [ro.texts[i] for i in il], ro.backend, ro.seconds, loss_mask=ro.loss_mask[idx],
+                   episodes=None if ro.episodes is None else [ro.episodes[i] for i in il])
 
 
 def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
@@ -170,7 +175,8 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
                    torch.cat([r.truncated for r in parts]),
                    None if any(x is None for x in logps) else torch.cat([right(x, t, 0.0) for x in logps]),
                    [s for r in parts for s in r.texts], parts[0].backend, sum(r.seconds for r in parts),
-                   loss_mask=torch.cat([right(r.loss_mask, t, 0) for r in parts]))
+                   loss_mask=torch.cat([right(r.loss_mask, t, 0) for r in parts]),
+                   episodes=None if any(r.episodes is None for r in parts) else [e for r in parts for e in r.episodes])
 
 
 def rollout_to(ro: Rollout, device) -> Rollout:

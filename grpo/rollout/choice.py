@@ -118,6 +118,7 @@ class AutoEngine(RolloutEngine):
     name = "auto"
     same_tokens_for_keys = True
     returns_sampling_logprobs = True
+    supports_stop = True
 
     def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto", options: dict | None = None):
         super().__init__(model, tokenizer, synced=synced, kernels=kernels, options=options)
@@ -133,9 +134,10 @@ class AutoEngine(RolloutEngine):
         return self.engines[name]
 
     def _generate(self, prompts: list[str], *, group_size: int, sampling: SamplingSettings, keys: list[int] | None,
-                  with_logprobs: bool, greedy: bool) -> Rollout:
+                  with_logprobs: bool, greedy: bool, stop=None) -> Rollout:
         return self.choose(len(prompts) * group_size, group_size).generate(
-            prompts, group_size=group_size, sampling=sampling, keys=keys, with_logprobs=with_logprobs, greedy=greedy)
+            prompts, group_size=group_size, sampling=sampling, keys=keys, with_logprobs=with_logprobs, greedy=greedy,
+            stop=stop)
 
     def sync_weights(self, policy) -> None:
         super().sync_weights(policy)

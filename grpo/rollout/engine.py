@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import Callable, ClassVar, Sequence
 
+import torch
 from torch import Tensor
 
 from grpo.rollout.base import Rollout
@@ -45,7 +46,8 @@ class RolloutEngine:
     samples with a model and kernels of its own (a copy of the weights), so its log-probs differ
     from the trainer's and the train/inference mismatch correction applies by default.
     ``serves_evaluation``: evaluation and the consistency probe sample with this engine too (one
-    costly engine per run) instead of an hf engine beside it.
+    costly engine per run) instead of an hf engine beside it. ``supports_stop``: it ends a row where
+    ``generate``'s ``stop`` says so (other engines ignore ``stop``; their callers cut the rows).
     """
 
     name: ClassVar[str] = ""
@@ -53,6 +55,7 @@ class RolloutEngine:
     returns_sampling_logprobs: ClassVar[bool] = False
     own_kernels: ClassVar[bool] = False
     serves_evaluation: ClassVar[bool] = False
+    supports_stop: ClassVar[bool] = False  # honours generate(stop=...)
 
     def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto", options: dict | None = None):
         self.model, self.tokenizer, self.synced, self.kernels = model, tokenizer, synced, kernels
@@ -65,18 +68,23 @@ class RolloutEngine:
         that installs it), checked when the config is validated; None when it can."""
         return None
 
-    def generate(self, prompts: list[str], *, group_size: int, sampling: SamplingSettings,
-                 keys: Sequence[int] | Tensor | None = None, with_logprobs: bool = False, greedy: bool = False) -> Rollout:
+    def generate(self, prompts: list[str] | list[list[int]], *, group_size: int, sampling: SamplingSettings,
+                 keys: Sequence[int] | Tensor | None = None, with_logprobs: bool = False, greedy: bool = False,
+                 stop: Callable[[int, list[int]], bool] | None = None) -> Rollout:
         """``group_size`` completions of each rendered prompt, grouped by prompt (N = len(prompts) *
-        group_size rows). ``keys`` (one int per row, grpo.rollout.keys.row_keys; a list or an int64
+        group_size rows). A prompt is text or a list of token ids (taken as they are: a multi-turn
+        episode's exact context). ``keys`` (one int per row, grpo.rollout.keys.row_keys; a list or an int64
         tensor [N]): each row draws from its own key instead of the global RNG; ``greedy``: argmax
-        decoding (keys ignored)."""
+        decoding (keys ignored). ``stop(row, new_ids)``, asked after each token where the engine
+        ``supports_stop``, ends that row there when true (a tool call complete); the tokens before
+        are those drawn without it, and the row's completion has no EOS (padding follows)."""
         if self.closed:
             raise RuntimeError(f"rollout engine {self.name!r}: generate after close()")
         if keys is not None:
             keys = keys.tolist() if isinstance(keys, Tensor) else [int(k) for k in keys]
+        extra = {"stop": stop} if stop is not None and self.supports_stop else {}
         return self._generate(prompts, group_size=group_size, sampling=sampling, keys=keys,
-                              with_logprobs=with_logprobs, greedy=greedy)
+                              with_logprobs=with_logprobs, greedy=greedy, **extra)
 
     def _generate(self, prompts: list[str], *, group_size: int, sampling: SamplingSettings, keys: list[int] | None,
                   with_logprobs: bool, greedy: bool) -> Rollout:
@@ -94,6 +102,21 @@ class RolloutEngine:
     def close(self) -> None:
         """Release what the engine holds; later calls do nothing."""
         self.closed = True
+
+
+def row_stopper(stop: Callable[[int, list[int]], bool]):
+    """``stop(row, new_ids)`` as the fast loop's ``stop_rows(t, scores, tokens [n], live [n])`` hook:
+    each live row's tokens are collected as they are drawn."""
+    seqs: dict[int, list[int]] = {}
+
+    def stop_rows(t, scores, tokens, live):
+        out = []
+        for r, tok in zip(live.tolist(), tokens.tolist()):
+            seqs.setdefault(r, []).append(tok)
+            out.append(bool(stop(r, seqs[r])))
+        return torch.tensor(out, dtype=torch.bool, device=tokens.device)  # [n]
+
+    return stop_rows
 
 
 ROLLOUT_ENGINES: dict[str, type[RolloutEngine]] = {}

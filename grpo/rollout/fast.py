@@ -27,7 +27,7 @@ import torch
 from grpo.core import token_logprobs
 from grpo.models.packing import base_model
 from grpo.rollout.base import Rollout, encode_for_rollout, finish_rollout
-from grpo.rollout.engine import RolloutEngine, SamplingSettings, register
+from grpo.rollout.engine import RolloutEngine, SamplingSettings, register, row_stopper
 from grpo.rollout.keys import KeyedSampler
 from grpo.rollout import native
 from grpo.rollout.decoder import TorchDecoder, RowCache, decoder_unsupported_reason
@@ -156,12 +156,12 @@ def _head(model, plan: KernelPlan | None, use_native: bool):
 def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False,
                  max_prompt_length: int = 1024, with_logprobs: bool = True, keys: list[int] | None = None,
-                 synced: bool = False, kernels: str = "auto", use_native: bool = True) -> Rollout:
+                 synced: bool = False, kernels: str = "auto", use_native: bool = True, stop=None) -> Rollout:
     """``generate_rollout``'s signature and Rollout (backend="fast"); see the module docstring.
     ``kernels``: the ``decode_kernels`` setting (tuning.parse_override: 'auto' measures each product's
     kernel once per machine and shape); the logits equal HF's to fp32 rounding whichever runs (the
     decode step folds the RMSNorm weights into its products). ``use_native``: the C small ops of
-    native.py where they build; off, TorchDecoder's PyTorch ops."""
+    native.py where they build; off, TorchDecoder's PyTorch ops. ``stop``: RolloutEngine.generate's."""
     reason = fast_unsupported_reason(model, synced=synced)
     if reason is not None:
         raise ValueError(f"rollout_backend fast: {reason}")
@@ -175,7 +175,8 @@ def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_n
     try:
         out = decode_ids(model, ids, pmask, g=g, max_new_tokens=max_new_tokens, eos=eos, sampler=sampler, keys=keys,
                          with_logprobs=with_logprobs and not greedy, temperature=temperature,
-                         pad_id=tokenizer.pad_token_id, kernels=kernels, use_native=use_native)
+                         pad_id=tokenizer.pad_token_id, kernels=kernels, use_native=use_native,
+                         stop_rows=None if stop is None else row_stopper(stop))
     finally:
         model.train(was_training)
     return finish_rollout(tokenizer, *enc.rows(), out["ids"], eos, sampling_logp=out["logp"], backend="fast",
@@ -190,6 +191,7 @@ class FastEngine(RolloutEngine):
     name = "fast"
     same_tokens_for_keys = True
     returns_sampling_logprobs = True
+    supports_stop = True
 
     def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto", options: dict | None = None):
         reason = fast_unsupported_reason(model, synced=synced)
@@ -198,10 +200,10 @@ class FastEngine(RolloutEngine):
         super().__init__(model, tokenizer, synced=synced, kernels=kernels, options=options)
 
     def _generate(self, prompts: list[str], *, group_size: int, sampling: SamplingSettings, keys: list[int] | None,
-                  with_logprobs: bool, greedy: bool) -> Rollout:
+                  with_logprobs: bool, greedy: bool, stop=None) -> Rollout:
         return fast_rollout(self.model, self.tokenizer, prompts, group_size=group_size, greedy=greedy,
                             with_logprobs=with_logprobs, keys=keys, synced=self.synced, kernels=self.kernels,
-                            **sampling.as_kwargs())
+                            stop=stop, **sampling.as_kwargs())
 
 
 @dataclass

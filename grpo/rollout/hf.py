@@ -12,16 +12,27 @@ from grpo.rollout.engine import RolloutEngine, SamplingSettings, register
 from grpo.rollout.keys import KeyedSampler
 
 
+class _Stop:
+    """``stop(row, new_ids)`` as a transformers stopping criterion (bool [N] per step)."""
+
+    def __init__(self, stop, prompt_len: int):
+        self.stop, self.prompt_len = stop, prompt_len
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        rows = input_ids[:, self.prompt_len:].tolist()
+        return torch.tensor([bool(self.stop(i, r)) for i, r in enumerate(rows)], device=input_ids.device)
+
+
 @torch.no_grad()
 def generate_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_new_tokens: int,
                      temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False,
                      max_prompt_length: int = 1024, with_logprobs: bool = True, keys: list[int] | None = None,
-                     synced: bool = False) -> Rollout:
+                     synced: bool = False, stop=None) -> Rollout:
     """Sample ``group_size`` completions for each rendered prompt; rows are grouped by prompt.
 
     ``keys`` (one int per row) switches to ``KeyedSampler``: the same distribution, drawn per row from
     its key. ``synced`` keeps stepping the model until every process has finished (FSDP2: the
-    sharded forward is a collective).
+    sharded forward is a collective). ``stop``: RolloutEngine.generate's (a stopping criterion).
     """
     start = time.perf_counter()
     keyed = keys is not None and not greedy
@@ -38,6 +49,8 @@ def generate_rollout(model, tokenizer, prompts: list[str], *, group_size: int, m
         kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
     else:
         kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k)
+    if stop is not None:
+        kwargs["stopping_criteria"] = [_Stop(stop, prompt_ids.shape[1])]
     was_training = model.training
     model.eval()
     out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs)
@@ -59,8 +72,10 @@ class HFEngine(RolloutEngine):
     name = "hf"
     same_tokens_for_keys = True
     returns_sampling_logprobs = True
+    supports_stop = True
 
     def _generate(self, prompts: list[str], *, group_size: int, sampling: SamplingSettings, keys: list[int] | None,
-                  with_logprobs: bool, greedy: bool) -> Rollout:
+                  with_logprobs: bool, greedy: bool, stop=None) -> Rollout:
         return generate_rollout(self.model, self.tokenizer, prompts, group_size=group_size, greedy=greedy,
-                                with_logprobs=with_logprobs, keys=keys, synced=self.synced, **sampling.as_kwargs())
+                                with_logprobs=with_logprobs, keys=keys, synced=self.synced, stop=stop,
+                                **sampling.as_kwargs())

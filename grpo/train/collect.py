@@ -15,6 +15,7 @@ import torch
 
 from grpo import core
 from grpo.data import PromptSampler, render_prompt
+from grpo.agent import AgentSampler, episode_metrics
 from grpo.infra import distributed as dist_io
 from grpo.infra.timing import NullTimer, StageTimer
 from grpo.rewards.runner import RewardRunner
@@ -43,8 +44,9 @@ class Collector:
     max_prompt_length). ``note`` reports a message to the run's log."""
 
     def __init__(self, cfg, *, world: dist_io.World, train: list[dict], engine: RolloutEngine, rewards: RewardRunner,
-                 note: Callable[..., None], timer: StageTimer | None = None):
+                 note: Callable[..., None], timer: StageTimer | None = None, agent: AgentSampler | None = None):
         self.cfg, self.world, self.train, self.rewards, self.note = cfg, world, train, rewards, note
+        self.agent = agent  # tools / environment_factory: every rollout is a multi-turn episode
         self.timer = timer or NullTimer()  # seconds of the sampling and rewards stages
         self.engine, self.tok = engine, engine.tokenizer
         self.sampler = PromptSampler(len(train), seed=cfg.seed)
@@ -97,8 +99,12 @@ class Collector:
         # no sampling log-probs (the loss recomputes them; keeping [N, T, V] logits costs memory), except
         # for the train/inference mismatch correction, which compares the engine's with the trainer's
         with self.timer.stage("sampling"):
-            ro = self.engine.generate(prompts, group_size=g, sampling=sampling, keys=keys,
-                                      with_logprobs=correction_mode(cfg) != "none")
+            if self.agent is not None:
+                ro = self.agent.generate(self.engine, samples, group_size=g, sampling=sampling, keys=keys,
+                                         system_prompt=cfg.system_prompt, with_logprobs=correction_mode(cfg) != "none")
+            else:
+                ro = self.engine.generate(prompts, group_size=g, sampling=sampling, keys=keys,
+                                          with_logprobs=correction_mode(cfg) != "none")
         for msg in take_messages():  # what the rollout measured or read about this machine's kernels, once
             self.note(msg)
         self._count_truncated(int(dist_io.all_sum(torch.tensor(ro.prompts_truncated), world)))
@@ -119,6 +125,8 @@ class Collector:
         failed), and the reward metrics."""
         cfg, world = self.cfg, self.world
         group_samples = [s for s in samples for _ in range(cfg.num_generations)]
+        if ro.episodes is not None:  # rewards see each episode's transcript and counts beside its sample
+            group_samples = [{**s, **e} for s, e in zip(group_samples, ro.episodes)]
         t0 = time.perf_counter()
         with self.timer.stage("rewards"):
             res = self.rewards.score(ro.texts, group_samples)
@@ -138,6 +146,10 @@ class Collector:
         metrics.update(accuracy=float((first >= 1.0).double().mean()), reward_failures=n_failed,
                        reward_failures_total=self.reward_failures, reward_timeouts_total=timeouts,
                        grading_seconds=max(dist_io.gather_objects(grading, world)))  # the slowest process
+        if ro.episodes is not None:  # every process's episodes (without their transcripts)
+            infos = [e for part in dist_io.gather_objects([{k: v for k, v in e.items() if k != "transcript"}
+                                                           for e in ro.episodes], world) for e in part]
+            metrics.update(episode_metrics(infos))
         if self.checks and cfg.resample_invalid_rounds:  # the resampling since the last scoring
             metrics.update(self.resample)
             self.resample = dict.fromkeys(self.resample, 0)

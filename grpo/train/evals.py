@@ -14,6 +14,8 @@ def eval_metrics(result: dict) -> dict:
            "eval/truncated_share": result["truncated_share"]}
     if result.get("pass@k") is not None:
         out["eval/pass@k"] = result["pass@k"]
+    for k, v in (result.get("tools") or {}).items():  # tools / environment runs: tools/call_rate, ...
+        out[f"eval/{k}"] = v
     return out
 
 

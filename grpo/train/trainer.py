@@ -28,6 +28,7 @@ from grpo.config.validate import divisors
 from grpo.data import task_of
 from grpo.errors import ConfigError, DataError, EngineError, FuseError
 from grpo.eval.consistency import consistency, probe_prompts
+from grpo.agent import AgentSampler
 from grpo.eval.evaluate import evaluate_as_configured
 from grpo.infra import checkpoint as ckpt_io
 from grpo.infra import distributed as dist_io
@@ -115,8 +116,10 @@ class Trainer:
         self.engine = self.eval_engine = self.collector = None
         self._open_engines()
         self.timer = StageTimer(next(self.policy.parameters()).device)  # seconds per stage, in every metrics line
+        self.agent = AgentSampler.from_config(cfg, self.tok)  # tools / environment_factory: multi-turn episodes
         self.collector = Collector(cfg, world=world, train=self.task.train, engine=self.engine, rewards=self.rewards,
-                                   note=lambda text, style=None: self.logger.note(text, style), timer=self.timer)
+                                   note=lambda text, style=None: self.logger.note(text, style), timer=self.timer,
+                                   agent=self.agent)
         # seed 001 Algorithm 1 step 4: the reward model learns at iteration boundaries (train/reward_model.py)
         self.rm_trainer = make_reward_model_trainer(cfg) if cfg.reward_model_train_steps else None
         self.batches = BatchMaker(cfg, world=world, forwards=self.forwards, policy=self.policy,
@@ -304,7 +307,7 @@ class Trainer:
         # a reward model that is still learning is no judge of correctness: its verifier is
         verifier = next(iter(self.rm_trainer.verifier.values())) if self.rm_trainer is not None \
             else self.rewards.fns[cfg.reward_names[0]]
-        return evaluate_as_configured(self.eval_engine, self.task.eval, verifier, cfg)
+        return evaluate_as_configured(self.eval_engine, self.task.eval, verifier, cfg, agent=self.agent)
 
     # ---- checkpoints (train/state.py) -------------------------------------------------------------
     def state(self) -> dict:

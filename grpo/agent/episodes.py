@@ -1,0 +1,234 @@
+"""The episode runner: G independent multi-turn episodes per prompt, one batched engine call per turn.
+
+Each turn every live episode's context (its exact token ids so far, never re-tokenized text) is
+sampled by the engine; the first complete call in what it wrote is found (``CallFormat.find_call``)
+and the turn is cut right after it (the tokens sampled later do not change the tokens before them,
+so the cut turn is exactly what sampling would give had it stopped there); the calls of all episodes
+run concurrently (``execute.run_calls``); the result turn (the chat template's tokens around the
+format's result messages) is appended. An episode ends at EOS or a turn without a call, at
+``max_turns`` model turns (flagged; a call in the last turn is counted but not run) or when its
+tokens (model and tool tokens together) reach the budget, ``max_completion_length``.
+
+The result is one Rollout: ``completion_ids`` all turns concatenated, ``completion_mask`` the whole
+context, ``loss_mask`` 1 only on the model's own tokens (the tool and template tokens are read, not
+trained), ``sampling_logp`` 0 off them, ``texts`` the last model turn (the final answer, what rewards
+grade), ``episodes`` each episode's transcript and counts.
+
+Keys: turn k of a row draws from ``turn_key(key, k)``, so an episode's tokens depend on its key alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from grpo.agent.execute import ToolResult, run_calls
+from grpo.agent.formats import Call, CallFormat
+from grpo.agent.tools import Tool
+from grpo.rollout.base import Rollout, eos_token_ids
+from grpo.rollout.engine import RolloutEngine, SamplingSettings
+from grpo.rollout.keys import _mix64
+
+SENTINEL = "\u2063GRPO-TURN-END\u2063"  # marks where the model's text ends in a rendered conversation
+
+
+def turn_key(key: int, turn: int) -> int:
+    """The sampling key of a row's ``turn``-th model turn (turn 0: the row's own key)."""
+    return key if turn == 0 else _mix64((key * 1_000_003 + turn) % 2**64) % 2**62
+
+
+@dataclass
+class Episode:
+    """One completion's conversation as it is sampled."""
+
+    prompt: list[int]  # the start context's token ids
+    tools: dict[str, Tool]
+    messages: list[dict]  # the transcript: the start messages, then each turn's
+    key: int | None = None
+    env: object = None  # the environment instance (environment_factory), if any
+    ids: list[int] = field(default_factory=list)  # completion tokens: model and tool turns
+    trained: list[int] = field(default_factory=list)  # 1 on the model's own tokens
+    logp: list[float] = field(default_factory=list)
+    final_text: str = ""
+    turns: int = 0
+    calls: int = 0  # calls found (well-formed or not)
+    well_formed: int = 0  # calls read into a known tool with fitting arguments
+    errors: int = 0
+    timeouts: int = 0
+    max_turns_hit: bool = False
+    truncated: bool = False  # ended by the token budget
+    done: bool = False
+
+    def add(self, ids: list[int], *, trained: bool, logp: list[float] | None = None) -> None:
+        self.ids += ids
+        self.trained += [int(trained)] * len(ids)
+        self.logp += logp if logp is not None else [0.0] * len(ids)
+
+    def info(self) -> dict:
+        """What rewards and metrics see of the episode (merged into its sample for rewards)."""
+        return {"transcript": self.messages, "turns": self.turns, "tool_calls": self.calls,
+                "well_formed_calls": self.well_formed, "tool_errors": self.errors, "tool_timeouts": self.timeouts,
+                "max_turns_hit": self.max_turns_hit}
+
+
+def result_turn_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """The token ids between the end of the model's text and the start of its next turn: the chat
+    template's end of the assistant turn, ``messages`` (the tool's result), and the generation prompt.
+    Found by rendering a conversation with and without them after a sentinel assistant text."""
+    if not getattr(tokenizer, "chat_template", None):
+        text = "\n" + "\n".join(m["content"] for m in messages) + "\n"
+    else:
+        base = [{"role": "user", "content": "?"}, {"role": "assistant", "content": SENTINEL}]
+        full = tokenizer.apply_chat_template(base + messages, tokenize=False, add_generation_prompt=True)
+        cut = full.find(SENTINEL)
+        if cut < 0:
+            raise ValueError("chat template: the assistant's text does not appear in the rendered conversation")
+        text = full[cut + len(SENTINEL):]
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _first_call_prefix(tokenizer, ids: list[int], fmt: CallFormat) -> int:
+    """The fewest leading tokens of ``ids`` whose text holds a complete call (a call complete in a
+    prefix stays complete in every longer one, so a binary search finds it)."""
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fmt.find_call(tokenizer.decode(ids[:mid], skip_special_tokens=True)) is not None:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _model_turn(tokenizer, ep: Episode, ids: list[int], logp: list[float] | None, eos: set[int],
+                fmt: CallFormat) -> Call | None:
+    """Append the model's turn (cut after its first call); the call, or None when the episode ends."""
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    span = fmt.find_call(text) if ep.tools else None
+    if span is not None:
+        k = _first_call_prefix(tokenizer, ids, fmt)
+        ids, logp = ids[:k], None if logp is None else logp[:k]
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        span = fmt.find_call(text)
+    ep.add(ids, trained=True, logp=logp)
+    ep.turns += 1
+    ep.final_text = text
+    ep.messages.append({"role": "assistant", "content": text})
+    if span is None:
+        ep.done = True
+        ep.truncated = not (ids and ids[-1] in eos)
+        return None
+    ep.calls += 1
+    return fmt.parse(text[span[0]:span[1]], ep.tools)
+
+
+def _result_turn(tokenizer, ep: Episode, call: Call, res: ToolResult, fmt: CallFormat, budget: int) -> None:
+    msgs = fmt.result_messages(call, res.text)
+    ep.well_formed += int(res.ran)
+    ep.errors += int(res.error)
+    ep.timeouts += int(res.timeout)
+    ep.messages += msgs
+    ids = result_turn_ids(tokenizer, msgs)
+    room = budget - len(ep.ids)
+    ep.add(ids[:room], trained=False)
+    if len(ids) >= room:  # no room left for the model to answer
+        ep.done = ep.truncated = True
+
+
+def _call_stop(tok, fmt: CallFormat, has_tools: list[bool]):
+    """``stop(row, new_ids)`` for RolloutEngine.generate: true once the row's text holds a complete call."""
+    def stop(row: int, ids: list[int]) -> bool:
+        return has_tools[row] and fmt.find_call(tok.decode(ids, skip_special_tokens=True)) is not None
+
+    return stop
+
+
+def _grouped(contexts: list[list[int]], g: int) -> bool:
+    """Whether every run of ``g`` consecutive contexts is one context repeated."""
+    return g > 1 and len(contexts) % g == 0 and all(contexts[i] == contexts[i - i % g] for i in range(len(contexts)))
+
+
+def run_episodes(engine: RolloutEngine, episodes: list[Episode], *, fmt: CallFormat, sampling: SamplingSettings,
+                 max_turns: int, tool_timeout: float, with_logprobs: bool = False, greedy: bool = False,
+                 group_size: int = 1) -> None:
+    """Sample every episode to its end (the module docstring), in place; episodes come in groups of
+    ``group_size`` (G episodes of one prompt, consecutive)."""
+    tok = engine.tokenizer
+    eos = set(eos_token_ids(engine.model, tok))
+    budget = sampling.max_new_tokens
+    live = list(episodes)
+    for turn in range(max_turns):
+        contexts = [ep.prompt + ep.ids for ep in live]
+        room = [budget - len(ep.ids) for ep in live]
+        s = dataclasses.replace(sampling, max_new_tokens=max(room),
+                                max_prompt_length=max(len(c) for c in contexts))
+        keys = None if greedy or live[0].key is None else [turn_key(ep.key, turn) for ep in live]
+        g = group_size if turn == 0 and _grouped(contexts, group_size) else 1
+        # the first turn of a group starts from one context: the engine may prefill it once for its G rows
+        # where the engine can, a row ends as soon as its text holds a complete call (else it is cut below)
+        stop = _call_stop(tok, fmt, [bool(ep.tools) for ep in live])
+        ro = engine.generate(contexts[::g], group_size=g, sampling=s, keys=keys, with_logprobs=with_logprobs,
+                             greedy=greedy, stop=stop)
+        jobs = []
+        for i, ep in enumerate(live):
+            n = min(int(ro.completion_mask[i].sum()), room[i])
+            logp = ro.sampling_logp[i, :n].tolist() if ro.sampling_logp is not None else None
+            call = _model_turn(tok, ep, ro.completion_ids[i, :n].tolist(), logp, eos, fmt)
+            if call is None:
+                continue
+            if turn == max_turns - 1:  # no turn left to read the result in
+                ep.done = ep.max_turns_hit = True
+            elif len(ep.ids) >= budget:
+                ep.done = ep.truncated = True
+            else:
+                jobs.append((ep, call))
+        results = run_calls([(c, ep.tools) for ep, c in jobs], timeout=tool_timeout)
+        for (ep, call), res in zip(jobs, results):
+            _result_turn(tok, ep, call, res, fmt, budget)
+        live = [ep for ep in live if not ep.done]
+        if not live:
+            break
+
+
+def episodes_rollout(episodes: list[Episode], *, pad_id: int, with_logprobs: bool, backend: str, seconds: float,
+                     prompts_truncated: int, device=None) -> Rollout:
+    """The episodes as one Rollout (the module docstring): prompts left-padded, completions right-padded."""
+    n = len(episodes)
+    p = max(len(ep.prompt) for ep in episodes)
+    t = max([len(ep.ids) for ep in episodes] + [1])
+    prompt_ids = torch.full((n, p), pad_id, dtype=torch.long)  # [N, P]
+    prompt_mask = torch.zeros(n, p, dtype=torch.long)  # [N, P]
+    ids = torch.full((n, t), pad_id, dtype=torch.long)  # [N, T]
+    mask = torch.zeros(n, t, dtype=torch.long)  # [N, T] the whole context
+    loss = torch.zeros(n, t, dtype=torch.long)  # [N, T] the model's own tokens
+    logp = torch.zeros(n, t) if with_logprobs else None  # [N, T]
+    for i, ep in enumerate(episodes):
+        lp, lc = len(ep.prompt), len(ep.ids)
+        prompt_ids[i, p - lp:] = torch.tensor(ep.prompt, dtype=torch.long)
+        prompt_mask[i, p - lp:] = 1
+        if lc:
+            ids[i, :lc] = torch.tensor(ep.ids, dtype=torch.long)
+            mask[i, :lc] = 1
+            loss[i, :lc] = torch.tensor(ep.trained, dtype=torch.long)
+            if logp is not None:
+                logp[i, :lc] = torch.tensor(ep.logp) * loss[i, :lc]
+    truncated = torch.tensor([ep.truncated or ep.max_turns_hit for ep in episodes], dtype=torch.bool)
+    tensors = [x.to(device) if device is not None and x is not None else x
+               for x in (prompt_ids, prompt_mask, ids, mask, truncated, logp, loss)]
+    return Rollout(*tensors[:6], texts=[ep.final_text for ep in episodes], backend=backend, seconds=seconds,
+                   prompts_truncated=prompts_truncated, loss_mask=tensors[6],
+                   episodes=[ep.info() for ep in episodes])
+
+
+def episode_metrics(infos: list[dict]) -> dict:
+    """Per-step tool metrics of the episodes' infos: the tool-call rate (share with at least one
+    well-formed call), calls and turns per episode, tool errors and timeouts, share ended by max_turns."""
+    n = max(len(infos), 1)
+    return {"tools/call_rate": sum(e["well_formed_calls"] > 0 for e in infos) / n,
+            "tools/calls_per_episode": sum(e["tool_calls"] for e in infos) / n,
+            "tools/turns": sum(e["turns"] for e in infos) / n,
+            "tools/errors": sum(e["tool_errors"] for e in infos),
+            "tools/timeouts": sum(e["tool_timeouts"] for e in infos),
+            "tools/max_turns_share": sum(e["max_turns_hit"] for e in infos) / n}

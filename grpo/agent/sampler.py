@@ -1,0 +1,112 @@
+"""The agent sampler: a run's tools, environment factory and call format, turning samples into
+multi-turn episodes through any rollout engine (the Collector and evaluation call it where a plain
+run calls ``engine.generate``)."""
+
+from __future__ import annotations
+
+import time
+
+from grpo.agent.environments import (environment_reward, environment_tools, load_factory, new_environment,
+                                     reset_environment)
+from grpo.agent.episodes import Episode, episode_metrics, episodes_rollout, run_episodes
+from grpo.agent.formats import CallFormat, call_format
+from grpo.agent.tools import Tool, check_unique, resolve_tools
+from grpo.rollout.base import Rollout
+from grpo.rollout.engine import RolloutEngine, SamplingSettings
+
+
+def _with_observation(messages: list[dict], text: str | None) -> list[dict]:
+    """TRL's rule: the text ``reset`` returned is appended to the last user message."""
+    if not text:
+        return messages
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].get("role") == "user":
+            return messages[:i] + [{**messages[i], "content": str(messages[i]["content"]) + text}] + messages[i + 1:]
+    return messages + [{"role": "user", "content": text}]
+
+
+class AgentSampler:
+    """Samples episodes: ``tools`` (Tools shared by every episode), ``factory`` (an environment class
+    or callable, a fresh instance per episode), ``fmt`` the call format, ``max_turns`` model turns,
+    ``tool_timeout`` seconds per call."""
+
+    def __init__(self, tokenizer, *, tools: list[Tool], factory=None, fmt: CallFormat, max_turns: int,
+                 tool_timeout: float):
+        self.tok, self.tools, self.factory, self.fmt = tokenizer, tools, factory, fmt
+        self.max_turns, self.tool_timeout = max_turns, tool_timeout
+        self.last_metrics: dict = {}
+
+    @classmethod
+    def from_config(cls, cfg, tokenizer) -> "AgentSampler | None":
+        """The sampler a run's config asks for (``tools``, ``environment_factory``, ``tool_format``,
+        ``max_turns``, ``tool_timeout``); None when it names neither tools nor an environment."""
+        if not cfg.tools.strip() and not cfg.environment_factory.strip():
+            return None
+        factory = load_factory(cfg.environment_factory) if cfg.environment_factory.strip() else None
+        return cls(tokenizer, tools=resolve_tools(cfg.tools), factory=factory,
+                   fmt=call_format(cfg.tool_format, tokenizer), max_turns=cfg.max_turns, tool_timeout=cfg.tool_timeout)
+
+    def start_messages(self, sample: dict, tools: list[Tool], system_prompt: str, observation: str | None) -> list[dict]:
+        """The conversation an episode starts from: the system message (the system prompt and, where
+        the template does not render tools, the format's description of them), the sample's
+        ``tool_example`` as a worked exchange, the prompt (with the environment's reset text)."""
+        prompt = sample["prompt"]
+        messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
+        system = [m["content"] for m in messages if m.get("role") == "system"]
+        messages = [m for m in messages if m.get("role") != "system"]
+        parts = system or ([system_prompt] if system_prompt else [])
+        if tools and not (self.fmt.native and self._template_renders_tools()):
+            parts.append(self.fmt.describe(tools))
+        example = self.fmt.example_messages(sample["tool_example"]) if sample.get("tool_example") else []
+        head = [{"role": "system", "content": "\n\n".join(parts)}] if parts else []
+        return head + example + _with_observation(messages, observation)
+
+    def _template_renders_tools(self) -> bool:
+        from grpo.agent.formats import supports_tools
+
+        return supports_tools(self.tok)
+
+    def _render(self, messages: list[dict], tools: list[Tool]) -> str:
+        if not getattr(self.tok, "chat_template", None):
+            return "\n".join(str(m["content"]) for m in messages) + "\n"
+        kw = {"tools": [t.schema for t in tools]} if tools and self.fmt.native and self._template_renders_tools() else {}
+        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kw)
+
+    def episodes(self, samples: list[dict], *, group_size: int, system_prompt: str, max_prompt_length: int,
+                 keys: list[int] | None) -> tuple[list[Episode], int]:
+        """G fresh episodes per sample (an environment instance each), and how many of their start
+        contexts were cut to ``max_prompt_length`` (from the left, as single-turn prompts are)."""
+        out, cut = [], 0
+        for i, sample in enumerate(samples):
+            for j in range(group_size):
+                env = new_environment(self.factory) if self.factory is not None else None
+                observation = reset_environment(env, sample) if env is not None else None
+                tools = self.tools + (environment_tools(env) if env is not None else [])
+                check_unique(tools, "tools + environment_factory")
+                messages = self.start_messages(sample, tools, system_prompt, observation)
+                ids = self.tok(self._render(messages, tools), add_special_tokens=False)["input_ids"]
+                cut += len(ids) > max_prompt_length and j == 0
+                out.append(Episode(prompt=ids[-max_prompt_length:], tools={t.name: t for t in tools},
+                                   messages=messages, env=env,
+                                   key=None if keys is None else keys[i * group_size + j]))
+        return out, cut
+
+    def generate(self, engine: RolloutEngine, samples: list[dict], *, group_size: int, sampling: SamplingSettings,
+                 system_prompt: str = "", keys: list[int] | None = None, with_logprobs: bool = False,
+                 greedy: bool = False) -> Rollout:
+        """``group_size`` episodes per sample, grouped by sample, as one Rollout (``episodes_rollout``);
+        ``sampling.max_new_tokens`` is each episode's token budget. The step's tool metrics are kept
+        in ``last_metrics``."""
+        start = time.perf_counter()
+        eps, cut = self.episodes(samples, group_size=group_size, system_prompt=system_prompt,
+                                 max_prompt_length=sampling.max_prompt_length, keys=keys)
+        run_episodes(engine, eps, fmt=self.fmt, sampling=sampling, max_turns=self.max_turns,
+                     tool_timeout=self.tool_timeout, with_logprobs=with_logprobs, greedy=greedy, group_size=group_size)
+        ro = episodes_rollout(eps, pad_id=self.tok.pad_token_id, with_logprobs=with_logprobs, backend=engine.name,
+                              seconds=time.perf_counter() - start, prompts_truncated=cut,
+                              device=next(engine.model.parameters()).device)
+        for ep, info in zip(eps, ro.episodes):
+            if ep.env is not None:
+                info["environment_reward"] = environment_reward(ep.env)
+        self.last_metrics = episode_metrics(ro.episodes)
+        return ro
