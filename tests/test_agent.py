@@ -65,8 +65,12 @@ def _sampler(tok, tools="builtin:calculator", *, max_turns=4, timeout=5.0, facto
                         fmt=call_format(fmt, tok), max_turns=max_turns, tool_timeout=timeout)
 
 
-def _last_user(text: str) -> str:
-    return text.rsplit("<|im_start|>user\n", 1)[-1].split("<|im_end|>")[0]
+TOOL_TURN = "<|im_start|>tool\n"  # how the python format's results reach SmolLM2's template
+
+
+def _last_result(text: str) -> str | None:
+    """The last tool result in a rendered context, None before the first."""
+    return text.rsplit(TOOL_TURN, 1)[-1].split("<|im_end|>")[0] if TOOL_TURN in text else None
 
 
 SAMPLE = {"prompt": "What is 123 * 45?", "answer": "5535"}
@@ -75,8 +79,8 @@ SAMPLING = SamplingSettings(max_new_tokens=1000, max_prompt_length=4000)
 
 def test_one_call_then_the_answer_and_the_masks(tok, model):
     def reply(ctx):
-        last = _last_user(ctx)
-        return "calculator(123 * 45) and more text" if "Result" not in last else f"123 * 45 = {last.split()[-1]}"
+        last = _last_result(ctx)
+        return "calc(123 * 45) and more text" if last is None else f"123 * 45 = {last}"
 
     eng = ScriptedEngine(model, tok, reply)
     ro = _sampler(tok).generate(eng, [SAMPLE], group_size=2, sampling=SAMPLING)
@@ -84,13 +88,13 @@ def test_one_call_then_the_answer_and_the_masks(tok, model):
     assert ro.texts == ["123 * 45 = 5535"] * 2
     info = ro.episodes[0]
     assert (info["turns"], info["tool_calls"], info["well_formed_calls"], info["tool_errors"]) == (2, 1, 1, 0)
-    assert [m["role"] for m in info["transcript"][-3:]] == ["assistant", "user", "assistant"]
-    assert info["transcript"][-3]["content"] == "calculator(123 * 45)"  # cut right after the call
+    assert [m["role"] for m in info["transcript"][-3:]] == ["assistant", "tool", "assistant"]
+    assert info["transcript"][-3]["content"] == "calc(123 * 45)"  # cut right after the call
     # the second turn's context is exactly the prompt + the completion's first part, as token ids
     row = ro.completion_ids[0][ro.completion_mask[0].bool()].tolist()
-    first = tok("calculator(123 * 45)", add_special_tokens=False)["input_ids"]
+    first = tok("calc(123 * 45)", add_special_tokens=False)["input_ids"]
     assert row[:len(first)] == first and ro.loss_mask[0, :len(first)].all()
-    result_ids = tok("<|im_end|>\n<|im_start|>user\nResult: 5535<|im_end|>\n<|im_start|>assistant\n",
+    result_ids = tok("<|im_end|>\n<|im_start|>tool\n5535<|im_end|>\n<|im_start|>assistant\n",
                      add_special_tokens=False)["input_ids"]
     hole = ro.loss_mask[0, len(first):len(first) + len(result_ids)]
     assert row[len(first):len(first) + len(result_ids)] == result_ids and not hole.any()
@@ -116,29 +120,29 @@ def test_several_calls_and_each_fault_is_answered_and_counted(tok, model):
         """
         raise RuntimeError("kaput")
 
-    script = ["calculator(2 + 3)", "nosuch(1)", "boom(x=1, y=2)", "boom(x='a')", "boom(1)", "slow(3)",
-              "calculator(1 +* 2)", "calculator(2 ** 3)", "done"]
+    script = ["calc(2 + 3)", "nosuch(1)", "boom(x=1, y=2)", "boom(x='a')", "boom(1)", "slow(3)",
+              "calc(1 +* 2)", "calc(2 ** 3)", "done"]
 
     def reply(ctx):
-        return script[ctx.count("Result: ")]
+        return script[ctx.count(TOOL_TURN)]
 
     tools = resolve_tools("builtin:calculator") + [make_tool(slow), make_tool(boom)]
     eng = ScriptedEngine(model, tok, reply)
     ro = _sampler(tok, tools, max_turns=20, timeout=0.3).generate(eng, [SAMPLE], group_size=1, sampling=SamplingSettings(
         max_new_tokens=2000, max_prompt_length=2000))
     info = ro.episodes[0]
-    results = [m["content"] for m in info["transcript"] if m["role"] == "user"][1:]
-    assert results[0] == "Result: 5" and results[-1] == "Result: 8"
+    results = [m["content"] for m in info["transcript"] if m["role"] == "tool"]
+    assert results[0] == "5" and results[-1] == "8"
     assert "unknown tool 'nosuch'" in results[1] and "unknown argument(s) y" in results[2]
     assert "must be of type integer" in results[3] and "raised RuntimeError: kaput" in results[4]
-    assert "longer than 0.3 s" in results[5] and "calculator raised ValueError" in results[6]
+    assert "longer than 0.3 s" in results[5] and "calc raised ValueError" in results[6]
     assert (info["tool_calls"], info["tool_errors"], info["tool_timeouts"], info["turns"]) == (8, 6, 1, 9)
-    assert info["well_formed_calls"] == 5  # the calls that ran: calculator x3, boom(1), slow(3)
+    assert info["well_formed_calls"] == 5  # the calls that ran: calc x3, boom(1), slow(3)
     assert ro.texts == ["done"] and not info["max_turns_hit"]
 
 
 def test_malformed_hermes_call_and_max_turns_flag(tok, model):
-    eng = ScriptedEngine(model, tok, lambda ctx: '<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}'
+    eng = ScriptedEngine(model, tok, lambda ctx: '<tool_call>{"name": "calc", "arguments": {"expression": "1+1"}}'
                          '</tool_call>' if ctx.count("<|im_start|>tool") % 2 else '<tool_call>{not json</tool_call>')
     ro = _sampler(tok, max_turns=3, fmt="hermes").generate(eng, [SAMPLE], group_size=1, sampling=SAMPLING)
     info = ro.episodes[0]
@@ -149,7 +153,7 @@ def test_malformed_hermes_call_and_max_turns_flag(tok, model):
 
 
 def test_the_budget_counts_tool_tokens(tok, model):
-    eng = ScriptedEngine(model, tok, lambda ctx: "calculator(1 + 1)")
+    eng = ScriptedEngine(model, tok, lambda ctx: "calc(1 + 1)")
     ro = _sampler(tok, max_turns=50).generate(eng, [SAMPLE], group_size=1,
                                               sampling=SamplingSettings(max_new_tokens=120, max_prompt_length=2000))
     assert int(ro.completion_mask.sum()) <= 120 and bool(ro.truncated[0])
@@ -209,7 +213,7 @@ class Counter:
 def test_a_trl_environment_class_runs_unchanged(tok, model):
     def reply(ctx):
         assert ("Reach 7." in ctx or "Reach 6." in ctx) and "add(amount: integer)" in ctx and "_private" not in ctx
-        n = ctx.count("Result: ")
+        n = ctx.count(TOOL_TURN)
         return ["add(3)", "add(amount=4)", "reached"][n]
 
     eng = ScriptedEngine(model, tok, reply)
@@ -232,8 +236,8 @@ def test_an_unknown_builtin_lists_the_valid_ones():
                                        ("-3 ** 2", "-9"), ("  123*45 ", "5535"), ("2 ^ 10", "1024"),
                                        ("1.5 * 4", "6"), ("((1))", "1")])
 def test_calculator_by_hand(expr, want):
-    from grpo.agent import calculator
-    assert calculator(expr) == want
+    from grpo.agent import calc
+    assert calc(expr) == want
 
 
 @pytest.mark.parametrize("hostile", ["__import__('os').system('true')", "9 ** 9 ** 9", "2 ** 100000", "1 / 0",
@@ -241,9 +245,9 @@ def test_calculator_by_hand(expr, want):
                                      "[1] * 3", "'a' * 3", "0 ** -1", "abs(-1)", "1 if 1 else 2", "+".join(["1"] * 90),
                                      "(1).__class__", "1e200 ** 2", "", "lambda: 1"])
 def test_calculator_refuses_hostile_input(hostile):
-    from grpo.agent import calculator
+    from grpo.agent import calc
     with pytest.raises(ValueError):
-        calculator(hostile)
+        calc(hostile)
 
 
 def test_engines_take_token_id_prompts_as_they_are(tok):
@@ -276,7 +280,7 @@ class Guess:
 
 
 def test_reset_gets_the_fields_its_signature_names_and_an_async_reward(tok, model):
-    eng = ScriptedEngine(model, tok, lambda ctx: "guess(5535)" if "Result" not in ctx else "ok")
+    eng = ScriptedEngine(model, tok, lambda ctx: "guess(5535)" if TOOL_TURN not in ctx else "ok")
     ro = _sampler(tok, [], factory=Guess).generate(eng, [SAMPLE, {**SAMPLE, "answer": "1"}], group_size=1,
                                                    sampling=SAMPLING)
     assert [e["environment_reward"] for e in ro.episodes] == [1.0, 0.0]

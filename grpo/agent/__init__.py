@@ -2,12 +2,12 @@
 formats (``CALL_FORMATS``), TRL-form environments, concurrent tool execution, the episode runner and
 the sampler the trainer and evaluation use. Sits above rollout and rewards, below config and train."""
 
-from grpo.agent.calculator import calculator, evaluate_arithmetic
+from grpo.agent.calculator import calc, evaluate_arithmetic
 from grpo.agent.episodes import Episode, episode_metrics, episodes_rollout, run_episodes, turn_key
 from grpo.agent.formats import CALL_FORMATS, DEFAULT_FORMAT, Call, CallFormat, call_format, supports_tools
 from grpo.agent.sampler import AgentSampler
 from grpo.agent.tools import BUILTIN_TOOLS, Tool, make_tool, resolve_tool, resolve_tools
 
 __all__ = ["BUILTIN_TOOLS", "CALL_FORMATS", "DEFAULT_FORMAT", "AgentSampler", "Call", "CallFormat", "Episode", "Tool",
-           "calculator", "call_format", "episode_metrics", "episodes_rollout", "evaluate_arithmetic", "make_tool",
+           "calc", "call_format", "episode_metrics", "episodes_rollout", "evaluate_arithmetic", "make_tool",
            "resolve_tool", "resolve_tools", "run_episodes", "supports_tools", "turn_key"]

@@ -84,7 +84,7 @@ def format_number(value: int | float) -> str:
     return str(value) if isinstance(value, int) else f"{value:.12g}"
 
 
-def calculator(expression: str) -> str:
+def calc(expression: str) -> str:
     """Evaluate an arithmetic expression and return its value.
 
     Args:

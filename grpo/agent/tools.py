@@ -14,10 +14,12 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable
 
-from grpo.agent.calculator import calculator
+from grpo.agent.calculator import calc
 from grpo.errors import ConfigError
 
-BUILTIN_TOOLS: dict[str, Callable] = {"calculator": calculator}
+# builtin:calculator is shown to the model as `calc`: on the untrained embedded model the short name drew
+# 66% well-formed calls against 3-22% for `calculator(` (docs/tools/format.md)
+BUILTIN_TOOLS: dict[str, Callable] = {"calculator": calc}
 
 
 @dataclass(frozen=True)

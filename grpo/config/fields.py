@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from grpo.config.parse import parse_value
-from grpo.config.presets import apply_monitor_preset
+from grpo.config.presets import apply_monitor_preset, apply_task_preset
 from grpo.config.validate import derived_micro_batch, validate
 from grpo.models.loading import DEFAULT_MODEL
 
@@ -28,7 +28,7 @@ class Config:
     model: str = DEFAULT_MODEL
     """Policy to train: a hub id, a local folder, a run folder (its newest checkpoint), or the embedded default."""
     task: str = "arithmetic"
-    """Prompts and answers: a built-in task (arithmetic, gsm8k, code, code_hard, calculator), a local .jsonl/.json/.parquet file, a hub dataset id, or a local copy of a hub dataset repository (a folder)."""
+    """Prompts and answers: a built-in task (arithmetic, gsm8k, code, code_hard, calculator: sets tools=builtin:calculator and 64-token episodes unless given), a local .jsonl/.json/.parquet file, a hub dataset id, or a local copy of a hub dataset repository (a folder)."""
     task_split: str = "train"
     """Split to load when `task` is a hub dataset id or a dataset repository folder."""
     prompt_field: str = "prompt"
@@ -360,6 +360,7 @@ class Config:
 
     def __post_init__(self) -> None:
         _coerce_types(self)
+        apply_task_preset(self)
         apply_monitor_preset(self)
         if self.per_device_train_batch_size is None:  # the one value that always fits (TRL issue #3061)
             self.per_device_train_batch_size = derived_micro_batch(self.prompts_per_step, self.num_generations)
@@ -373,7 +374,7 @@ class Config:
     max_turns: int = 4
     """Most model turns of an episode (tools/environment runs); an episode still calling a tool then ends and is counted in tools/max_turns_share."""
     tool_format: str = "auto"
-    """How tools are shown and calls are read: auto (hermes where the chat template renders tools, else python), hermes (<tool_call>{json}</tool_call>, results as tool messages) or python (a line name(args), e.g. calculator(12 * 34); results as a user message 'Result: ...'); grpo/agent/formats.py."""
+    """How tools are shown and calls are read: auto (hermes where the chat template renders tools, else python), hermes (<tool_call>{json}</tool_call>, results as tool messages) or python (a line name(args), e.g. calc(12 * 34); results as a tool message with the bare value); grpo/agent/formats.py."""
     tool_timeout: float = 10.0
     """Deadline in seconds of one tool call (0 = none); a call past it answers the model with an error and counts in tools/timeouts."""
 

@@ -1,4 +1,4 @@
-"""Named monitor presets: one key sets a group of fields to a seed's published settings."""
+"""Presets: one key sets a group of fields (a seed's published monitor settings, a built-in task's needs)."""
 
 from __future__ import annotations
 
@@ -19,12 +19,28 @@ MONITOR_PRESETS: dict[str, dict] = {
 }
 
 
+# settings a built-in task needs, filled where still at their defaults (an explicit setting wins):
+# a calculator episode (the call, the tool's result turn, the answer) needs ~45 tokens, more than 32
+TASK_PRESETS: dict[str, dict] = {
+    "calculator": {"tools": "builtin:calculator", "max_completion_length": 64, "eval_max_new_tokens": 64},
+}
+
+
+def _fill_defaults(c, values: dict) -> None:
+    defaults = {f.name: f.default for f in fields(c)}
+    for key, value in values.items():
+        if getattr(c, key) == defaults[key]:
+            setattr(c, key, value)
+
+
+def apply_task_preset(c) -> None:
+    """Fill the fields a built-in task needs (``TASK_PRESETS``) that are still at their defaults."""
+    _fill_defaults(c, TASK_PRESETS.get(c.task, {}))
+
+
 def apply_monitor_preset(c) -> None:
     """Fill the fields of ``c.monitor_preset`` that are still at their defaults (an explicit setting
     wins); an unknown preset lists the valid ones."""
     if c.monitor_preset not in MONITOR_PRESETS:
         raise ConfigError(f"monitor_preset: {c.monitor_preset!r} is not valid; choose one of {sorted(MONITOR_PRESETS)}")
-    defaults = {f.name: f.default for f in fields(c)}
-    for key, value in MONITOR_PRESETS[c.monitor_preset].items():
-        if getattr(c, key) == defaults[key]:
-            setattr(c, key, value)
+    _fill_defaults(c, MONITOR_PRESETS[c.monitor_preset])

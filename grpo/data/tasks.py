@@ -43,7 +43,7 @@ def arithmetic_task(*, max_operand: int, ops: str, eval_size: int, seed: int) ->
 
 # The worked exchange every calculator prompt shows (grpo.agent's call format renders it as messages:
 # the question, the assistant's call, the result turn, the answer). Not a problem of the task itself.
-CALCULATOR_EXAMPLE = {"question": "What is 12 * 34?", "call": {"name": "calculator", "arguments": {"expression": "12 * 34"}},
+CALCULATOR_EXAMPLE = {"question": "What is 12 * 34?", "call": {"name": "calc", "arguments": {"expression": "12 * 34"}},
                       "result": "408", "answer": "12 * 34 = 408"}
 
 
