@@ -52,10 +52,13 @@ def run(out: Path, name: str, **kw) -> dict:
     t = Trainer(cfg)
     result = t.train()
     lines = [json.loads(x) for x in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
-    rm_lines = [{k: v for k, v in x.items() if k.startswith("rm_")} | {"step": x["step"]}
+    rm_lines = [{k: v for k, v in x.items() if k.startswith("rm_") and k != "rm_verifier_reward"} | {"step": x["step"]}
                 for x in lines if "rm_heldout_accuracy_after" in x]
-    return {"eval": {k: result.get(k, {}).get("accuracy") for k in ("before", "after")},
-            "rm": rm_lines, "seconds": sum(x["step_seconds"] for x in lines)}
+    return {"eval": {k: result.get(k, {}).get("accuracy") for k in ("before", "after")}, "rm": rm_lines,
+            # the verifier's mean on each step's samples: what optimising the reward model really achieved
+            "verifier_reward_per_step": [round(x.get("rm_verifier_reward", x.get("rewards/numeric", 0.0)), 3)
+                                         for x in lines],
+            "seconds": sum(x["step_seconds"] for x in lines)}
 
 
 def main() -> None:
@@ -64,6 +67,7 @@ def main() -> None:
     ap.add_argument("--ref-reset", type=int, default=3)
     ap.add_argument("--rm-steps", type=int, default=16)
     ap.add_argument("--rm-layers", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=6, help="reward_model_warmup_draws (0: the untrained head scores iteration 1)")
     ap.add_argument("--eval", type=int, default=100)
     ap.add_argument("--out", default="/tmp/learned_reward")
     args = ap.parse_args()
@@ -76,7 +80,7 @@ def main() -> None:
     learned = run(out, "learned", rewards="reward_model", reward_model=str(rm_path),
                   reward_model_train_steps=args.rm_steps, reward_model_objective="pairwise",
                   reward_model_verifier="numeric", reward_model_heldout=8, reward_model_batch_size=16,
-                  reward_model_lr=1e-4, **common)
+                  reward_model_lr=1e-4, reward_model_warmup_draws=args.warmup, **common)
     verifier = run(out, "verifier", rewards="numeric", **common)
     summary = {"learned_reward": learned, "verifier": verifier, "settings": {**common, **vars(args)}}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -14,6 +14,7 @@ from grpo.rewards import reward_model as rm
 from grpo.rewards.reward_model import RewardModelScorer
 from grpo.train.reward_model import RewardModelTrainer, replay_count
 from tests.conftest import build_tiny_reward_model, build_tokenizer
+from tests.test_trainer import make_cfg
 
 VERIFIER = "tests.rewards_for_tests:digit_share"
 
@@ -80,7 +81,6 @@ def _hash(state: dict) -> str:
 def test_resume_continues_the_reward_model_bit_exactly(tmp_path, tiny_model_dir, tiny_dataset, tiny_rm_dir, monkeypatch):
     from grpo.train.trainer import Trainer
     from tests.test_checkpoint import metric_lines
-    from tests.test_trainer import make_cfg
 
     monkeypatch.setattr(rm, "_path", "")
     monkeypatch.setattr(rm, "_scorer", None)
@@ -104,6 +104,43 @@ def test_resume_continues_the_reward_model_bit_exactly(tmp_path, tiny_model_dir,
     assert metric_lines(resumed.run_dir) == lines
     assert all("rm_heldout_accuracy_after" in l and "rm_buffer_size" in l for l in lines[1:])  # steps 2-3
     assert rm._scorer is resumed.rm_trainer.scorer  # the reward the policy trains on is the model being trained
+
+
+def test_warm_up_trains_the_reward_model_before_its_first_use(tmp_path, tiny_model_dir, tiny_dataset, tiny_rm_dir,
+                                                              monkeypatch):
+    """reward_model_warmup_draws: the reward model that scores step 1 has already trained on labelled
+    samples of the initial policy (held-out set from them), drawn from their own prompt stream and
+    keys, so the policy's prompts and first samples are those of the run without the warm-up."""
+    from grpo.train.trainer import Trainer
+    from tests.test_checkpoint import metric_lines
+
+    kw = dict(rewards="reward_model", reward_model=str(tiny_rm_dir), reward_model_train_steps=2, ref_reset_steps=2,
+              reward_model_verifier=VERIFIER, reward_model_heldout=2, reward_model_batch_size=4,
+              reward_model_lr=1e-3, reward_model_objective="pairwise", max_steps=2, eval_prompts=0, beta=0.05)
+    seen = {}
+    for name, draws in (("plain", 0), ("warm", 3)):
+        monkeypatch.setattr(rm, "_path", "")
+        monkeypatch.setattr(rm, "_scorer", None)
+        t = Trainer(make_cfg(tmp_path / name, tiny_model_dir, tiny_dataset, reward_model_warmup_draws=draws, **kw))
+        initial = _hash(t.rm_trainer.scorer.model.state_dict())
+        got, collect, scored = [], t.collector.collect, []
+        t.collector.collect = lambda **a: (got.append(collect(**a)), got[-1])[1]
+        score = t.rm_trainer.scorer.score
+        t.rm_trainer.scorer.score = lambda *a: (scored.append(_hash(t.rm_trainer.scorer.model.state_dict())),
+                                                score(*a))[1]
+        t.train()
+        seen[name] = dict(prompts=[[s["prompt"] for s in c.samples] for c in got], texts=got[0].rollout.texts,
+                          lines=metric_lines(t.run_dir), initial=initial, scored=scored, heldout=len(t.rm_trainer.heldout))
+    plain, warm = seen["plain"], seen["warm"]
+    assert warm["prompts"] == plain["prompts"] and warm["texts"] == plain["texts"]
+    assert plain["scored"][0] == plain["initial"]  # without it, step 1 is scored by the untrained head
+    assert warm["scored"][0] != warm["initial"]  # with it, by a model that has trained
+    first = warm["lines"][0]
+    assert first["rm_warmup_completions"] == 3 * 2 * 4 and first["rm_iteration"] == 1
+    assert warm["heldout"] == 2 * 4  # the held-out groups are the warm-up's first two
+    assert first["rm_buffer_size"] == (3 * 2 - 2) * 4 and "rm_heldout_accuracy_after" in first
+    assert "rm_warmup_completions" not in plain["lines"][0] and "rm_iteration" not in plain["lines"][0]
+    assert all(0.0 <= line["rm_verifier_reward"] <= 1.0 for line in warm["lines"] + plain["lines"])
 
 
 def test_distillation_from_a_teacher_moves_the_student_to_its_logits(tiny_rm_dir, tmp_path):
@@ -145,6 +182,9 @@ def test_distillation_from_a_teacher_moves_the_student_to_its_logits(tiny_rm_dir
      "reward_model_replay"),
     ({"reward_model_train_steps": 2, "reward_model": "x", "ref_reset_steps": 2, "reward_model_objective": "listwise"},
      "reward_model_objective"),
+    ({"reward_model_train_steps": 2, "reward_model": "x", "ref_reset_steps": 2, "reward_model_warmup_draws": 2,
+      "prompts_per_step": 4, "reward_model_heldout": 8}, "reward_model_warmup_draws: 2 draw"),
+    ({"reward_model_warmup_draws": 2}, "reward_model_warmup_draws"),
     ({"resample_invalid_rounds": -1}, "resample_invalid_rounds"),
     ({"token_weight_gamma": 0.0}, "token_weight_gamma"),
 ])

@@ -346,6 +346,8 @@ class Config:
     """Sequence-classification teacher (folder or hub id) whose logits are the reward model's soft targets instead of the verifier's labels (distillation, seed 003 section 3.3); same head size as the reward model."""
     reward_model_distill_temperature: float = 1.0
     """Temperature T of the teacher distillation (loss scaled by T^2)."""
+    reward_model_warmup_draws: int = 0
+    """Before the policy's first step, sample this many draws (prompts_per_step prompts, num_generations completions each) from the initial policy, label them with `reward_model_verifier` and train the reward model on them (reward_model_train_steps optimizer steps), so the policy's first iteration is scored by a trained reward model, not a random head (seed 001 Algorithm 1 takes r_phi as a trained input). Its own prompt draw and sampling keys: the policy's prompts and samples are those of a run without it. The first reward_model_heldout groups are the held-out set, so it needs more than reward_model_heldout / prompts_per_step draws (0 = off)."""
 
 
     # ---- issue 27: training conveniences ----

@@ -278,6 +278,21 @@ def _validate_reward_training(c) -> None:
         if c.reward_model_lr <= 0 or c.reward_model_distill_temperature <= 0 or c.reward_model_heldout < 0:
             raise ConfigError("reward_model_lr and reward_model_distill_temperature must be > 0, "
                               "reward_model_heldout >= 0")
+        _validate_reward_model_warmup(c)
+    elif c.reward_model_warmup_draws:
+        raise ConfigError("reward_model_warmup_draws: the warm-up trains the reward model; set "
+                          "reward_model_train_steps (its optimizer steps)")
+
+
+def _validate_reward_model_warmup(c) -> None:
+    if c.reward_model_warmup_draws < 0:
+        raise ConfigError(f"reward_model_warmup_draws: must be >= 0, got {c.reward_model_warmup_draws}")
+    groups = c.reward_model_warmup_draws * c.prompts_per_step
+    if c.reward_model_warmup_draws and groups <= c.reward_model_heldout:
+        raise ConfigError(f"reward_model_warmup_draws: {c.reward_model_warmup_draws} draw(s) of prompts_per_step="
+                          f"{c.prompts_per_step} give {groups} groups, all taken by the held-out set "
+                          f"(reward_model_heldout={c.reward_model_heldout}): the warm-up would train on nothing; "
+                          f"use more than {c.reward_model_heldout // c.prompts_per_step} draws")
 
 
 def _validate_vllm(c) -> None:

@@ -84,16 +84,19 @@ class Collector:
         self.resample["invalid_after_resampling"] += int(dist_io.all_sum(torch.tensor(got.invalid_left), world))
         return got.rollout
 
-    def sample(self, *, step: int, temperature: float, draw: int = 0) -> tuple[list[dict], Rollout]:
+    def sample(self, *, step: int, temperature: float, draw: int = 0, sampler: PromptSampler | None = None,
+               seed: int | None = None) -> tuple[list[dict], Rollout]:
         """This process's b = B / world prompts of the step's global draw, G completions each. Each
         row samples from its own key (seed, step, global row), so the tokens do not depend on how
-        many processes share the batch; ``draw`` numbers the extra draws of one step (dynamic sampling)."""
+        many processes share the batch; ``draw`` numbers the extra draws of one step (dynamic sampling).
+        ``sampler`` and ``seed`` replace the run's prompt stream and key seed (a draw outside training,
+        as the reward model's warm-up, that leaves the training draws as they were)."""
         cfg, world = self.cfg, self.world
         b, g = cfg.prompts_per_step // world.size, cfg.num_generations
-        mine = self.sampler.draw(cfg.prompts_per_step)[world.rank * b:(world.rank + 1) * b]
+        mine = (sampler or self.sampler).draw(cfg.prompts_per_step)[world.rank * b:(world.rank + 1) * b]
         samples = [self.train[i] for i in mine]
         prompts = [render_prompt(self.tok, s["prompt"], cfg.system_prompt) for s in samples]
-        keys = row_keys(cfg.seed, step, (draw * world.size + world.rank) * b * g, b * g)
+        keys = row_keys(cfg.seed if seed is None else seed, step, (draw * world.size + world.rank) * b * g, b * g)
         sampling = SamplingSettings(max_new_tokens=cfg.max_completion_length, temperature=temperature,
                                     top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length)
         # no sampling log-probs (the loss recomputes them; keeping [N, T, V] logits costs memory), except

@@ -65,8 +65,10 @@ class RewardModelTrainer:
         self.groups_seen = 0
 
     # ---- observation -------------------------------------------------------------------------
-    def observe(self, samples: list[dict], texts: list[str]) -> None:
-        """Label the step's completions (G per prompt, grouped) with the verifier and keep them."""
+    def observe(self, samples: list[dict], texts: list[str]) -> dict:
+        """Label the step's completions (G per prompt, grouped) with the verifier and keep them; the
+        verifier's mean on them (``rm_verifier_reward``: what the policy optimising the reward model
+        really achieves, beside the reward model's own score)."""
         g = self.cfg.num_generations
         rows = [s for s in samples for _ in range(g)]
         labels = score_completions(texts, rows, self.verifier).per_reward[self.cfg.reward_model_verifier]
@@ -78,6 +80,8 @@ class RewardModelTrainer:
             target = self.heldout if self.groups_seen < self.cfg.reward_model_heldout else self.current
             target.extend(group)
             self.groups_seen += 1
+        ok = labels[~torch.isnan(labels)]
+        return {"rm_verifier_reward": float(ok.mean())} if ok.numel() else {}
 
     @torch.no_grad()
     def _teacher_logits(self, rows: list[dict], texts: list[str]) -> list[list[float]]:
@@ -189,6 +193,25 @@ class RewardModelTrainer:
         self.rng.setstate(state["rng"])
         self.buffer, self.current, self.heldout = ([Example(**e) for e in state[k]] for k in ("buffer", "current", "heldout"))
         self.iteration, self.groups_seen = state["iteration"], state["groups_seen"]
+
+
+WARMUP_SEED = 104_729  # the warm-up's prompt draw and sampling keys: apart from the run's (cfg.seed)
+
+
+def warm_up(rm: RewardModelTrainer, collector, *, temperature: float) -> dict:
+    """The reward model trained before the policy uses it (``reward_model_warmup_draws``): that many
+    draws of the initial policy, from a prompt stream and sampling keys of their own, labelled by the
+    verifier and trained on as iteration 0; the update's metrics, with ``rm_warmup_completions``."""
+    from grpo.data import PromptSampler
+
+    cfg = rm.cfg
+    sampler = PromptSampler(len(collector.train), seed=cfg.seed + WARMUP_SEED)
+    n = 0
+    for d in range(cfg.reward_model_warmup_draws):
+        samples, ro = collector.sample(step=d, temperature=temperature, sampler=sampler, seed=cfg.seed + WARMUP_SEED)
+        rm.observe(samples, ro.texts)
+        n += len(ro.texts)
+    return {**rm.update(), "rm_warmup_completions": n}
 
 
 def make_reward_model_trainer(cfg) -> RewardModelTrainer:

@@ -49,7 +49,7 @@ from grpo.train.critic import Critic
 from grpo.train.evals import periodic_eval
 from grpo.train.forwards import Forwards
 from grpo.train.knobs import Knobs
-from grpo.train.reward_model import make_reward_model_trainer
+from grpo.train.reward_model import make_reward_model_trainer, warm_up
 from grpo.train.update import Updater
 
 AFTER_STEP = ("eval", "checkpoint")  # stages after the step proper, still in its metrics line
@@ -206,10 +206,12 @@ class Trainer:
             self.ref_reset_at = self.step
             if self.rm_trainer is not None:  # the reward model learns from the iteration that ended
                 rm_metrics = self.rm_trainer.update()
+        if self.rm_trainer is not None and cfg.reward_model_warmup_draws and self.step == self.rm_trainer.iteration == 0:
+            rm_metrics = warm_up(self.rm_trainer, self.collector, temperature=k.temperature)  # trained before use
         got = self.collector.collect(step=self.step, temperature=k.temperature)
         metrics = {**got.metrics, **k.values()}  # the knob values this step trains with
         if self.rm_trainer is not None:
-            self.rm_trainer.observe(got.samples, got.rollout.texts)
+            metrics.update(self.rm_trainer.observe(got.samples, got.rollout.texts))
             metrics.update(rm_metrics)
         batch, batch_metrics = self.prepare(got.rollout, got.rewards, got.samples, per_reward=got.per_reward)
         metrics.update(batch_metrics)
