@@ -137,7 +137,7 @@ class Config:
     ref_reset_steps: int = 0
     """Iterative GRPO: every this many steps the reference becomes the current policy (0 = never)."""
 
-    # ---- issue 27: loss variants (grpo/core/policy_losses.py, token_masks.py, advantages.py) ----
+    # ---- loss variants (grpo/core/policy_losses.py, token_masks.py, advantages.py) ----
     clip_delta: float | None = None
     """INTELLECT-2's two-sided clipping (arXiv 2505.07291; TRL's delta): with policy_loss=clip, the ratio of negative-advantage tokens is capped at this delta > 1 (e.g. 4), bounding their loss by delta * |A| (null = off)."""
     cispo_ratio_max: float = 5.0
@@ -203,7 +203,7 @@ class Config:
     consistency_prompts: int = 4
     """Fixed prompts (the first held-out ones) used by the consistency metric."""
 
-    # ---- issue 25: seed monitors (seed 003 sections 3.4 and 4.1, seed 002 section 4) ----
+    # ---- seed monitors (seed 003 sections 3.4 and 4.1, seed 002 section 4) ----
     monitor_preset: str = "none"
     """A named set of monitors: none, or seed003 (seed 003 section 3.4: clip_step_band [0.30, 0.50] moving epsilon by 0.02 after 10 steps outside, a fuse on gav above 0.45 for 5 steps, the consistency probe every 100 steps on 10 random held-out prompts x 4 samples). The preset fills only fields left at their defaults."""
     clip_step_band: list[float] | None = None
@@ -321,7 +321,7 @@ class Config:
     progress: bool = True
     """Show the live progress bar."""
 
-    # ---- issue 26: reward model training / code rewards ----
+    # ---- reward model training / code rewards ----
     resample_invalid_rounds: int = 0
     """Most extra sampling rounds per draw for completions a reward declares it cannot grade (the code rewards: programs that fail ast.parse), so a group compares programs that can be compared (seed 003 section 5.1); counted in metrics as resampled_completions / invalid_after_resampling (0 = off)."""
     token_weight_gamma: float = 1.0
@@ -350,7 +350,7 @@ class Config:
     """Before the policy's first step, sample this many draws (prompts_per_step prompts, num_generations completions each) from the initial policy, label them with `reward_model_verifier` and train the reward model on them (reward_model_train_steps optimizer steps), so the policy's first iteration is scored by a trained reward model, not a random head (seed 001 Algorithm 1 takes r_phi as a trained input). Its own prompt draw and sampling keys: the policy's prompts and samples are those of a run without it. The first reward_model_heldout groups are the held-out set, so it needs more than reward_model_heldout / prompts_per_step draws (0 = off)."""
 
 
-    # ---- issue 27: training conveniences ----
+    # ---- training conveniences ----
     load_in_4bit: bool = False
     """QLoRA (arXiv 2305.14314), with use_peft: the base model's linear layers in 4-bit NF4 (bitsandbytes; checked on the device before the model loads, a clear error where its build cannot), LoRA adapters trained in dtype on top, the reference the quantized base with adapters off. Samples with generate."""
     reward_retries: int = 2
@@ -368,7 +368,7 @@ class Config:
             self.per_device_train_batch_size = derived_micro_batch(self.prompts_per_step, self.num_generations)
         validate(self)
 
-    # ---- issue 22: multi-turn rollouts with tools and environments (grpo/agent/) ----
+    # ---- multi-turn rollouts with tools and environments (grpo/agent/) ----
     tools: str = ""
     """Comma-separated tools the model may call during a rollout: builtin:calculator or module:function paths (typed functions with a Google-style docstring; `async def` allowed). Set (or environment_factory set), every rollout and the held-out evaluation are multi-turn episodes."""
     environment_factory: str = ""

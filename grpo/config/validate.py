@@ -187,7 +187,7 @@ def _validate_stability(c) -> None:
         raise ConfigError(f"fuse_metric: {c.fuse_metric} is logged only with consistency_steps > 0")
 
 
-# issue 27: loss variants
+# loss variants
 CLIP_ONLY = ("dual_clip", "clip_delta", "cov_mode")  # terms of the clip loss, which the other losses do not have
 
 
@@ -228,7 +228,7 @@ def _validate_loss_variants(c) -> None:
 
 
 def _validate_monitors(c) -> None:
-    """issue 25: seed monitors (additive clip control, the consistency probe's states, reward-model
+    """Seed monitors (additive clip control, the consistency probe's states, reward-model
     transforms)."""
     _choice("reward_model_transform", c.reward_model_transform, REWARD_TRANSFORMS)
     if c.reward_model_transform != "none" and "reward_model" not in c.reward_names:
@@ -256,7 +256,7 @@ def _validate_monitors(c) -> None:
 
 
 def _validate_reward_training(c) -> None:
-    """issue 26: reward model training / code rewards."""
+    """Reward model training / code rewards."""
     if c.resample_invalid_rounds < 0:
         raise ConfigError(f"resample_invalid_rounds: must be >= 0, got {c.resample_invalid_rounds}")
     if c.token_weight_gamma <= 0:

@@ -1,4 +1,4 @@
-"""GRPO beyond language: steering a car along a path with GRPO, PPO and TRPO (issue 24; seed 001, 9.2-9.7).
+"""GRPO beyond language: steering a car along a path with GRPO, PPO and TRPO (seed 001, 9.2-9.7).
 
 ``grpo.control.env`` is the Gymnasium environment (registered as ``grpo/PathTracking-v0`` on import),
 ``agents`` the three algorithms on grpo.core's advantage and loss functions, ``compare`` the benchmark

@@ -131,7 +131,7 @@ def compute_advantages(rewards: Tensor, *, estimator: str = "grpo", std_eps: flo
     return get_estimator(estimator)(rewards, std_eps=std_eps, unbiased_std=unbiased_std)
 
 
-# issue 27: loss variants. How several reward functions become one advantage.
+# How several reward functions become one advantage.
 MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
 

@@ -75,7 +75,7 @@ class LossSettings:
     cov_mode: str | None = None
     cov_fraction: float = 0.002
     kl_cov_coef: float = 1.0
-    # issue 27: loss variants
+    # loss variants
     clip_delta: float | None = None
     cispo_ratio_max: float = 5.0
     sapo_tau_pos: float = 1.0
@@ -277,7 +277,7 @@ def _entry(fn, zero_advantage=_terms_zero_advantage_has_gradient) -> PolicyLoss:
 
 POLICY_LOSSES: dict[str, PolicyLoss] = {
     "clip": _entry(clip_loss, _clip_zero_advantage_has_gradient),
-    # issue 27: loss variants
+    # loss variants
     "cispo": _entry(cispo_loss),
     "sapo": _entry(sapo_loss),
     "gmpo": _entry(gmpo_loss),

@@ -25,7 +25,7 @@ PLOTS = (
     ("lengths", "completion length (tokens): mean solid, max dashed", ("completion_length_mean",
                                                                        "completion_length_max")),
     ("step_time", "step time (s)", ("step_seconds",)),
-    # issue 25: the seeds' monitors and symptoms (seed 002 section 4, seed 003 section 3.4, seed 004)
+    # the seeds' monitors and symptoms (seed 002 section 4, seed 003 section 3.4, seed 004)
     ("gav", "group advantage std GAV (r_i - mean of the others; healthy 0.15-0.25)", ("gav",)),
     ("consistency", "consistency probe CGC: coefficient of variation (<0.15 converging, >0.35 guessing)",
      ("consistency_cv",)),

@@ -194,7 +194,7 @@ def reshape_rewards(rewards: torch.Tensor, *, lengths: torch.Tensor, truncated: 
 
 
 def seed_metrics(rewards: torch.Tensor, ro: Rollout, *, correct_at: float) -> dict:
-    """The seeds' monitors of a step (issue 25): GAV on the raw rewards (seed 003 section 3.4), the
+    """The seeds' monitors of a step: GAV on the raw rewards (seed 003 section 3.4), the
     shares of all-correct and all-wrong groups and the per-group reward std (seed 002 section 4), and
     the output diversity and looping of this process's completions (seed 004's entropy-collapse
     symptoms). rewards: [B, G] with failed rewards filled by their group's mean."""

@@ -180,7 +180,7 @@ class Knobs:
             self.controllers["epsilon"] = BandController(
                 metric="clip_fraction", low=lo, high=hi, value=cfg.epsilon, factor=cfg.controller_factor,
                 bounds=(cfg.clip_epsilon_min, cfg.clip_epsilon_max), direction=-1)
-        if cfg.clip_step_band is not None:  # seed 003 section 3.4 (issue 25: seed monitors)
+        if cfg.clip_step_band is not None:  # seed 003 section 3.4
             lo, hi = cfg.clip_step_band
             self.controllers["epsilon"] = StepController(
                 metric="clip_fraction", low=lo, high=hi, value=cfg.epsilon, step=cfg.clip_step_size,

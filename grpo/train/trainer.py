@@ -93,7 +93,7 @@ class Trainer:
         self.rewards = RewardRunner(cfg.reward_names, cfg.reward_weights, timeout=cfg.reward_timeout,
                                     workers=cfg.reward_workers, reward_model=cfg.reward_model,
                                     retries=cfg.reward_retries, concurrency=cfg.reward_concurrency)
-        if cfg.reward_model:  # issue 25: seed 003 section 4.1
+        if cfg.reward_model:  # seed 003 section 4.1
             set_reward_transform(cfg.reward_model_transform)
         step_reward = resolve_step_reward(cfg.step_reward) if cfg.supervision == "process" else None
         self.task = task or task_of(cfg)

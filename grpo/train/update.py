@@ -134,7 +134,7 @@ class Updater:
                     kl_estimator=cfg.kl_estimator, aggregation=cfg.aggregation,
                     norm_length=cfg.max_completion_length, total=total, entropy_coef=k.entropy_coef,
                     cov_mode=cfg.cov_mode, cov_fraction=cfg.cov_fraction, kl_cov_coef=cfg.kl_cov_coef,
-                    # issue 27: loss variants
+                    # loss variants
                     clip_delta=cfg.clip_delta, cispo_ratio_max=cfg.cispo_ratio_max,
                     sapo_tau_pos=cfg.sapo_temperature_pos, sapo_tau_neg=cfg.sapo_temperature_neg,
                     top_entropy_quantile=cfg.top_entropy_quantile,
