@@ -2,7 +2,7 @@
 
 Every path starts at the origin heading along +x and is stored as points a fixed arc length ``DS``
 apart, so the lateral error and progress come from a local search on one segment. Four families
-(seed 001 section 9.3): straight, constant curvature, sine, lane change. Their parameters are bounded so that the
+(seed 001, section 9): straight, constant curvature, sine, lane change. Their parameters are bounded so that the
 path's curvature stays below the car's largest steering curvature (tan 24 deg / 2.5 m = 0.18 1/m),
 that is every path can be tracked exactly by some sequence of the preset angles.
 
