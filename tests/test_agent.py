@@ -294,3 +294,12 @@ def test_auto_format_is_hermes_where_the_template_renders_tools(tok):
     assert call_format("auto", other).name == "hermes"
     with pytest.raises(ValueError, match="valid: auto, hermes, python"):
         call_format("nope")
+
+
+def test_task_calculator_fills_what_its_episodes_need_unless_given():
+    from grpo.config import Config
+
+    cfg = Config(task="calculator")
+    assert (cfg.tools, cfg.max_completion_length, cfg.eval_max_new_tokens) == ("builtin:calculator", 64, 64)
+    assert Config(task="calculator", max_completion_length=48).max_completion_length == 48  # explicit wins
+    assert (Config().tools, Config().max_completion_length) == ("", 32)  # other tasks keep the defaults

@@ -22,7 +22,8 @@ MONITOR_PRESETS: dict[str, dict] = {
 # settings a built-in task needs, filled where still at their defaults (an explicit setting wins):
 # a calculator episode (the call, the tool's result turn, the answer) needs ~45 tokens, more than 32
 TASK_PRESETS: dict[str, dict] = {
-    "calculator": {"tools": "builtin:calculator", "max_completion_length": 64, "eval_max_new_tokens": 64},
+    "calculator": {"tools": "builtin:calculator", "max_completion_length": 64, "eval_max_new_tokens": 64,
+                   "eval_pass_prompts": 20},
 }
 
 
