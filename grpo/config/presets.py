@@ -19,11 +19,14 @@ MONITOR_PRESETS: dict[str, dict] = {
 }
 
 
-# settings a built-in task needs, filled where still at their defaults (an explicit setting wins):
-# a calculator episode (the call, the tool's result turn, the answer) needs ~45 tokens, more than 32
+# settings a built-in task needs, filled where still at their defaults (an explicit setting wins).
+# calculator: an episode (the call, the tool's result turn, the answer) needs ~45 tokens, more than 32;
+# a step of 32 two-turn episodes takes ~3x a default arithmetic step, and the training accuracy
+# passes 90% by step 3 on the 2-core AVX2 CPU, so 10 steps and 100 held-out problems keep the whole
+# default run within 15 minutes there
 TASK_PRESETS: dict[str, dict] = {
     "calculator": {"tools": "builtin:calculator", "max_completion_length": 64, "eval_max_new_tokens": 64,
-                   "eval_pass_prompts": 20},
+                   "eval_prompts": 100, "eval_pass_prompts": 20, "max_steps": 10},
 }
 
 
