@@ -20,6 +20,11 @@ import shutil
 
 import pytest
 import torch
+from hypothesis import settings
+
+# no per-example deadline: an example's wall time says how busy the machine is, not whether the code is right
+settings.register_profile("grpo", deadline=None)
+settings.load_profile("grpo")
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
