@@ -20,27 +20,13 @@ import argparse
 import datetime
 import importlib.util
 import os
-import re
-import subprocess
 import tempfile
 import time
 
+from machine import commit, cpu_line  # bench/machine.py
+
 BATCHES = (8, 32, 128)
 GROUP = 8
-
-
-def cpu_line() -> str:
-    flags = sorted(set(re.findall(r"avx512[a-z_0-9]*", open("/proc/cpuinfo").read())))
-    model = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
-    return f"{model}, {os.cpu_count()} cores, AVX-512: {' '.join(flags) or 'none (AVX2)'}"
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
 
 
 def measure(engine_name: str, tokens: int, out_dir: str, vllm_memory: float) -> dict:

@@ -16,10 +16,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import re
 import statistics
-import subprocess
 import time
+
+from machine import commit, cpu_line  # bench/machine.py
 
 
 def step_completions(task, prompts: int, group: int) -> tuple[list[str], list[dict]]:
@@ -35,20 +35,6 @@ def step_completions(task, prompts: int, group: int) -> tuple[list[str], list[di
             completions.append(f"Here is the function.\n```python\n{code}```")
             samples.append(sample)
     return completions, samples
-
-
-def cpu_line() -> str:
-    flags = sorted(set(re.findall(r"avx512[a-z_0-9]*", open("/proc/cpuinfo").read())))
-    model = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
-    return f"{model}; avx512: {' '.join(flags) or 'none'}"
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
 
 
 def main() -> None:
