@@ -9,7 +9,7 @@ import time
 from grpo.agent.environments import (environment_reward, environment_tools, load_factory, new_environment,
                                      reset_environment)
 from grpo.agent.episodes import Episode, episode_metrics, episodes_rollout, run_episodes
-from grpo.agent.formats import CallFormat, call_format
+from grpo.agent.formats import CallFormat, call_format, supports_tools
 from grpo.agent.tools import Tool, check_unique, resolve_tools
 from grpo.rollout.base import Rollout
 from grpo.rollout.engine import RolloutEngine, SamplingSettings
@@ -62,8 +62,6 @@ class AgentSampler:
         return head + example + _with_observation(messages, observation)
 
     def _template_renders_tools(self) -> bool:
-        from grpo.agent.formats import supports_tools
-
         return supports_tools(self.tok)
 
     def _render(self, messages: list[dict], tools: list[Tool]) -> str:
