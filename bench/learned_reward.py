@@ -3,8 +3,8 @@ trains on arithmetic twice from the same seed, once on a reward model that learn
 verifier's labels at every iteration boundary, once on the verifier itself; the peer is the verifier run.
 
 The reward model is built from the embedded model's config and weights, cut to its first
-``--rm-layers`` layers, with a fresh one-label score head (pairwise Bradley-Terry training). Prints,
-per iteration, the reward model's held-out pairwise accuracy before/after its update and its
+``--rm-layers`` layers, with a fresh one-label score head (pointwise by default, or ``--objective pairwise``: Bradley-Terry). Prints,
+per iteration, the reward model's held-out accuracy and within-group ranking accuracy before/after its update and its
 agreement with the verifier on the new samples, and for both runs the verifier's greedy held-out
 accuracy before -> after, as one JSON object.
 
@@ -67,6 +67,8 @@ def main() -> None:
     ap.add_argument("--ref-reset", type=int, default=3)
     ap.add_argument("--rm-steps", type=int, default=16)
     ap.add_argument("--rm-layers", type=int, default=4)
+    ap.add_argument("--objective", default="pointwise", choices=("pointwise", "pairwise"),
+                    help="reward_model_objective of the learned reward")
     ap.add_argument("--warmup", type=int, default=6, help="reward_model_warmup_draws (0: the untrained head scores iteration 1)")
     ap.add_argument("--eval", type=int, default=100)
     ap.add_argument("--out", default="/tmp/learned_reward")
@@ -78,7 +80,7 @@ def main() -> None:
                   learning_rate=3e-5, beta=0.04, eval_pass_k=0, seed=0, log_completions_steps=0)
     rm_path = build_reward_model(out, args.rm_layers)
     learned = run(out, "learned", rewards="reward_model", reward_model=str(rm_path),
-                  reward_model_train_steps=args.rm_steps, reward_model_objective="pairwise",
+                  reward_model_train_steps=args.rm_steps, reward_model_objective=args.objective,
                   reward_model_verifier="numeric", reward_model_heldout=8, reward_model_batch_size=16,
                   reward_model_lr=1e-4, reward_model_warmup_draws=args.warmup, **common)
     verifier = run(out, "verifier", rewards="numeric", **common)

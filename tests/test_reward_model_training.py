@@ -70,6 +70,26 @@ def test_each_update_mixes_replay_by_count(tiny_rm_dir, objective):
         assert 0.0 <= second[key] <= (1.0 if "accuracy" in key or "agreement" in key else 100.0)
 
 
+def test_ranking_accuracy_by_hand_under_either_objective(tiny_rm_dir):
+    """Within-group pairs ordered as the verifier orders them, counted by hand; logged for pointwise too,
+    where the thresholded accuracy is near the majority label's share."""
+    cfg = Config(model="unused", reward_model=str(tiny_rm_dir), reward_model_train_steps=1, ref_reset_steps=1,
+                 reward_model_verifier=VERIFIER, reward_model_heldout=1, reward_model_objective="pointwise",
+                 num_generations=4, prompts_per_step=2, per_device_train_batch_size=4)
+    t = RewardModelTrainer(cfg, RewardModelScorer(str(tiny_rm_dir), device="cpu"))
+    t.observe(*_groups(2, 4, 0))
+    labels = [e.label for e in t.heldout]
+    assert labels == sorted(labels) and len(set(labels)) == 4  # digit shares rise along the group
+    # pairs (better, worse) of 4 distinct labels: 6; scores ranking the best two wrongly get 5 of 6 right
+    by_label = {0: 0.0, 1: 1.0, 2: 3.0, 3: 2.0}
+    t._scores = lambda ex: torch.tensor([by_label[sorted(labels).index(e.label)] for e in ex])
+    assert t.ranking_accuracy(t.heldout) == pytest.approx(5 / 6)
+    assert t.ranking_accuracy([t.heldout[0]]) is None  # no pair to judge
+    metrics = t.update()
+    assert metrics["rm_heldout_ranking_before"] == pytest.approx(5 / 6)
+    assert metrics["rm_heldout_ranking_after"] == pytest.approx(5 / 6)
+
+
 def _hash(state: dict) -> str:
     h = hashlib.sha256()
     for k, v in sorted(state.items()):

@@ -100,14 +100,20 @@ class RewardModelTrainer:
         """The model's accuracy against the verifier on ``examples`` (pairwise: on their within-group
         pairs), None when there is nothing to judge."""
         if self.cfg.reward_model_objective == "pairwise":
-            pairs = self._pairs(examples)
-            if not pairs:
-                return None
-            s = self._scores([e for p in pairs for e in p])  # [2P]
-            return float(core.pairwise_accuracy(s[0::2], s[1::2]))
+            return self.ranking_accuracy(examples)
         if not examples:
             return None
         return float(core.pointwise_accuracy(self._scores(examples), torch.tensor([e.label for e in examples])))
+
+    def ranking_accuracy(self, examples: list[Example]) -> float | None:
+        """Share of within-group (better, worse) pairs the model orders as the verifier does, whatever
+        the objective: a pointwise accuracy is near the majority label's share when most completions are
+        wrong, so the ranking is what says whether the model separates them (None: no such pair)."""
+        pairs = self._pairs(examples)
+        if not pairs:
+            return None
+        s = self._scores([e for p in pairs for e in p])  # [2P]
+        return float(core.pairwise_accuracy(s[0::2], s[1::2]))
 
     def _scores(self, examples: list[Example]) -> torch.Tensor:
         self.scorer.model.eval()
@@ -134,6 +140,7 @@ class RewardModelTrainer:
         new = self._pairs(self.current) if cfg.reward_model_objective == "pairwise" else self.current
         old = self._pairs(self.buffer) if cfg.reward_model_objective == "pairwise" else self.buffer
         metrics = {"rm_heldout_accuracy_before": self.accuracy(self.heldout),
+                   "rm_heldout_ranking_before": self.ranking_accuracy(self.heldout),
                    "rm_agreement_new": self.accuracy(self.current)}
         losses, replayed, seen = [], 0, 0
         if new:
@@ -149,6 +156,7 @@ class RewardModelTrainer:
         self.iteration += 1
         ages = [self.iteration - e.iteration for e in self.buffer]
         metrics.update(rm_heldout_accuracy_after=self.accuracy(self.heldout),
+                       rm_heldout_ranking_after=self.ranking_accuracy(self.heldout),
                        rm_loss=sum(losses) / len(losses) if losses else None,
                        rm_replay_share=replayed / seen if seen else 0.0, rm_buffer_size=len(self.buffer),
                        rm_buffer_age_mean=sum(ages) / len(ages) if ages else 0.0, rm_iteration=self.iteration)
