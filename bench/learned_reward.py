@@ -3,10 +3,10 @@ trains on arithmetic twice from the same seed, once on a reward model that learn
 verifier's labels at every iteration boundary, once on the verifier itself; the peer is the verifier run.
 
 The reward model is built from the embedded model's config and weights, cut to its first
-``--rm-layers`` layers, with a fresh one-label score head (pointwise by default, or ``--objective pairwise``: Bradley-Terry). Prints,
-per iteration, the reward model's held-out accuracy and within-group ranking accuracy before/after its update and its
-agreement with the verifier on the new samples, and for both runs the verifier's greedy held-out
-accuracy before -> after, as one JSON object.
+``--rm-layers`` layers, with a fresh one-label score head, trained pointwise (or Bradley-Terry with
+``--objective pairwise``). Prints, per iteration, the reward model's held-out accuracy and
+within-group ranking before/after its update and its agreement with the verifier on the new samples,
+and for both runs the verifier's greedy held-out accuracy before -> after, as one JSON object.
 
     nice -n 10 python bench/learned_reward.py --steps 12 --ref-reset 3 --out /tmp/learned_reward
 """
