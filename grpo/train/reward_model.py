@@ -115,6 +115,12 @@ class RewardModelTrainer:
         s = self._scores([e for p in pairs for e in p])  # [2P]
         return float(core.pairwise_accuracy(s[0::2], s[1::2]))
 
+    def _heldout_metrics(self, when: str) -> dict:
+        """Accuracy and ranking on the held-out set; under pairwise they are one number, scored once."""
+        ranking = self.ranking_accuracy(self.heldout)
+        accuracy = ranking if self.cfg.reward_model_objective == "pairwise" else self.accuracy(self.heldout)
+        return {f"rm_heldout_accuracy_{when}": accuracy, f"rm_heldout_ranking_{when}": ranking}
+
     def _scores(self, examples: list[Example]) -> torch.Tensor:
         self.scorer.model.eval()
         out = [core.head_scores(self._logits(self.scorer, [e.prompt for e in examples[i:i + 16]],
@@ -139,9 +145,7 @@ class RewardModelTrainer:
         cfg = self.cfg
         new = self._pairs(self.current) if cfg.reward_model_objective == "pairwise" else self.current
         old = self._pairs(self.buffer) if cfg.reward_model_objective == "pairwise" else self.buffer
-        metrics = {"rm_heldout_accuracy_before": self.accuracy(self.heldout),
-                   "rm_heldout_ranking_before": self.ranking_accuracy(self.heldout),
-                   "rm_agreement_new": self.accuracy(self.current)}
+        metrics = {**self._heldout_metrics("before"), "rm_agreement_new": self.accuracy(self.current)}
         losses, replayed, seen = [], 0, 0
         if new:
             self.scorer.model.train()
@@ -155,8 +159,7 @@ class RewardModelTrainer:
         self.current = []
         self.iteration += 1
         ages = [self.iteration - e.iteration for e in self.buffer]
-        metrics.update(rm_heldout_accuracy_after=self.accuracy(self.heldout),
-                       rm_heldout_ranking_after=self.ranking_accuracy(self.heldout),
+        metrics.update(**self._heldout_metrics("after"),
                        rm_loss=sum(losses) / len(losses) if losses else None,
                        rm_replay_share=replayed / seen if seen else 0.0, rm_buffer_size=len(self.buffer),
                        rm_buffer_age_mean=sum(ages) / len(ages) if ages else 0.0, rm_iteration=self.iteration)
