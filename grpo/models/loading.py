@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from grpo.infra.checkpoint import newest_checkpoint
-from grpo.models.quantization import check_4bit, quantization_config
+from grpo.models.quantization import check_4bit, keep_trainable, quantization_config
 
 
 DEFAULT_MODEL = "embedded:SmolLM2-135M-Instruct"
@@ -139,6 +139,7 @@ def load_models(name: str, *, dtype: str = "float32", need_reference: bool = Tru
         check_4bit(device)
         quantized = dict(quantization_config=quantization_config(torch_dtype), device_map={"": str(device)})
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **quantized)
+    keep_trainable(policy)  # QLoRA: sampling must not switch the 4-bit layers to a kernel without backward
     policy.config.use_cache = True
     tokenizer = load_tokenizer(path)
     reference = None

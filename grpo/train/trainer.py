@@ -37,6 +37,7 @@ from grpo.infra.timing import STAGES, StageTimer, stage_key
 from grpo.infra.runtime import keep_freed_memory, make_run_dir, seed_everything
 from grpo.models import grouped_attention, keep_head_fp32, load_models, native_bf16, reset_reference
 from grpo.models.packing import SHARED_PREFIX_ATTENTION, sliding_window
+from grpo.models.quantization import keep_trainable
 from grpo.rewards.reward_model import set_reward_transform
 from grpo.rewards.runner import RewardRunner
 from grpo.rewards.steps import resolve_step_reward
@@ -146,6 +147,7 @@ class Trainer:
         """Policy and reference onto this process's device; bf16 autocast or not; the module the
         training forward runs through; whether groups share one prompt pass."""
         cfg, world = self.cfg, self.world
+        keep_trainable(self.policy)  # a 4-bit policy handed in is guarded as load_models guards its own
         self.policy.train()
         if world.device.type != "cpu":
             for m in (self.policy, self.models.reference):
