@@ -70,11 +70,7 @@ if _PRECISION not in ("fp32", "bf16"):
     raise ValueError(f"GRPO_TEST_PRECISION: {_PRECISION!r} is not valid; choose fp32 or bf16")
 TEST_BF16 = _PRECISION == "bf16"
 
-# the session's own cache folder, set before any test (or any subprocess a test starts) reads it
-SUITE_CACHE = tempfile.mkdtemp(prefix="grpo-test-cache-")
-os.environ["GRPO_CACHE"] = SUITE_CACHE
-random.seed(TEST_SEED)  # numpy's and Python's generators start from entropy otherwise; torch's from a constant
-np.random.seed(TEST_SEED)
+SUITE_CACHE = ""  # the session's own cache folder (pytest_configure)
 
 NO_BWRAP = ("bubblewrap (bwrap) is not on PATH: the code sandbox cannot run here "
             "(apt-get install -y bubblewrap; make test installs it when run as root)")
@@ -249,5 +245,16 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.line(line.strip())
 
 
+def pytest_configure(config):
+    """Set before any test (or a process a test starts, which inherits it) reads it; here, not at
+    import: a script a test runs may import this module, and shares the session's folder."""
+    global SUITE_CACHE
+    SUITE_CACHE = tempfile.mkdtemp(prefix="grpo-test-cache-")
+    os.environ["GRPO_CACHE"] = SUITE_CACHE
+    random.seed(TEST_SEED)  # numpy's and Python's generators start from entropy otherwise; torch's from a constant
+    np.random.seed(TEST_SEED)
+
+
 def pytest_unconfigure(config):
-    shutil.rmtree(SUITE_CACHE, ignore_errors=True)
+    if SUITE_CACHE:
+        shutil.rmtree(SUITE_CACHE, ignore_errors=True)
