@@ -10,17 +10,33 @@ with ``first_seed`` and fails loudly when none has the property.
 (their configs' ``bf16``), so the suite never depends on whether the CPU has native bf16: with
 ``GRPO_TEST_PRECISION=bf16 make test`` they train under bf16 autocast, which works, emulated, on any
 CPU. Tests whose check is exact to fp32 rounding (two processes against one, fp32 invariances) pin
-``bf16=False`` and say why."""
+``bf16=False`` and say why.
+
+The suite does not depend on the machine's history: it runs with a cache folder of its own
+(``GRPO_CACHE``, a fresh folder per session: the native build, the timed kernel and backend choices),
+never the user's ``~/.cache/grpo``. After each test, ``_global_state`` puts back what a test may change
+for the tests after it (torch / numpy / random generator states, torch's threads and default dtype,
+the working folder, the environment); a test that left its threads, dtype or folder changed errors
+at teardown, naming what it changed, and one that left the environment changed gets a warning.
+
+At the end, the skipped tests are summed up by the feature they lacked (tests/skip_groups.py), and
+written to ``GRPO_SKIP_REPORT`` when set (``make test`` merges the main and vLLM suites' reports)."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
+import tempfile
+import warnings
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import settings
+
+from tests.skip_groups import session_report, summary_lines
 
 # no per-example deadline: an example's wall time says how busy the machine is, not whether the code is right
 settings.register_profile("grpo", deadline=None)
@@ -54,6 +70,19 @@ if _PRECISION not in ("fp32", "bf16"):
     raise ValueError(f"GRPO_TEST_PRECISION: {_PRECISION!r} is not valid; choose fp32 or bf16")
 TEST_BF16 = _PRECISION == "bf16"
 
+SUITE_CACHE = ""  # the session's own cache folder (pytest_configure)
+
+NO_BWRAP = ("bubblewrap (bwrap) is not on PATH: the code sandbox cannot run here "
+            "(apt-get install -y bubblewrap; make test installs it when run as root)")
+# the code reward refuses to run without bubblewrap (grpo.rewards.sandbox): its tests skip, as root too
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason=NO_BWRAP)
+
+
+def need_bwrap() -> None:
+    """Skip where bubblewrap is missing (for fixtures; tests take the ``needs_bwrap`` mark)."""
+    if shutil.which("bwrap") is None:
+        pytest.skip(NO_BWRAP)
+
 
 def first_seed(has_property, what: str, tries: int = 10) -> int:
     """The first seed from TEST_SEED on for which ``has_property(seed)`` holds; fails the test, naming
@@ -72,6 +101,21 @@ def need_native() -> None:
     if not (shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("no C compiler on PATH: the native decode ops are not built here")
     assert native.unavailable_reason() is None, native.unavailable_reason()
+
+
+def runnable_kernels(kernels: str) -> str:
+    """``kernels`` (a ``decode_kernels`` value naming products, never 'auto'), after skipping where one
+    of its products cannot run here. Tests that compare the fast loop's tokens with ``generate``'s pin
+    the products this way: which one the timing picks depends on the machine's load."""
+    from grpo.rollout import tuning
+
+    fixed = tuning.parse_override(kernels)
+    assert set(fixed) == set(tuning.ROLES), f"pin every role, not {kernels!r}"
+    for name in sorted(set(fixed.values())):
+        reason = tuning.PRODUCTS[name].unavailable()
+        if reason is not None:
+            pytest.skip(f"decode kernel {name} cannot run here: {reason}")
+    return kernels
 
 
 def build_tiny_reward_model(path):
@@ -118,3 +162,99 @@ def tiny_dataset(tmp_path):
     rows = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(1, 7) for b in range(1, 5)]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return path
+
+
+# set by pytest and by libraries themselves (torch's inductor whenever it looks up its cache, pygame on
+# import): theirs to manage, not a test's leak
+_OWNED_ENV = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "PYGAME_HIDE_SUPPORT_PROMPT"}
+
+
+def _state() -> dict:
+    """What a test can change for every test after it."""
+    try:
+        cwd = os.getcwd()
+    except OSError:  # the folder was removed
+        cwd = None
+    return {"threads": torch.get_num_threads(), "dtype": torch.get_default_dtype(), "cwd": cwd,
+            "env": dict(os.environ), "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(),
+            "random": random.getstate()}
+
+
+def _put_back(before: dict) -> tuple[list[str], list[str]]:
+    """Restore ``before``; return what had changed: (threads, dtype, folder), (environment variables).
+    The generators are restored without a word: most tests draw from them."""
+    torch.set_rng_state(before["torch_rng"])
+    np.random.set_state(before["numpy_rng"])
+    random.setstate(before["random"])
+    changed = []
+    if torch.get_num_threads() != before["threads"]:
+        changed.append(f"torch threads {before['threads']} -> {torch.get_num_threads()}")
+        torch.set_num_threads(before["threads"])
+    if torch.get_default_dtype() != before["dtype"]:
+        changed.append(f"torch default dtype {before['dtype']} -> {torch.get_default_dtype()}")
+        torch.set_default_dtype(before["dtype"])
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        cwd = None
+    if cwd != before["cwd"] and before["cwd"] is not None:
+        changed.append(f"working folder {before['cwd']} -> {cwd}")
+        os.chdir(before["cwd"])
+    env = []
+    if os.environ != before["env"]:
+        keys = sorted(k for k in set(os.environ) | set(before["env"])
+                      if os.environ.get(k) != before["env"].get(k) and k not in _OWNED_ENV)
+        env = [f"{k}={before['env'].get(k)!r} -> {os.environ.get(k)!r}" for k in keys]
+        for k in keys:  # only those: a thread still running (a server of a module's fixture) reads the rest
+            if k in before["env"]:
+                os.environ[k] = before["env"][k]
+            else:
+                del os.environ[k]
+    return changed, env
+
+
+@pytest.fixture(autouse=True)
+def _global_state(request):
+    """Each test starts from the state the one before started from (see the module docstring)."""
+    before = _state()
+    yield
+    changed, env = _put_back(before)
+    if env:  # also set by some libraries on first import (peft, gymnasium): a warning, not an error
+        warnings.warn(f"{request.node.nodeid} changed the environment (restored): {'; '.join(env)}; "
+                      f"use monkeypatch.setenv", stacklevel=1)
+    if changed:
+        pytest.fail(f"{request.node.nodeid} left global state changed (restored for the next test): "
+                    f"{'; '.join(changed)}. Use monkeypatch, or restore it in the test.", pytrace=False)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The skipped tests by feature group; written to GRPO_SKIP_REPORT for make test's summary."""
+    skipped = []
+    for rep in terminalreporter.stats.get("skipped", []):
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        skipped.append((rep.nodeid, reason.removeprefix("Skipped: ")))
+    ran = {rep.nodeid for key in ("passed", "failed") for rep in terminalreporter.stats.get(key, [])
+           if getattr(rep, "when", None) == "call"}
+    report = session_report(os.environ.get("GRPO_SKIP_SUITE", "pytest"), skipped, sorted(ran))
+    if os.environ.get("GRPO_SKIP_REPORT"):
+        with open(os.environ["GRPO_SKIP_REPORT"], "w") as f:
+            json.dump(report, f)
+    if skipped:
+        terminalreporter.section("skipped feature groups")
+        for line in summary_lines([report])[1:]:
+            terminalreporter.line(line.strip())
+
+
+def pytest_configure(config):
+    """Set before any test (or a process a test starts, which inherits it) reads it; here, not at
+    import: a script a test runs may import this module, and shares the session's folder."""
+    global SUITE_CACHE
+    SUITE_CACHE = tempfile.mkdtemp(prefix="grpo-test-cache-")
+    os.environ["GRPO_CACHE"] = SUITE_CACHE
+    random.seed(TEST_SEED)  # numpy's and Python's generators start from entropy otherwise; torch's from a constant
+    np.random.seed(TEST_SEED)
+
+
+def pytest_unconfigure(config):
+    if SUITE_CACHE:
+        shutil.rmtree(SUITE_CACHE, ignore_errors=True)

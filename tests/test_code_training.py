@@ -4,16 +4,14 @@ unparsable programs), and the token weight gamma on the advantage."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 
-import pytest
 import torch
 
 from grpo.infra.distributed import World
 from grpo.rewards.code import program_parses
 from grpo.rollout import Rollout
 from grpo.train.resample import resample_invalid, validity_checks
+from tests.conftest import needs_bwrap
 
 
 def rollout(texts: list[str], width: int) -> Rollout:
@@ -49,7 +47,7 @@ def test_invalid_rows_are_replaced_in_place_and_rounds_are_bounded():
     assert validity_checks({"numeric": lambda c, s: 0.0}) == []  # a reward without a check resamples nothing
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None and os.geteuid() != 0, reason="bubblewrap is not installed")
+@needs_bwrap
 def test_the_trainer_resamples_unparsable_programs(tmp_path, tiny_model_dir):
     from grpo.train.trainer import Trainer
     from tests.test_trainer import make_cfg

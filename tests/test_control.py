@@ -147,9 +147,17 @@ def _eval_return(policy) -> float:
     return evaluate(policy_controller(policy, greedy=True)).mean_return
 
 
-@pytest.mark.parametrize("algo", ["grpo", "grpo_step", "ppo", "trpo"])
-def test_a_short_run_improves_the_return(algo):
+@pytest.fixture
+def one_thread():
+    """One torch thread, as each worker of grpo.control.compare trains; the tests after get theirs back."""
+    before = torch.get_num_threads()
     torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("algo", ["grpo", "grpo_step", "ppo", "trpo"])
+def test_a_short_run_improves_the_return(algo, one_thread):
     # a larger step than the defaults, so 6,000 env steps suffice; GRPO with the z-scored group
     # baseline, whose step size does not depend on the scale of the returns
     s = AgentSettings(seed=0, lr=3e-3, max_kl=0.05, group_size=4, groups=4, batch_episodes=16, estimator="grpo",

@@ -6,7 +6,6 @@ left behind."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import needs_bwrap
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -116,7 +117,7 @@ def test_no_descendant_outlives_a_killed_trainer():
     _kill_and_check(TRAINER, ready=lambda children: len(children) >= 4)
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+@needs_bwrap
 def test_a_running_sandbox_dies_with_a_killed_trainer():
     def sandbox_started(children):
         names = _names(children).values()

@@ -13,10 +13,7 @@ from grpo.rewards import resolve_reward
 from grpo.rewards.code import CodeGrader, code_reward, extract_code, plan_assert
 from grpo.errors import SandboxError
 from grpo.rewards.sandbox import UID_BASE, UID_COUNT
-
-if shutil.which("bwrap") is None and os.geteuid() != 0:
-    pytest.skip("bubblewrap (bwrap) is not installed and this user cannot install it: the code sandbox "
-                "tests cannot run here (apt-get install -y bubblewrap)", allow_module_level=True)
+from tests.conftest import need_bwrap, needs_bwrap
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SLOTS = 2
@@ -102,6 +99,7 @@ HOSTILE = {
 
 @pytest.fixture(scope="module")
 def grader():
+    need_bwrap()
     g = CodeGrader(test_timeout=2.0, program_timeout=10.0, slots=SLOTS)
     g.check()
     return g
@@ -226,6 +224,7 @@ def test_writable_space_inside_the_sandbox_is_bounded(grader):
     assert 0 < written_mib <= 34, written_mib
 
 
+@needs_bwrap
 def test_hostile_programs_do_not_starve_correct_ones_in_the_same_step():
     """A step's hung programs hold the slots until their deadlines; each correct program's time budget
     starts when its own first test runs, so it is still graded 1 (reviewer's case: 3 of 32 hung)."""
@@ -296,6 +295,7 @@ def test_many_programs_in_parallel_stay_bounded(grader):
         assert _no_sandbox_processes_left(zombies=True)
 
 
+@needs_bwrap
 def test_code_reward_is_a_registered_reward_checked_at_resolve():
     from grpo.rewards.code import code_batch_reward, code_strict_batch_reward
 
@@ -343,6 +343,7 @@ def test_no_sandbox_means_a_clear_error_never_an_unsandboxed_run(monkeypatch, tm
     shutil.rmtree(bin_dir)
 
 
+@needs_bwrap
 def test_the_unprivileged_flavour_of_the_sandbox_also_confines(tmp_path, subreaper):
     """Where the grader is not root, bwrap maps the program to uid 65534 in its own user namespace
     (no per-slot uid to kill by; the PID namespace and --die-with-parent clean up). Exercised here
@@ -360,6 +361,7 @@ def test_the_unprivileged_flavour_of_the_sandbox_also_confines(tmp_path, subreap
     assert _no_new_descendants(before)  # no sandbox uid to scan for here: the PID namespace cleaned up
 
 
+@needs_bwrap
 def test_concurrent_graders_never_share_a_sandbox_uid():
     """Two graders (as two reward worker processes would be) running at once: every run has its own
     uid, so one run's clean-up cannot kill another's program (which would turn a pass into a fail)."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 
 import pytest
 
@@ -12,8 +10,7 @@ from grpo.rewards import code as code_rewards
 from grpo.rewards.code import CodeGrader
 from grpo.rewards.generated_tests import SPECIAL, CaseGenerator, draw_cases, signature, with_generated_tests
 
-needs_sandbox = pytest.mark.skipif(shutil.which("bwrap") is None and os.geteuid() != 0,
-                                   reason="bubblewrap (bwrap) is not installed")
+from tests.conftest import need_bwrap, needs_bwrap
 
 
 def test_signature_and_the_kinds_of_case_by_hand():
@@ -33,12 +30,13 @@ def test_signature_and_the_kinds_of_case_by_hand():
 
 @pytest.fixture(scope="module")
 def grader():
+    need_bwrap()
     g = CodeGrader(test_timeout=5.0, program_timeout=30.0, slots=2)  # generous: the machine may be busy
     g.check()
     return g
 
 
-@needs_sandbox
+@needs_bwrap
 def test_generated_tests_are_the_references_values_and_catch_a_lookup_table(grader, monkeypatch):
     sample = code_task(eval_size=0, seed=0).train[0]  # f(x) = <expr of x>; tests at 0, 3, 10, -4
     gen = CaseGenerator(grader)
@@ -61,7 +59,7 @@ def test_generated_tests_are_the_references_values_and_catch_a_lookup_table(grad
     assert plain == [1.0] and scored[1] == 1.0 and scored[0] <= 6 / 14
 
 
-@needs_sandbox
+@needs_bwrap
 def test_hostile_programs_and_references(grader, monkeypatch):
     sample = {"answer": "def f(s):\n    return s[0]\n", "tests": ["assert f('ab') == 'a'"]}
     gen = CaseGenerator(grader, n=5, timeout=1.0)  # four normal cases and the empty one (fewer runs)
@@ -82,7 +80,7 @@ def test_hostile_programs_and_references(grader, monkeypatch):
     assert code_rewards.code_batch_reward(hostile, extended * len(hostile)) == [0.0] * len(hostile)
 
 
-@needs_sandbox
+@needs_bwrap
 def test_the_remote_grading_service_grades_as_the_local_grader(grader, monkeypatch):
     import threading
 

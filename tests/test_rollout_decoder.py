@@ -80,11 +80,11 @@ def test_fused_step_equals_hf_decoder_step(kind, onednn, step_kind):
 def test_native_library_is_rebuilt_into_a_fresh_cache(tmp_path, monkeypatch):
     """With an empty cache folder the C file is compiled there (and loads); GRPO_NATIVE=0 turns it off."""
     need_native()
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("GRPO_CACHE", str(tmp_path))
     native.library.cache_clear()
     try:
         assert native.library() is not None, native.unavailable_reason()
-        assert len(list((tmp_path / "grpo").glob("decode_ops-*.so"))) == 1
+        assert len(list(tmp_path.glob("decode_ops-*.so"))) == 1
         # built with OpenMP, on PyTorch's runtime: its threads
         assert native.library().attention_threads() == torch.get_num_threads()
         native.library.cache_clear()

@@ -19,6 +19,8 @@ PROMPTS = ["What is 1 + 1?", "Hi", "What is 12 + 30? Answer with a number."]
 # contract on one shared engine in tests/test_vllm.py
 IN_PROCESS = [n for n in ROLLOUT_ENGINES if not ROLLOUT_ENGINES[n].own_kernels]
 SAMPLING = SamplingSettings(max_new_tokens=10, temperature=0.9, top_k=20, top_p=0.95)
+# the fast loop's products where tokens are compared: pinned, not timed (test_rollout_fast runs each product)
+KERNELS = "mkl"
 
 
 @pytest.fixture(autouse=True)
@@ -51,21 +53,22 @@ def test_engines_declaring_it_draw_the_same_tokens_for_the_same_keys(tiny, name)
     model, tok = tiny
     keys = row_keys(3, 5, 0, len(PROMPTS) * 2)
     ref = make_engine("hf", model, tok).generate(PROMPTS, group_size=2, sampling=SAMPLING, keys=keys)
-    ro = make_engine(name, model, tok).generate(PROMPTS, group_size=2, sampling=SAMPLING, keys=keys)
+    engine = make_engine(name, model, tok, kernels=KERNELS)
+    ro = engine.generate(PROMPTS, group_size=2, sampling=SAMPLING, keys=keys)
     assert torch.equal(ro.completion_ids, ref.completion_ids) and ro.texts == ref.texts
     assert torch.equal(ro.prompt_ids, ref.prompt_ids) and torch.equal(ro.completion_mask, ref.completion_mask)
-    other = make_engine(name, model, tok).generate(PROMPTS, group_size=2, sampling=SAMPLING,
-                                                   keys=row_keys(4, 5, 0, len(PROMPTS) * 2))
+    other = make_engine(name, model, tok, kernels=KERNELS).generate(PROMPTS, group_size=2, sampling=SAMPLING,
+                                                                    keys=row_keys(4, 5, 0, len(PROMPTS) * 2))
     assert other.texts != ro.texts  # the keys decide the tokens
-    as_tensor = make_engine(name, model, tok).generate(PROMPTS, group_size=2, sampling=SAMPLING,
-                                                       keys=torch.tensor(keys))  # [N] int64
+    as_tensor = make_engine(name, model, tok, kernels=KERNELS).generate(PROMPTS, group_size=2, sampling=SAMPLING,
+                                                                        keys=torch.tensor(keys))  # [N] int64
     assert torch.equal(as_tensor.completion_ids, ref.completion_ids)
 
 
 @pytest.mark.parametrize("name", IN_PROCESS)
 def test_each_engine_samples_greedy_and_unkeyed(tiny, name):
     model, tok = tiny
-    engine = make_engine(name, model, tok)
+    engine = make_engine(name, model, tok, kernels=KERNELS)
     greedy = engine.generate(PROMPTS, group_size=2, sampling=SAMPLING, greedy=True)
     ref = make_engine("hf", model, tok).generate(PROMPTS, group_size=2, sampling=SAMPLING, greedy=True)
     assert torch.equal(greedy.completion_ids, ref.completion_ids)
@@ -93,14 +96,15 @@ def test_an_unknown_engine_lists_the_valid_ones(tiny):
 def test_generate_after_sync_weights_samples_the_new_weights(tiny, name):
     model, tok = tiny
     model = copy.deepcopy(model)
-    engine = make_engine(name, model, tok)
+    engine = make_engine(name, model, tok, kernels=KERNELS)
     before = engine.generate(PROMPTS, group_size=1, sampling=SAMPLING, greedy=True)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.5)
     engine.sync_weights(model)
     after = engine.generate(PROMPTS, group_size=1, sampling=SAMPLING, greedy=True)
-    fresh = make_engine(name, model, tok).generate(PROMPTS, group_size=1, sampling=SAMPLING, greedy=True)
+    fresh = make_engine(name, model, tok, kernels=KERNELS).generate(PROMPTS, group_size=1, sampling=SAMPLING,
+                                                                    greedy=True)
     assert torch.equal(after.completion_ids, fresh.completion_ids)
     assert after.texts != before.texts
     with pytest.raises(ValueError, match="samples from the model it was built on"):

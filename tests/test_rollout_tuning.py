@@ -122,7 +122,7 @@ def test_a_lora_policy_samples_on_the_fast_path_with_the_same_tokens(tiny):
             p.data.normal_(0, 0.3)
     kw = dict(group_size=3, max_new_tokens=10, temperature=1.0, keys=row_keys(1, 2, 0, 6))
     ref = generate_rollout(lora, tok, ["What is 1 + 1?", "Hi"], **kw)
-    fast = fast_rollout(lora, tok, ["What is 1 + 1?", "Hi"], **kw)
+    fast = fast_rollout(lora, tok, ["What is 1 + 1?", "Hi"], kernels="mkl", **kw)  # pinned, not timed
     assert torch.equal(fast.completion_ids, ref.completion_ids)
     plain = generate_rollout(model, tok, ["What is 1 + 1?", "Hi"], **kw)
     assert not torch.equal(plain.completion_ids, ref.completion_ids)  # the adapters changed the policy

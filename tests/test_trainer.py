@@ -160,11 +160,19 @@ def test_both_precisions_give_the_same_update_to_bf16_rounding(tmp_path, tiny_mo
 
 
 @pytest.mark.parametrize("use_peft", [False, True])
-def test_fast_rollout_backend_trains_the_same_trajectory(tmp_path, tiny_model_dir, tiny_dataset, use_peft):
+def test_fast_rollout_backend_trains_the_same_trajectory(tmp_path, tiny_model_dir, tiny_dataset, use_peft, monkeypatch):
     """rollout_backend=fast samples the same tokens as hf for the same keys, so three steps (the policy
     moving in between) log the same rewards, lengths and losses; the metric names the backend that ran
-    (auto resolves to fast for a Llama, also under LoRA)."""
-    kw = dict(eval_prompts=0, use_peft=use_peft, lora_r=4)
+    (auto resolves to fast for a Llama where fast's step measured faster, also under LoRA). Nothing
+    here is timed: the speed probe's two measurements are given (fast the faster) and the kernels
+    pinned, so the result does not depend on the machine's load (test_rollout_tuning times them)."""
+    from grpo.rollout import choice
+
+    monkeypatch.setenv("GRPO_CACHE", str(tmp_path / "cache"))  # no decision cached by an earlier test
+    monkeypatch.setattr(choice, "_decisions", {})
+    monkeypatch.setattr(choice, "fast_step_seconds", lambda *a, **k: 0.001)
+    monkeypatch.setattr(choice, "hf_step_seconds", lambda *a, **k: 0.002)
+    kw = dict(eval_prompts=0, use_peft=use_peft, lora_r=4, decode_kernels="mkl")
     a = make_cfg(tmp_path / "a", tiny_model_dir, tiny_dataset, rollout_backend="hf", **kw)
     b = make_cfg(tmp_path / "b", tiny_model_dir, tiny_dataset, rollout_backend="auto", **kw)
     ta, _, _ = _run(a)

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-
-import pytest
 
 from grpo.rewards import code as code_rewards
 from grpo.rewards.code import CodeGrader
 from grpo.rewards.sandbox import UID_BASE, UID_COUNT
 from grpo.train.trainer import Trainer
+from tests.conftest import needs_bwrap
 from tests.test_trainer import make_cfg
 
 HOSTILE = [
@@ -77,8 +75,7 @@ def _descendants_and_sandbox_processes() -> set[int]:
     return found
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None and os.geteuid() != 0,
-                    reason="bubblewrap is not installed and this user cannot install it")
+@needs_bwrap
 def test_thirty_steps_on_the_code_task_with_hostile_completions(tmp_path, tiny_model_dir, monkeypatch):
     grader = CodeGrader(test_timeout=1.0, program_timeout=5.0, slots=4)
     grader.check()

