@@ -27,14 +27,16 @@ def weights_hash(model) -> str:
     return h.hexdigest()
 
 
+def timeless(line: dict) -> dict:
+    """A metrics line without its wall-clock figures."""
+    d = dict(line)
+    for k in ("step_seconds", "generation_seconds", "tokens_per_second", "grading_seconds"):  # wall-clock
+        d.pop(k)
+    return {k: v for k, v in d.items() if not k.startswith("time/")}  # stage timers: wall-clock too
+
+
 def metric_lines(run_dir):
-    out = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        d = json.loads(line)
-        for k in ("step_seconds", "generation_seconds", "tokens_per_second", "grading_seconds"):  # wall-clock
-            d.pop(k)
-        out.append({k: v for k, v in d.items() if not k.startswith("time/")})  # stage timers: wall-clock too
-    return out
+    return [timeless(json.loads(line)) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def _cfg(tmp_path, name, model_dir, dataset, **kw):
@@ -161,7 +163,7 @@ def test_sigkill_during_checkpoint_write_keeps_previous(tmp_path, tiny_model_dir
     assert resumed.step == 3 and [l["step"] for l in metric_lines(run)] == [1, 2, 3]
     full = Trainer(make_cfg(tmp_path / "full", tiny_model_dir, tiny_dataset, eval_prompts=0, max_steps=3, save_steps=1))
     full.train()
-    assert metric_lines(run) == metric_lines(full.run_dir)  # faults.md row 36
+    assert metric_lines(run) == metric_lines(full.run_dir)
     out = capsys.readouterr().out  # the unfinished write is reported, by name
     assert any(".tmp-step-2" in line and "did not finish" in line for line in out.splitlines()), out
 
@@ -310,3 +312,62 @@ def test_fresh_run_refuses_an_existing_run_folder(tmp_path, tiny_model_dir, tiny
     with pytest.raises(ConfigError, match="already holds a run"):
         Trainer(_cfg(tmp_path, "run", tiny_model_dir, tiny_dataset, max_steps=1, num_iterations=1))
     assert (t.run_dir / "metrics.jsonl").read_text() == before  # nothing already written is lost
+
+
+_DIE_WRITING_A_LINE = """
+import json, os, signal, sys
+from pathlib import Path
+from grpo.infra import logger
+from grpo.train.trainer import Trainer
+from tests.test_trainer import make_cfg
+real = logger.RunLogger.log_step
+def log_step(self, step, metrics):
+    if step == 4:  # killed halfway through writing step 4's line, two steps after the step-2 checkpoint
+        line = json.dumps({"step": step, **{k: logger._clean(v) for k, v in metrics.items()}})
+        with self.metrics_path.open("a") as f:
+            f.write(line[:len(line) // 2])
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(self, step, metrics)
+logger.RunLogger.log_step = log_step
+Trainer(make_cfg(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), **json.loads(sys.argv[4]))).train()
+"""
+
+
+def _rows(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_resume_drops_every_log_line_past_the_checkpoint_and_a_cut_last_line(tmp_path, tiny_model_dir, tiny_dataset,
+                                                                             capsys):
+    """faults.md row 36. A run that checkpoints every 2 steps, evaluates and logs samples every step, is
+    SIGKILLed while writing step 4's metrics line: its logs hold steps 3 and 4 past the step-2
+    checkpoint (metrics.jsonl a whole step-3 line and half a step-4 line). The resume drops them all
+    (saying so once for the cut line); the resumed run logs steps 3 and 4 again, once each, equal to
+    the lines the killed run wrote (the resume is exact)."""
+    kw = dict(max_steps=4, save_steps=2, eval_steps=1, eval_prompts=2, eval_pass_k=0, log_completions_steps=1)
+    proc = subprocess.run([sys.executable, "-c", _DIE_WRITING_A_LINE, str(tmp_path), str(tiny_model_dir),
+                           str(tiny_dataset), json.dumps(kw)], env={**os.environ, "PYTHONPATH": os.getcwd()},
+                          timeout=300)
+    assert proc.returncode == -signal.SIGKILL
+    run = tmp_path / "run"
+    assert find_latest(run).name == "step-2"
+    killed = {name: (run / name).read_text() for name in ("metrics.jsonl", "samples.jsonl", "eval_completions.jsonl")}
+    assert not killed["metrics.jsonl"].endswith("\n") and killed["metrics.jsonl"].count("\n") == 3  # 1-3, half of 4
+    assert {r["step"] for r in _rows(run / "samples.jsonl")} == {r["step"] for r in _rows(run / "eval_completions.jsonl")} \
+        == {1, 2, 3, 4}
+    capsys.readouterr()
+    resumed = Trainer(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, resume_from_checkpoint="auto", **kw))
+    out = capsys.readouterr().out
+    assert resumed.step == 2
+    assert [line for line in out.splitlines() if "cut short" in line] == [
+        f"resuming {run}: dropped a last line cut short in metrics.jsonl"]
+    for name in killed:  # nothing past the checkpoint is left
+        assert {r["step"] for r in _rows(run / name)} == {1, 2}, name
+    resumed.train()
+    # each step's lines once, in order, equal to those the killed run wrote (all but its half line)
+    wrote = {name: [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
+             for name, text in killed.items()}
+    for name in ("samples.jsonl", "eval_completions.jsonl"):
+        assert _rows(run / name) == wrote[name], name
+    assert [line["step"] for line in metric_lines(run)] == [1, 2, 3, 4]
+    assert metric_lines(run)[:3] == [timeless(line) for line in wrote["metrics.jsonl"]]

@@ -28,6 +28,13 @@ def test_compare_writes_table_json_and_plot(tmp_path, tiny_model_dir, tiny_datas
         assert row["ratio_to_grpo"]["peak_rss_mib"] == pytest.approx(row["peak_rss_mib"] / rows["grpo"]["peak_rss_mib"])
         # no critic, nothing to diverge
         assert m == "ppo" or row["critic_divergence_events"] == 0, (m, row)
+    # PPO's cost, measured where it does not vary from run to run: the state kept for training. GRPO, RLOO
+    # and REINFORCE differ only in the advantage, so they keep the same (the policy's AdamW moments); PPO
+    # adds a value model as large as the policy and its AdamW moments: 2 + 1 + 2 policy-sized tensors
+    # against 2, a ratio of about 2.5 (the value head and the optimizers' step counters aside)
+    state = {m: row["training_state_mib"] for m, row in rows.items()}
+    assert state["rloo"] == state["reinforce"] == state["grpo"] > 0, state
+    assert rows["ppo"]["ratio_to_grpo"]["training_state_mib"] == pytest.approx(2.5, abs=0.05), state
     assert "2 policy-gradient steps" in data["header"]
     assert (out / "compare.png").stat().st_size > 1000
     assert "| ppo |" in (out / "compare.md").read_text()

@@ -42,3 +42,31 @@ def test_notes_print_their_text_as_given(tmp_path, capsys, progress):
     logger.close()
     out = capsys.readouterr().out
     assert text in out and "plain [bold]words" in out
+
+
+def test_trim_step_logs_by_hand(tmp_path):
+    """Lines of steps after the checkpoint go; a last line cut by a kill (here in the middle of a
+    two-byte character) goes and is reported; a whole last line that only lacks its newline stays."""
+    from grpo.infra.logger import trim_step_logs
+
+    (tmp_path / "metrics.jsonl").write_bytes(b'{"step": 1, "a": 1}\n{"step": 2}\n{"step": 3}\n{"step": 4, "a": 0.')
+    (tmp_path / "samples.jsonl").write_bytes('{"step": 2, "c": "é"}\n{"step": 3, "c": "é"}\n{"step": 3, "c": "'
+                                             .encode() + "é".encode()[:1])
+    (tmp_path / "eval_completions.jsonl").write_bytes(b'{"step": 1}\n{"step": 2}')
+    assert trim_step_logs(tmp_path, 2) == ["metrics.jsonl", "samples.jsonl"]
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1, "a": 1}\n{"step": 2}\n'
+    assert (tmp_path / "samples.jsonl").read_text() == '{"step": 2, "c": "é"}\n'
+    assert (tmp_path / "eval_completions.jsonl").read_text() == '{"step": 1}\n{"step": 2}\n'
+    assert trim_step_logs(tmp_path, 2) == []  # nothing left to drop
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval_completions.jsonl", "metrics.jsonl", "samples.jsonl"]
+
+
+def test_a_damaged_line_before_the_end_is_an_error_naming_it(tmp_path):
+    from grpo.errors import CheckpointError
+    from grpo.infra.logger import trim_step_logs
+
+    text = '{"step": 1}\n{"step": 2, "a": \n{"step": 3}\n'
+    (tmp_path / "metrics.jsonl").write_text(text)
+    with pytest.raises(CheckpointError, match=r"metrics\.jsonl: line 2 is not a JSON object with a step"):
+        trim_step_logs(tmp_path, 1)
+    assert (tmp_path / "metrics.jsonl").read_text() == text  # left as it was

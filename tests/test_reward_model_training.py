@@ -13,7 +13,7 @@ from grpo.core import distillation_loss
 from grpo.rewards import reward_model as rm
 from grpo.rewards.reward_model import RewardModelScorer
 from grpo.train.reward_model import RewardModelTrainer, replay_count
-from tests.conftest import build_tiny_reward_model, build_tokenizer
+from tests.conftest import TEST_SEED, build_tiny_reward_model, build_tokenizer
 from tests.test_trainer import make_cfg
 
 VERIFIER = "tests.rewards_for_tests:digit_share"
@@ -57,6 +57,10 @@ def test_each_update_mixes_replay_by_count(tiny_rm_dir, objective):
     assert any(not torch.equal(before[k], v) for k, v in t.scorer.model.state_dict().items())
     batches.clear()
     t.observe(*_groups(2, 4, 10))
+    # the metrics of the model as it is before the update, and (below) as it is after it
+    want = {"rm_heldout_accuracy_before": t.accuracy(t.heldout), "rm_agreement_new": t.accuracy(t.current)}
+    losses = []
+    t._step = lambda batch: (batches.append(batch), losses.append(step(batch)), losses[-1])[2]
     second = t.update()
 
     def iteration(item):
@@ -66,8 +70,57 @@ def test_each_update_mixes_replay_by_count(tiny_rm_dir, objective):
     assert all(sum(iteration(x) == 1 for x in b) == 8 for b in batches)
     assert second["rm_replay_share"] == pytest.approx(0.2) and second["rm_buffer_size"] == 16
     assert second["rm_buffer_age_mean"] == pytest.approx(1.5)  # 8 examples of age 2, 8 of age 1
-    for key in ("rm_heldout_accuracy_before", "rm_heldout_accuracy_after", "rm_agreement_new", "rm_loss"):
-        assert 0.0 <= second[key] <= (1.0 if "accuracy" in key or "agreement" in key else 100.0)
+    want.update(rm_heldout_accuracy_after=t.accuracy(t.heldout), rm_loss=sum(losses) / 3)
+    assert {k: second[k] for k in want} == pytest.approx(want)
+
+
+def _separable_groups(n: int, seed: int) -> tuple[list[dict], list[str]]:
+    """n groups of 4: two completions of digits only (digit share 1: good) and two of letters only (0: bad),
+    in alternating order, of random characters and lengths."""
+    import random
+
+    rng = random.Random(seed)
+
+    def word(chars: str) -> str:
+        return "".join(rng.choice(chars) for _ in range(rng.randint(4, 9)))
+    samples = [{"prompt": f"Say something {i}", "answer": ""} for i in range(n)]
+    texts = [w for _ in range(n) for w in (word("0123456789"), word("abcdefghij"), word("0123456789"),
+                                           word("abcdefghij"))]
+    return samples, texts
+
+
+@pytest.mark.parametrize("objective", ["pointwise", "pairwise"])
+def test_heldout_metrics_by_hand_and_learning_on_a_separable_toy(tiny_rm_dir, objective):
+    """Held-out metrics equal a count by hand from the model's own scores (sign against the label;
+    digit completions above letter ones within a group), before and after the update; and the update
+    learns the rule: every held-out completion and pair right afterwards, where the untrained model
+    was not."""
+    cfg = Config(model="unused", reward_model=str(tiny_rm_dir), reward_model_train_steps=20, ref_reset_steps=1,
+                 reward_model_batch_size=8, reward_model_verifier=VERIFIER, reward_model_heldout=2,
+                 reward_model_objective=objective, num_generations=4, prompts_per_step=2,
+                 per_device_train_batch_size=4, reward_model_lr=1e-2)
+    t = RewardModelTrainer(cfg, RewardModelScorer(str(tiny_rm_dir), device="cpu"))
+    t.observe(*_separable_groups(8, seed=TEST_SEED))  # groups 0-1 held out, 2-7 train
+    assert [e.label for e in t.heldout] == [1.0, 0.0, 1.0, 0.0] * 2
+
+    def by_hand() -> tuple[float, float]:
+        s = t.scorer.score([e.prompt for e in t.heldout], [e.completion for e in t.heldout])  # one-label: logits
+        right = sum((x > 0) == (e.label >= 0.5) for x, e in zip(s, t.heldout))
+        pairs = [(s[g + i], s[g + j]) for g in (0, 4) for i in (0, 2) for j in (1, 3)]  # (digits, letters)
+        return right / 8, sum(a > b for a, b in pairs) / 8
+
+    accuracy_before, ranking_before = by_hand()
+    m = t.update()
+    accuracy_after, ranking_after = by_hand()
+    assert m["rm_heldout_ranking_before"] == pytest.approx(ranking_before)
+    assert m["rm_heldout_ranking_after"] == pytest.approx(ranking_after)
+    assert ranking_before < ranking_after == 1.0  # every held-out pair ordered right only after training
+    if objective == "pointwise":
+        assert m["rm_heldout_accuracy_before"] == pytest.approx(accuracy_before)
+        assert m["rm_heldout_accuracy_after"] == pytest.approx(accuracy_after)
+        assert accuracy_before < accuracy_after  # the sign learned too (the untrained head's is one for all)
+    else:
+        assert (m["rm_heldout_accuracy_before"], m["rm_heldout_accuracy_after"]) == (ranking_before, ranking_after)
 
 
 def test_ranking_accuracy_by_hand_under_either_objective(tiny_rm_dir):

@@ -361,17 +361,56 @@ def test_the_unprivileged_flavour_of_the_sandbox_also_confines(tmp_path, subreap
     assert _no_new_descendants(before)  # no sandbox uid to scan for here: the PID namespace cleaned up
 
 
+# Reports who the program runs as, and (by the host's wall clock, which no namespace here changes)
+# from when to when; the sleep makes runs started together overlap.
+WHOAMI = ("import os, time\nstart = time.time()\ntime.sleep(1.0)\n"
+          "print(os.getuid(), os.geteuid(), os.getgid(), os.getegid(), sorted(os.getgroups()), start, time.time())\n")
+
+
+def _whoami(sandbox) -> dict:
+    res = sandbox.run({"solution.py": WHOAMI}, ["io"], timeout=20.0)
+    assert res.exit_code == 0 and not res.timed_out, res
+    uid, euid, gid, egid, *rest = res.stdout.split(maxsplit=4)
+    groups, times = rest[0].rsplit("]", 1)
+    start, end = (float(t) for t in times.split())
+    return dict(uid=int(uid), euid=int(euid), gid=int(gid), egid=int(egid), groups=groups + "]", start=start, end=end)
+
+
 @needs_bwrap
+@pytest.mark.skipif(os.geteuid() != 0, reason="per-run sandbox uids are given only where the grader is root")
 def test_concurrent_graders_never_share_a_sandbox_uid():
     """Two graders (as two reward worker processes would be) running at once: every run has its own
-    uid, so one run's clean-up cannot kill another's program (which would turn a pass into a fail)."""
+    unprivileged uid from the sandbox range (never root), so one run's clean-up cannot kill another's
+    program (which would turn a pass into a fail). Each program reports the uid and gid it runs as."""
     import concurrent.futures as cf
 
     a, b = CodeGrader(test_timeout=5.0, slots=2), CodeGrader(test_timeout=5.0, slots=2)
+    with cf.ThreadPoolExecutor(4) as ex:
+        runs = list(ex.map(lambda g: _whoami(g.sandbox), (a, b, a, b)))
+    for r in runs:
+        assert UID_BASE <= r["uid"] < UID_BASE + UID_COUNT, r
+        assert r["euid"] == r["uid"] and r["gid"] == r["egid"] == r["uid"], r
+        assert r["groups"] in ("[]", f"[{r['uid']}]"), r  # no supplementary group of the host's root
+    overlapping = [(r, q) for i, r in enumerate(runs) for q in runs[i + 1:]
+                   if r["start"] < q["end"] and q["start"] < r["end"]]
+    assert overlapping, runs  # four 1 s programs on four slots: some ran at the same time
+    for r, q in overlapping:
+        assert r["uid"] != q["uid"], (r, q)
+    # the programs still pass their tests under those uids
     slow_good = "import time\ntime.sleep(0.5)\ndef f(x):\n    return 2 * x\n"
     with cf.ThreadPoolExecutor(4) as ex:
         futs = [ex.submit(g.grade, slow_good, ASSERTS) for g in (a, b, a, b)]
         assert [f.result() for f in futs] == [1.0] * 4
+
+
+@needs_bwrap
+def test_the_unprivileged_flavour_runs_the_program_as_nobody():
+    """Where the grader is not root, bwrap maps the program to uid and gid 65534 (nobody) in its own user
+    namespace: the program reports that, never the grader's own uid or root."""
+    g = CodeGrader(test_timeout=2.0, slots=1)
+    g.sandbox.as_root = False
+    r = _whoami(g.sandbox)
+    assert (r["uid"], r["euid"], r["gid"], r["egid"]) == (65534, 65534, 65534, 65534), r
 
 
 def test_a_correct_program_that_prints_a_lot_still_passes_its_asserts(grader):

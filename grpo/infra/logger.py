@@ -5,15 +5,68 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from pathlib import Path
 
+from grpo.errors import CheckpointError
+
 HEADLINE = ("reward_mean", "accuracy", "kl", "clip_fraction", "completion_length_mean", "step_seconds")
+EVAL_COMPLETIONS = "eval_completions.jsonl"  # the periodic evaluation's completions (grpo.train.evals)
+# the run folder's logs of one JSON object a line, each with the step it belongs to
+STEP_LOGS = ("metrics.jsonl", "samples.jsonl", EVAL_COMPLETIONS)
 
 
 def _clean(v):
     if isinstance(v, float) and not math.isfinite(v):
         return None
     return v
+
+
+def _line_step(line: bytes) -> int | None:
+    """The step of one log line, None when it is not a JSON object with an integer step."""
+    try:
+        row = json.loads(line)
+    except ValueError:  # not JSON, or not UTF-8
+        return None
+    step = row.get("step") if isinstance(row, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def trim_step_logs(run_dir: Path, step: int) -> list[str]:
+    """Make the run folder's STEP_LOGS end at ``step``, the checkpoint a run resumes from, so the
+    resumed run's logs equal an uninterrupted run's: lines of later steps (written after that
+    checkpoint by a run that then died) are dropped, and so is a last line a kill cut short (no
+    newline and not a whole JSON object). Returns the names of the files that ended in a cut line.
+    Any other line that is not a JSON object with a step is an error naming the file and line, and
+    the file is left as it is."""
+    cut = []
+    for name in STEP_LOGS:
+        path = run_dir / name
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        lines = data.split(b"\n")
+        tail = lines.pop()  # b"" when the file ends with its newline
+        if tail.strip() and _line_step(tail) is None:
+            cut.append(name)
+        elif tail.strip():
+            lines.append(tail)  # a whole line that only lacks its newline
+        kept = []
+        for i, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            line_step = _line_step(line)
+            if line_step is None:
+                raise CheckpointError(f"{path}: line {i} is not a JSON object with a step "
+                                      f"({line[:80]!r}); mend or remove that line to resume")
+            if line_step <= step:
+                kept.append(line + b"\n")
+        new = b"".join(kept)
+        if new != data:
+            tmp = path.with_name(f".{name}.tmp")
+            tmp.write_bytes(new)
+            os.replace(tmp, path)  # a kill now leaves the old file or the new one, never half of it
+    return cut
 
 
 class RunLogger:

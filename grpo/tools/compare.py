@@ -39,12 +39,38 @@ def run_method(method: str, seed: int, out: Path, overrides: list[str]) -> dict:
     k = max(1, len(rewards) // 4)
     return {"method": method, "seed": seed, "steps": len(lines),
             "peak_rss_mib": usage.ru_maxrss / 1024,  # ru_maxrss is in KiB on Linux
+            "training_state_mib": training_state_mib(run_dir),
             "step_seconds_median": statistics.median(steps),
             "accuracy_before": ev.get("before", {}).get("accuracy"),
             "accuracy_after": ev.get("after", {}).get("accuracy"),
             "reward_first_quarter": statistics.mean(rewards[:k]), "reward_last_quarter": statistics.mean(rewards[-k:]),
             "reward_curve": rewards,
             "critic_divergence_events": lines[-1].get("critic_divergence_events", 0)}
+
+
+def _tensor_bytes(value) -> int:
+    """Bytes of the tensors in a (nested) checkpoint state."""
+    if hasattr(value, "element_size") and hasattr(value, "numel"):  # a tensor
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+def training_state_mib(run_dir: Path) -> float | None:
+    """What the run keeps for training besides the policy's weights, in MiB: the tensors of its newest
+    checkpoint's trainer state other than the random streams, i.e. the optimizer's moments and, for
+    PPO, the value model with its own optimizer. Unlike peak RSS it does not vary from run to run, and
+    it shows the critic's cost on a model too small for RSS to notice. None without a checkpoint."""
+    from grpo.infra.checkpoint import load_state, newest_checkpoint
+
+    ckpt = newest_checkpoint(run_dir)
+    if ckpt is None:
+        return None
+    state = load_state(ckpt)
+    return sum(_tensor_bytes(v) for k, v in state.items() if k != "rng") / 2**20
 
 
 def _agg(values: list[float]) -> dict:
@@ -54,8 +80,8 @@ def _agg(values: list[float]) -> dict:
     return {"mean": statistics.mean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0}
 
 
-KEYS = ("peak_rss_mib", "step_seconds_median", "accuracy_before", "accuracy_after", "reward_first_quarter",
-        "reward_last_quarter", "critic_divergence_events")
+KEYS = ("peak_rss_mib", "training_state_mib", "step_seconds_median", "accuracy_before", "accuracy_after",
+        "reward_first_quarter", "reward_last_quarter", "critic_divergence_events")
 
 
 def summarize(runs: list[dict], methods: list[str]) -> dict:
@@ -70,19 +96,21 @@ def summarize(runs: list[dict], methods: list[str]) -> dict:
     base = table.get("grpo")
     for row in table.values():
         row["ratio_to_grpo"] = {k: (row[k] / base[k] if base and base[k] and row[k] is not None else None)
-                                for k in ("peak_rss_mib", "step_seconds_median", "accuracy_after")}
+                                for k in ("peak_rss_mib", "training_state_mib", "step_seconds_median",
+                                          "accuracy_after")}
     return table
 
 
 def markdown(table: dict, header: str) -> str:
     rows = [header, "",
-            "| method | peak RSS (MiB) | x GRPO | median step (s) | x GRPO | accuracy before | accuracy after "
-            "| reward first/last quarter | critic divergence events |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "| method | peak RSS (MiB) | x GRPO | training state (MiB) | x GRPO | median step (s) | x GRPO "
+            "| accuracy before | accuracy after | reward first/last quarter | critic divergence events |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     for m, r in table.items():
         ratio = r["ratio_to_grpo"]
         rows.append(f"| {m} | {fmt(r['peak_rss_mib'], '.0f')} | {fmt(ratio['peak_rss_mib'], '.2f')} | "
+                    f"{fmt(r['training_state_mib'], '.2f')} | {fmt(ratio['training_state_mib'], '.2f')} | "
                     f"{fmt(r['step_seconds_median'], '.1f')} | {fmt(ratio['step_seconds_median'], '.2f')} | "
                     f"{fmt(r['accuracy_before'], '.1%')} | {fmt(r['accuracy_after'], '.1%')} | "
                     f"{fmt(r['reward_first_quarter'], '.2f')} / {fmt(r['reward_last_quarter'], '.2f')} | "

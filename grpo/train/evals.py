@@ -4,7 +4,7 @@ their greedy completions and verifier values in eval_completions.jsonl."""
 
 from __future__ import annotations
 
-EVAL_COMPLETIONS = "eval_completions.jsonl"
+from grpo.infra.logger import EVAL_COMPLETIONS
 
 
 def eval_metrics(result: dict) -> dict:

@@ -9,7 +9,6 @@ uninterrupted run would have taken.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from safetensors.torch import load_file
@@ -17,6 +16,7 @@ from safetensors.torch import load_file
 from grpo.errors import CheckpointError, DataError
 from grpo.infra import checkpoint as ckpt_io
 from grpo.infra import distributed as dist_io
+from grpo.infra.logger import trim_step_logs
 
 
 def trainer_state(t) -> dict:
@@ -65,7 +65,8 @@ def _by_component(state: dict) -> dict:
 
 def restore(t, ckpt: Path) -> None:
     """Load weights and state from a checkpoint so the next step is the one the uninterrupted
-    run would have taken; metrics lines written after it (by a run that later died) are dropped."""
+    run would have taken; log lines written after it (by a run that later died) are dropped
+    (``trim_step_logs``)."""
     state = _by_component(ckpt_io.load_state(ckpt))
     if state.get("model") != t.cfg.model:
         raise CheckpointError(f"{ckpt}: was trained from model {state.get('model')!r}, "
@@ -111,9 +112,8 @@ def restore(t, ckpt: Path) -> None:
                                   f"{e}); resume with the settings the run started with") from None
     t.step, t.ref_reset_at = state["step"], state["ref_reset_at"]
     ckpt_io.set_rng_state(state["rng"])
-    for name in ("metrics.jsonl", "samples.jsonl"):
-        path = t.run_dir / name
-        if path.is_file() and t.world.is_main:
-            kept = [l for l in path.read_text().splitlines() if json.loads(l)["step"] <= t.step]
-            path.write_text("".join(l + "\n" for l in kept))
+    if t.world.is_main:
+        cut = trim_step_logs(t.run_dir, t.step)
+        if cut:  # the run was killed while writing them
+            print(f"resuming {t.run_dir}: dropped a last line cut short in {', '.join(cut)}", flush=True)
     t.resumed_from = ckpt
