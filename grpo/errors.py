@@ -29,7 +29,11 @@ class FuseError(GrpoError, RuntimeError):
     """The fuse stopped the run; the message names the metric, its band and the checkpoint."""
 
 
-
 class EngineError(GrpoError, RuntimeError):
     """A rollout engine that stopped working (its process died); the message names the engine and,
     from the trainer, the checkpoint saved."""
+
+
+class ModelNotFoundError(GrpoError, FileNotFoundError):
+    """A model or run path that is neither a local folder nor a model found on the hub; the message
+    names both readings."""

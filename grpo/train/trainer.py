@@ -35,7 +35,7 @@ from grpo.infra import distributed as dist_io
 from grpo.infra.logger import NullLogger, RunLogger
 from grpo.infra.timing import STAGES, StageTimer, stage_key
 from grpo.infra.runtime import keep_freed_memory, make_run_dir, seed_everything
-from grpo.models import grouped_attention, keep_head_fp32, load_models, native_bf16, reset_reference
+from grpo.models import grouped_attention, keep_head_fp32, load_models, native_bf16, reset_reference, resolve_model_path
 from grpo.models.packing import SHARED_PREFIX_ATTENTION, sliding_window
 from grpo.rewards.reward_model import set_reward_transform
 from grpo.rewards.runner import RewardRunner
@@ -99,11 +99,12 @@ class Trainer:
         self.task = task or task_of(cfg)
         if not self.task.train:
             raise DataError(f"task {cfg.task!r} has no training prompts")
+        model_path = resolve_model_path(cfg.model) if models is None else None  # a bad path: before the run folder
         self.run_dir = dist_io.broadcast_object(
             make_run_dir(cfg.output_dir, cfg.resume_from_checkpoint) if world.is_main else None, world)
         if world.is_main:
             cfg.save(self.run_dir / "config.yaml")
-        self.models = models or load_models(cfg.model, dtype=cfg.dtype, need_reference=cfg.beta > 0,
+        self.models = models or load_models(model_path, dtype=cfg.dtype, need_reference=cfg.beta > 0,
                                             lora_r=cfg.lora_r if cfg.use_peft else 0, lora_alpha=cfg.lora_alpha,
                                             lora_dropout=cfg.lora_dropout,
                                             lora_target_modules=cfg.lora_target_modules,
