@@ -34,6 +34,11 @@ class EngineError(GrpoError, RuntimeError):
     from the trainer, the checkpoint saved."""
 
 
+class RewardError(GrpoError, RuntimeError):
+    """Rewards that could not score a step's completions (max_reward_failure_share) or an evaluation's;
+    the message names each failing reward and its first exception and, from the trainer, the checkpoint."""
+
+
 class ModelNotFoundError(GrpoError, FileNotFoundError):
     """A model or run path that is neither a local folder nor a model found on the hub; the message
     names both readings."""

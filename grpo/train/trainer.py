@@ -26,7 +26,7 @@ import torch
 from grpo.config import Config
 from grpo.config.validate import divisors
 from grpo.data import task_of
-from grpo.errors import ConfigError, DataError, EngineError, FuseError
+from grpo.errors import ConfigError, DataError, EngineError, FuseError, RewardError
 from grpo.eval.consistency import consistency, probe_prompts
 from grpo.agent import AgentSampler
 from grpo.eval.evaluate import evaluate_as_configured
@@ -358,26 +358,9 @@ class Trainer:
                 if main:
                     eval_path.write_text(json.dumps(result, indent=2))
                 self.logger.note(f"before: accuracy {result['before']['accuracy']:.3f}")
-            while self.step < cfg.max_steps and not self._should_stop():
-                try:
-                    metrics = self.train_step()
-                except EngineError as e:  # the engine's process died: the last finished step is saved
-                    raise EngineError(f"{e}; stopped at step {self.step}, checkpoint {self.save()}") from e
-                if self.fuse_reason:
-                    self.logger.log_step(self.step, {**metrics, **self.timer.take(AFTER_STEP)})
-                    raise FuseError(f"{self.fuse_reason} (step {self.step}); stopped, checkpoint "
-                                     f"{self.save()}")
-                metrics.update(self.after_step(metrics))
-                if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps or "eval/accuracy" in metrics:
-                    self.logger.log_step(self.step, metrics)
-            result["checkpoint"] = str(self.save())
-            if self._stop_signal is not None:
-                result["interrupted"] = self._stop_signal
-                self.logger.note(f"{self._stop_signal}: saved {result['checkpoint']}; continue with "
-                                 f"grpo train --resume {self.run_dir}")
-            elif self.task.eval:  # an evaluation at the last step (eval_steps) already measured these weights
-                last = self._last_eval
-                result["after"] = last[1] if last is not None and last[0] == self.step else self.evaluate()
+            self._loop(result)
+        except RewardError as e:  # rewards that cannot score: the last finished step is kept
+            raise RewardError(f"{e}; {self._keep_last_step()}") from e
         finally:
             for s, h in handlers.items():
                 signal.signal(s, h)
@@ -386,6 +369,39 @@ class Trainer:
         if main:
             eval_path.write_text(json.dumps(result, indent=2))
         return result
+
+    def _loop(self, result: dict) -> None:
+        """The steps until max_steps or a stop signal, the final checkpoint, and the evaluation of the
+        final weights (into ``result``)."""
+        cfg = self.cfg
+        while self.step < cfg.max_steps and not self._should_stop():
+            try:
+                metrics = self.train_step()
+            except EngineError as e:  # the engine's process died: the last finished step is saved
+                raise EngineError(f"{e}; stopped at step {self.step}, checkpoint {self.save()}") from e
+            if self.fuse_reason:
+                self.logger.log_step(self.step, {**metrics, **self.timer.take(AFTER_STEP)})
+                raise FuseError(f"{self.fuse_reason} (step {self.step}); stopped, checkpoint "
+                                 f"{self.save()}")
+            metrics.update(self.after_step(metrics))
+            if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps or "eval/accuracy" in metrics:
+                self.logger.log_step(self.step, metrics)
+        result["checkpoint"] = str(self.save())
+        if self._stop_signal is not None:
+            result["interrupted"] = self._stop_signal
+            self.logger.note(f"{self._stop_signal}: saved {result['checkpoint']}; continue with "
+                             f"grpo train --resume {self.run_dir}")
+        elif self.task.eval:  # an evaluation at the last step (eval_steps) already measured these weights
+            last = self._last_eval
+            result["after"] = last[1] if last is not None and last[0] == self.step else self.evaluate()
+
+    def _keep_last_step(self) -> str:
+        """After an error inside a step: the last finished step's checkpoint, written unless there is
+        one already (a periodic save, the checkpoint resumed from) or no step finished."""
+        if self.step == 0:
+            return "stopped before the first step finished (no checkpoint written)"
+        done = self.run_dir / "checkpoints" / f"step-{self.step}"
+        return f"stopped after step {self.step}, checkpoint {done if done.is_dir() else self.save()}"
 
     def after_step(self, metrics: dict) -> dict:
         """What follows a step within its metrics line: the periodic evaluation (eval_steps) and the
