@@ -93,7 +93,12 @@ def _train(argv: list[str]) -> int:
 
 def _print_summary(result: dict, *, steps: int, cfg, run_dir) -> None:
     print(f"\ntrained {steps} steps ({cfg.prompts_per_step} prompts x {cfg.num_generations} completions each)")
-    if "before" in result and "after" in result:
+    partial = [w for w in ("before", "after") if result.get(w, {}).get("interrupted")]
+    for when in partial:
+        r = result[when]
+        print(f"the {when}-training evaluation was interrupted: {r['prompts_scored']} of {r['n_prompts']} held-out "
+              f"prompts scored (accuracy {r['accuracy']:.1%} on those; marked in eval.json)")
+    if "before" in result and "after" in result and not partial:
         b, a = result["before"], result["after"]
         k = b.get("k")
         print(f"held-out greedy accuracy on {result['n_prompts']} prompts: {b['accuracy']:.1%} -> {a['accuracy']:.1%} "
@@ -111,9 +116,10 @@ def _eval(argv: list[str]) -> int:
     ap.add_argument("--model", help="hub id, model folder, or run folder (default: the config's model)")
     ap.add_argument("--task", help="task (default: the run's task, else the config's)")
     args = ap.parse_args(argv)
+    run = Path(args.model) if args.model and (Path(args.model) / "config.yaml").is_file() else None
     config_path = args.config
-    if config_path is None and args.model and (Path(args.model) / "config.yaml").is_file():
-        config_path = Path(args.model) / "config.yaml"  # a run folder: evaluate as it was trained
+    if config_path is None and run is not None:
+        config_path = run / "config.yaml"  # a run folder: evaluate as it was trained
     overrides = list(args.overrides)
     if args.model:
         overrides.append(f"model={args.model}")
@@ -121,26 +127,42 @@ def _eval(argv: list[str]) -> int:
         overrides.append(f"task={args.task}")
     cfg = load_config(config_path, overrides)
     from grpo.data import task_of
-    from grpo.eval.evaluate import evaluate_as_configured
     from grpo.models import load_models
     from grpo.rewards import resolve_reward
     from grpo.rollout import make_engine
 
     verifier = resolve_reward(cfg.reward_names[0], timeout=cfg.reward_timeout, retries=cfg.reward_retries,
                               concurrency=cfg.reward_concurrency)
-    task = task_of(cfg)
+    samples = task_of(cfg).eval
     models = load_models(cfg.model, dtype=cfg.dtype, need_reference=False)
     engine = make_engine("hf", models.policy, models.tokenizer)  # generate, as evaluation inside `train`
     try:
-        from grpo.agent import AgentSampler
-
-        res = evaluate_as_configured(engine, task.eval, verifier, cfg,
-                                     agent=AgentSampler.from_config(cfg, models.tokenizer))
+        res, stopped = _evaluate_until_signal(engine, samples, verifier, cfg, models.tokenizer)
     finally:
         engine.close()
     res.pop("examples", None)
     print(json.dumps({"model": cfg.model, "task": cfg.task, **res}, indent=2))
-    return 0
+    return {None: 0, "SIGINT": 130}.get(stopped, 143)
+
+
+def _evaluate_until_signal(engine, samples: list[dict], verifier, cfg, tokenizer) -> tuple[dict, str | None]:
+    """evaluate_as_configured, which SIGINT or SIGTERM ends within a decode step (the result then
+    covers the prompts scored before, marked "interrupted"); also the signal's name, or None."""
+    import signal
+
+    from grpo.agent import AgentSampler
+    from grpo.eval.evaluate import Interrupt, evaluate_as_configured
+
+    caught: list[str] = []
+    handlers = {s: signal.signal(s, lambda signum, _frame: caught.append(signal.Signals(signum).name))
+                for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        res = evaluate_as_configured(engine, samples, verifier, cfg, agent=AgentSampler.from_config(cfg, tokenizer),
+                                     interrupt=Interrupt(requested=lambda: bool(caught)))
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    return res, caught[0] if caught else None
 
 
 def _compare(argv: list[str]) -> int:

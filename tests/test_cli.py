@@ -189,6 +189,61 @@ def test_signal_through_the_cli_saves_and_exits_with_its_code(tmp_path, tiny_mod
     assert not (run / "eval.json").exists() or "after" not in json.loads((run / "eval.json").read_text())
 
 
+def test_sigterm_during_the_evaluation_of_a_run_stops_it_and_keeps_what_it_scored(tmp_path, tiny_model_dir):
+    """`grpo train` (the real command, in its own process) sent SIGTERM while it evaluates 300 held-out
+    prompts in batches of 10 stops that evaluation at the next batch (or token), saves its checkpoint
+    and exits 143, with eval.json's "before" marked interrupted and holding fewer prompts than asked
+    for, instead of evaluating all 300 first."""
+    run, log = tmp_path / "run", tmp_path / "stdout.txt"
+    args = ["train", f"model={tiny_model_dir}", "task=arithmetic", f"output_dir={run}", "eval_prompts=300",
+            "eval_batch_size=10", "eval_max_new_tokens=32", "eval_pass_k=0", "num_generations=4",
+            "prompts_per_step=2", "per_device_train_batch_size=4", "max_completion_length=6", "max_steps=5",
+            "progress=false", "report_to=none", "rewards=tests.rewards_for_tests:digit_share", f"bf16={TEST_BF16}"]
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "grpo", *args], env=env, stdout=out, stderr=subprocess.PIPE,
+                                text=True)
+        deadline = time.monotonic() + 300  # a hang fails here, not at the suite timeout
+        while proc.poll() is None and time.monotonic() < deadline and "evaluating the untrained" not in log.read_text():
+            time.sleep(0.05)
+        assert proc.poll() is None, f"the run ended before its evaluation: {proc.stderr.read()}"
+        proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert rc == 143, proc.stderr.read()
+    before = json.loads((run / "eval.json").read_text())["before"]
+    assert before["interrupted"] is True and before["n_prompts"] == 300 and before["prompts_scored"] < 300
+    assert before["prompts_scored"] % 10 == 0  # whole batches only: a batch cut by the signal is dropped
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step-0"
+    assert "evaluation at step 0 interrupted" in log.read_text()
+
+
+def test_sigterm_during_grpo_eval_prints_the_partial_result_marked(capsys, tmp_path, tiny_model_dir, tiny_dataset):
+    """`grpo eval` stopped by SIGTERM (sent by the verifier on its first call) prints what it scored,
+    marked interrupted, and exits 143; its signal handlers are restored."""
+    from tests import rewards_for_tests as r
+
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: caught.append(signum))  # what grpo eval
+    # must restore; where it did not handle the signal itself, this records it instead of ending pytest
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    r.counted.update(n=0, fail_from=0, sigterm_at=1)
+    try:
+        code = main(["eval", "--model", str(tiny_model_dir), f"task={tiny_dataset}", "eval_prompts=8",
+                     "eval_batch_size=2", "eval_max_new_tokens=4", "eval_pass_k=2", "eval_pass_prompts=4",
+                     "rewards=tests.rewards_for_tests:counting"])
+        assert {s: signal.getsignal(s) for s in handlers} == handlers
+    finally:
+        r.counted.update(sigterm_at=0)
+        signal.signal(signal.SIGTERM, previous)
+    res = json.loads(capsys.readouterr().out)
+    assert code == 143 and res["interrupted"] is True and res["prompts_scored"] == 2 and res["n_prompts"] == 8
+    assert res["pass@k"] is None and r.counted["n"] == 2 and caught == []
+
+
 class _NoSuchModelHub:
     """A stand-in for the hub on loopback (a real HTTP server in a thread): every request is answered
     404 RepoNotFound, as the hub answers for a model it does not have, and recorded."""

@@ -109,7 +109,7 @@ def _cli_train(run, tiny_model_dir, tiny_dataset, *extra) -> list[str]:
             f"bf16={TEST_BF16}", f"seed={TEST_SEED}", *extra]
 
 
-@pytest.mark.parametrize("eval_prompts", [0], ids=["training"])
+@pytest.mark.parametrize("eval_prompts", [0, 2], ids=["training", "evaluation"])
 def test_a_reward_that_fails_everywhere_stops_the_run_with_one_line(capsys, tmp_path, tiny_model_dir, tiny_dataset,
                                                                     eval_prompts):
     """A reward returning a list (a TRL-form batched reward given as a per-completion one) scores no

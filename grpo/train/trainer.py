@@ -29,7 +29,7 @@ from grpo.data import task_of
 from grpo.errors import ConfigError, DataError, EngineError, FuseError, RewardError
 from grpo.eval.consistency import consistency, probe_prompts
 from grpo.agent import AgentSampler
-from grpo.eval.evaluate import evaluate_as_configured
+from grpo.eval.evaluate import Interrupt, evaluate_as_configured
 from grpo.infra import checkpoint as ckpt_io
 from grpo.infra import distributed as dist_io
 from grpo.infra.logger import NullLogger, RunLogger
@@ -46,7 +46,7 @@ from grpo.train import state as run_state
 from grpo.train.batch import Batch, BatchMaker
 from grpo.train.collect import Collector
 from grpo.train.critic import Critic
-from grpo.train.evals import periodic_eval
+from grpo.train.evals import eval_notes, periodic_eval
 from grpo.train.forwards import Forwards
 from grpo.train.knobs import Knobs
 from grpo.train.reward_model import make_reward_model_trainer, warm_up
@@ -310,7 +310,14 @@ class Trainer:
         # a reward model that is still learning is no judge of correctness: its verifier is
         verifier = next(iter(self.rm_trainer.verifier.values())) if self.rm_trainer is not None \
             else self.rewards.fns[cfg.reward_names[0]]
-        return evaluate_as_configured(self.eval_engine, self.task.eval, verifier, cfg, agent=self.agent)
+        # a signal ends the running batch at its next token (this process's flag) and the evaluation
+        # at the next batch (every process's, as the loop's)
+        interrupt = Interrupt(requested=lambda: self._stop_signal is not None, agreed=self._should_stop)
+        result = evaluate_as_configured(self.eval_engine, self.task.eval, verifier, cfg, agent=self.agent,
+                                        interrupt=interrupt)
+        for text in eval_notes(result, step=self.step):
+            self.logger.note(text, "yellow")
+        return result
 
     # ---- checkpoints (train/state.py) -------------------------------------------------------------
     def state(self) -> dict:
@@ -394,6 +401,8 @@ class Trainer:
         elif self.task.eval:  # an evaluation at the last step (eval_steps) already measured these weights
             last = self._last_eval
             result["after"] = last[1] if last is not None and last[0] == self.step else self.evaluate()
+            if self._stop_signal is not None:  # during that evaluation: its partial result is marked
+                result["interrupted"] = self._stop_signal
 
     def _keep_last_step(self) -> str:
         """After an error inside a step: the last finished step's checkpoint, written unless there is
