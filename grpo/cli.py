@@ -126,14 +126,13 @@ def _eval(argv: list[str]) -> int:
     if args.task:
         overrides.append(f"task={args.task}")
     cfg = load_config(config_path, overrides)
-    from grpo.data import task_of
     from grpo.models import load_models
     from grpo.rewards import resolve_reward
     from grpo.rollout import make_engine
 
     verifier = resolve_reward(cfg.reward_names[0], timeout=cfg.reward_timeout, retries=cfg.reward_retries,
                               concurrency=cfg.reward_concurrency)
-    samples = task_of(cfg).eval
+    samples, held_out = _eval_samples(cfg, run)
     models = load_models(cfg.model, dtype=cfg.dtype, need_reference=False)
     engine = make_engine("hf", models.policy, models.tokenizer)  # generate, as evaluation inside `train`
     try:
@@ -141,8 +140,28 @@ def _eval(argv: list[str]) -> int:
     finally:
         engine.close()
     res.pop("examples", None)
-    print(json.dumps({"model": cfg.model, "task": cfg.task, **res}, indent=2))
+    print(json.dumps({"model": cfg.model, "task": cfg.task, **held_out, **res}, indent=2))
     return {None: 0, "SIGINT": 130}.get(stopped, 143)
+
+
+def _eval_samples(cfg, run: Path | None) -> tuple[list[dict], dict]:
+    """The task's held-out samples, less any prompt the run folder ``run`` trained on (an
+    eval_prompts above the run's own reaches into its training split): those are not scored, and
+    the output says how many were asked for and left out."""
+    from grpo.config.io import load_config
+    from grpo.data import task_of
+    from grpo.data.tasks import unseen
+
+    samples = task_of(cfg).eval
+    if run is None:
+        return samples, {}
+    kept = unseen(samples, task_of(load_config(run / "config.yaml")).train)
+    if len(kept) == len(samples):
+        return samples, {}
+    print(f"grpo eval: {len(samples) - len(kept)} of the {len(samples)} prompts asked for (eval_prompts="
+          f"{cfg.eval_prompts}) are prompts {run} trained on: they are left out, {len(kept)} held-out prompts "
+          f"are evaluated", file=sys.stderr, flush=True)
+    return kept, {"eval_prompts_requested": len(samples), "training_prompts_left_out": len(samples) - len(kept)}
 
 
 def _evaluate_until_signal(engine, samples: list[dict], verifier, cfg, tokenizer) -> tuple[dict, str | None]:

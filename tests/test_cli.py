@@ -90,6 +90,15 @@ def test_train_then_eval_run_folder(capsys, tmp_path, tiny_model_dir, tiny_datas
     assert res["n_prompts"] == 4 and res["accuracy"] == after["accuracy"]
     assert res["mean_length"] == after["mean_length"]
     assert res["k"] == 2 and res["pass_prompts"] == 2 and res["pass@k"] in (0.0, 0.5, 1.0)  # 2 prompts, n = k
+    assert "eval_prompts_requested" not in res  # the run's own held-out prompts: nothing left out
+    # more prompts than the run held out: the 6 beyond its 4 are training prompts, left out and said so
+    assert main(["eval", "--model", str(run), "eval_prompts=10"]) == 0
+    captured = capsys.readouterr()
+    wider = json.loads(captured.out)
+    assert wider["n_prompts"] == wider["prompts_scored"] == 4 and wider["accuracy"] == after["accuracy"]
+    assert wider["eval_prompts_requested"] == 10 and wider["training_prompts_left_out"] == 6
+    assert (f"grpo eval: 6 of the 10 prompts asked for (eval_prompts=10) are prompts {run} trained on: they are "
+            "left out, 4 held-out prompts are evaluated") in captured.err
     # the run can be extended exactly where it stopped
     assert main(["train", "--resume", str(run), "max_steps=3"]) == 0
     assert [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
