@@ -96,8 +96,9 @@ def _print_summary(result: dict, *, steps: int, cfg, run_dir) -> None:
     partial = [w for w in ("before", "after") if result.get(w, {}).get("interrupted")]
     for when in partial:
         r = result[when]
+        on = f" (accuracy {r['accuracy']:.1%} on those)" if r["prompts_scored"] else ""
         print(f"the {when}-training evaluation was interrupted: {r['prompts_scored']} of {r['n_prompts']} held-out "
-              f"prompts scored (accuracy {r['accuracy']:.1%} on those; marked in eval.json)")
+              f"prompts scored{on}; marked in eval.json")
     if "before" in result and "after" in result and not partial:
         b, a = result["before"], result["after"]
         k = b.get("k")
@@ -165,23 +166,24 @@ def _eval_samples(cfg, run: Path | None) -> tuple[list[dict], dict]:
 
 
 def _evaluate_until_signal(engine, samples: list[dict], verifier, cfg, tokenizer) -> tuple[dict, str | None]:
-    """evaluate_as_configured, which SIGINT or SIGTERM ends within a decode step (the result then
-    covers the prompts scored before, marked "interrupted"); also the signal's name, or None."""
+    """evaluate_as_configured, which SIGINT or SIGTERM ends at once (the result then covers the prompts
+    scored before, marked "interrupted"); also the signal's name, or None."""
     import signal
 
     from grpo.agent import AgentSampler
     from grpo.eval.evaluate import Interrupt, evaluate_as_configured
+    from grpo.infra.stop import StopFlag
 
-    caught: list[str] = []
-    handlers = {s: signal.signal(s, lambda signum, _frame: caught.append(signal.Signals(signum).name))
-                for s in (signal.SIGINT, signal.SIGTERM)}
+    stop = StopFlag()
+    handlers = {s: signal.signal(s, stop.handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         res = evaluate_as_configured(engine, samples, verifier, cfg, agent=AgentSampler.from_config(cfg, tokenizer),
-                                     interrupt=Interrupt(requested=lambda: bool(caught)))
+                                     interrupt=Interrupt(requested=lambda: stop.signal is not None,
+                                                         abortable=stop.abortable))
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)
-    return res, caught[0] if caught else None
+    return res, stop.signal
 
 
 def _compare(argv: list[str]) -> int:

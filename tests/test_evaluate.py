@@ -130,3 +130,65 @@ def test_a_verifier_that_cannot_score_is_reported_or_stops_the_evaluation(tiny_m
                                           r"\(max_reward_failure_share=1\): TypeError: returned list \[1\.0\]"):
         evaluate(engine, samples, lambda c, s: [1.0], system_prompt="", max_new_tokens=3, batch_size=4,
                  verifier_name="v")
+
+
+def test_a_stop_signal_inside_a_generate_call_ends_it_at_once(tiny_model_dir):
+    """Inside the interrupt's abortable region (grpo.infra.stop) a stop signal raises in the main
+    thread, so a generate call ends even where it asks nothing, as in the prefill of a large batch:
+    here SIGTERM arrives during the first forward pass (a hook on the first layer sends it), before
+    any token was drawn; the call is abandoned, nothing is scored, the result is marked, and the
+    model is left in the mode it had."""
+    import os
+    import signal
+
+    from grpo.eval.evaluate import Interrupt, evaluate
+    from grpo.infra.stop import StopFlag
+
+    engine = _tiny_engine(tiny_model_dir)
+    engine.model.train()
+    stop, asked = StopFlag(), []
+    handle = engine.model.model.layers[0].register_forward_hook(lambda *a: os.kill(os.getpid(), signal.SIGTERM))
+    previous = signal.signal(signal.SIGTERM, stop.handler)
+    try:
+        samples = [{"prompt": f"What is {a} + 1?", "answer": str(a + 1)} for a in range(8)]
+        out = evaluate(engine, samples, lambda c, s: 1.0, system_prompt="", max_new_tokens=40, batch_size=4,
+                       interrupt=Interrupt(requested=lambda: asked.append(1) or stop.signal is not None,
+                                           abortable=stop.abortable))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        handle.remove()
+    assert stop.signal == "SIGTERM" and out["interrupted"] is True and out["prompts_scored"] == 0
+    assert len(asked) == 1  # once, before the first batch: no token of it was drawn (the hook never asked)
+    assert engine.model.training
+
+
+def test_the_stop_flag_raises_only_inside_its_region():
+    """StopFlag: a signal outside abortable() only sets the flag; inside, it raises StopRequested once
+    (a second signal while it unwinds does not raise again); entering with a signal already received
+    raises at once."""
+    import os
+    import signal
+
+    from grpo.infra.stop import StopFlag, StopRequested
+
+    stop = StopFlag()
+    previous = signal.signal(signal.SIGTERM, stop.handler)
+    try:
+        with stop.abortable():
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)  # outside: recorded
+        assert stop.signal == "SIGTERM"
+        with pytest.raises(StopRequested):
+            with stop.abortable():
+                pytest.fail("entered with a stop already requested")
+        fresh = StopFlag()
+        signal.signal(signal.SIGTERM, fresh.handler)
+        with pytest.raises(StopRequested):
+            with fresh.abortable():
+                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(10_000_000):  # the handler runs at the next bytecode
+                    pass
+        os.kill(os.getpid(), signal.SIGTERM)  # after the region: no raise
+        assert fresh.signal == "SIGTERM"
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,8 +1,9 @@
 """Held-out evaluation: greedy accuracy and unbiased pass@k, used by `grpo eval` and inside `train`.
 
-A signal (SIGTERM, Ctrl-C) stops an evaluation within a decode step: ``Interrupt.requested`` ends
-the running batch's rows at their next token (engines that ``supports_stop``; others finish the
-batch), that batch is dropped, and the result holds the prompts scored before it, marked
+A signal (SIGTERM, Ctrl-C) stops an evaluation at once: inside ``Interrupt.abortable`` (one process)
+it raises in the generate call, even in a long prefill; else ``Interrupt.requested`` ends the
+running batch's rows at their next token (engines that ``supports_stop``; others finish the batch).
+That batch is dropped, and the result holds the prompts scored before it, marked
 ``"interrupted": true``.
 """
 
@@ -10,14 +11,16 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, ContextManager
 
 import torch
 
 from grpo.agent import AgentSampler, episode_metrics
 from grpo.data import render_prompt
 from grpo.errors import RewardError
+from grpo.infra.stop import StopRequested
 from grpo.rewards import score_completions
 from grpo.rollout import Rollout, RolloutEngine, SamplingSettings
 
@@ -36,10 +39,18 @@ class Interrupt:
     """How a stop request reaches an evaluation. ``requested()``: this process's flag, cheap, asked
     after every token (it ends the running batch, whose rows are then dropped). ``agreed()``: asked
     between batches, the same answer on every process (under FSDP2 each batch's forwards are
-    collectives, so all processes stop at the same batch); default: ``requested``."""
+    collectives, so all processes stop at the same batch); default: ``requested``. ``abortable()``:
+    a region in which the stop signal raises StopRequested (grpo.infra.stop), so a generate call
+    that asks nothing for long (the prefill of a large batch) ends too; only for one process."""
 
     requested: Callable[[], bool]
     agreed: Callable[[], bool] | None = None
+    abortable: Callable[[], ContextManager] | None = None  # StopFlag.abortable: a signal raises inside
+
+    def region(self, engine: RolloutEngine) -> ContextManager:
+        """Around one generate call: ``abortable`` where given and the engine samples in this process's
+        torch (an engine with kernels of its own, as vLLM, is not interrupted mid-call)."""
+        return self.abortable() if self.abortable is not None and not engine.own_kernels else nullcontext()
 
     def stop_between_batches(self) -> bool:
         return (self.agreed or self.requested)()
@@ -74,6 +85,21 @@ class _Batches:
         self.interrupted = self.interrupted or (self.interrupt is not None and self.interrupt.stop_between_batches())
         return self.interrupted
 
+    def _generate(self, lo: int, hi: int, group_size: int, greedy: bool) -> Rollout | None:
+        """One plain generate call, ended at the next token (its ``stop`` hook) or, inside the
+        interrupt's region, at once by a stop request; None then."""
+        if self.interrupt is None:
+            return self.engine.generate(self.prompts[lo:hi], group_size=group_size, sampling=self.sampling,
+                                        greedy=greedy)
+        requested = self.interrupt.requested
+        try:
+            with self.interrupt.region(self.engine):
+                return self.engine.generate(self.prompts[lo:hi], group_size=group_size, sampling=self.sampling,
+                                            greedy=greedy, stop=lambda row, ids: requested())
+        except StopRequested:
+            self.interrupted = True
+            return None
+
     def generate(self, lo: int, hi: int, group_size: int, greedy: bool) -> tuple[Rollout, list[dict]] | None:
         """The rollout of samples[lo:hi] (``group_size`` rows each) and each row's sample (with its
         episode), or None when a stop was requested during it (its rows may be cut: dropped)."""
@@ -83,9 +109,9 @@ class _Batches:
                                      system_prompt=self.system_prompt, greedy=greedy)
             rows = [{**s, **e} for s, e in zip(rows, ro.episodes)]
         else:
-            requested = self.interrupt.requested if self.interrupt is not None else None
-            ro = self.engine.generate(self.prompts[lo:hi], group_size=group_size, sampling=self.sampling,
-                                      greedy=greedy, stop=None if requested is None else lambda row, ids: requested())
+            ro = self._generate(lo, hi, group_size, greedy)
+            if ro is None:
+                return None
         if self.interrupt is not None and self.interrupt.requested():
             self.interrupted = True
             return None

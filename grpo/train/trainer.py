@@ -35,6 +35,7 @@ from grpo.infra import distributed as dist_io
 from grpo.infra.logger import NullLogger, RunLogger
 from grpo.infra.timing import STAGES, StageTimer, stage_key
 from grpo.infra.runtime import keep_freed_memory, make_run_dir, seed_everything
+from grpo.infra.stop import StopFlag
 from grpo.models import grouped_attention, keep_head_fp32, load_models, native_bf16, reset_reference, resolve_model_path
 from grpo.models.packing import SHARED_PREFIX_ATTENTION, sliding_window
 from grpo.rewards.reward_model import set_reward_transform
@@ -130,7 +131,7 @@ class Trainer:
                                critic=self.critic, checkpoint_dir=self.run_dir / "checkpoints")
         self.step = 0
         self.ref_reset_at = 0  # step at which the reference last became a copy of the policy
-        self._stop_signal: str | None = None
+        self.stop = StopFlag()  # SIGINT / SIGTERM during train()
         self.fuse_reason: str | None = None
         self._last_eval = None  # (step, result) of the latest evaluation during training
         self.resumed_from = None  # the checkpoint this run continues, set by state.restore
@@ -312,7 +313,9 @@ class Trainer:
             else self.rewards.fns[cfg.reward_names[0]]
         # a signal ends the running batch at its next token (this process's flag) and the evaluation
         # at the next batch (every process's, as the loop's)
-        interrupt = Interrupt(requested=lambda: self._stop_signal is not None, agreed=self._should_stop)
+        # and inside one generate call (a prefill) by raising, where no other process waits on this one
+        interrupt = Interrupt(requested=lambda: self.stop.signal is not None, agreed=self._should_stop,
+                              abortable=None if self.world.distributed else self.stop.abortable)
         result = evaluate_as_configured(self.eval_engine, self.task.eval, verifier, cfg, agent=self.agent,
                                         interrupt=interrupt)
         for text in eval_notes(result, step=self.step):
@@ -337,14 +340,11 @@ class Trainer:
         dist_io.barrier(self.world)
         return self.run_dir / "checkpoints" / f"step-{self.step}"
 
-    def _on_signal(self, signum, _frame) -> None:
-        self._stop_signal = signal.Signals(signum).name
-
     def train(self) -> dict:
         cfg = self.cfg
         main = self.world.is_main
         self._open_engines()  # closed at the end of an earlier train()
-        self._stop_signal = None  # an earlier train() may have stopped on one
+        self.stop = StopFlag()  # an earlier train() may have stopped on one
         self._last_eval = None  # (step, result) of the latest evaluation during training
         self.timer.take()  # stage seconds of sample() or score() calls made before train()
         self.logger = RunLogger(self.run_dir, total_steps=cfg.max_steps, start_step=self.step,
@@ -357,14 +357,15 @@ class Trainer:
         result: dict = {"n_prompts": len(self.task.eval)}
         if self.step and eval_path.is_file():
             result.update({k: v for k, v in json.loads(eval_path.read_text()).items() if k == "before"})
-        handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        handlers = {s: signal.signal(s, self.stop.handler) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             if self.task.eval and "before" not in result:
                 self.logger.note(f"evaluating the untrained policy on {len(self.task.eval)} held-out prompts ...")
                 result["before"] = self.evaluate()
                 if main:
                     eval_path.write_text(json.dumps(result, indent=2))
-                self.logger.note(f"before: accuracy {result['before']['accuracy']:.3f}")
+                if not result["before"].get("interrupted"):  # else eval_notes said what it scored
+                    self.logger.note(f"before: accuracy {result['before']['accuracy']:.3f}")
             self._loop(result)
         except RewardError as e:  # rewards that cannot score: the last finished step is kept
             raise RewardError(f"{e}; {self._keep_last_step()}") from e
@@ -394,15 +395,15 @@ class Trainer:
             if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps or "eval/accuracy" in metrics:
                 self.logger.log_step(self.step, metrics)
         result["checkpoint"] = str(self.save())
-        if self._stop_signal is not None:
-            result["interrupted"] = self._stop_signal
-            self.logger.note(f"{self._stop_signal}: saved {result['checkpoint']}; continue with "
+        if self.stop.signal is not None:
+            result["interrupted"] = self.stop.signal
+            self.logger.note(f"{self.stop.signal}: saved {result['checkpoint']}; continue with "
                              f"grpo train --resume {self.run_dir}")
         elif self.task.eval:  # an evaluation at the last step (eval_steps) already measured these weights
             last = self._last_eval
             result["after"] = last[1] if last is not None and last[0] == self.step else self.evaluate()
-            if self._stop_signal is not None:  # during that evaluation: its partial result is marked
-                result["interrupted"] = self._stop_signal
+            if self.stop.signal is not None:  # during that evaluation: its partial result is marked
+                result["interrupted"] = self.stop.signal
 
     def _keep_last_step(self) -> str:
         """After an error inside a step: the last finished step's checkpoint, written unless there is
@@ -437,7 +438,7 @@ class Trainer:
     def _should_stop(self) -> bool:
         """A signal stops every process at the same step (one that stopped alone would leave the
         others waiting in a collective)."""
-        flag = dist_io.all_max(int(self._stop_signal is not None), self.world)
-        if flag and self._stop_signal is None:
-            self._stop_signal = "SIGTERM"
+        flag = dist_io.all_max(int(self.stop.signal is not None), self.world)
+        if flag and self.stop.signal is None:
+            self.stop.signal = "SIGTERM"
         return bool(flag)
