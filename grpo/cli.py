@@ -93,7 +93,13 @@ def _train(argv: list[str]) -> int:
 
 def _print_summary(result: dict, *, steps: int, cfg, run_dir) -> None:
     print(f"\ntrained {steps} steps ({cfg.prompts_per_step} prompts x {cfg.num_generations} completions each)")
-    if "before" in result and "after" in result:
+    partial = [w for w in ("before", "after") if result.get(w, {}).get("interrupted")]
+    for when in partial:
+        r = result[when]
+        on = f" (accuracy {r['accuracy']:.1%} on those)" if r["prompts_scored"] else ""
+        print(f"the {when}-training evaluation was interrupted: {r['prompts_scored']} of {r['n_prompts']} held-out "
+              f"prompts scored{on}; marked in eval.json")
+    if "before" in result and "after" in result and not partial:
         b, a = result["before"], result["after"]
         k = b.get("k")
         print(f"held-out greedy accuracy on {result['n_prompts']} prompts: {b['accuracy']:.1%} -> {a['accuracy']:.1%} "
@@ -111,36 +117,73 @@ def _eval(argv: list[str]) -> int:
     ap.add_argument("--model", help="hub id, model folder, or run folder (default: the config's model)")
     ap.add_argument("--task", help="task (default: the run's task, else the config's)")
     args = ap.parse_args(argv)
+    run = Path(args.model) if args.model and (Path(args.model) / "config.yaml").is_file() else None
     config_path = args.config
-    if config_path is None and args.model and (Path(args.model) / "config.yaml").is_file():
-        config_path = Path(args.model) / "config.yaml"  # a run folder: evaluate as it was trained
+    if config_path is None and run is not None:
+        config_path = run / "config.yaml"  # a run folder: evaluate as it was trained
     overrides = list(args.overrides)
     if args.model:
         overrides.append(f"model={args.model}")
     if args.task:
         overrides.append(f"task={args.task}")
     cfg = load_config(config_path, overrides)
-    from grpo.data import task_of
-    from grpo.eval.evaluate import evaluate_as_configured
     from grpo.models import load_models
     from grpo.rewards import resolve_reward
     from grpo.rollout import make_engine
 
     verifier = resolve_reward(cfg.reward_names[0], timeout=cfg.reward_timeout, retries=cfg.reward_retries,
                               concurrency=cfg.reward_concurrency)
-    task = task_of(cfg)
+    samples, held_out = _eval_samples(cfg, run)
     models = load_models(cfg.model, dtype=cfg.dtype, need_reference=False)
     engine = make_engine("hf", models.policy, models.tokenizer)  # generate, as evaluation inside `train`
     try:
-        from grpo.agent import AgentSampler
-
-        res = evaluate_as_configured(engine, task.eval, verifier, cfg,
-                                     agent=AgentSampler.from_config(cfg, models.tokenizer))
+        res, stopped = _evaluate_until_signal(engine, samples, verifier, cfg, models.tokenizer)
     finally:
         engine.close()
     res.pop("examples", None)
-    print(json.dumps({"model": cfg.model, "task": cfg.task, **res}, indent=2))
-    return 0
+    print(json.dumps({"model": cfg.model, "task": cfg.task, **held_out, **res}, indent=2))
+    return {None: 0, "SIGINT": 130}.get(stopped, 143)
+
+
+def _eval_samples(cfg, run: Path | None) -> tuple[list[dict], dict]:
+    """The task's held-out samples, less any prompt the run folder ``run`` trained on (an
+    eval_prompts above the run's own reaches into its training split): those are not scored, and
+    the output says how many were asked for and left out."""
+    from grpo.config.io import load_config
+    from grpo.data import task_of
+    from grpo.data.tasks import unseen
+
+    samples = task_of(cfg).eval
+    if run is None:
+        return samples, {}
+    kept = unseen(samples, task_of(load_config(run / "config.yaml")).train)
+    if len(kept) == len(samples):
+        return samples, {}
+    print(f"grpo eval: {len(samples) - len(kept)} of the {len(samples)} prompts asked for (eval_prompts="
+          f"{cfg.eval_prompts}) are prompts {run} trained on: they are left out, {len(kept)} held-out prompts "
+          f"are evaluated", file=sys.stderr, flush=True)
+    return kept, {"eval_prompts_requested": len(samples), "training_prompts_left_out": len(samples) - len(kept)}
+
+
+def _evaluate_until_signal(engine, samples: list[dict], verifier, cfg, tokenizer) -> tuple[dict, str | None]:
+    """evaluate_as_configured, which SIGINT or SIGTERM ends at once (the result then covers the prompts
+    scored before, marked "interrupted"); also the signal's name, or None."""
+    import signal
+
+    from grpo.agent import AgentSampler
+    from grpo.eval.evaluate import Interrupt, evaluate_as_configured
+    from grpo.infra.stop import StopFlag
+
+    stop = StopFlag()
+    handlers = {s: signal.signal(s, stop.handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        res = evaluate_as_configured(engine, samples, verifier, cfg, agent=AgentSampler.from_config(cfg, tokenizer),
+                                     interrupt=Interrupt(requested=lambda: stop.signal is not None,
+                                                         abortable=stop.abortable))
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    return res, stop.signal
 
 
 def _compare(argv: list[str]) -> int:

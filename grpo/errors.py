@@ -29,7 +29,16 @@ class FuseError(GrpoError, RuntimeError):
     """The fuse stopped the run; the message names the metric, its band and the checkpoint."""
 
 
-
 class EngineError(GrpoError, RuntimeError):
     """A rollout engine that stopped working (its process died); the message names the engine and,
     from the trainer, the checkpoint saved."""
+
+
+class RewardError(GrpoError, RuntimeError):
+    """Rewards that could not score a step's completions (max_reward_failure_share) or an evaluation's;
+    the message names each failing reward and its first exception and, from the trainer, the checkpoint."""
+
+
+class ModelNotFoundError(GrpoError, FileNotFoundError):
+    """A model or run path that is neither a local folder nor a model found on the hub; the message
+    names both readings."""

@@ -95,3 +95,34 @@ async def async_digit_share(completion: str, sample: dict) -> float:
         return digit_share(completion, sample)
     finally:
         in_flight["now"] -= 1
+
+
+def returns_a_list(completion: str, sample: dict) -> list:
+    """A TRL-form batched reward given where a per-completion one is expected: a list, never a number."""
+    return [digit_share(completion, sample)]
+
+
+counted = {"n": 0, "fail_from": 0, "sigterm_at": 0}  # calls in this process; tests set the rest
+
+
+def counting(completion: str, sample: dict) -> float:
+    """digit_share, counting its calls in ``counted["n"]``: from call ``fail_from`` on (when set) it
+    raises, and on call ``sigterm_at`` (when set) it sends its own process SIGTERM, as a scheduler
+    would, before returning."""
+    import signal
+
+    counted["n"] += 1
+    if counted["fail_from"] and counted["n"] >= counted["fail_from"]:
+        raise ConnectionError("the grading service went away")
+    if counted["n"] == counted["sigterm_at"]:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return digit_share(completion, sample)
+
+
+def fails_every_other_call(completion: str, sample: dict) -> float:
+    """Raises on every second call in this process (counted in ``counted["n"]``), else digit_share:
+    exactly half of a step with an even number of completions fails."""
+    counted["n"] += 1
+    if counted["n"] % 2 == 0:
+        raise ValueError("flaky grader")
+    return digit_share(completion, sample)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,7 +40,9 @@ def test_missing_model_path_is_one_line_error(capsys, tiny_dataset, tmp_path):
     code = main(["train", "model=./no/such/model", f"task={tiny_dataset}", f"output_dir={tmp_path / 'r'}",
                  "eval_prompts=0"])
     err = capsys.readouterr().err
-    assert code == 2 and "model path ./no/such/model does not exist" in err
+    assert code == 2 and ("model ./no/such/model: no such folder (read as a local path, as it starts with .; not "
+                          "looked up as a hub id)") in err
+    assert not (tmp_path / "r").exists()  # refused before the run folder is made
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
@@ -87,6 +90,15 @@ def test_train_then_eval_run_folder(capsys, tmp_path, tiny_model_dir, tiny_datas
     assert res["n_prompts"] == 4 and res["accuracy"] == after["accuracy"]
     assert res["mean_length"] == after["mean_length"]
     assert res["k"] == 2 and res["pass_prompts"] == 2 and res["pass@k"] in (0.0, 0.5, 1.0)  # 2 prompts, n = k
+    assert "eval_prompts_requested" not in res  # the run's own held-out prompts: nothing left out
+    # more prompts than the run held out: the 6 beyond its 4 are training prompts, left out and said so
+    assert main(["eval", "--model", str(run), "eval_prompts=10"]) == 0
+    captured = capsys.readouterr()
+    wider = json.loads(captured.out)
+    assert wider["n_prompts"] == wider["prompts_scored"] == 4 and wider["accuracy"] == after["accuracy"]
+    assert wider["eval_prompts_requested"] == 10 and wider["training_prompts_left_out"] == 6
+    assert (f"grpo eval: 6 of the 10 prompts asked for (eval_prompts=10) are prompts {run} trained on: they are "
+            "left out, 4 held-out prompts are evaluated") in captured.err
     # the run can be extended exactly where it stopped
     assert main(["train", "--resume", str(run), "max_steps=3"]) == 0
     assert [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
@@ -184,3 +196,196 @@ def test_signal_through_the_cli_saves_and_exits_with_its_code(tmp_path, tiny_mod
     assert steps and latest == f"step-{steps[-1]}" and steps[-1] < 200  # saved at the step it stopped after
     assert (run / "checkpoints" / latest / "model.safetensors").is_file()
     assert not (run / "eval.json").exists() or "after" not in json.loads((run / "eval.json").read_text())
+
+
+def test_sigterm_during_the_evaluation_of_a_run_stops_it_and_keeps_what_it_scored(tmp_path, tiny_model_dir):
+    """`grpo train` (the real command, in its own process) sent SIGTERM while it evaluates 300 held-out
+    prompts in batches of 10 stops that evaluation at the next batch (or token), saves its checkpoint
+    and exits 143, with eval.json's "before" marked interrupted and holding fewer prompts than asked
+    for, instead of evaluating all 300 first."""
+    run, log = tmp_path / "run", tmp_path / "stdout.txt"
+    args = ["train", f"model={tiny_model_dir}", "task=arithmetic", f"output_dir={run}", "eval_prompts=300",
+            "eval_batch_size=10", "eval_max_new_tokens=32", "eval_pass_k=0", "num_generations=4",
+            "prompts_per_step=2", "per_device_train_batch_size=4", "max_completion_length=6", "max_steps=5",
+            "progress=false", "report_to=none", "rewards=tests.rewards_for_tests:digit_share", f"bf16={TEST_BF16}"]
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "grpo", *args], env=env, stdout=out, stderr=subprocess.PIPE,
+                                text=True)
+        deadline = time.monotonic() + 300  # a hang fails here, not at the suite timeout
+        while proc.poll() is None and time.monotonic() < deadline and "evaluating the untrained" not in log.read_text():
+            time.sleep(0.05)
+        assert proc.poll() is None, f"the run ended before its evaluation: {proc.stderr.read()}"
+        proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert rc == 143, proc.stderr.read()
+    before = json.loads((run / "eval.json").read_text())["before"]
+    assert before["interrupted"] is True and before["n_prompts"] == 300 and before["prompts_scored"] < 300
+    assert before["prompts_scored"] % 10 == 0  # whole batches only: a batch cut by the signal is dropped
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step-0"
+    assert "evaluation at step 0 interrupted" in log.read_text()
+
+
+def test_sigterm_during_grpo_eval_prints_the_partial_result_marked(capsys, tmp_path, tiny_model_dir, tiny_dataset):
+    """`grpo eval` stopped by SIGTERM (sent by the verifier on its first call) prints what it scored,
+    marked interrupted, and exits 143; its signal handlers are restored."""
+    from tests import rewards_for_tests as r
+
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: caught.append(signum))  # what grpo eval
+    # must restore; where it did not handle the signal itself, this records it instead of ending pytest
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    r.counted.update(n=0, fail_from=0, sigterm_at=1)
+    try:
+        code = main(["eval", "--model", str(tiny_model_dir), f"task={tiny_dataset}", "eval_prompts=8",
+                     "eval_batch_size=2", "eval_max_new_tokens=4", "eval_pass_k=2", "eval_pass_prompts=4",
+                     "rewards=tests.rewards_for_tests:counting"])
+        assert {s: signal.getsignal(s) for s in handlers} == handlers
+    finally:
+        r.counted.update(sigterm_at=0)
+        signal.signal(signal.SIGTERM, previous)
+    res = json.loads(capsys.readouterr().out)
+    assert code == 143 and res["interrupted"] is True and res["prompts_scored"] == 2 and res["n_prompts"] == 8
+    assert res["pass@k"] is None and r.counted["n"] == 2 and caught == []
+
+
+class _NoSuchModelHub:
+    """A stand-in for the hub on loopback (a real HTTP server in a thread): every request is answered
+    404 RepoNotFound, as the hub answers for a model it does not have, and recorded."""
+
+    def __init__(self):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        requests = self.requests = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                requests.append(self.path)
+                body = b'{"error": "Repository not found"}'
+                self.send_response(404)
+                self.send_header("X-Error-Code", "RepoNotFound")
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_HEAD = do_GET
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# Each command in one process (the CLI's main, as `python -m grpo` runs it), its stderr captured: the
+# hub's endpoint and offline mode are read from the environment when huggingface_hub is imported.
+_COMMANDS = r"""
+import contextlib, io, json, os, sys
+from pathlib import Path
+from grpo.cli import main
+out = {}
+for name, argv in json.loads(sys.argv[1]).items():
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(argv)
+    out[name] = [code, [l for l in err.getvalue().splitlines() if "error" in l.lower()], Path("r").exists()]
+print(json.dumps(out))
+"""
+
+
+def _run_commands(cwd, commands: dict, **env) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "HF_HOME": str(cwd / "hf-home"), **env}
+    proc = subprocess.run([sys.executable, "-c", _COMMANDS, json.dumps(commands)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def _every_command(model: str) -> dict:
+    return {"train": ["train", f"model={model}", "output_dir=r", "eval_prompts=0"],
+            "eval": ["eval", "--model", model, "eval_prompts=2"],
+            "export": ["export", model, "--out", "exported"],
+            "serve": ["serve", model]}
+
+
+def test_a_missing_path_whose_first_part_is_a_folder_here_is_local_at_once(tmp_path):
+    """`grpo export runs/nonexistent` (the real command) where runs/ exists: a one-line error that it
+    is no such folder, read as a local path, and not one request to the hub; so for train, eval,
+    export and serve alike (train writes no run folder)."""
+    (tmp_path / "runs").mkdir()
+    hub = _NoSuchModelHub()
+    try:
+        env = {**os.environ, "PYTHONPATH": os.getcwd(), "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf-home")}
+        proc = subprocess.run([sys.executable, "-m", "grpo", "export", "runs/nonexistent", "--out", "exported"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        got = _run_commands(tmp_path, _every_command("runs/nonexistent"), HF_ENDPOINT=hub.url)
+    finally:
+        hub.close()
+    reading = ("model runs/nonexistent: no such folder (read as a local path, as runs/ is a folder here; not looked "
+               "up as a hub id)")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == f"grpo export: error: {reading}"
+    assert "Traceback" not in proc.stderr and len([l for l in proc.stderr.splitlines() if "error" in l]) == 1
+    assert got == {cmd: [2, [f"grpo {cmd}: error: {reading}"], False] for cmd in ("train", "eval", "export", "serve")}
+    assert [p for p in hub.requests if "nonexistent" in p] == []
+
+
+def test_a_model_neither_here_nor_on_the_hub_is_one_request_and_one_line(tmp_path):
+    """A hub id that is no local path and that the hub does not have: one request to the hub (no
+    retries), then a one-line error naming both readings, for train, eval, export and serve; with
+    HF_HUB_OFFLINE the hub is not asked at all and the error says the cache does not hold it."""
+    hub = _NoSuchModelHub()
+    try:
+        got = _run_commands(tmp_path, _every_command("nobody/no-such-model"), HF_ENDPOINT=hub.url)
+        asked = list(hub.requests)
+        hub.requests.clear()
+        offline = _run_commands(tmp_path, {"export": ["export", "nobody/no-such-model", "--out", "exported"]},
+                                HF_ENDPOINT=hub.url, HF_HUB_OFFLINE="1")
+    finally:
+        hub.close()
+    neither = "model nobody/no-such-model: not a local folder (no such path here) and"
+    assert got == {cmd: [2, [f"grpo {cmd}: error: {neither} not a model on the hub ({hub.url}: no such repository, "
+                             "or a private one without a token)"], False] for cmd in ("train", "eval", "export", "serve")}
+    # one request about the model per command (huggingface_hub may ask its own things, as /api/agent-harnesses)
+    assert [p for p in asked if "no-such-model" in p] == ["/api/models/nobody/no-such-model"] * 4
+    assert offline == {"export": [2, [f"grpo export: error: {neither} not in the hub cache (HF_HUB_OFFLINE is set, "
+                                      "so the hub is not asked)"], False]}
+    assert [p for p in hub.requests if "no-such-model" in p] == []
+
+
+def test_a_cached_hub_model_loads_from_the_cache_when_the_hub_cannot_be_reached(tmp_path, tiny_model_dir, monkeypatch):
+    """A hub id whose snapshot the hub cache holds resolves to that snapshot when the hub cannot be
+    reached (a refused connection), at once; one it does not hold is a one-line error saying both."""
+    import socket
+
+    import huggingface_hub.constants as hub_constants
+
+    from grpo.errors import ModelNotFoundError
+    from grpo.models.loading import resolve_model_path
+
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--someone--tiny" / "snapshots" / ("0" * 40)
+    shutil.copytree(tiny_model_dir, snapshot)
+    (cache / "models--someone--tiny" / "refs").mkdir()
+    (cache / "models--someone--tiny" / "refs" / "main").write_text("0" * 40)
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(hub_constants, "ENDPOINT", closed)
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
+    assert resolve_model_path("someone/tiny") == str(snapshot)
+    with pytest.raises(ModelNotFoundError, match=r"^model someone/other: not a local folder \(no such path here\) and "
+                                                 rf"the hub \({closed}\) cannot be reached \(ConnectError: .*\) and its "
+                                                 r"cache does not hold it$"):
+        resolve_model_path("someone/other")

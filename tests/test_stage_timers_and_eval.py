@@ -119,3 +119,38 @@ def test_report_shows_stage_times_eval_plot_and_completions(run, tmp_path):
     rows = [json.loads(x) for x in (t.run_dir / EVAL_COMPLETIONS).read_text().splitlines()]
     assert table.count("<tr>") == 1 + len(rows) and all(html.escape(r["prompt"]) in table for r in rows)
     assert (tmp_path / "rep" / "eval_during_training.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("when, sigterm_at, kw", [
+    ("before", 1, dict(max_steps=1)),
+    ("periodic", 13, dict(max_steps=3, eval_steps=1)),  # 4 calls before, 8 of step 1, then step 1's evaluation
+    ("after", 13, dict(max_steps=1)),
+])
+def test_sigterm_during_an_evaluation_stops_it_and_keeps_what_it_scored(tmp_path, tiny_model_dir, tiny_dataset,
+                                                                        when, sigterm_at, kw):
+    """SIGTERM arriving during the initial, a periodic or the final evaluation (sent by the verifier
+    itself on its call ``sigterm_at``, as a scheduler would) stops it at the next batch instead of
+    after all the held-out prompts: the run saves its checkpoint and returns, and the evaluation's
+    partial result is kept, marked interrupted with the count it scored (the first batch of 2)."""
+    from tests import rewards_for_tests as r
+
+    r.counted.update(n=0, fail_from=0, sigterm_at=sigterm_at)
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, rewards="tests.rewards_for_tests:counting", eval_prompts=4,
+                   eval_batch_size=2, eval_pass_k=0, **kw)
+    t = Trainer(cfg)
+    try:
+        result = t.train()
+    finally:
+        r.counted.update(sigterm_at=0)
+    assert result["interrupted"] == "SIGTERM"
+    saved = json.loads((t.run_dir / "eval.json").read_text())
+    steps = {"before": 0, "periodic": 1, "after": 1}[when]
+    assert (t.run_dir / "checkpoints" / "latest").read_text().strip() == f"step-{steps}"
+    if when == "periodic":
+        line = json.loads((t.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+        assert line["step"] == 1 and line["eval/interrupted"] == 1 and line["eval/prompts_scored"] == 2
+        assert "after" not in saved and "interrupted" not in saved["before"]
+        return
+    partial = saved[when]
+    assert partial["interrupted"] is True and partial["prompts_scored"] == 2 and partial["n_prompts"] == 4
+    assert saved["interrupted"] == "SIGTERM" and r.counted["n"] == sigterm_at + 1  # no batch after the signal

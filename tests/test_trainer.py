@@ -105,9 +105,10 @@ def test_mu_two_second_pass_moves_ratio_and_clips(tmp_path, tiny_model_dir, tiny
 def test_reward_that_always_raises_is_counted_not_fatal(tmp_path, tiny_model_dir, tiny_dataset, capsys):
     """faults.md row 23: every sample's reward is NaN, counted per step and in total, the failure is
     logged once (not once per sample or step) with the completion and answer it failed on, and no
-    sample reaches the loss; the run goes on to its last step."""
+    sample reaches the loss; with max_reward_failure_share above 1 (never stop; by default such a run
+    stops at its first step: tests/test_trainer_rewards.py) the run goes on to its last step."""
     name = "tests.rewards_for_tests:always_raises"
-    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, rewards=name, eval_prompts=0)
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, rewards=name, eval_prompts=0, max_reward_failure_share=2.0)
     capsys.readouterr()
     t, before, _ = _run(cfg)
     lines = _lines(t.run_dir)

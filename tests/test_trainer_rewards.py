@@ -9,7 +9,7 @@ from grpo.rewards import code as code_rewards
 from grpo.rewards.code import CodeGrader
 from grpo.rewards.sandbox import UID_BASE, UID_COUNT
 from grpo.train.trainer import Trainer
-from tests.conftest import needs_bwrap
+from tests.conftest import TEST_BF16, TEST_SEED, needs_bwrap
 from tests.test_trainer import make_cfg
 
 HOSTILE = [
@@ -94,3 +94,90 @@ def test_thirty_steps_on_the_code_task_with_hostile_completions(tmp_path, tiny_m
     assert all(l["reward_failures"] == 0 for l in lines)
     assert "checkpoint" in result
     assert _descendants_and_sandbox_processes() - before == set()
+
+
+# ---- rewards that cannot score: the run stops with one line, what it wrote is kept ----------------
+
+def _cli_train(run, tiny_model_dir, tiny_dataset, *extra) -> list[str]:
+    return ["train", f"model={tiny_model_dir}", f"task={tiny_dataset}", f"output_dir={run}", "max_steps=3",
+            "num_generations=4", "prompts_per_step=2", "per_device_train_batch_size=4", "max_completion_length=6",
+            "eval_max_new_tokens=4", "eval_pass_k=0", "progress=false", "report_to=none", "reward_timeout=0",
+            f"bf16={TEST_BF16}", f"seed={TEST_SEED}", *extra]
+
+
+@pytest.mark.parametrize("eval_prompts", [0, 2], ids=["training", "evaluation"])
+def test_a_reward_that_fails_everywhere_stops_the_run_with_one_line(capsys, tmp_path, tiny_model_dir, tiny_dataset,
+                                                                    eval_prompts):
+    """A reward returning a list (a TRL-form batched reward given as a per-completion one) scores no
+    completion: the run stops at its first evaluation or step, exit 2, one line naming the reward and
+    its exception, instead of training on nothing to "accuracy 0.0% -> 0.0%"."""
+    from grpo.cli import main
+
+    name, run = "tests.rewards_for_tests:returns_a_list", tmp_path / "run"
+    code = main(_cli_train(run, tiny_model_dir, tiny_dataset, f"rewards={name}", f"eval_prompts={eval_prompts}"))
+    out = capsys.readouterr().err
+    errors = [line for line in out.splitlines() if "error" in line.lower()]  # past the weights' progress bar
+    assert code == 2 and len(errors) == 1 and "Traceback" not in out, out
+    err = errors[0]
+    assert err.startswith("grpo train: error: ") and f"reward {name!r}" in err
+    assert "TypeError: returned list [" in err and "not a number" in err
+    if eval_prompts:
+        assert "evaluation: the verifier" in err and "could not score 2 of the 2 greedy completions" in err
+    else:
+        assert "8 of the step's 8 completions could not be scored (max_reward_failure_share=1)" in err
+    assert err.strip().endswith("stopped before the first step finished (no checkpoint written)")
+    assert not (run / "checkpoints").exists() and not (run / "metrics.jsonl").exists()
+    assert (run / "config.yaml").is_file()  # what the run wrote is kept
+
+
+@pytest.mark.parametrize("save_steps", [0, 1], ids=["unsaved", "saved"])
+def test_rewards_failing_mid_run_stop_it_with_the_last_step_kept(tmp_path, tiny_model_dir, tiny_dataset, save_steps):
+    """Rewards that score the first two steps and then fail everywhere (a grading service gone) stop
+    the run at step 3 with RewardError; the checkpoint of step 2 is there (written now, or kept as
+    the periodic save wrote it) and holds the sampler where step 2 left it, so a resume with the
+    reward fixed draws step 3's prompts; the metrics of steps 1 and 2 are kept."""
+    from grpo.errors import RewardError
+    from tests import rewards_for_tests as r
+
+    r.counted.update(n=0, fail_from=2 * 8 + 1, sigterm_at=0)  # 2 prompts x 4 completions per step
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, rewards="tests.rewards_for_tests:counting", max_steps=5,
+                   eval_prompts=0, save_steps=save_steps)
+    t = Trainer(cfg)
+    with pytest.raises(RewardError) as info:
+        t.train()
+    step2 = t.run_dir / "checkpoints" / "step-2"
+    msg = str(info.value)
+    assert "reward 'tests.rewards_for_tests:counting' failed on 8 (ConnectionError: the grading service went away)" in msg
+    assert msg.endswith(f"stopped after step 2, checkpoint {step2}") and "\n" not in msg
+    assert [json.loads(l)["step"] for l in (t.run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert (t.run_dir / "checkpoints" / "latest").read_text().strip() == "step-2"
+    import torch
+
+    state = torch.load(step2 / "trainer_state.pt", weights_only=False)
+    assert state["step"] == 2 and state["collector"]["sampler"]["position"] == 2 * 2
+    assert state["collector"]["reward_failures"] == 0
+
+
+def test_the_failure_share_that_stops_a_run_is_configurable(tmp_path, tiny_model_dir, tiny_dataset):
+    """A reward failing on half of every step: the default (1.0: stop only when no completion could be
+    scored) trains on the other half and counts the failures; max_reward_failure_share=0.5 stops at the
+    first step; 0 is refused."""
+    from grpo.config.io import load_config
+    from grpo.errors import ConfigError, RewardError
+    from tests import rewards_for_tests as r
+
+    name = "tests.rewards_for_tests:fails_every_other_call"
+    r.counted.update(n=0)
+    t = Trainer(make_cfg(tmp_path / "a", tiny_model_dir, tiny_dataset, rewards=name, max_steps=2, eval_prompts=0))
+    t.train()
+    lines = [json.loads(l) for l in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [l["reward_failures"] for l in lines] == [4, 4]
+    r.counted.update(n=0)
+    t = Trainer(make_cfg(tmp_path / "b", tiny_model_dir, tiny_dataset, rewards=name, max_steps=2, eval_prompts=0,
+                         max_reward_failure_share=0.5))
+    with pytest.raises(RewardError, match=r"^4 of the step's 8 completions could not be scored "
+                                          r"\(max_reward_failure_share=0\.5\): reward '.*' failed on 4 \(ValueError: "
+                                          r"flaky grader\); stopped before the first step finished"):
+        t.train()
+    with pytest.raises(ConfigError, match="^max_reward_failure_share: must be > 0"):
+        load_config(None, ["max_reward_failure_share=0"])

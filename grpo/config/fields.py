@@ -51,6 +51,8 @@ class Config:
     """Wall-clock deadline in seconds for one reward call, run in a worker process (an `async def` reward's call and a URL reward's request: in the trainer's process); a call past it scores None (0 = run rewards in-process, no deadline)."""
     reward_workers: int = 1
     """Worker processes that run reward calls when reward_timeout > 0."""
+    max_reward_failure_share: float = 1.0
+    """Stop the run with an error naming each failing reward and its first exception (after saving the last finished step) when, in one step, this share of the completions could not be scored (a reward raised, passed reward_timeout, or returned None, NaN or a non-number; such completions are left out of the loss): 1.0 stops only at a step in which no completion could be scored, 0.5 once half could not, a value above 1 never. Evaluation stops alike once this share of its greedy completions so far could not be verified."""
     reward_model: str = ""
     """Sequence-classification model (folder or hub id) behind the `reward_model` reward, which scores (prompt, completion) pairs in batches."""
     supervision: str = "outcome"

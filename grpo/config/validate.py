@@ -85,6 +85,9 @@ def _validate_values(c) -> None:
     for key in non_negative:
         if getattr(c, key) < 0:
             raise ConfigError(f"{key}: must be >= 0, got {getattr(c, key)}")
+    if c.max_reward_failure_share <= 0:
+        raise ConfigError(f"max_reward_failure_share: must be > 0 (1.0: stop when no completion of a step could be "
+                          f"scored; above 1: never), got {c.max_reward_failure_share}")
     if c.temperature <= 0:
         raise ConfigError(f"temperature: must be > 0, got {c.temperature}")
     if not 0 < c.top_p <= 1:

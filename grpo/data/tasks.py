@@ -237,6 +237,13 @@ def user_task(source: str, *, prompt_field: str, answer_field: str, split: str, 
     return Task(path.stem if path.exists() else source, train=samples[eval_size:], eval=samples[:eval_size])
 
 
+def unseen(samples: list[dict], trained: list[dict]) -> list[dict]:
+    """The samples whose prompt (text or chat messages) is not among the ``trained`` samples' prompts:
+    what evaluating a run may score."""
+    seen = {json.dumps(s["prompt"], sort_keys=True) for s in trained}
+    return [s for s in samples if json.dumps(s["prompt"], sort_keys=True) not in seen]
+
+
 def task_of(cfg) -> Task:
     """The task a run's config names (``task``, ``eval_prompts``, the arithmetic knobs, the dataset's
     fields and split), loaded with load_task: the one place a config becomes a task."""

@@ -1,16 +1,28 @@
-"""Held-out evaluation: greedy accuracy and unbiased pass@k, used by `grpo eval` and inside `train`."""
+"""Held-out evaluation: greedy accuracy and unbiased pass@k, used by `grpo eval` and inside `train`.
+
+A signal (SIGTERM, Ctrl-C) stops an evaluation at once: inside ``Interrupt.abortable`` (one process)
+it raises in the generate call, even in a long prefill; else ``Interrupt.requested`` ends the
+running batch's rows at their next token (engines that ``supports_stop``; others finish the batch).
+That batch is dropped, and the result holds the prompts scored before it, marked
+``"interrupted": true``.
+"""
 
 from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Callable, ContextManager
 
 import torch
 
 from grpo.agent import AgentSampler, episode_metrics
 from grpo.data import render_prompt
+from grpo.errors import RewardError
+from grpo.infra.stop import StopRequested
 from grpo.rewards import score_completions
-from grpo.rollout import RolloutEngine, SamplingSettings
+from grpo.rollout import Rollout, RolloutEngine, SamplingSettings
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -22,82 +34,190 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def _verify(texts: list[str], samples: list[dict], verifier) -> list[float]:
-    """The verifier's value of each completion (NaN where it failed, which counts as wrong)."""
-    return score_completions(texts, samples, {"verifier": verifier}).per_reward["verifier"].tolist()
+@dataclass(frozen=True)
+class Interrupt:
+    """How a stop request reaches an evaluation. ``requested()``: this process's flag, cheap, asked
+    after every token (it ends the running batch, whose rows are then dropped). ``agreed()``: asked
+    between batches, the same answer on every process (under FSDP2 each batch's forwards are
+    collectives, so all processes stop at the same batch); default: ``requested``. ``abortable()``:
+    a region in which the stop signal raises StopRequested (grpo.infra.stop), so a generate call
+    that asks nothing for long (the prefill of a large batch) ends too; only for one process."""
+
+    requested: Callable[[], bool]
+    agreed: Callable[[], bool] | None = None
+    abortable: Callable[[], ContextManager] | None = None  # StopFlag.abortable: a signal raises inside
+
+    def region(self, engine: RolloutEngine) -> ContextManager:
+        """Around one generate call: ``abortable`` where given and the engine samples in this process's
+        torch (an engine with kernels of its own, as vLLM, is not interrupted mid-call)."""
+        return self.abortable() if self.abortable is not None and not engine.own_kernels else nullcontext()
+
+    def stop_between_batches(self) -> bool:
+        return (self.agreed or self.requested)()
 
 
-def _correct(texts: list[str], samples: list[dict], verifier) -> list[bool]:
-    return [bool(v >= 1.0) for v in _verify(texts, samples, verifier)]
+@dataclass
+class _Greedy:
+    """The greedy pass's running tally."""
+
+    correct: list[bool] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    truncated: list[bool] = field(default_factory=list)
+    examples: list[dict] = field(default_factory=list)
+    infos: list[dict] = field(default_factory=list)
+    prompts_cut: int = 0
+    failed: int = 0  # completions the verifier could not score (counted as wrong)
+    first_error: str = ""
+
+
+class _Batches:
+    """Evaluation's generate calls on slices of the samples, plain or multi-turn, under an interrupt."""
+
+    def __init__(self, engine: RolloutEngine, samples: list[dict], *, sampling: SamplingSettings, system_prompt: str,
+                 agent: AgentSampler | None, interrupt: Interrupt | None):
+        self.engine, self.samples, self.sampling, self.agent = engine, samples, sampling, agent
+        self.system_prompt, self.interrupt = system_prompt, interrupt
+        self.prompts = [render_prompt(engine.tokenizer, s["prompt"], system_prompt) for s in samples]
+        self.interrupted = False
+
+    def stopped(self) -> bool:
+        """Whether to stop before the next batch (marks the result interrupted)."""
+        self.interrupted = self.interrupted or (self.interrupt is not None and self.interrupt.stop_between_batches())
+        return self.interrupted
+
+    def _generate(self, lo: int, hi: int, group_size: int, greedy: bool) -> Rollout | None:
+        """One plain generate call, ended at the next token (its ``stop`` hook) or, inside the
+        interrupt's region, at once by a stop request; None then."""
+        if self.interrupt is None:
+            return self.engine.generate(self.prompts[lo:hi], group_size=group_size, sampling=self.sampling,
+                                        greedy=greedy)
+        requested = self.interrupt.requested
+        try:
+            with self.interrupt.region(self.engine):
+                return self.engine.generate(self.prompts[lo:hi], group_size=group_size, sampling=self.sampling,
+                                            greedy=greedy, stop=lambda row, ids: requested())
+        except StopRequested:
+            self.interrupted = True
+            return None
+
+    def generate(self, lo: int, hi: int, group_size: int, greedy: bool) -> tuple[Rollout, list[dict]] | None:
+        """The rollout of samples[lo:hi] (``group_size`` rows each) and each row's sample (with its
+        episode), or None when a stop was requested during it (its rows may be cut: dropped)."""
+        rows = [s for s in self.samples[lo:hi] for _ in range(group_size)]
+        if self.agent is not None:
+            ro = self.agent.generate(self.engine, self.samples[lo:hi], group_size=group_size, sampling=self.sampling,
+                                     system_prompt=self.system_prompt, greedy=greedy)
+            rows = [{**s, **e} for s, e in zip(rows, ro.episodes)]
+        else:
+            ro = self._generate(lo, hi, group_size, greedy)
+            if ro is None:
+                return None
+        if self.interrupt is not None and self.interrupt.requested():
+            self.interrupted = True
+            return None
+        return ro, rows
+
+
+def _greedy(batches: _Batches, verifier, *, batch_size: int, verifier_name: str, max_failure_share: float) -> _Greedy:
+    """Greedy completions of every sample, batch by batch, until an interrupt; each verified. Raises
+    RewardError once the verifier could not score ``max_failure_share`` of the completions so far."""
+    tally, samples = _Greedy(), batches.samples
+    for i in range(0, len(samples), batch_size):
+        if batches.stopped():
+            break
+        got = batches.generate(i, i + batch_size, 1, True)
+        if got is None:  # dropped; the next stopped() (asked on every process alike) ends the pass
+            continue
+        ro, rows = got
+        res = score_completions(ro.texts, rows, {verifier_name: verifier})
+        values = res.per_reward[verifier_name].tolist()
+        tally.failed += res.failures[verifier_name]
+        tally.first_error = tally.first_error or res.first_errors.get(verifier_name, "")
+        tally.correct += [bool(v >= 1.0) for v in values]
+        if tally.failed and tally.failed >= max_failure_share * len(tally.correct):
+            raise RewardError(f"evaluation: the verifier (reward {verifier_name!r}) could not score {tally.failed} of "
+                              f"the {len(tally.correct)} greedy completions so far (max_reward_failure_share="
+                              f"{max_failure_share:g}): {tally.first_error}")
+        tally.infos += ro.episodes or []
+        tally.lengths += ro.lengths.tolist()
+        tally.truncated += ro.truncated.tolist()
+        tally.prompts_cut += ro.prompts_truncated
+        tally.examples += [{"prompt": samples[i + j]["prompt"], "answer": samples[i + j]["answer"], "completion": t,
+                            "reward": None if math.isnan(values[j]) else values[j]}
+                           for j, t in enumerate(ro.texts[:2])] if len(tally.examples) < 6 else []
+    return tally
+
+
+def _pass_at_k(batches: _Batches, verifier, *, pass_k: int, pass_prompts: int, batch_size: int) -> list[float]:
+    """pass@k of each of the first ``pass_prompts`` samples (fewer when interrupted)."""
+    per_batch, scores = max(1, batch_size // pass_k), []
+    for i in range(0, pass_prompts, per_batch):
+        if batches.stopped():
+            break
+        got = batches.generate(i, min(i + per_batch, pass_prompts), pass_k, False)
+        if got is None:
+            continue
+        ro, rows = got
+        values = score_completions(ro.texts, rows, {"verifier": verifier}).per_reward["verifier"].tolist()
+        ok = [bool(v >= 1.0) for v in values]  # NaN (a failure) counts as wrong
+        scores += [pass_at_k(pass_k, sum(ok[j:j + pass_k]), pass_k) for j in range(0, len(ok), pass_k)]
+    return scores
 
 
 @torch.no_grad()
 def evaluate(engine: RolloutEngine, samples: list[dict], verifier, *, system_prompt: str, max_new_tokens: int,
              batch_size: int = 64, pass_k: int = 0, pass_prompts: int = 0, temperature: float = 1.0,
              top_p: float = 1.0, top_k: int = 0, max_prompt_length: int = 1024,
-             agent: AgentSampler | None = None) -> dict:
+             agent: AgentSampler | None = None, verifier_name: str = "verifier", max_failure_share: float = 1.0,
+             interrupt: Interrupt | None = None) -> dict:
     """Greedy accuracy on every sample; pass@k from k samples per prompt on the first ``pass_prompts``,
     both sampled by ``engine`` (pass@k unkeyed, from the global RNG).
 
-    A completion is correct when ``verifier(completion, sample) >= 1`` (the task's first reward).
-    Returns {"accuracy", "pass@k" (or None), "k", "n_prompts", "mean_length", "truncated_share",
-    "prompts_truncated" (prompts cut from the left to ``max_prompt_length``), "seconds", "examples"
-    (a few prompts with their greedy completion and its verifier value, "reward")}. With ``agent``
-    (tools / an environment) every completion is a multi-turn episode, graded on its final answer
-    with its transcript beside the sample, and the result holds the episodes' tool metrics ("tools").
+    A completion is correct when ``verifier(completion, sample) >= 1`` (the task's first reward); one
+    it could not score counts as wrong, is counted in "verifier_failures", and once such completions
+    reach ``max_failure_share`` of the greedy ones so far, RewardError names ``verifier_name`` and its
+    first exception. Returns {"accuracy", "pass@k" (or None), "k", "n_prompts", "prompts_scored",
+    "verifier_failures", "mean_length", "truncated_share", "prompts_truncated" (prompts cut from the
+    left to ``max_prompt_length``), "seconds", "examples" (a few prompts with their greedy completion
+    and its verifier value, "reward")}, and "interrupted": true when ``interrupt`` stopped it (the
+    metrics then cover the "prompts_scored" prompts scored before). With ``agent`` (tools / an
+    environment) every completion is a multi-turn episode, graded on its final answer with its
+    transcript beside the sample, and the result holds the episodes' tool metrics ("tools").
     """
     start = time.perf_counter()
     sampling = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                                 max_prompt_length=max_prompt_length)
-    prompts = [render_prompt(engine.tokenizer, s["prompt"], system_prompt) for s in samples]
-    correct, lengths, truncated, examples, n_cut, infos = [], [], [], [], 0, []
-
-    def generate(lo: int, hi: int, group_size: int, greedy: bool):
-        if agent is None:
-            return engine.generate(prompts[lo:hi], group_size=group_size, sampling=sampling, greedy=greedy), \
-                [s for s in samples[lo:hi] for _ in range(group_size)]
-        ro = agent.generate(engine, samples[lo:hi], group_size=group_size, sampling=sampling,
-                            system_prompt=system_prompt, greedy=greedy)
-        return ro, [{**s, **e} for s, e in zip([s for s in samples[lo:hi] for _ in range(group_size)], ro.episodes)]
-
-    for i in range(0, len(samples), batch_size):
-        ro, rows = generate(i, i + batch_size, 1, True)
-        infos += ro.episodes or []
-        values = _verify(ro.texts, rows, verifier)
-        correct += [bool(v >= 1.0) for v in values]
-        lengths += ro.lengths.tolist()
-        truncated += ro.truncated.tolist()
-        n_cut += ro.prompts_truncated
-        examples += [{"prompt": samples[i + j]["prompt"], "answer": samples[i + j]["answer"], "completion": t,
-                      "reward": None if math.isnan(values[j]) else values[j]}
-                     for j, t in enumerate(ro.texts[:2])] if len(examples) < 6 else []
-    result = {"accuracy": sum(correct) / max(len(correct), 1), "n_prompts": len(samples),
-              "mean_length": sum(lengths) / max(len(lengths), 1),
-              "truncated_share": sum(truncated) / max(len(truncated), 1), "pass@k": None, "k": pass_k,
-              "prompts_truncated": n_cut}
+    batches = _Batches(engine, samples, sampling=sampling, system_prompt=system_prompt, agent=agent,
+                       interrupt=interrupt)
+    g = _greedy(batches, verifier, batch_size=batch_size, verifier_name=verifier_name,
+                max_failure_share=max_failure_share)
+    result = {"accuracy": sum(g.correct) / max(len(g.correct), 1), "n_prompts": len(samples),
+              "prompts_scored": len(g.correct), "verifier_failures": g.failed,
+              "mean_length": sum(g.lengths) / max(len(g.lengths), 1),
+              "truncated_share": sum(g.truncated) / max(len(g.truncated), 1), "pass@k": None, "k": pass_k,
+              "prompts_truncated": g.prompts_cut}
     if pass_k and pass_prompts:
-        sub = samples[:pass_prompts]
-        per_batch = max(1, batch_size // pass_k)
-        scores = []
-        for i in range(0, len(sub), per_batch):
-            ro, rows = generate(i, min(i + per_batch, len(sub)), pass_k, False)
-            ok = _correct(ro.texts, rows, verifier)
-            scores += [pass_at_k(pass_k, sum(ok[j:j + pass_k]), pass_k) for j in range(0, len(ok), pass_k)]
-        result["pass@k"] = sum(scores) / len(scores)
-        result["pass_prompts"] = len(sub)
+        scores = _pass_at_k(batches, verifier, pass_k=pass_k, pass_prompts=pass_prompts, batch_size=batch_size)
+        result["pass@k"] = sum(scores) / len(scores) if scores else None
+        result["pass_prompts"] = len(scores)
     if agent is not None:
-        result["tools"] = episode_metrics(infos)
+        result["tools"] = episode_metrics(g.infos)
+    if batches.interrupted:
+        result["interrupted"] = True
     result["seconds"] = time.perf_counter() - start
-    result["examples"] = examples
+    result["examples"] = g.examples
     return result
 
 
 def evaluate_as_configured(engine: RolloutEngine, samples: list[dict], verifier, cfg,
-                           agent: AgentSampler | None = None) -> dict:
+                           agent: AgentSampler | None = None, interrupt: Interrupt | None = None) -> dict:
     """``evaluate`` with a run config's evaluation settings (eval_max_new_tokens, eval_batch_size,
     eval_pass_k on the first eval_pass_prompts, the sampling warpers, max_prompt_length, the system
-    prompt): the one place a config becomes evaluation settings, for the trainer and ``grpo eval``."""
+    prompt, the first reward's name and max_reward_failure_share): the one place a config becomes
+    evaluation settings, for the trainer and ``grpo eval``."""
     return evaluate(engine, samples, verifier, system_prompt=cfg.system_prompt, max_new_tokens=cfg.eval_max_new_tokens,
                     batch_size=cfg.eval_batch_size, pass_k=cfg.eval_pass_k,
                     pass_prompts=min(cfg.eval_pass_prompts, len(samples)), temperature=cfg.temperature,
-                    top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length, agent=agent)
+                    top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length, agent=agent,
+                    verifier_name=cfg.reward_names[0], max_failure_share=cfg.max_reward_failure_share,
+                    interrupt=interrupt)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from grpo.errors import ModelNotFoundError
 from grpo.infra.cache_folder import cache_dir  # where the dequantized embedded model lives
 from grpo.infra.checkpoint import newest_checkpoint
 from grpo.models.quantization import check_4bit, keep_trainable, quantization_config
@@ -77,23 +79,89 @@ def _dequantize(folder: str, name: str, dest: Path) -> None:
     os.replace(tmp, dest)
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")  # owner/name, or a bare name
+HUB_TIMEOUT = 10.0  # seconds of the one request that asks the hub whether a model exists
+
+
 def resolve_model_path(name: str) -> str:
     """Map the config's ``model`` to something ``from_pretrained`` takes.
 
     ``embedded:...`` (the default) -> the dequantized cache folder; an existing folder -> itself;
-    a run folder -> its newest checkpoint; anything else is passed on as a hub id.
+    a run folder -> its newest checkpoint. A name that is not an existing folder is read as a local
+    path when it looks like one (it starts with ., / or ~, its first part is a folder here, as
+    ``runs/x`` where ``runs/`` exists, or it is no hub id): ModelNotFoundError at once. Else it is a
+    hub id, asked about once (``hub_model``).
     """
     if name == DEFAULT_MODEL:
         return str(materialize_embedded())
-    p = Path(name)
+    p = Path(name).expanduser()
     if p.is_dir() and not (p / "config.json").is_file():
         newest = newest_checkpoint(p)
         if newest is not None:
             return str(newest)
-        raise FileNotFoundError(f"model folder {p} has no config.json and no checkpoints/step-*")
-    if name.startswith((".", "/", "~")) and not p.expanduser().exists():
-        raise FileNotFoundError(f"model path {name} does not exist")
+        raise ModelNotFoundError(f"model folder {p} has no config.json and no checkpoints/step-*")
+    if p.is_dir():
+        return str(p) if name.startswith("~") else name
+    if p.exists():
+        raise ModelNotFoundError(f"model {name}: a file, not a model folder (with config.json) or a run folder")
+    why = _local_reading(name)
+    if why:
+        raise ModelNotFoundError(f"model {name}: no such folder (read as a local path, {why}; not looked up as a "
+                                 "hub id)")
+    return hub_model(name)
+
+
+def _local_reading(name: str) -> str:
+    """Why ``name``, which does not exist, is still read as a local path ('' when it may be a hub id)."""
+    if name.startswith((".", "/", "~")):
+        return "as it starts with " + name[0]
+    first = Path(name).parts[0]
+    if len(Path(name).parts) > 1 and Path(first).is_dir():
+        return f"as {first}/ is a folder here"
+    if not HUB_ID.fullmatch(name):
+        return "as it is no hub id (owner/name)"
+    return ""
+
+
+def hub_model(name: str) -> str:
+    """A hub id that the hub knows (``name``) or that its cache holds (the cached snapshot folder when
+    the hub cannot be reached); ModelNotFoundError naming both readings otherwise. One request with a
+    deadline, not the minute of download retries a missing model costs; with HF_HUB_OFFLINE only the
+    cache is looked at."""
+    from huggingface_hub import HfApi, is_offline_mode, snapshot_download
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+    try:
+        cached = snapshot_download(name, local_files_only=True)
+    except Exception:  # not in the cache (LocalEntryNotFoundError), or a cache it cannot read
+        cached = None
+    neither = f"model {name}: not a local folder (no such path here) and"
+    if is_offline_mode():
+        if cached is None:
+            raise ModelNotFoundError(f"{neither} not in the hub cache (HF_HUB_OFFLINE is set, so the hub is not asked)")
+        return name
+    api = HfApi()
+    try:
+        api.model_info(name, timeout=HUB_TIMEOUT)
+    except GatedRepoError:
+        return name  # it exists; loading says how to get access
+    except RepositoryNotFoundError:
+        raise ModelNotFoundError(f"{neither} not a model on the hub ({api.endpoint}: no such repository, or a "
+                                 "private one without a token)") from None
+    except HfHubHTTPError as e:
+        if cached is None:
+            raise ModelNotFoundError(f"{neither} the hub answered {_one_line(e)}") from None
+        return cached
+    except Exception as e:  # no network, DNS, a timeout: the cache, else say so now
+        if cached is None:
+            raise ModelNotFoundError(f"{neither} the hub ({api.endpoint}) cannot be reached ({type(e).__name__}: "
+                                     f"{_one_line(e)}) and its cache does not hold it") from None
+        return cached
     return name
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split())[:200]
 
 
 @dataclass

@@ -21,13 +21,15 @@ class RewardResult:
     """Rewards of N completions.
 
     total: [N] weighted sum, NaN where any reward failed (those completions are left out of the loss).
-    per_reward: name -> [N] raw values (NaN on failure). failures: name -> count.
+    per_reward: name -> [N] raw values (NaN on failure). failures: name -> count. first_errors: name ->
+    the first exception of each reward that failed in this call, as "Type: message".
     """
 
     total: torch.Tensor
     per_reward: dict[str, torch.Tensor]
     failures: dict[str, int]
     messages: list[str] = field(default_factory=list)
+    first_errors: dict[str, str] = field(default_factory=dict)
 
     @property
     def failed(self) -> torch.Tensor:  # [N] bool
@@ -66,7 +68,7 @@ def score_completions(completions: list[str], samples: list[dict], fns: dict[str
     weights = weights or [1.0] * len(fns)
     logged = set() if logged is None else logged
     n = len(completions)
-    per_reward, failures, messages = {}, {}, []
+    per_reward, failures, messages, first_errors = {}, {}, [], {}
     for name in fns:
         vals = torch.full((n,), float("nan"), dtype=torch.float64)  # [N]
         failures[name] = 0
@@ -81,6 +83,7 @@ def score_completions(completions: list[str], samples: list[dict], fns: dict[str
                 vals[i] = _check_value(out)
             except Exception as e:  # a reward is user code: any failure is one sample's, not the run's
                 failures[name] += 1
+                first_errors.setdefault(name, " ".join(f"{type(e).__name__}: {e}".split())[:300])  # one line
                 kind = (name, type(e).__name__)
                 if kind not in logged:
                     logged.add(kind)
@@ -92,4 +95,5 @@ def score_completions(completions: list[str], samples: list[dict], fns: dict[str
         per_reward[name] = vals
     stacked = torch.stack([per_reward[k] * w for k, w in zip(fns, weights)])  # [K, N]
     total = stacked.sum(0)  # [N]: NaN propagates, so any failed component fails the sample
-    return RewardResult(total=total, per_reward=per_reward, failures=failures, messages=messages)
+    return RewardResult(total=total, per_reward=per_reward, failures=failures, messages=messages,
+                        first_errors=first_errors)

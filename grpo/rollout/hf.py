@@ -53,8 +53,10 @@ def generate_rollout(model, tokenizer, prompts: list[str], *, group_size: int, m
         kwargs["stopping_criteria"] = [_Stop(stop, prompt_ids.shape[1])]
     was_training = model.training
     model.eval()
-    out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs)
-    model.train(was_training)
+    try:
+        out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs)
+    finally:  # also when a stop request ends the call (grpo.infra.stop)
+        model.train(was_training)
     completion_ids = out.sequences[:, prompt_ids.shape[1]:]  # [N, T]
     sampling_logp = None
     if kwargs["output_logits"]:

@@ -15,6 +15,7 @@ import torch
 
 from grpo import core
 from grpo.data import PromptSampler, render_prompt
+from grpo.errors import RewardError
 from grpo.agent import AgentSampler, episode_metrics
 from grpo.infra import distributed as dist_io
 from grpo.infra.timing import NullTimer, StageTimer
@@ -25,6 +26,21 @@ from grpo.rollout.keys import row_keys
 from grpo.rollout.tuning import take_messages
 from grpo.train.resample import RESAMPLE_ROW_BASE, resample_invalid, validity_checks
 from grpo.train.batch import correction_mode
+
+
+def failure_message(per_reward: dict[str, torch.Tensor], first_errors: list[dict[str, str]], *, n_failed: int,
+                    share: float) -> str:
+    """One line: how many of the step's completions no reward could score, and each failing reward
+    with its failure count and first exception (``first_errors``: every process's, rank 0 first)."""
+    n = len(next(iter(per_reward.values())))
+    parts = []
+    for name, values in per_reward.items():  # values [N_global], NaN where this reward failed
+        failed = int(torch.isnan(values).sum())
+        if failed:
+            error = next((e[name] for e in first_errors if name in e), "no message")
+            parts.append(f"reward {name!r} failed on {failed} ({error})")
+    return (f"{n_failed} of the step's {n} completions could not be scored (max_reward_failure_share="
+            f"{share:g}): {'; '.join(parts)}")
 
 
 @dataclass
@@ -57,12 +73,19 @@ class Collector:
         self.resample = {"resample_rounds": 0, "resampled_completions": 0, "invalid_after_resampling": 0}
 
     def collect(self, *, step: int, temperature: float) -> Collected:
-        """Sample and score this step (with dynamic sampling: several rounds)."""
-        if self.cfg.dynamic_sampling:  # DAPO: only groups with reward variance reach the loss
-            return self._dynamic(step=step, temperature=temperature)
-        samples, ro = self.sample(step=step, temperature=temperature)
-        rewards, metrics = self.score(samples, ro)
-        return Collected(samples, ro, rewards, metrics, per_reward=self.last_per_reward)
+        """Sample and score this step (with dynamic sampling: several rounds). A step whose rewards
+        failed too often (RewardError, max_reward_failure_share) draws nothing: the sampler is put
+        back where it was, so a checkpoint saved next resumes with this step's prompts."""
+        position = self.sampler.state_dict()
+        try:
+            if self.cfg.dynamic_sampling:  # DAPO: only groups with reward variance reach the loss
+                return self._dynamic(step=step, temperature=temperature)
+            samples, ro = self.sample(step=step, temperature=temperature)
+            rewards, metrics = self.score(samples, ro)
+            return Collected(samples, ro, rewards, metrics, per_reward=self.last_per_reward)
+        except RewardError:
+            self.sampler.load_state_dict(position)
+            raise
 
     def _resample_invalid(self, samples, prompts, ro, *, step, draw, sampling) -> Rollout:
         """Rows a reward cannot grade (its ``valid`` check fails) sampled again (resample_invalid_rounds)."""
@@ -140,6 +163,9 @@ class Collector:
         total = dist_io.gather_rows(res.total.double(), world)  # [N_global]
         per_reward = {k: dist_io.gather_rows(v.double(), world) for k, v in res.per_reward.items()}
         n_failed = int(torch.isnan(total).sum())
+        if n_failed and n_failed >= cfg.max_reward_failure_share * len(total):
+            raise RewardError(failure_message(per_reward, dist_io.gather_objects(res.first_errors, world),
+                                              n_failed=n_failed, share=cfg.max_reward_failure_share))
         self.reward_failures += n_failed
         first = per_reward[cfg.reward_names[0]]
         timeouts = int(dist_io.all_sum(torch.tensor(self.rewards.timeouts), world))

@@ -9,14 +9,33 @@ from grpo.infra.logger import EVAL_COMPLETIONS
 
 def eval_metrics(result: dict) -> dict:
     """A result of grpo.eval.evaluate as metrics: eval/accuracy, eval/pass@k (when sampled; k is
-    eval_pass_k), eval/mean_length, eval/truncated_share."""
-    out = {"eval/accuracy": result["accuracy"], "eval/mean_length": result["mean_length"],
-           "eval/truncated_share": result["truncated_share"]}
+    eval_pass_k), eval/mean_length, eval/truncated_share; eval/interrupted and eval/prompts_scored
+    when a stop request cut it short."""
+    out = {}
+    if result.get("interrupted"):  # a partial evaluation, on its first prompts_scored prompts
+        out.update({"eval/interrupted": 1, "eval/prompts_scored": result["prompts_scored"]})
+        if not result["prompts_scored"]:
+            return out  # nothing measured: no accuracy of 0 to plot
+    out.update({"eval/accuracy": result["accuracy"], "eval/mean_length": result["mean_length"],
+                "eval/truncated_share": result["truncated_share"]})
     if result.get("pass@k") is not None:
         out["eval/pass@k"] = result["pass@k"]
     for k, v in (result.get("tools") or {}).items():  # tools / environment runs: tools/call_rate, ...
         out[f"eval/{k}"] = v
     return out
+
+
+def eval_notes(result: dict, *, step: int) -> list[str]:
+    """Lines for the run's log about an evaluation that did not score everything: completions its
+    verifier could not score (counted as wrong) and a stop request that cut it short."""
+    notes, scored = [], result["prompts_scored"]
+    if result.get("verifier_failures"):
+        notes.append(f"evaluation at step {step}: the verifier could not score {result['verifier_failures']} of "
+                     f"{scored} greedy completions (counted as wrong; verifier_failures in eval.json)")
+    if result.get("interrupted"):
+        notes.append(f"evaluation at step {step} interrupted: {scored} of {result['n_prompts']} held-out prompts "
+                     "scored (the result is marked \"interrupted\")")
+    return notes
 
 
 def periodic_eval(result: dict, *, step: int, logger) -> dict:

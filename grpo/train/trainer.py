@@ -26,16 +26,17 @@ import torch
 from grpo.config import Config
 from grpo.config.validate import divisors
 from grpo.data import task_of
-from grpo.errors import ConfigError, DataError, EngineError, FuseError
+from grpo.errors import ConfigError, DataError, EngineError, FuseError, RewardError
 from grpo.eval.consistency import consistency, probe_prompts
 from grpo.agent import AgentSampler
-from grpo.eval.evaluate import evaluate_as_configured
+from grpo.eval.evaluate import Interrupt, evaluate_as_configured
 from grpo.infra import checkpoint as ckpt_io
 from grpo.infra import distributed as dist_io
 from grpo.infra.logger import NullLogger, RunLogger
 from grpo.infra.timing import STAGES, StageTimer, stage_key
 from grpo.infra.runtime import keep_freed_memory, make_run_dir, seed_everything
-from grpo.models import grouped_attention, keep_head_fp32, load_models, native_bf16, reset_reference
+from grpo.infra.stop import StopFlag
+from grpo.models import grouped_attention, keep_head_fp32, load_models, native_bf16, reset_reference, resolve_model_path
 from grpo.models.packing import SHARED_PREFIX_ATTENTION, sliding_window
 from grpo.models.quantization import keep_trainable
 from grpo.rewards.reward_model import set_reward_transform
@@ -47,7 +48,7 @@ from grpo.train import state as run_state
 from grpo.train.batch import Batch, BatchMaker
 from grpo.train.collect import Collector
 from grpo.train.critic import Critic
-from grpo.train.evals import periodic_eval
+from grpo.train.evals import eval_notes, periodic_eval
 from grpo.train.forwards import Forwards
 from grpo.train.knobs import Knobs
 from grpo.train.reward_model import make_reward_model_trainer, warm_up
@@ -100,11 +101,12 @@ class Trainer:
         self.task = task or task_of(cfg)
         if not self.task.train:
             raise DataError(f"task {cfg.task!r} has no training prompts")
+        model_path = resolve_model_path(cfg.model) if models is None else None  # a bad path: before the run folder
         self.run_dir = dist_io.broadcast_object(
             make_run_dir(cfg.output_dir, cfg.resume_from_checkpoint) if world.is_main else None, world)
         if world.is_main:
             cfg.save(self.run_dir / "config.yaml")
-        self.models = models or load_models(cfg.model, dtype=cfg.dtype, need_reference=cfg.beta > 0,
+        self.models = models or load_models(model_path, dtype=cfg.dtype, need_reference=cfg.beta > 0,
                                             lora_r=cfg.lora_r if cfg.use_peft else 0, lora_alpha=cfg.lora_alpha,
                                             lora_dropout=cfg.lora_dropout,
                                             lora_target_modules=cfg.lora_target_modules,
@@ -130,7 +132,7 @@ class Trainer:
                                critic=self.critic, checkpoint_dir=self.run_dir / "checkpoints")
         self.step = 0
         self.ref_reset_at = 0  # step at which the reference last became a copy of the policy
-        self._stop_signal: str | None = None
+        self.stop = StopFlag()  # SIGINT / SIGTERM during train()
         self.fuse_reason: str | None = None
         self._last_eval = None  # (step, result) of the latest evaluation during training
         self.resumed_from = None  # the checkpoint this run continues, set by state.restore
@@ -311,7 +313,16 @@ class Trainer:
         # a reward model that is still learning is no judge of correctness: its verifier is
         verifier = next(iter(self.rm_trainer.verifier.values())) if self.rm_trainer is not None \
             else self.rewards.fns[cfg.reward_names[0]]
-        return evaluate_as_configured(self.eval_engine, self.task.eval, verifier, cfg, agent=self.agent)
+        # a signal ends the running batch at its next token (this process's flag) and the evaluation
+        # at the next batch (every process's, as the loop's)
+        # and inside one generate call (a prefill) by raising, where no other process waits on this one
+        interrupt = Interrupt(requested=lambda: self.stop.signal is not None, agreed=self._should_stop,
+                              abortable=None if self.world.distributed else self.stop.abortable)
+        result = evaluate_as_configured(self.eval_engine, self.task.eval, verifier, cfg, agent=self.agent,
+                                        interrupt=interrupt)
+        for text in eval_notes(result, step=self.step):
+            self.logger.note(text, "yellow")
+        return result
 
     # ---- checkpoints (train/state.py) -------------------------------------------------------------
     def state(self) -> dict:
@@ -331,14 +342,11 @@ class Trainer:
         dist_io.barrier(self.world)
         return self.run_dir / "checkpoints" / f"step-{self.step}"
 
-    def _on_signal(self, signum, _frame) -> None:
-        self._stop_signal = signal.Signals(signum).name
-
     def train(self) -> dict:
         cfg = self.cfg
         main = self.world.is_main
         self._open_engines()  # closed at the end of an earlier train()
-        self._stop_signal = None  # an earlier train() may have stopped on one
+        self.stop = StopFlag()  # an earlier train() may have stopped on one
         self._last_eval = None  # (step, result) of the latest evaluation during training
         self.timer.take()  # stage seconds of sample() or score() calls made before train()
         self.logger = RunLogger(self.run_dir, total_steps=cfg.max_steps, start_step=self.step,
@@ -351,34 +359,18 @@ class Trainer:
         result: dict = {"n_prompts": len(self.task.eval)}
         if self.step and eval_path.is_file():
             result.update({k: v for k, v in json.loads(eval_path.read_text()).items() if k == "before"})
-        handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        handlers = {s: signal.signal(s, self.stop.handler) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             if self.task.eval and "before" not in result:
                 self.logger.note(f"evaluating the untrained policy on {len(self.task.eval)} held-out prompts ...")
                 result["before"] = self.evaluate()
                 if main:
                     eval_path.write_text(json.dumps(result, indent=2))
-                self.logger.note(f"before: accuracy {result['before']['accuracy']:.3f}")
-            while self.step < cfg.max_steps and not self._should_stop():
-                try:
-                    metrics = self.train_step()
-                except EngineError as e:  # the engine's process died: the last finished step is saved
-                    raise EngineError(f"{e}; stopped at step {self.step}, checkpoint {self.save()}") from e
-                if self.fuse_reason:
-                    self.logger.log_step(self.step, {**metrics, **self.timer.take(AFTER_STEP)})
-                    raise FuseError(f"{self.fuse_reason} (step {self.step}); stopped, checkpoint "
-                                     f"{self.save()}")
-                metrics.update(self.after_step(metrics))
-                if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps or "eval/accuracy" in metrics:
-                    self.logger.log_step(self.step, metrics)
-            result["checkpoint"] = str(self.save())
-            if self._stop_signal is not None:
-                result["interrupted"] = self._stop_signal
-                self.logger.note(f"{self._stop_signal}: saved {result['checkpoint']}; continue with "
-                                 f"grpo train --resume {self.run_dir}")
-            elif self.task.eval:  # an evaluation at the last step (eval_steps) already measured these weights
-                last = self._last_eval
-                result["after"] = last[1] if last is not None and last[0] == self.step else self.evaluate()
+                if not result["before"].get("interrupted"):  # else eval_notes said what it scored
+                    self.logger.note(f"before: accuracy {result['before']['accuracy']:.3f}")
+            self._loop(result)
+        except RewardError as e:  # rewards that cannot score: the last finished step is kept
+            raise RewardError(f"{e}; {self._keep_last_step()}") from e
         finally:
             for s, h in handlers.items():
                 signal.signal(s, h)
@@ -387,6 +379,41 @@ class Trainer:
         if main:
             eval_path.write_text(json.dumps(result, indent=2))
         return result
+
+    def _loop(self, result: dict) -> None:
+        """The steps until max_steps or a stop signal, the final checkpoint, and the evaluation of the
+        final weights (into ``result``)."""
+        cfg = self.cfg
+        while self.step < cfg.max_steps and not self._should_stop():
+            try:
+                metrics = self.train_step()
+            except EngineError as e:  # the engine's process died: the last finished step is saved
+                raise EngineError(f"{e}; stopped at step {self.step}, checkpoint {self.save()}") from e
+            if self.fuse_reason:
+                self.logger.log_step(self.step, {**metrics, **self.timer.take(AFTER_STEP)})
+                raise FuseError(f"{self.fuse_reason} (step {self.step}); stopped, checkpoint "
+                                 f"{self.save()}")
+            metrics.update(self.after_step(metrics))
+            if self.step % cfg.logging_steps == 0 or self.step == cfg.max_steps or "eval/accuracy" in metrics:
+                self.logger.log_step(self.step, metrics)
+        result["checkpoint"] = str(self.save())
+        if self.stop.signal is not None:
+            result["interrupted"] = self.stop.signal
+            self.logger.note(f"{self.stop.signal}: saved {result['checkpoint']}; continue with "
+                             f"grpo train --resume {self.run_dir}")
+        elif self.task.eval:  # an evaluation at the last step (eval_steps) already measured these weights
+            last = self._last_eval
+            result["after"] = last[1] if last is not None and last[0] == self.step else self.evaluate()
+            if self.stop.signal is not None:  # during that evaluation: its partial result is marked
+                result["interrupted"] = self.stop.signal
+
+    def _keep_last_step(self) -> str:
+        """After an error inside a step: the last finished step's checkpoint, written unless there is
+        one already (a periodic save, the checkpoint resumed from) or no step finished."""
+        if self.step == 0:
+            return "stopped before the first step finished (no checkpoint written)"
+        done = self.run_dir / "checkpoints" / f"step-{self.step}"
+        return f"stopped after step {self.step}, checkpoint {done if done.is_dir() else self.save()}"
 
     def after_step(self, metrics: dict) -> dict:
         """What follows a step within its metrics line: the periodic evaluation (eval_steps) and the
@@ -413,7 +440,7 @@ class Trainer:
     def _should_stop(self) -> bool:
         """A signal stops every process at the same step (one that stopped alone would leave the
         others waiting in a collective)."""
-        flag = dist_io.all_max(int(self._stop_signal is not None), self.world)
-        if flag and self._stop_signal is None:
-            self._stop_signal = "SIGTERM"
+        flag = dist_io.all_max(int(self.stop.signal is not None), self.world)
+        if flag and self.stop.signal is None:
+            self.stop.signal = "SIGTERM"
         return bool(flag)
