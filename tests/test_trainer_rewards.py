@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from grpo.rewards import code as code_rewards
 from grpo.rewards.code import CodeGrader
 from grpo.rewards.sandbox import UID_BASE, UID_COUNT
