@@ -79,4 +79,5 @@ class StandInEngine:
 if __name__ == "__main__":
     from grpo.serve.vllm_serve import vllm_serve_main
 
+    torch.set_num_threads(1)  # a tiny model: more threads only contend with the trainer beside it
     sys.exit(vllm_serve_main(sys.argv[1:], make_engine=StandInEngine.from_args))

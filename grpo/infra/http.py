@@ -29,6 +29,7 @@ import numpy as np
 
 from grpo.errors import ConfigError
 
+BODY_MIN_RATE = 10e6  # bytes/s: a large body (weights) gets body_timeout_s plus its size at this rate
 _STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)  # JSON strings: brackets inside them do not nest
 
 
@@ -147,11 +148,12 @@ class Gate:
 @dataclass
 class Route:
     """``fn(body: bytes, content_type: str) -> dict``; ``keyed``: needs the key when one is set;
-    ``max_bytes``: this route's body limit (default: the server's); ``gate``: its concurrency bound."""
+    ``max_bytes(content_type)``: this route's body limit (None: the server's); ``gate``: its
+    concurrency bound."""
 
     fn: Callable[[bytes, str], dict]
     keyed: bool = True
-    max_bytes: int | None = None
+    max_bytes: Callable[[str], int | None] | None = None
     gate: Gate | None = None
 
 
@@ -191,19 +193,18 @@ class GuardedHandler(BaseHTTPRequestHandler):
 
     def _read_body(self, limit: int) -> bytes:
         n = body_length(self.headers, limit)
-        deadline = time.monotonic() + self.server.limits.body_timeout_s
+        allowed = self.server.limits.body_timeout_s + n / BODY_MIN_RATE
+        deadline = time.monotonic() + allowed
         chunks, got = [], 0
         while got < n:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise HttpError(408, "body", f"body: {got} of {n} bytes arrived in "
-                                f"{self.server.limits.body_timeout_s:g} s; too slow")
+                raise HttpError(408, "body", f"body: {got} of {n} bytes arrived in {allowed:g} s; too slow")
             self.connection.settimeout(left)
             try:
                 chunk = self.rfile.read1(min(n - got, 1 << 20))
             except TimeoutError:  # the whole remaining budget passed without a byte
-                raise HttpError(408, "body", f"body: {got} of {n} bytes arrived in "
-                                f"{self.server.limits.body_timeout_s:g} s; too slow") from None
+                raise HttpError(408, "body", f"body: {got} of {n} bytes arrived in {allowed:g} s; too slow") from None
             if not chunk:
                 raise HttpError(400, "body", f"body: the connection ended after {got} of {n} bytes")
             chunks.append(chunk)
@@ -218,16 +219,17 @@ class GuardedHandler(BaseHTTPRequestHandler):
                 raise HttpError(404, "path", f"path: no endpoint {method} {self.path[:200]}")
             if route.keyed:
                 require_key(self.headers.get("authorization"), server.api_key)
-            body = b""
+            body, kind = b"", self.headers.get("content-type", "")
             if method == "POST":
-                body = self._read_body(route.max_bytes or server.limits.max_body_bytes)
+                limit = route.max_bytes(kind) if route.max_bytes else None
+                body = self._read_body(limit or server.limits.max_body_bytes)
             read = True
             self.connection.settimeout(self.server.limits.body_timeout_s)  # for the answer: a client that never reads it
             if route.gate is None:
-                out = route.fn(body, self.headers.get("content-type", ""))
+                out = route.fn(body, kind)
             else:
                 with route.gate:
-                    out = route.fn(body, self.headers.get("content-type", ""))
+                    out = route.fn(body, kind)
             self.send_json(200, out)
         except HttpError as e:
             self.close_connection = True

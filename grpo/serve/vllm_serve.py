@@ -82,10 +82,13 @@ class EngineServer:
         gate = Gate(args.max_pending, "engine requests")
         http = limits_of(args, env=KEY_ENV)
         self.max_json_depth = http.max_json_depth
+        def weights_limit(kind: str) -> int | None:  # a weights file in the body; JSON bodies: the usual limit
+            return args.max_weights_bytes if kind.startswith("application/octet-stream") else None
+
         routes = {("GET", "/health"): Route(lambda body, kind: self.info),
                   ("POST", "/generate"): Route(self.generate, gate=gate),
                   ("POST", "/score"): Route(self.score, gate=gate),
-                  ("POST", "/update_weights"): Route(self.update_weights, gate=gate, max_bytes=args.max_weights_bytes),
+                  ("POST", "/update_weights"): Route(self.update_weights, gate=gate, max_bytes=weights_limit),
                   ("POST", "/close"): Route(self.close)}
         self.http = GuardedServer(address, routes, api_key=args.api_key, limits=http)
 
