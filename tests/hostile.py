@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import socket
+import threading
 import time
 from dataclasses import dataclass
 
@@ -97,3 +98,43 @@ def battery(port: int, path: str, good: bytes, *, key: str, wrong_types: bytes, 
         "wrong types": request(port, "POST", path, wrong_types, key=key),
         "slow body": request(port, "POST", path, good, key=key, stall=slow_s + 1.0),
     }
+
+
+class HangingServer:
+    """A real loopback socket server: GET /health answered, the POSTs to ``hang`` accepted and never
+    answered (their connections held open until ``close``), other POSTs answered {"loaded": 0}."""
+
+    def __init__(self, hang: set[str], health: dict | None = None):
+        self.hang, self.held, self.stop = hang, [], threading.Event()
+        self.health = health or {"ok": True}
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(5)
+            head = b""
+            while b"\r\n\r\n" not in head and (chunk := conn.recv(65536)):
+                head += chunk
+            method, path = head.split(b" ")[:2]
+            if path.decode() in self.hang:
+                self.held.append(conn)  # accepted, read, never answered
+                continue
+            body = json.dumps(self.health if method == b"GET" else {"loaded": 0}).encode()
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                         + str(len(body)).encode() + b"\r\n\r\n" + body)
+            conn.close()
+
+    def close(self):
+        self.stop.set()
+        self.thread.join()
+        for c in self.held:
+            c.close()
+        self.sock.close()

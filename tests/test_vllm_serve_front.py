@@ -13,14 +13,13 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file, save_file
 
-from tests.hostile import battery, flood, request
+from tests.hostile import HangingServer, battery, flood, request
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "test-key-7f3a"
@@ -175,45 +174,6 @@ def test_close_needs_the_key_and_an_unkeyed_public_bind_is_refused(tiny_model_di
         assert proc.wait(20) == 0
     finally:
         stop(proc)
-
-
-class HangingServer:
-    """A real loopback socket server: GET /health answered, the POSTs to ``hang`` accepted and never
-    answered (their connections held open until ``close``), other POSTs answered {"loaded": 0}."""
-
-    def __init__(self, hang: set[str]):
-        self.hang, self.held, self.stop = hang, [], threading.Event()
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self):
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            conn.settimeout(5)
-            head = b""
-            while b"\r\n\r\n" not in head and (chunk := conn.recv(65536)):
-                head += chunk
-            method, path = head.split(b" ")[:2]
-            if path.decode() in self.hang:
-                self.held.append(conn)  # accepted, read, never answered
-                continue
-            body = json.dumps({"ok": True} if method == b"GET" else {"loaded": 0}).encode()
-            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
-                         + str(len(body)).encode() + b"\r\n\r\n" + body)
-            conn.close()
-
-    def close(self):
-        self.stop.set()
-        self.thread.join()
-        for c in self.held:
-            c.close()
-        self.sock.close()
 
 
 @pytest.mark.parametrize("hang", ["/update_weights", "/generate"])
