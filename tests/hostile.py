@@ -94,7 +94,7 @@ def battery(port: int, path: str, good: bytes, *, key: str, wrong_types: bytes, 
         "lying Content-Length": request(port, "POST", path, good, key=key, length=str(len(good) + 100),
                                         close_write=True),
         "oversized body": request(port, "POST", path, b"[" + b"0," * (limit // 2) + b"0]", key=key),
-        "deep JSON": request(port, "POST", path, deep_json(), key=key),
+        "deep JSON": request(port, "POST", path, deep_json(min(5000, (limit - 16) // 2)), key=key),
         "wrong types": request(port, "POST", path, wrong_types, key=key),
         "slow body": request(port, "POST", path, good, key=key, stall=slow_s + 1.0),
     }
