@@ -413,3 +413,15 @@ def test_concurrent_graders_never_share_a_sandbox_uid():
 def test_a_correct_program_that_prints_a_lot_still_passes_its_asserts(grader):
     chatty = "for i in range(20000):\n    print('debug line', i)\ndef f(x):\n    return 2 * x\n"  # ~300 KB
     assert grader.grade(chatty, ASSERTS) == 1.0
+
+
+def test_without_libseccomp_bindings_the_sandbox_refuses_to_run(monkeypatch):
+    import sys
+
+    from grpo.rewards import seccomp_filter
+    from grpo.rewards.sandbox import Sandbox
+
+    monkeypatch.setattr(seccomp_filter, "_bpf", None)
+    monkeypatch.setitem(sys.modules, "pyseccomp", None)  # as if not installed
+    with pytest.raises(SandboxError, match=r"seccomp filter needs libseccomp.*pip install 'pyseccomp"):
+        Sandbox(slots=1).check()
