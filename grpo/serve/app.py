@@ -251,7 +251,8 @@ def create_app(state: ServerState, *, on_shutdown=None) -> FastAPI:
         if (refused := keyed(request)) is not None:
             return refused
         status = "draining" if state.draining else "ok"
-        return JSONResponse({"status": status, "queue": {"grpo": state.grpo.depth(), "base": state.fallback.depth()}},
+        return JSONResponse({"status": status, "queue": {"grpo": state.grpo.depth(), "base": state.fallback.depth()},
+                             "requests": state.in_flight - 1},  # being answered, this one aside
                             status_code=503 if state.draining else 200)
 
     @app.get("/metrics")
