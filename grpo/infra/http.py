@@ -281,6 +281,10 @@ class GuardedServer(ThreadingHTTPServer):
             return
         super().process_request(request, client_address)
 
+    def handle_error(self, request, client_address):
+        """A handler's exceptions are answered inside it; what reaches here is a client gone mid-answer
+        (a reset, a timeout writing to it): nothing to tell anyone, and no traceback on the server's log."""
+
     def process_request_thread(self, request, client_address):
         try:
             super().process_request_thread(request, client_address)
