@@ -1,7 +1,8 @@
 """A real HTTP reward server for tests (stdlib http.server in a thread), speaking the protocol of
 grpo/rewards/remote.py. Paths: /ok scores len(completion) + len(answer) (so the sample's fields must
 arrive), /null answers null for completions 'null', /error is always a 500, /flaky a 503 on every
-other request, /slow sleeps past any test deadline, /wrong returns one score too few, /notjson HTML."""
+other request, /slow sleeps past any test deadline, /wrong returns one score too few, /notjson HTML,
+/keyed a 401 unless the request carries 'Authorization: Bearer test-reward-key', /huge 100 kB of JSON."""
 
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ class _Handler(BaseHTTPRequestHandler):
             scores = scores[:-1]
         if self.path == "/null":
             scores = [None if c == "null" else v for c, v in zip(comps, scores)]
+        if self.path == "/keyed" and self.headers.get("Authorization") != "Bearer test-reward-key":
+            return self._send(401, b"no key")
+        if self.path == "/huge":
+            return self._send(200, json.dumps({"scores": scores, "pad": "x" * 100_000}).encode())
         if self.path == "/notjson":
             return self._send(200, b"<html>hello</html>", "text/html")
         self._send(200, json.dumps({"scores": scores}).encode())

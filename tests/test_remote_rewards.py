@@ -117,3 +117,34 @@ def test_url_reward_refused_connection_is_a_counted_failure():
     url = f"http://127.0.0.1:{port}/score"
     res = RewardRunner([url], None, timeout=2.0, retries=0).score(["a"], _samples(1))
     assert res.failures[url] == 1 and "ConnectionError" in res.messages[0]
+
+
+def test_url_reward_sends_the_key_from_the_environment(server, monkeypatch):
+    monkeypatch.delenv("GRPO_REWARD_API_KEY", raising=False)
+    reward = HttpReward(server.url("/keyed"), timeout=5.0, retries=0)
+    out = reward(["ab"], _samples(1))
+    assert isinstance(out[0], RuntimeError) and "HTTP 401" in str(out[0])
+    monkeypatch.setenv("GRPO_REWARD_API_KEY", "test-reward-key")
+    assert reward(["ab"], _samples(1)) == [2.0]
+
+
+def test_url_reward_answer_over_the_cap_fails_the_batch_without_retry(server, monkeypatch):
+    from grpo.rewards import remote
+
+    monkeypatch.setattr(remote, "MAX_REPLY_BYTES", 10_000)
+    before = len(server.requests)
+    out = HttpReward(server.url("/huge"), timeout=5.0, retries=2)(["ab", "c"], _samples(2))
+    assert all(isinstance(x, ValueError) and "over the cap of 10000" in str(x) for x in out)
+    assert len(server.requests) == before + 1
+
+
+def test_a_timed_out_attempt_leaves_no_thread_behind(server):
+    import threading
+
+    def ours():  # this process's threads but the test server's handlers (which still sleep)
+        return {t for t in threading.enumerate() if "process_request_thread" not in t.name}
+
+    before = ours()
+    out = HttpReward(server.url("/slow"), timeout=0.3, retries=1, backoff=0.01)(["ab"], _samples(1))
+    assert isinstance(out[0], TimeoutError)
+    assert ours() == before  # nothing of the client's still reads

@@ -189,6 +189,44 @@ def _digest(path: str) -> str:
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
 
 
+# Each calls a system call the sandbox's seccomp filter refuses, then would pass its tests: only the
+# kill makes it score 0. (Without the filter, ptrace(PTRACE_TRACEME) and unshare in the sandbox's user
+# namespace succeed, and a failing bpf or mount merely returns -1: each program then scores 1.0.)
+_NR = "import ctypes, platform\nlibc = ctypes.CDLL(None)\nnr = {nrs}[platform.machine()]\n"
+FORBIDDEN = {
+    "ptrace": "import ctypes\nctypes.CDLL(None).ptrace(0, 0, 0, 0)\n",
+    "bpf": _NR.format(nrs={"x86_64": 321, "aarch64": 280}) + "libc.syscall(nr, 0, 0, 0)\n",
+    "perf_event_open": _NR.format(nrs={"x86_64": 298, "aarch64": 241}) + "libc.syscall(nr, 0, 0, -1, -1, 0)\n",
+    "keyctl": _NR.format(nrs={"x86_64": 250, "aarch64": 219}) + "libc.syscall(nr, 0, 0, 0, 0, 0)\n",
+    "unshare(CLONE_NEWUSER)": "import ctypes\nctypes.CDLL(None).unshare(0x10000000)\n",
+    "mount": "import ctypes\nctypes.CDLL(None).mount(b'none', b'/tmp', b'tmpfs', 0, None)\n",
+}
+
+
+@pytest.mark.parametrize("call", list(FORBIDDEN))
+def test_a_forbidden_system_call_kills_the_program_which_scores_zero_and_leaves_nothing(grader, call, subreaper,
+                                                                                        monkeypatch):
+    import tempfile
+
+    good = "def f(x):\n    return 2 * x\n"
+    runs = Path(tempfile.mkdtemp(prefix="grpo-test-runs-"))  # the runs' folders go here, to see them go
+    os.chmod(runs, 0o755)  # a sandbox uid passes through it to its work folder
+    monkeypatch.setattr(tempfile, "tempdir", str(runs))
+    before = _live_descendants()
+    assert grader.grade(FORBIDDEN[call] + "print('alive after the call')\n" + good, ASSERTS) == 0.0
+    res = grader.sandbox.run({"solution.py": FORBIDDEN[call] + "print('alive after the call')\n"}, ["io"],
+                             timeout=5.0)
+    assert res.exit_code == -31 or res.exit_code == 128 + 31 or "alive" not in res.stdout, res  # SIGSYS
+    assert "alive after the call" not in res.stdout
+    assert grader.grade(good, ASSERTS) == 1.0  # the same program without the call passes
+    left = list(runs.iterdir())
+    monkeypatch.undo()
+    shutil.rmtree(runs)
+    assert _no_new_descendants(before) and not left
+    if os.geteuid() == 0:
+        assert _no_sandbox_processes_left()
+
+
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_program_scores_zero_and_the_host_is_unaffected(grader, name, subreaper):
     program, sample = HOSTILE[name]
@@ -416,3 +454,15 @@ def test_the_unprivileged_flavour_runs_the_program_as_nobody():
 def test_a_correct_program_that_prints_a_lot_still_passes_its_asserts(grader):
     chatty = "for i in range(20000):\n    print('debug line', i)\ndef f(x):\n    return 2 * x\n"  # ~300 KB
     assert grader.grade(chatty, ASSERTS) == 1.0
+
+
+def test_without_libseccomp_bindings_the_sandbox_refuses_to_run(monkeypatch):
+    import sys
+
+    from grpo.rewards import seccomp_filter
+    from grpo.rewards.sandbox import Sandbox
+
+    monkeypatch.setattr(seccomp_filter, "_bpf", None)
+    monkeypatch.setitem(sys.modules, "pyseccomp", None)  # as if not installed
+    with pytest.raises(SandboxError, match=r"seccomp filter needs libseccomp.*pip install 'pyseccomp"):
+        Sandbox(slots=1).check()

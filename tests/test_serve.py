@@ -228,7 +228,7 @@ BAD = [  # (raw body or JSON, status, field named)
     ({"model": "grpo", "messages": [{"role": "user", "content": "x"}], "stream": True}, 400, "stream"),
     ({"model": "grpo", "messages": [{"role": "user", "content": "x"}], "n": 3}, 400, "n"),
     ({"model": "grpo", "messages": [{"role": "user", "content": "x" * 300}]}, 400, "messages"),  # prompt tokens
-    ({"model": "grpo", "messages": [{"role": "user", "content": "x" * 5000}]}, 413, "body"),  # request size
+    ({"model": "grpo", "messages": [{"role": "user", "content": "x" * 5000}]}, 413, "content-length"),  # request size
 ]
 
 

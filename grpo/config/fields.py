@@ -95,6 +95,8 @@ class Config:
     """rollout_backend=vllm_server: its port (TRL's vllm_server_port)."""
     vllm_server_timeout: float = 240.0
     """rollout_backend=vllm_server: seconds to wait for the server to answer when the run starts (one still loading its model), then an error naming its URL (TRL's vllm_server_timeout)."""
+    vllm_server_request_timeout: float = 300.0
+    """rollout_backend=vllm_server: seconds each call to the server may take beyond its work's share (10 ms per token a generation asks for, 1 ms per scored token, 0.1 s per MB of weights); a server that passes it (hung, stopped) ends the run with its checkpoint and an error naming the URL."""
     vllm_server_weight_dir: str | None = None
     """rollout_backend=vllm_server: None sends the weights after each optimizer step in the request's body (works across machines); a folder both the trainer and the server see (/dev/shm on one machine, a shared filesystem) gets the weights file instead and only its path is sent."""
 

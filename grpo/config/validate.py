@@ -310,6 +310,8 @@ def _validate_vllm(c) -> None:
     if not 0 < c.vllm_server_port < 65536 or c.vllm_server_timeout < 0:
         raise ConfigError(f"vllm_server_port must lie in 1..65535 and vllm_server_timeout be >= 0, got "
                           f"{c.vllm_server_port}, {c.vllm_server_timeout}")
+    if c.vllm_server_request_timeout <= 0:
+        raise ConfigError(f"vllm_server_request_timeout: must be > 0, got {c.vllm_server_request_timeout}")
     if c.vllm_server_weight_dir is not None and not os.path.isdir(c.vllm_server_weight_dir):
         raise ConfigError(f"vllm_server_weight_dir: {c.vllm_server_weight_dir!r} is not a folder")
 

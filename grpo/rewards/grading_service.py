@@ -10,12 +10,17 @@ Interface (JSON over HTTP, version 1):
   A sample needs only its ``tests`` / ``io`` (no prompt or answer is sent).
 
 Run a service on each grading machine: ``python -m grpo.rewards.grading_service --host 0.0.0.0
---port 8765 [--slots N]`` (it grades in its own bubblewrap sandbox, up to its cores). Point the
-trainer at them with ``GRPO_CODE_GRADER_URL=http://host1:8765,http://host2:8765``: the batched code
-rewards (``code``, ``code_strict``, ``code_generated``, what the trainer runs) then split each step's
-completions into contiguous shares, one per service, sent concurrently. The service has no
-authentication: bind it to a private network only. A service that fails or does not answer in
-``GRPO_CODE_GRADER_TIMEOUT`` seconds (default 600) fails its share's rewards (counted, logged), not the run.
+--port 8765 --api-key KEY [--slots N]`` (it grades in its own bubblewrap sandbox, up to its cores; the
+key may come from ``$GRPO_CODE_GRADER_KEY``; a non-loopback bind without a key is refused unless
+``--insecure``). Point the trainer at them with ``GRPO_CODE_GRADER_URL=http://host1:8765,http://host2:8765``
+(and the same ``GRPO_CODE_GRADER_KEY``): the batched code rewards (``code``, ``code_strict``,
+``code_generated``, what the trainer runs) then split each step's completions into contiguous shares,
+one per service, sent concurrently. The service bounds what it takes (``--max-request-bytes``,
+``--max-completions`` and ``--max-tests`` per request: 413; ``--max-concurrent`` requests grading at
+once: 429) and every request (grpo.infra.http). A share's client deadline is proportional to its work:
+``GRPO_CODE_GRADER_TIMEOUT`` (default 30 s) plus twice the share's sandbox seconds at most (each
+program's tests up to its time limit) over the service's slots (``share_deadline``); a 429 is retried
+within it. A service that fails or passes it fails its share's rewards (counted, logged), not the run.
 """
 
 from __future__ import annotations
@@ -25,12 +30,15 @@ import concurrent.futures as cf
 import json
 import os
 import time
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 
 from grpo.errors import SandboxError
+from grpo.infra.http import Gate, GuardedServer, HttpError, HttpLimits, Route, add_server_flags, limits_of, parse_json
+from grpo.infra.http_client import bearer, exchange
 
 VERSION = 1
+KEY_ENV = "GRPO_CODE_GRADER_KEY"
+_services: dict[str, dict] = {}  # URL -> its /health answer (slots, time limits), read once
 
 
 def remote_urls() -> list[str]:
@@ -38,25 +46,56 @@ def remote_urls() -> list[str]:
     return [u.strip().rstrip("/") for u in os.environ.get("GRPO_CODE_GRADER_URL", "").split(",") if u.strip()]
 
 
-def _timeout() -> float:
-    return float(os.environ.get("GRPO_CODE_GRADER_TIMEOUT", "600"))
+def _base_timeout() -> float:
+    return float(os.environ.get("GRPO_CODE_GRADER_TIMEOUT", "30"))
+
+
+def _health(url: str) -> dict:
+    if url not in _services:
+        r = exchange(url + "/health", method="GET", headers=bearer(os.environ.get(KEY_ENV)), deadline_s=30.0,
+                     max_reply_bytes=1 << 16)
+        if r.status != 200:
+            hint = f" (set ${KEY_ENV} to the service's key)" if r.status == 401 else ""
+            raise ValueError(f"/health answered HTTP {r.status}{hint}")
+        health = json.loads(r.body)
+        if health.get("version") != VERSION or not health.get("ok"):
+            raise ValueError(f"unexpected answer {health}")
+        _services[url] = health
+    return _services[url]
+
+
+def share_deadline(samples: list[dict], health: dict, base: float) -> float:
+    """Seconds a service may take for ``samples``: ``base`` plus twice their sandbox seconds at most
+    (a program's tests each within the per-test limit, all within the program's) over its slots."""
+    test_s, program_s = float(health.get("test_seconds", 5.0)), float(health.get("program_seconds", 8.0))
+    work = sum(min(len(s.get("tests") or s.get("io") or []) * test_s, program_s) for s in samples)
+    return base + 2.0 * work / max(1, int(health.get("slots", 1)))
 
 
 def _post(url: str, payload: dict) -> dict:
-    req = urllib.request.Request(url + "/grade", data=json.dumps(payload).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=_timeout()) as resp:
-        return json.loads(resp.read())
+    """One share graded at ``url`` within its deadline (a 429, the service busy, retried inside it)."""
+    deadline = share_deadline(payload["samples"], _health(url), _base_timeout())
+    body, end = json.dumps(payload).encode(), time.monotonic() + deadline
+    headers = {"Content-Type": "application/json", **bearer(os.environ.get(KEY_ENV))}
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"{url}: busy (429) for the share's whole {deadline:.0f} s deadline")
+        r = exchange(url + "/grade", body=body, headers=headers, deadline_s=left, max_reply_bytes=16 << 20)
+        if r.status == 429:
+            time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+            continue
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}: {r.body[:300].decode(errors='replace')}")
+        return json.loads(r.body)
 
 
 def check_remote() -> None:
-    """Every configured service answers /health; else SandboxError naming it."""
+    """Every configured service answers /health (with the key); else SandboxError naming it."""
     for url in remote_urls():
+        _services.pop(url, None)
         try:
-            with urllib.request.urlopen(url + "/health", timeout=30) as resp:
-                health = json.loads(resp.read())
-            if health.get("version") != VERSION or not health.get("ok"):
-                raise ValueError(f"unexpected answer {health}")
+            _health(url)
         except Exception as e:
             raise SandboxError(f"GRPO_CODE_GRADER_URL: the grading service {url} is not usable ({e}); start "
                                f"it with python -m grpo.rewards.grading_service, or unset the variable") from None
@@ -86,61 +125,85 @@ def grade_remotely(completions: list[str], samples: list[dict], *, strict: bool)
     return [x for part in parts for x in part]
 
 
-def make_server(host: str, port: int, grader) -> ThreadingHTTPServer:
+@dataclass
+class GradingLimits:
+    """What one /grade request may ask (413 past them) and how many grade at once (429 past it)."""
+
+    max_completions: int = 1024
+    max_tests: int = 16384
+    max_concurrent: int = 4
+
+
+def grade_request(raw: bytes, limits: GradingLimits, max_depth: int) -> tuple[list[str], list[dict], bool]:
+    """The checked body of a /grade request; HttpError naming the field."""
+    req = parse_json(raw, max_depth=max_depth)
+    completions, samples, strict = req.get("completions"), req.get("samples"), req.get("strict", False)
+    if not isinstance(completions, list) or not all(isinstance(c, str) for c in completions):
+        raise HttpError(400, "completions", "completions: a list of strings expected")
+    if not isinstance(samples, list) or len(samples) != len(completions):
+        raise HttpError(400, "samples", f"samples: a list of {len(completions)} objects (one per completion) expected")
+    if len(completions) > limits.max_completions:
+        raise HttpError(413, "completions", f"completions: {len(completions)}, over the limit of "
+                        f"{limits.max_completions} (--max-completions)")
+    tests = 0
+    for i, smp in enumerate(samples):
+        if not isinstance(smp, dict):
+            raise HttpError(400, f"samples[{i}]", f"samples[{i}]: an object expected, got {type(smp).__name__}")
+        for key in ("tests", "io"):
+            if key in smp and not isinstance(smp[key], list):
+                raise HttpError(400, f"samples[{i}].{key}", f"samples[{i}].{key}: a list expected")
+            tests += len(smp.get(key) or [])
+    if tests > limits.max_tests:
+        raise HttpError(413, "samples", f"samples: {tests} tests, over the limit of {limits.max_tests} (--max-tests)")
+    if not isinstance(strict, bool):
+        raise HttpError(400, "strict", f"strict: true or false expected, got {type(strict).__name__}")
+    return completions, samples, strict
+
+
+def make_server(host: str, port: int, grader, *, api_key: str | None = None, http: HttpLimits | None = None,
+                limits: GradingLimits | None = None) -> GuardedServer:
     """A grading service on ``grader`` (a checked CodeGrader); ``serve_forever`` to run it."""
     from grpo.rewards.code import _grade_batch_local
 
-    class Handler(BaseHTTPRequestHandler):
-        def _send(self, code: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    http, limits = http or HttpLimits(max_body_bytes=64 << 20), limits or GradingLimits()
+    health = {"ok": True, "slots": grader.slots, "version": VERSION, "test_seconds": grader.test_timeout,
+              "program_seconds": grader.program_timeout, "max_completions": limits.max_completions}
 
-        def do_GET(self):
-            if self.path == "/health":
-                self._send(200, {"ok": True, "slots": grader.slots, "version": VERSION})
-            else:
-                self._send(404, {"error": "unknown path"})
+    def grade(raw: bytes, _kind: str) -> dict:
+        completions, samples, strict = grade_request(raw, limits, http.max_json_depth)
+        t0 = time.perf_counter()
+        outs = _grade_batch_local(grader, completions, samples, strict=strict)
+        return {"scores": [None if isinstance(o, BaseException) else o for o in outs],
+                "errors": [f"{type(o).__name__}: {o}" if isinstance(o, BaseException) else None for o in outs],
+                "seconds": time.perf_counter() - t0}
 
-        def do_POST(self):
-            if self.path != "/grade":
-                return self._send(404, {"error": "unknown path"})
-            try:
-                req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                completions, samples = list(req["completions"]), list(req["samples"])
-                if len(completions) != len(samples) or not all(isinstance(c, str) for c in completions):
-                    raise ValueError("completions (strings) and samples must be lists of one length")
-            except Exception as e:
-                return self._send(400, {"error": f"bad request: {e}"})
-            t0 = time.perf_counter()
-            outs = _grade_batch_local(grader, completions, samples, strict=bool(req.get("strict")))
-            self._send(200, {"scores": [None if isinstance(o, BaseException) else o for o in outs],
-                             "errors": [f"{type(o).__name__}: {o}" if isinstance(o, BaseException) else None
-                                        for o in outs], "seconds": time.perf_counter() - t0})
-
-        def log_message(self, *args):  # quiet: one line per request would flood a training log
-            pass
-
-    return ThreadingHTTPServer((host, port), Handler)
+    routes = {("GET", "/health"): Route(lambda raw, kind: health),
+              ("POST", "/grade"): Route(grade, gate=Gate(limits.max_concurrent, "grading requests"))}
+    return GuardedServer((host, port), routes, api_key=api_key, limits=http)
 
 
 def main(argv: list[str] | None = None) -> None:
     from grpo.rewards.code import CodeGrader
 
     ap = argparse.ArgumentParser(description="Serve the sandboxed code grader over HTTP (see module doc).")
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--slots", type=int, default=0, help="concurrent sandbox runs (0 = this machine's cores)")
+    ap.add_argument("--max-completions", type=int, default=1024, help="completions in one request (413 past it)")
+    ap.add_argument("--max-tests", type=int, default=16384, help="tests in one request (413 past it)")
+    ap.add_argument("--max-concurrent", type=int, default=4, help="requests grading at once (429 past it)")
+    add_server_flags(ap, port=8765, env=KEY_ENV, max_body_bytes=64 << 20)
     args = ap.parse_args(argv)
+    http = limits_of(args, env=KEY_ENV)
     grader = CodeGrader(slots=args.slots or None)
     grader.check()
-    server = make_server(args.host, args.port, grader)
-    print(f"grading service on http://{args.host}:{server.server_address[1]} ({grader.slots} slots)", flush=True)
+    server = make_server(args.host, args.port, grader, api_key=args.api_key, http=http, limits=GradingLimits(
+        max_completions=args.max_completions, max_tests=args.max_tests, max_concurrent=args.max_concurrent))
+    print(f"grading service on http://{args.host}:{server.server_address[1]} ({grader.slots} slots"
+          f"{'; key required' if args.api_key else ''})", flush=True)
     server.serve_forever()
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (SandboxError, ValueError) as e:  # a bad flag, an unkeyed public bind, no sandbox: one line
+        raise SystemExit(f"grading service: error: {e}") from None

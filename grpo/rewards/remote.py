@@ -10,22 +10,31 @@ The HTTP protocol (README, "Remote rewards"): one POST per batch with the JSON b
 belongs together), answered with ``{"scores": [float or null, ...]}``, one per completion; null is
 "could not decide" (that sample fails, as a reward returning None). A timeout, a refused connection,
 a 429 or a 5xx is retried ``retries`` times with exponential backoff; a 4xx other than 429, a body that
-is not JSON and a wrong number of scores are not (a retry would get the same answer) and fail the batch.
+is not JSON, an answer over ``MAX_REPLY_BYTES`` and a wrong number of scores are not (a retry would get
+the same answer) and fail the batch. With ``$GRPO_REWARD_API_KEY`` set, each POST carries it as
+``Authorization: Bearer KEY`` (a credential never needs to sit in the URL, which is logged). Each
+attempt runs in the calling thread with a deadline for the whole exchange (grpo.infra.http_client), so
+an attempt that timed out leaves no thread reading behind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import inspect
 import json
+import os
 import threading
 import time
-import urllib.error
-import urllib.request
 from typing import Callable
+
+from grpo.infra.http_client import TooLarge, bearer, exchange
 
 DEFAULT_CONCURRENCY = 16
 BACKOFF = 0.25  # seconds before the first retry of a URL reward, doubling after each
+KEY_ENV = "GRPO_REWARD_API_KEY"
+MAX_REPLY_BYTES = 16 << 20  # a batch's scores are a few numbers each
+NO_DEADLINE = 24 * 3600.0  # reward_timeout=0 ("none"): still not forever
 
 
 def is_url(name: str) -> bool:
@@ -93,32 +102,21 @@ class _Retryable(Exception):
 
 
 def _post(url: str, body: bytes, timeout: float) -> bytes:
-    """One POST, its whole exchange within ``timeout`` seconds (0 = none): it runs in a daemon thread,
-    so a server that trickles its answer cannot hold the step past the deadline."""
-    box: dict = {}
-
-    def go():
-        req = urllib.request.Request(url, data=body, method="POST",
-                                     headers={"Content-Type": "application/json", "Accept": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=timeout or None) as resp:
-                box["out"] = resp.read()
-        except urllib.error.HTTPError as e:
-            detail = e.read()[:200].decode("utf-8", "replace")
-            err = RuntimeError(f"HTTP {e.code} from {url}: {detail}")
-            box["err"] = _Retryable(str(err)) if e.code == 429 or e.code >= 500 else err
-        except (urllib.error.URLError, OSError) as e:  # refused, reset, socket timeout
-            reason = getattr(e, "reason", e)
-            box["err"] = _Retryable(f"{url}: {reason}", timed_out=isinstance(reason, TimeoutError))
-
-    thread = threading.Thread(target=go, daemon=True)
-    thread.start()
-    thread.join(timeout or None)
-    if thread.is_alive():
-        raise _Retryable(f"{url} did not answer within the {timeout:g} s deadline", timed_out=True)
-    if "err" in box:
-        raise box["err"]
-    return box["out"]
+    """One POST, its whole exchange within ``timeout`` seconds (0 = a day), in this thread."""
+    headers = {"Content-Type": "application/json", "Accept": "application/json", **bearer(os.environ.get(KEY_ENV))}
+    try:
+        r = exchange(url, body=body, headers=headers, deadline_s=timeout or NO_DEADLINE,
+                     max_reply_bytes=MAX_REPLY_BYTES)
+    except TimeoutError:
+        raise _Retryable(f"{url} did not answer within the {timeout:g} s deadline", timed_out=True) from None
+    except TooLarge as e:
+        raise ValueError(str(e)) from None
+    except (OSError, http.client.HTTPException) as e:  # refused, reset
+        raise _Retryable(f"{url}: {type(e).__name__}: {e}") from None
+    if r.status == 200:
+        return r.body
+    err = f"HTTP {r.status} from {url}: {r.body[:200].decode('utf-8', 'replace')}"
+    raise _Retryable(err) if r.status == 429 or r.status >= 500 else RuntimeError(err)
 
 
 class HttpReward:

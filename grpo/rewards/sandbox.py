@@ -11,6 +11,9 @@ Each run is one ``bwrap`` process tree:
   and, after the run, every process of that uid is killed from the host;
 - rlimits set by the trusted harness before any program code runs: CPU seconds, address space, file
   size (which also caps stdout/stderr: they are host files), open files and processes;
+- a seccomp filter (grpo.rewards.seccomp_filter, handed to bwrap as ``--seccomp FD``): the system
+  calls a graded program never needs (ptrace, bpf, keyctl, perf_event_open, userfaultfd, mounts, new
+  namespaces, ...) kill the program at the first call;
 - a wall-clock deadline per run; stdout and stderr are read back at most ``output_cap`` bytes.
 
 If bubblewrap is missing or cannot create its namespaces, ``Sandbox.check()`` raises SandboxError
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo.errors import SandboxError
+from grpo.rewards.seccomp_filter import filter_bpf
 
 HARNESS = Path(__file__).with_name("harness.py")
 UID_BASE, UID_COUNT = 61000, 256  # sandbox uids (as root): one per concurrent run, machine-wide
@@ -125,7 +129,7 @@ class Sandbox:
         self._checked = False
 
     def _bwrap_argv(self, work: str, names: list[str], python: str, harness_dir: str,
-                    args: list[str]) -> list[str]:
+                    args: list[str], seccomp_fd: int) -> list[str]:
         bwrap = shutil.which("bwrap")
         if bwrap is None:
             raise SandboxError(f"code sandbox: bubblewrap (bwrap) is not installed; {INSTALL_HINT}")
@@ -142,7 +146,8 @@ class Sandbox:
         for name in names:
             argv += ["--ro-bind", os.path.join(work, name), f"/work/{name}"]
         argv += ["--chdir", "/work", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/work",
-                 "--hostname", "sandbox", "--remount-ro", "/dev", "--remount-ro", "/"]
+                 "--hostname", "sandbox", "--remount-ro", "/dev", "--remount-ro", "/",
+                "--seccomp", str(seccomp_fd)]
         if not self.as_root:
             argv += ["--unshare-user", "--uid", "65534", "--gid", "65534"]
         return argv + ["--", python, "-I", "-S", "-B", "/harness/harness.py", *args]
@@ -163,14 +168,18 @@ class Sandbox:
                 Path(work, name).write_text(text)
             limits = [str(cpu_seconds or int(timeout) + 1), str(self.memory_mb << 20), str(self.file_mb << 20),
                       str(self.max_files), str(self.max_procs)]
-            argv = self._bwrap_argv(work, sorted(files), sandbox_python(), harness_dir, [*limits, *args])
+            bpf_path = os.path.join(tmp, "seccomp.bpf")
+            Path(bpf_path).write_bytes(filter_bpf())
             if self.as_root:
                 os.chmod(tmp, 0o711)
                 for root, dirs, names in os.walk(work):
                     for n in dirs + names:
                         os.chown(os.path.join(root, n), uid, uid)
                 os.chown(work, uid, uid)
-            return self._spawn(argv, uid, tmp, stdin_data, stdin_path, timeout)
+            with open(bpf_path, "rb") as bpf:  # bwrap reads the filter from this descriptor
+                argv = self._bwrap_argv(work, sorted(files), sandbox_python(), harness_dir, [*limits, *args],
+                                        bpf.fileno())
+                return self._spawn(argv, uid, tmp, stdin_data, stdin_path, timeout, bpf.fileno())
         finally:
             if self.as_root:
                 kill_uid(uid)  # whatever escaped the PID namespace's teardown (nothing should)
@@ -178,14 +187,14 @@ class Sandbox:
             shutil.rmtree(tmp, ignore_errors=True)
             self._slots.put(slot)
 
-    def _spawn(self, argv, uid, tmp, stdin_data, stdin_path, timeout) -> RunResult:
+    def _spawn(self, argv, uid, tmp, stdin_data, stdin_path, timeout, seccomp_fd) -> RunResult:
         out_path, err_path = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
         user = dict(user=uid, group=uid, extra_groups=[]) if self.as_root else {}
         with open(out_path, "wb") as out, open(err_path, "wb") as err, \
                 (open(stdin_path, "rb") if stdin_path else open(os.devnull, "rb")) as inp:
             try:
                 proc = subprocess.Popen(argv, stdin=inp if stdin_path else subprocess.PIPE, stdout=out, stderr=err,
-                                        start_new_session=True, close_fds=True, **user)
+                                        start_new_session=True, close_fds=True, pass_fds=(seccomp_fd,), **user)
             except OSError as e:  # bwrap found but not runnable (bad interpreter, a folder the uid cannot enter)
                 raise SandboxError(f"code sandbox: {argv[0]} cannot be run ({type(e).__name__}: {e.strerror}); "
                                    f"{INSTALL_HINT}") from None

@@ -5,12 +5,17 @@ Model ``grpo`` runs the scheme (the GRPO model first, the fallback on deadline o
 answer); model ``base`` asks the fallback model directly. Each answer says which model answered and
 why: the fields ``answered_by`` and ``answer_reason`` and the headers ``X-Grpo-Answered-By`` and
 ``X-Grpo-Reason``. A bad request is a 4xx naming its field, a full queue a 429, a draining server a
-503; an error inside one request is a 500 for that request only.
+503; an error inside one request is a 500 for that request only. With a key every route needs it,
+/health and /metrics included. The network checks are grpo.infra.http's: ``Content-Length`` checked
+before the body is read (411/400/413), the whole body within ``body_timeout_s`` (408), JSON depth
+bounded, at most ``max_requests`` requests at once (429), and a request the HTTP parser refuses is a
+JSON 400 too (``JsonErrorH11``).
 """
 
 from __future__ import annotations
 
-import hmac
+import asyncio
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -19,7 +24,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
 from grpo.data.tasks import render_prompt
+from grpo.infra.http import HttpError, body_length, key_matches
 from grpo.serve.batcher import Batcher, Overloaded
 from grpo.serve.engines import ServeEngine
 from grpo.serve.protocol import ApiError, Limits, parse_json, parse_request
@@ -58,6 +66,7 @@ class ServerState:
     system_prompt: str = ""
     default_temperature: float = 0.0
     draining: bool = False
+    in_flight: int = 0  # requests being answered, any route
 
     @property
     def engine(self) -> ServeEngine:
@@ -67,29 +76,88 @@ class ServerState:
 def _error(e: ApiError, metrics: Metrics) -> JSONResponse:
     metrics.errors.labels(status=str(e.status)).inc()
     headers = {"Retry-After": "1"} if e.status in (429, 503) else None
+    if e.status == 503:  # draining: this connection will not be served again
+        headers["Connection"] = "close"
     return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, "body", f"body: {declared} bytes, over the limit of {limit} (--max-request-bytes)")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, "body", f"body: over the limit of {limit} bytes (--max-request-bytes)")
-        chunks.append(chunk)
-    return b"".join(chunks)
+async def _read_body(request: Request, limits) -> bytes:
+    """The body, after ``Content-Length`` is checked (nothing read before), within the body deadline."""
+    try:
+        n = body_length(request.headers, limits.max_body_bytes)
+    except HttpError as e:
+        raise ApiError(e.status, e.field, f"{e.message} (--max-request-bytes)" if e.status == 413 else e.message) from None
+
+    async def read() -> bytes:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > n:
+                raise ApiError(400, "body", f"body: longer than its Content-Length {n}")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    try:
+        return await asyncio.wait_for(read(), limits.body_timeout_s)
+    except asyncio.TimeoutError:
+        raise ApiError(408, "body", f"body: did not arrive within {limits.body_timeout_s:g} s") from None
 
 
 def _check_key(request: Request, key: str | None) -> None:
-    if key is None:
-        return
-    given = request.headers.get("authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+    if not key_matches(request.headers.get("authorization"), key):
         raise ApiError(401, "authorization", "authorization: a valid 'Bearer <api key>' header is required",
                        code="invalid_api_key")
+
+
+class JsonErrorH11(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol whose refusal of a malformed request (a bad Content-Length, a broken
+    head) is a JSON body like every other error of the server, as is a body cut short by the client
+    (uvicorn would close without a word)."""
+
+    def send_400_response(self, msg: str, field: str | None = None) -> None:
+        import h11
+
+        body = json.dumps(ApiError(400, field, f"{field or 'request'}: {msg}").body()).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"connection", b"close")]
+        try:
+            for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                          h11.Data(data=body), h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+        except h11.LocalProtocolError:  # a response already begun: nothing more can be said
+            pass
+        self.transport.close()
+
+    def eof_received(self) -> None:
+        import h11
+
+        if self.conn.their_state is h11.SEND_BODY and self.conn.our_state is h11.SEND_RESPONSE:
+            self.send_400_response("the connection ended before the body its Content-Length declared", "body")
+
+
+class RequestLimit:
+    """ASGI: at most ``state.limits.max_requests`` requests at once (429 past it), counted in
+    ``state.in_flight`` (the drain waits for it to reach 0)."""
+
+    def __init__(self, app, state: "ServerState"):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        st = self.state
+        if st.in_flight >= st.limits.max_requests:
+            body = json.dumps(ApiError(429, None, "busy: too many requests at once; retry later",
+                                       code="overloaded").body()).encode()
+            await send({"type": "http.response.start", "status": 429, "headers": [
+                (b"content-type", b"application/json"), (b"retry-after", b"1"), (b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        st.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            st.in_flight -= 1
 
 
 async def _answer(state: ServerState, router: Router, request: Request, *, chat: bool):
@@ -97,7 +165,7 @@ async def _answer(state: ServerState, router: Router, request: Request, *, chat:
     _check_key(request, state.api_key)
     if state.draining:
         raise ApiError(503, None, "the server is shutting down", code="unavailable")
-    req = parse_request(parse_json(await _read_body(request, state.limits.max_body_bytes)), chat=chat,
+    req = parse_request(parse_json(await _read_body(request, state.limits), state.limits.max_json_depth), chat=chat,
                         limits=state.limits, models=list(MODELS))
     prompt = render_prompt(state.engine.tokenizer, req.messages, state.system_prompt) if chat else req.prompt
     n_prompt = state.engine.prompt_tokens(prompt)
@@ -140,6 +208,14 @@ def create_app(state: ServerState, *, on_shutdown=None) -> FastAPI:
     app.state.metrics = metrics
     if on_shutdown is not None:
         app.router.add_event_handler("shutdown", on_shutdown)
+    app.add_middleware(RequestLimit, state=state)
+
+    def keyed(request: Request) -> Response | None:
+        try:
+            _check_key(request, state.api_key)
+        except ApiError as e:
+            return _error(e, metrics)
+        return None
 
     async def complete(request: Request, *, chat: bool) -> Response:
         start = time.monotonic()
@@ -165,21 +241,24 @@ def create_app(state: ServerState, *, on_shutdown=None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models(request: Request):
-        try:
-            _check_key(request, state.api_key)
-        except ApiError as e:
-            return _error(e, metrics)
+        if (refused := keyed(request)) is not None:
+            return refused
         return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "grpo"}
                                            for m in MODELS]}
 
     @app.get("/health")
-    async def health():
+    async def health(request: Request):
+        if (refused := keyed(request)) is not None:
+            return refused
         status = "draining" if state.draining else "ok"
-        return JSONResponse({"status": status, "queue": {"grpo": state.grpo.depth(), "base": state.fallback.depth()}},
+        return JSONResponse({"status": status, "queue": {"grpo": state.grpo.depth(), "base": state.fallback.depth()},
+                             "requests": state.in_flight - 1},  # being answered, this one aside
                             status_code=503 if state.draining else 200)
 
     @app.get("/metrics")
-    async def prometheus():
+    async def prometheus(request: Request):
+        if (refused := keyed(request)) is not None:
+            return refused
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from grpo.infra.http import json_depth
+
 ROLES = ("system", "user", "assistant")
 
 
@@ -28,6 +30,9 @@ class Limits:
     max_body_bytes: int = 1 << 20
     max_prompt_tokens: int = 1024
     max_tokens: int = 1024
+    max_json_depth: int = 32
+    max_requests: int = 256  # requests at once (any route) before 429
+    body_timeout_s: float = 30.0  # seconds a request's whole body may take (408 past it)
 
 
 @dataclass
@@ -42,11 +47,14 @@ class Request:
     top_p: float
 
 
-def parse_json(raw: bytes) -> dict:
+def parse_json(raw: bytes, max_depth: int = 32) -> dict:
+    depth = json_depth(raw)
+    if depth > max_depth:
+        raise ApiError(400, "body", f"body: JSON nested {depth} levels deep, over the limit of {max_depth}")
     try:
         body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ApiError(400, "body", f"body: not valid JSON ({e})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ApiError(400, "body", f"body: not valid JSON ({str(e)[:120]})") from None
     if not isinstance(body, dict):
         raise ApiError(400, "body", f"body: a JSON object expected, got {type(body).__name__}")
     return body

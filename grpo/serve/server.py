@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import time
 from pathlib import Path
 
 from grpo.errors import ConfigError
+from grpo.infra.http import check_bind
 from grpo.serve.scheme import COMPLETENESS_CHECKS, DEFAULT_ENTROPY_THRESHOLD, DEFAULT_MARKERS, Scheme, default_completeness
 
 
@@ -83,16 +85,21 @@ def serve_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="grpo serve", description="Serve a run (or any model) behind an "
                                  "OpenAI-compatible API, with a latency budget and a fallback model.")
     ap.add_argument("model", metavar="RUN_OR_MODEL", help="run folder, model folder, hub id or the embedded default")
-    ap.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    ap.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only; any other "
+                    "needs a key or --insecure)")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--api-key", default=os.environ.get("GRPO_SERVE_API_KEY"),
-                    help="require 'Authorization: Bearer KEY' (default: $GRPO_SERVE_API_KEY; unset: no key)")
+                    help="require 'Authorization: Bearer KEY' on every route, /health and /metrics too "
+                         "(default: $GRPO_SERVE_API_KEY; unset: no key)")
+    ap.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without a key")
     ap.add_argument("--engine", default="auto", help="auto, fast (grpo's decode loop) or hf (transformers generate)")
     ap.add_argument("--kernels", default="auto", help="the fast engine's decode_kernels setting")
     ap.add_argument("--max-batch", type=int, default=8, help="requests decoded together")
     ap.add_argument("--batch-window", type=float, default=0.005, help="seconds a batch waits for more requests")
     ap.add_argument("--max-queue", type=int, default=64, help="waiting requests per model before 429")
     ap.add_argument("--max-request-bytes", type=int, default=1 << 20)
+    ap.add_argument("--max-connections", type=int, default=256, help="requests at once, any route, before 429")
+    ap.add_argument("--body-timeout", type=float, default=30.0, help="seconds a request's whole body may take")
     ap.add_argument("--max-prompt-tokens", type=int, help="default: the run's max_prompt_length, else 1024")
     ap.add_argument("--max-tokens-limit", type=int, default=1024, help="largest max_tokens a request may ask")
     ap.add_argument("--temperature", type=float, default=0.0, help="when a request gives none (0 = greedy)")
@@ -126,17 +133,22 @@ def build_state(args):
             for f in [b.submit("Hello", cap=2, deadline=None) for _ in range(n)]:
                 f.result()
     limits = Limits(max_body_bytes=args.max_request_bytes, max_tokens=args.max_tokens_limit,
-                    max_prompt_tokens=args.max_prompt_tokens or src.max_prompt_length or 1024)
+                    max_prompt_tokens=args.max_prompt_tokens or src.max_prompt_length or 1024,
+                    max_requests=args.max_connections, body_timeout_s=args.body_timeout)
     return ServerState(grpo=grpo, fallback=fallback, scheme=scheme, limits=limits, api_key=args.api_key or None,
                        system_prompt=src.system_prompt, default_temperature=args.temperature)
 
 
-def make_server(state, *, host: str, port: int):
-    """A uvicorn server of the app whose SIGTERM/SIGINT first marks the state draining (new requests:
-    503), then lets uvicorn finish the in-flight requests before the batchers stop."""
+def make_server(state, *, host: str, port: int, drain_s: float = 60.0):
+    """A uvicorn server of the app whose SIGTERM/SIGINT first marks the state draining: it keeps
+    listening, answers every new request (on a kept-alive connection too) with a 503, and once the
+    requests in flight are answered (at most ``drain_s`` seconds) uvicorn stops and the batchers with
+    it. A second SIGINT stops at once."""
+    import threading
+
     import uvicorn
 
-    from grpo.serve.app import create_app
+    from grpo.serve.app import JsonErrorH11, create_app
 
     def stop_batchers():
         state.grpo.stop()
@@ -144,20 +156,36 @@ def make_server(state, *, host: str, port: int):
 
     class DrainingServer(uvicorn.Server):
         def handle_exit(self, sig, frame):
+            if state.draining:  # a second signal: uvicorn's own (SIGINT forces the exit)
+                return super().handle_exit(sig, frame)
             state.draining = True
-            super().handle_exit(sig, frame)
+            self._captured_signals.append(sig)
+            threading.Thread(target=self._exit_when_drained, daemon=True).start()
+
+        def _exit_when_drained(self):
+            end = time.monotonic() + drain_s
+            while state.in_flight > 0 and time.monotonic() < end:
+                time.sleep(0.02)
+            self.should_exit = True
 
     config = uvicorn.Config(create_app(state, on_shutdown=stop_batchers), host=host, port=port, log_level="warning",
-                            timeout_graceful_shutdown=60, access_log=False)
+                            timeout_graceful_shutdown=drain_s, access_log=False, http=JsonErrorH11)
     return DrainingServer(config)
 
 
 def serve_main(argv: list[str]) -> int:
     args = serve_parser().parse_args(argv)
+    check_bind(args.host, args.api_key, insecure=args.insecure, env="GRPO_SERVE_API_KEY")  # before the models load
+    for name in ("max_connections", "max_request_bytes"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')}: must be >= 1")
+    if args.body_timeout <= 0:
+        raise ConfigError("--body-timeout: must be > 0")
     state = build_state(args)
     server = make_server(state, host=args.host, port=args.port)
     print(f"grpo serve: {args.model} (fallback: {args.fallback}) on http://{args.host}:{args.port} "
-          f"(engine {state.grpo.engine.name}; completeness check {state.scheme.completeness}; models: grpo, base)",
+          f"(engine {state.grpo.engine.name}; completeness check {state.scheme.completeness}; models: grpo, base"
+          f"{'; key required' if state.api_key else ''})",
           flush=True)
     for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn raises the signal it caught again once drained:
         signal.signal(sig, lambda *a: None)  # by then there is nothing left to stop, so exit normally
