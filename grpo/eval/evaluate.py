@@ -10,7 +10,7 @@ import torch
 from grpo.agent import AgentSampler, episode_metrics
 from grpo.data import render_prompt
 from grpo.rewards import score_completions
-from grpo.rollout import RolloutEngine, SamplingSettings
+from grpo.rollout import Rollout, RolloutEngine, SamplingSettings
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -22,13 +22,15 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def _verify(texts: list[str], samples: list[dict], verifier) -> list[float]:
-    """The verifier's value of each completion (NaN where it failed, which counts as wrong)."""
-    return score_completions(texts, samples, {"verifier": verifier}).per_reward["verifier"].tolist()
+def _verify(ro: Rollout, samples: list[dict], verifier) -> list[float]:
+    """The verifier's value of each completion of ``ro`` (NaN where it failed or returned None, which
+    counts as wrong); an episode's transcript and counts are beside its sample."""
+    return score_completions(ro.texts, samples, {"verifier": verifier}, episodes=ro.episodes,
+                             completion_ids=ro.completion_id_lists()).per_reward["verifier"].tolist()
 
 
-def _correct(texts: list[str], samples: list[dict], verifier) -> list[bool]:
-    return [bool(v >= 1.0) for v in _verify(texts, samples, verifier)]
+def _correct(ro: Rollout, samples: list[dict], verifier) -> list[bool]:
+    return [bool(v >= 1.0) for v in _verify(ro, samples, verifier)]
 
 
 @torch.no_grad()
@@ -53,22 +55,21 @@ def evaluate(engine: RolloutEngine, samples: list[dict], verifier, *, system_pro
     correct, lengths, truncated, examples, n_cut, infos = [], [], [], [], 0, []
 
     def generate(lo: int, hi: int, group_size: int, greedy: bool):
+        rows = [s for s in samples[lo:hi] for _ in range(group_size)]
         if agent is None:
-            return engine.generate(prompts[lo:hi], group_size=group_size, sampling=sampling, greedy=greedy), \
-                [s for s in samples[lo:hi] for _ in range(group_size)]
-        ro = agent.generate(engine, samples[lo:hi], group_size=group_size, sampling=sampling,
-                            system_prompt=system_prompt, greedy=greedy)
-        return ro, [{**s, **e} for s, e in zip([s for s in samples[lo:hi] for _ in range(group_size)], ro.episodes)]
+            return engine.generate(prompts[lo:hi], group_size=group_size, sampling=sampling, greedy=greedy), rows
+        return agent.generate(engine, samples[lo:hi], group_size=group_size, sampling=sampling,
+                              system_prompt=system_prompt, greedy=greedy), rows
 
     for i in range(0, len(samples), batch_size):
         ro, rows = generate(i, i + batch_size, 1, True)
         infos += ro.episodes or []
-        values = _verify(ro.texts, rows, verifier)
+        values = _verify(ro, rows, verifier)
         correct += [bool(v >= 1.0) for v in values]
         lengths += ro.lengths.tolist()
         truncated += ro.truncated.tolist()
         n_cut += ro.prompts_truncated
-        examples += [{"prompt": samples[i + j]["prompt"], "answer": samples[i + j]["answer"], "completion": t,
+        examples += [{"prompt": samples[i + j]["prompt"], "answer": samples[i + j].get("answer"), "completion": t,
                       "reward": None if math.isnan(values[j]) else values[j]}
                      for j, t in enumerate(ro.texts[:2])] if len(examples) < 6 else []
     result = {"accuracy": sum(correct) / max(len(correct), 1), "n_prompts": len(samples),
@@ -81,7 +82,7 @@ def evaluate(engine: RolloutEngine, samples: list[dict], verifier, *, system_pro
         scores = []
         for i in range(0, len(sub), per_batch):
             ro, rows = generate(i, min(i + per_batch, len(sub)), pass_k, False)
-            ok = _correct(ro.texts, rows, verifier)
+            ok = _correct(ro, rows, verifier)
             scores += [pass_at_k(pass_k, sum(ok[j:j + pass_k]), pass_k) for j in range(0, len(ok), pass_k)]
         result["pass@k"] = sum(scores) / len(scores)
         result["pass_prompts"] = len(sub)

@@ -228,8 +228,8 @@ class Trainer:
         self.fuse_reason = k.after_step(metrics)  # controllers move the next step's knobs
         if dist_io.all_max(int(bool(self.fuse_reason)), self.world) and not self.fuse_reason:
             self.fuse_reason = "the fuse blew on another process"  # every process stops at the same step
-        if cfg.log_completions_steps and self.step % cfg.log_completions_steps == 0:
-            self._log_samples(got)
+        if cfg.log_completions_steps and (self.step % cfg.log_completions_steps == 0 or self.step in (1, cfg.max_steps)):
+            self._log_samples(got)  # the first and last steps too, so a short run shows its completions
         return metrics
 
     def sample(self, draw: int = 0) -> tuple[list[dict], Rollout]:
@@ -240,7 +240,7 @@ class Trainer:
 
     def score(self, samples: list[dict], ro: Rollout) -> tuple[torch.Tensor, dict]:
         """Rewards [B, G] of the whole step and their metrics (Collector.score; a convenience, as sample)."""
-        return self.collector.score(samples, ro)
+        return self.collector.score(samples, ro, step=self.step)
 
     def prepare(self, ro: Rollout, rewards: torch.Tensor, samples: list[dict] | None = None, *,
                 per_reward: torch.Tensor | None = None) -> tuple[Batch, dict]:
@@ -284,11 +284,7 @@ class Trainer:
             engine.sync_weights(self.policy)
 
     def _log_samples(self, got) -> None:
-        g, flat = self.cfg.num_generations, got.rewards.flatten().tolist()
-        self.logger.log_samples(self.step, [
-            {"prompt": got.samples[i // g]["prompt"], "completion": got.rollout.texts[i],
-             "answer": got.samples[i // g]["answer"], "reward": flat[i]}
-            for i in range(0, len(got.rollout.texts), max(1, g // 2))])
+        self.logger.log_samples(self.step, got.logged_rows(self.cfg.num_generations))
 
     def _consistency(self) -> dict:
         cfg = self.cfg
