@@ -45,10 +45,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    import dataclasses
+
+    from grpo.config import Config
     from grpo.config.io import field_docs
 
     docs = field_docs()
-    epilog = "config keys (set as key=value):\n" + "\n".join(f"  {k:<28} {v}" for k, v in docs.items())
+    defaults = {f.name: f.default for f in dataclasses.fields(Config)}
+    epilog = ("config keys (set as key=value; TRL's GRPOConfig names are read too, docs/trl.md):\n"
+              + "\n".join(f"  {k:<28} {v} (default: {defaults[k]!r})" for k, v in docs.items()))
     ap = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", help="YAML file of config keys; key=value arguments override it")

@@ -3,7 +3,8 @@
 Where TRL's GRPOConfig has a field for the same thing, the key has TRL's name and meaning
 (``num_generations``, ``beta``, ``epsilon``, ``num_iterations``, ...). Algorithm choices that TRL folds
 into ``loss_type`` are separate fields here (``advantage_estimator``, ``aggregation``, ``kl_estimator``,
-``importance_sampling_level``), each mapping one to one onto a keyword of ``grpo.core``.
+``importance_sampling_level``), each mapping one to one onto a keyword of ``grpo.core``; TRL's other
+names are read into these fields by ``trl_names.py`` (docs/trl.md).
 """
 
 from __future__ import annotations
