@@ -125,12 +125,16 @@ def _eval(argv: list[str]) -> int:
     if args.task:
         overrides.append(f"task={args.task}")
     cfg = load_config(config_path, overrides)
+    import os
+
     from grpo.data import task_of
     from grpo.eval.evaluate import evaluate_as_configured
+    from grpo.infra.runtime import import_from
     from grpo.models import load_models
     from grpo.rewards import resolve_reward
     from grpo.rollout import make_engine
 
+    import_from(cfg.working_dir, os.getcwd())  # the run's own folder first: its modules, as in training
     verifier = resolve_reward(cfg.reward_names[0], timeout=cfg.reward_timeout, retries=cfg.reward_retries,
                               concurrency=cfg.reward_concurrency)
     task = task_of(cfg)

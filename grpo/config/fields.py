@@ -291,6 +291,8 @@ class Config:
     # ---- run, logging, evaluation ----
     output_dir: str = ""
     """Run folder (default: runs/<date>-<time>)."""
+    working_dir: str = ""
+    """The folder `module:name` references (rewards, tools, environment_factory, step_reward, reward_model_verifier) import from first, then the current folder, as `python -m` does ('': the current folder, written to the run's config.yaml, so a resume or `grpo eval` started in another folder imports the same modules)."""
     seed: int = 0
     """Seeds Python, NumPy and torch; the same seed gives the same run."""
     save_steps: int = 0

@@ -17,6 +17,7 @@ from grpo.core.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -34,7 +35,7 @@ from grpo.infra import checkpoint as ckpt_io
 from grpo.infra import distributed as dist_io
 from grpo.infra.logger import NullLogger, RunLogger
 from grpo.infra.timing import STAGES, StageTimer, stage_key
-from grpo.infra.runtime import keep_freed_memory, make_run_dir, seed_everything
+from grpo.infra.runtime import import_from, keep_freed_memory, make_run_dir, seed_everything
 from grpo.models import grouped_attention, keep_head_fp32, load_models, native_bf16, reset_reference
 from grpo.models.packing import SHARED_PREFIX_ATTENTION, sliding_window
 from grpo.rewards.reward_model import set_reward_transform
@@ -89,6 +90,8 @@ class Trainer:
         _check_world(cfg, world)
         if cfg.reuse_freed_memory and world.device.type == "cpu":
             keep_freed_memory()
+        cfg.working_dir = cfg.working_dir or os.getcwd()  # recorded in config.yaml: a resume imports from it too
+        import_from(cfg.working_dir, os.getcwd())
         # Everything that can be wrong with the input is checked before the model loads.
         self.rewards = RewardRunner(cfg.reward_names, cfg.reward_weights, timeout=cfg.reward_timeout,
                                     workers=cfg.reward_workers, reward_model=cfg.reward_model,
