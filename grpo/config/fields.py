@@ -42,8 +42,8 @@ class Config:
     """Built-in arithmetic task: operands are drawn from 1..this value (the difficulty knob)."""
     arithmetic_ops: str = "+"
     """Built-in arithmetic task: operators to draw from, e.g. '+' or '+-*'."""
-    eval_prompts: int = 200
-    """Held-out prompts for the before/after evaluation (never used for training; 0 disables it)."""
+    eval_prompts: int | None = None
+    """Held-out prompts for the before/after evaluation (never used for training; 0 disables it). None: 200 for a built-in task (calculator: 100); for a dataset, a tenth of its rows, at least 5 and at most 200, never more than half."""
     rewards: str = "numeric"
     """Comma-separated reward functions: built-ins (numeric, math, code, code_strict, code_generated, code_style, reward_model, format, length, incompleteness, incompleteness_zh, environment: an environment_factory's get_reward()), module:function paths (an `async def` one runs its batch's calls concurrently), or http(s):// URLs that score a JSON batch (README, Remote rewards)."""
     reward_weights: list[float] | None = None
