@@ -200,3 +200,39 @@ def test_gdpo_gives_a_score_that_does_not_apply_zero_weight():
     filled[0, 1, 1] = 0.5  # the group's mean of reward 2
     assert torch.allclose(got, gdpo_advantages(filled, torch.ones(2)))
     assert torch.isfinite(got).all()
+
+
+def _train(tmp_path, tiny_model_dir, tiny_dataset, name: str, rewards: str) -> list[str]:
+    from tests.conftest import TEST_BF16, TEST_SEED
+
+    return ["train", f"model={tiny_model_dir}", f"task={tiny_dataset}", f"output_dir={tmp_path / name}",
+            "num_generations=4", "prompts_per_step=2", "per_device_train_batch_size=4", "max_completion_length=6",
+            "eval_prompts=0", "progress=false", "report_to=none", "max_steps=2", f"rewards={rewards}",
+            f"bf16={TEST_BF16}", f"seed={TEST_SEED}", "learning_rate=1e-2"]
+
+
+def test_a_run_scored_in_either_form_is_the_same_run(tmp_path, tiny_model_dir, tiny_dataset, capsys):
+    """digit_share per completion and in TRL's batch form: the same rewards, losses and updates."""
+    import json
+
+    from grpo.cli import main
+
+    for name, reward in (("per", "tests.rewards_for_tests:digit_share"), ("trl", "tests.rewards_for_tests:trl_digit_share")):
+        assert main(_train(tmp_path, tiny_model_dir, tiny_dataset, name, reward)) == 0
+    capsys.readouterr()
+    keys = ("reward_mean", "loss", "grad_norm", "reward_failures")
+    lines = {n: [json.loads(l) for l in (tmp_path / n / "metrics.jsonl").read_text().splitlines()] for n in ("per", "trl")}
+    assert [[l[k] for k in keys] for l in lines["per"]] == [[l[k] for k in keys] for l in lines["trl"]]
+    assert all(l["reward_failures"] == 0 for l in lines["trl"])
+
+
+@pytest.mark.parametrize("reward", ["returns_a_list", "trl_returns_a_string"])
+def test_a_reward_of_the_wrong_shape_stops_the_run_at_its_first_step(tmp_path, tiny_model_dir, tiny_dataset, capsys,
+                                                                       reward):
+    from grpo.cli import main
+
+    name = f"tests.rewards_for_tests:{reward}"
+    assert main(_train(tmp_path, tiny_model_dir, tiny_dataset, "bad", name)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"grpo train: error: rewards: {name!r} ") and "Traceback" not in "".join(err)
+    assert not (tmp_path / "bad" / "metrics.jsonl").exists() or not (tmp_path / "bad" / "metrics.jsonl").read_text()

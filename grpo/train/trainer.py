@@ -80,7 +80,7 @@ def _check_world(cfg: Config, world: dist_io.World) -> None:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, *, models=None, task=None):
+    def __init__(self, cfg: Config, *, models=None, task=None, reward_fns: dict | None = None):
         self.cfg = cfg
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
@@ -95,7 +95,8 @@ class Trainer:
         # Everything that can be wrong with the input is checked before the model loads.
         self.rewards = RewardRunner(cfg.reward_names, cfg.reward_weights, timeout=cfg.reward_timeout,
                                     workers=cfg.reward_workers, reward_model=cfg.reward_model,
-                                    retries=cfg.reward_retries, concurrency=cfg.reward_concurrency)
+                                    retries=cfg.reward_retries, concurrency=cfg.reward_concurrency,
+                                    given=reward_fns)  # callables handed over by the Python API
         if cfg.reward_model:  # seed 003 section 4.1
             set_reward_transform(cfg.reward_model_transform)
         step_reward = resolve_step_reward(cfg.step_reward) if cfg.supervision == "process" else None
