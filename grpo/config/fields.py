@@ -49,7 +49,7 @@ class Config:
     reward_weights: list[float] | None = None
     """Weight of each reward in `rewards` (default: all 1.0)."""
     reward_timeout: float = 10.0
-    """Wall-clock deadline in seconds for one reward call, run in a worker process (an `async def` reward's call and a URL reward's request: in the trainer's process); a call past it scores None (0 = run rewards in-process, no deadline)."""
+    """Wall-clock deadline in seconds for one reward call, run in a worker process (an `async def` reward's call and a URL reward's request: in the trainer's process); a call past it fails that sample, counted (0 = run rewards in-process, no deadline). Batch-form rewards (TRL's form, reward models, the code sandbox) run in the trainer's process."""
     reward_workers: int = 1
     """Worker processes that run reward calls when reward_timeout > 0."""
     reward_model: str = ""
