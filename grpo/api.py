@@ -212,10 +212,15 @@ class GRPOTrainer:
             self.trainer.close()
 
     def save_model(self, output_dir: str | None = None) -> Path:
-        """The newest checkpoint as a plain transformers folder (LoRA merged), as ``grpo export``."""
+        """The newest checkpoint as a plain transformers folder (LoRA merged), as ``grpo export``; into
+        the run folder's ``final/`` when ``output_dir`` is the run folder itself (TRL scripts pass
+        ``args.output_dir``) or not given."""
         from grpo.serve.models import export
 
-        return export(str(self.run_dir), Path(output_dir or self.run_dir / "final"))
+        out = Path(output_dir) if output_dir else self.run_dir / "final"
+        if out.resolve() == Path(self.run_dir).resolve():
+            out = Path(self.run_dir) / "final"
+        return export(str(self.run_dir), out)
 
 
 Trainer = GRPOTrainer  # grpo's name for the same thing

@@ -66,6 +66,8 @@ def test_objects_handed_over(tmp_path, tiny_model_dir):
     assert len(t.task.train) == len(ROWS) and t.task.eval == held and t.args.task == "train_dataset"
     out = t.train()
     assert out["n_prompts"] == 3 and out["after"]["accuracy"] == 1.0  # the lambda rewards every completion
+    saved = t.save_model(str(run))  # as TRL scripts call it: the run folder's final/, LoRA merged
+    assert saved == run / "final" and (saved / "config.json").is_file() and not (saved / "adapter_config.json").exists()
 
 
 def test_what_grpo_does_not_take_is_refused_by_name(tmp_path, tiny_model_dir):
