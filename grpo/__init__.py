@@ -1,3 +1,19 @@
-"""grpo: Group Relative Policy Optimization for language models."""
+"""grpo: Group Relative Policy Optimization for language models.
+
+The Python API (grpo.api), shaped as TRL's: ``from grpo import GRPOConfig, GRPOTrainer`` (or grpo's
+names, ``Config`` and ``Trainer``); the command line: ``grpo train``.
+"""
 
 __version__ = "0.1.0"
+
+_API = {"GRPOConfig": "grpo.api", "GRPOTrainer": "grpo.api", "Trainer": "grpo.api", "Config": "grpo.config"}
+__all__ = list(_API)
+
+
+def __getattr__(name: str):
+    """The API's names, imported on first use (``import grpo`` stays light)."""
+    if name in _API:
+        import importlib
+
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'grpo' has no attribute {name!r}")

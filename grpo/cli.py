@@ -45,10 +45,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    import dataclasses
+
+    from grpo.config import Config
     from grpo.config.io import field_docs
 
     docs = field_docs()
-    epilog = "config keys (set as key=value):\n" + "\n".join(f"  {k:<28} {v}" for k, v in docs.items())
+    defaults = {f.name: f.default for f in dataclasses.fields(Config)}
+    epilog = ("config keys (set as key=value; TRL's GRPOConfig names are read too, docs/trl.md):\n"
+              + "\n".join(f"  {k:<28} {v} (default: {defaults[k]!r})" for k, v in docs.items()))
     ap = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", help="YAML file of config keys; key=value arguments override it")
@@ -127,10 +132,14 @@ def _eval(argv: list[str]) -> int:
     if args.task:
         overrides.append(f"task={args.task}")
     cfg = load_config(config_path, overrides)
+    import os
+
+    from grpo.infra.runtime import import_from
     from grpo.models import load_models
     from grpo.rewards import resolve_reward
     from grpo.rollout import make_engine
 
+    import_from(cfg.working_dir, os.getcwd())  # the run's own folder first: its modules, as in training
     verifier = resolve_reward(cfg.reward_names[0], timeout=cfg.reward_timeout, retries=cfg.reward_retries,
                               concurrency=cfg.reward_concurrency)
     samples, held_out = _eval_samples(cfg, run)

@@ -16,9 +16,10 @@ calls = {"n": 0}
 
 
 def sometimes_bad(completion: str, sample: dict):
-    """Cycles through a good value and every kind of bad return value."""
+    """Cycles through a good value and every kind of value that fails its completion (None: the
+    only reward does not apply, so nothing scores the row)."""
     calls["n"] += 1
-    bad = [None, float("nan"), float("inf"), "0.5", [1.0]]
+    bad = [None, float("nan"), float("inf")]
     k = calls["n"] % (len(bad) + 1)
     return 0.5 if k == len(bad) else bad[k]
 
@@ -97,11 +98,6 @@ async def async_digit_share(completion: str, sample: dict) -> float:
         in_flight["now"] -= 1
 
 
-def returns_a_list(completion: str, sample: dict) -> list:
-    """A TRL-form batched reward given where a per-completion one is expected: a list, never a number."""
-    return [digit_share(completion, sample)]
-
-
 counted = {"n": 0, "fail_from": 0, "sigterm_at": 0}  # calls in this process; tests set the rest
 
 
@@ -126,3 +122,19 @@ def fails_every_other_call(completion: str, sample: dict) -> float:
     if counted["n"] % 2 == 0:
         raise ValueError("flaky grader")
     return digit_share(completion, sample)
+
+
+def trl_digit_share(completions, prompts, completion_ids, answer, trainer_state, **kwargs):
+    """digit_share in TRL's batch form: one call per batch with keyword lists, a list back."""
+    assert len(completions) == len(prompts) == len(completion_ids) == len(answer)
+    assert trainer_state.max_steps > 0
+    return [digit_share(c, {}) for c in completions]
+
+
+def trl_returns_a_string(completions, **kwargs):
+    return "0.5"
+
+
+def returns_a_list(completion: str, sample: dict):
+    """A TRL-style body in grpo's per-completion form: the bug the shape check names."""
+    return [0.0, 0.0, 0.0, 0.0]

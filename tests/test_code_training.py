@@ -56,7 +56,7 @@ def test_the_trainer_resamples_unparsable_programs(tmp_path, tiny_model_dir):
                    max_completion_length=8, resample_invalid_rounds=2)
     t = Trainer(cfg)
     scored, original = [], t.collector.score
-    t.collector.score = lambda samples, ro: (scored.append(list(ro.texts)), original(samples, ro))[1]
+    t.collector.score = lambda samples, ro, **kw: (scored.append(list(ro.texts)), original(samples, ro, **kw))[1]
     t.train()
     line = json.loads((t.run_dir / "metrics.jsonl").read_text().splitlines()[0])
 

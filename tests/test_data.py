@@ -159,3 +159,32 @@ def test_json_task_that_is_not_a_list_is_refused(tmp_path):
     p.write_text(json.dumps({"prompt": "a", "answer": "1"}))
     with pytest.raises(DataError, match=r"d.json: a .json dataset must be a list of objects"):
         load_task(str(p), eval_size=0)
+
+
+@pytest.mark.parametrize("rows, held_out", [(1, 0), (8, 4), (10, 5), (30, 5), (60, 6), (500, 50), (5000, 200)])
+def test_held_out_share_by_dataset_size(tmp_path, rows, held_out):
+    """eval_prompts unset: a tenth of a dataset's rows, at least 5 and at most 200, never more than
+    half; a built-in task keeps its 200."""
+    from grpo.data.tasks import held_out_size
+
+    assert held_out_size(rows) == held_out
+    p = tmp_path / "d.jsonl"
+    p.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": str(i)}) + "\n" for i in range(rows)))
+    if held_out < rows:
+        t = load_task(str(p), eval_size=None)
+        assert (len(t.eval), len(t.train)) == (held_out, rows - held_out)
+    assert len(load_task("arithmetic", eval_size=None, max_operand=20).eval) == 200
+
+
+def test_a_dataset_without_an_answer_column_keeps_its_own(tmp_path):
+    """TRL-form rewards read their columns by name: a dataset with no "answer" anywhere loads as it is;
+    a row missing it while others have it, or a named answer_field that is absent, is still an error."""
+    p = tmp_path / "cities.jsonl"
+    p.write_text("".join(json.dumps({"prompt": f"Where is {c}?", "city": c}) + "\n" for c in "ABCDEFGHIJ"))
+    t = load_task(str(p), eval_size=2)
+    assert all("answer" not in s and s["city"] in s["prompt"] for s in t.train + t.eval)
+    with pytest.raises(DataError, match=r"row 1 has no field 'town'"):
+        load_task(str(p), eval_size=2, answer_field="town")
+    p.write_text(json.dumps({"prompt": "a", "answer": "1"}) + "\n" + json.dumps({"prompt": "b"}) + "\n")
+    with pytest.raises(DataError, match=r"row 2 has no field 'answer'"):
+        load_task(str(p), eval_size=0)

@@ -35,7 +35,6 @@ def test_pass_at_k_samples_only_the_pass_prompts(tiny_model_dir):
         calls.append((len(completions), len(samples)))
         return [0.0] * len(completions)
 
-    verifier.batched = True
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     samples = [{"prompt": f"What is {a} + 1?", "answer": str(a + 1)} for a in range(4)]

@@ -63,11 +63,14 @@ def test_url_reward_scores_a_json_batch_with_the_samples_fields(server):
     assert path == "/ok" and batch == {"prompts": ["p0", "p1", "p2"], "completions": comps, "samples": samples}
 
 
-def test_url_reward_null_fails_its_sample_only(server):
+def test_url_reward_null_is_not_applicable_to_its_sample(server):
+    """null is None: not applicable to that row; with no other reward the row cannot be scored (a
+    counted failure, left out of the loss), while the reward itself did not fail."""
     url = server.url("/null")
     res = RewardRunner([url], None, timeout=5.0).score(["a", "null"], _samples(2))
     vals = res.per_reward[url].tolist()
-    assert vals[0] == 1.0 and vals[1] != vals[1] and res.failures == {url: 1}
+    assert vals[0] == 1.0 and vals[1] != vals[1] and res.failures == {url: 0}
+    assert res.not_applicable == {url: 1} and res.unscorable == 1 and res.failed.tolist() == [False, True]
 
 
 def test_url_reward_retries_a_503_and_gets_the_scores(server):

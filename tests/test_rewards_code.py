@@ -11,6 +11,7 @@ import pytest
 
 from grpo.rewards import resolve_reward
 from grpo.rewards.code import CodeGrader, code_reward, extract_code, plan_assert
+from grpo.rewards.forms import is_batch_reward
 from grpo.errors import SandboxError
 from grpo.rewards.sandbox import UID_BASE, UID_COUNT
 from tests.conftest import need_bwrap, needs_bwrap
@@ -338,7 +339,7 @@ def test_code_reward_is_a_registered_reward_checked_at_resolve():
     from grpo.rewards.code import code_batch_reward, code_strict_batch_reward
 
     fn = resolve_reward("code")
-    assert fn is code_batch_reward and fn.batched
+    assert fn is code_batch_reward and is_batch_reward(fn)
     assert code_reward(GOOD_IO, IO) == 1.0  # the per-sample protocol, as grpo.rewards.code_reward
     half = "def f(x):\n    return 4 if x == 2 else 9\n"
     out = fn([GOOD_IO, half, GOOD_ASSERT], [IO, ASSERTS, {"tests": ["f(2) == 4"]}])

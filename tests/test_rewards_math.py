@@ -132,11 +132,14 @@ def test_hang_is_killed_at_the_deadline_counted_and_the_next_call_graded():
         v.close()
 
 
-def test_math_reward_returns_none_on_a_hang(monkeypatch):
+def test_math_reward_fails_the_sample_on_a_hang(monkeypatch):
+    """A verdict past the deadline is a failure of that sample (TimeoutError), not None, which would
+    mean 'not applicable to this row' and leave the row to the other rewards."""
     v = MathVerifier(timeout=2.0, workers=1)
     monkeypatch.setattr(mathverify, "_default", v)
     try:
-        assert math_reward("\\boxed{9^{9^{9^{9}}}}", {"answer": "5"}) is None
+        with pytest.raises(TimeoutError, match="no verdict within its 2 s deadline"):
+            math_reward("\\boxed{9^{9^{9^{9}}}}", {"answer": "5"})
         assert v.timeouts == 1
     finally:
         v.close()

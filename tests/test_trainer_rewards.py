@@ -110,19 +110,19 @@ def _cli_train(run, tiny_model_dir, tiny_dataset, *extra) -> list[str]:
 @pytest.mark.parametrize("eval_prompts", [0, 2], ids=["training", "evaluation"])
 def test_a_reward_that_fails_everywhere_stops_the_run_with_one_line(capsys, tmp_path, tiny_model_dir, tiny_dataset,
                                                                     eval_prompts):
-    """A reward returning a list (a TRL-form batched reward given as a per-completion one) scores no
-    completion: the run stops at its first evaluation or step, exit 2, one line naming the reward and
-    its exception, instead of training on nothing to "accuracy 0.0% -> 0.0%"."""
+    """A reward that raises on every completion scores none: the run stops at its first evaluation or
+    step, exit 2, one line naming the reward and its exception, instead of training on nothing to
+    "accuracy 0.0% -> 0.0%"."""
     from grpo.cli import main
 
-    name, run = "tests.rewards_for_tests:returns_a_list", tmp_path / "run"
+    name, run = "tests.rewards_for_tests:always_raises", tmp_path / "run"
     code = main(_cli_train(run, tiny_model_dir, tiny_dataset, f"rewards={name}", f"eval_prompts={eval_prompts}"))
     out = capsys.readouterr().err
     errors = [line for line in out.splitlines() if "error" in line.lower()]  # past the weights' progress bar
     assert code == 2 and len(errors) == 1 and "Traceback" not in out, out
     err = errors[0]
     assert err.startswith("grpo train: error: ") and f"reward {name!r}" in err
-    assert "TypeError: returned list [" in err and "not a number" in err
+    assert "RuntimeError: this reward is broken on purpose" in err
     if eval_prompts:
         assert "evaluation: the verifier" in err and "could not score 2 of the 2 greedy completions" in err
     else:

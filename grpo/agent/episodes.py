@@ -60,6 +60,11 @@ class Episode:
     max_turns_hit: bool = False
     truncated: bool = False  # ended by the token budget
     done: bool = False
+    start: int = -1  # how many of ``messages`` the episode started from (set from them when not given)
+
+    def __post_init__(self):
+        if self.start < 0:
+            self.start = len(self.messages)
 
     def add(self, ids: list[int], *, trained: bool, logp: list[float] | None = None) -> None:
         self.ids += ids
@@ -67,10 +72,11 @@ class Episode:
         self.logp += logp if logp is not None else [0.0] * len(ids)
 
     def info(self) -> dict:
-        """What rewards and metrics see of the episode (merged into its sample for rewards)."""
-        return {"transcript": self.messages, "turns": self.turns, "tool_calls": self.calls,
-                "well_formed_calls": self.well_formed, "tool_errors": self.errors, "tool_timeouts": self.timeouts,
-                "max_turns_hit": self.max_turns_hit}
+        """What rewards and metrics see of the episode (merged into its sample for rewards; TRL-form
+        rewards get ``completion_messages`` as their completion and ``environment`` in ``environments``)."""
+        return {"transcript": self.messages, "completion_messages": self.messages[self.start:], "turns": self.turns,
+                "tool_calls": self.calls, "well_formed_calls": self.well_formed, "tool_errors": self.errors,
+                "tool_timeouts": self.timeouts, "max_turns_hit": self.max_turns_hit, "environment": self.env}
 
 
 def result_turn_ids(tokenizer, messages: list[dict]) -> list[int]:

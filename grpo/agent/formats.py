@@ -78,13 +78,14 @@ class CallFormat:
 
     def example_messages(self, example: dict) -> list[dict]:
         """A worked exchange: {"question", "call": {"name", "arguments"}, "result", "answer"} as
-        messages, the parts ``example_parts`` names."""
+        messages, the parts ``example_parts`` names that the example has (a run-level example has
+        no result or answer: grpo.agent.examples)."""
         call = Call(example["call"]["name"], example["call"]["arguments"], "")
-        parts = {"question": [{"role": "user", "content": example["question"]}],
-                 "call": [self.call_message(call.name, call.arguments)],
-                 "result": self.result_messages(call, str(example["result"])),
-                 "answer": [{"role": "assistant", "content": example["answer"]}]}
-        return [m for p in self.example_parts for m in parts[p]]
+        parts = {"question": lambda: [{"role": "user", "content": example["question"]}],
+                 "call": lambda: [self.call_message(call.name, call.arguments)],
+                 "result": lambda: self.result_messages(call, str(example["result"])),
+                 "answer": lambda: [{"role": "assistant", "content": example["answer"]}]}
+        return [m for p in self.example_parts if p in example for m in parts[p]()]
 
     def call_message(self, name: str, arguments: dict) -> dict:
         """The assistant message that makes a call (worked examples)."""

@@ -9,6 +9,7 @@ import time
 from grpo.agent.environments import (environment_reward, environment_tools, load_factory, new_environment,
                                      reset_environment)
 from grpo.agent.episodes import Episode, episode_metrics, episodes_rollout, run_episodes
+from grpo.agent.examples import NO_EXAMPLE, worked_example
 from grpo.agent.formats import CallFormat, call_format, supports_tools
 from grpo.agent.tools import Tool, check_unique, resolve_tools
 from grpo.rollout.base import Rollout
@@ -28,12 +29,18 @@ def _with_observation(messages: list[dict], text: str | None) -> list[dict]:
 class AgentSampler:
     """Samples episodes: ``tools`` (Tools shared by every episode), ``factory`` (an environment class
     or callable, a fresh instance per episode), ``fmt`` the call format, ``max_turns`` model turns,
-    ``tool_timeout`` seconds per call."""
+    ``tool_timeout`` seconds per call; ``example_call`` / ``example_question``: the worked exchange
+    shown where a row has no ``tool_example`` (``examples.worked_example``; the config's default
+    builds one from the tools' schema, NO_EXAMPLE shows none)."""
 
     def __init__(self, tokenizer, *, tools: list[Tool], factory=None, fmt: CallFormat, max_turns: int,
-                 tool_timeout: float):
+                 tool_timeout: float, example_call: str = NO_EXAMPLE, example_question: str = ""):
         self.tok, self.tools, self.factory, self.fmt = tokenizer, tools, factory, fmt
         self.max_turns, self.tool_timeout = max_turns, tool_timeout
+        self.example_call, self.example_question = example_call, example_question
+        self._examples: dict[tuple, dict | None] = {}  # the run-level worked exchange of each set of tools
+        if tools and factory is None:  # a bad tool_example_call is an error before the model samples
+            self.run_example(tools)
         self.last_metrics: dict = {}
 
     @classmethod
@@ -44,12 +51,21 @@ class AgentSampler:
             return None
         factory = load_factory(cfg.environment_factory) if cfg.environment_factory.strip() else None
         return cls(tokenizer, tools=resolve_tools(cfg.tools), factory=factory,
-                   fmt=call_format(cfg.tool_format, tokenizer), max_turns=cfg.max_turns, tool_timeout=cfg.tool_timeout)
+                   fmt=call_format(cfg.tool_format, tokenizer), max_turns=cfg.max_turns, tool_timeout=cfg.tool_timeout,
+                   example_call=cfg.tool_example_call, example_question=cfg.tool_example_question)
+
+    def run_example(self, tools: list[Tool]) -> dict | None:
+        """The worked exchange shown where a row has no ``tool_example`` (``examples.worked_example``)."""
+        key = tuple(t.name for t in tools)
+        if key not in self._examples:
+            self._examples[key] = worked_example(tools, call=self.example_call, question=self.example_question)
+        return self._examples[key]
 
     def start_messages(self, sample: dict, tools: list[Tool], system_prompt: str, observation: str | None) -> list[dict]:
         """The conversation an episode starts from: the system message (the system prompt and, where
-        the template does not render tools, the format's description of them), the sample's
-        ``tool_example`` as a worked exchange, the prompt (with the environment's reset text)."""
+        the template does not render tools, the format's description of them), a worked exchange (the
+        sample's ``tool_example``, else the run's: ``run_example``), the prompt (with the environment's
+        reset text)."""
         prompt = sample["prompt"]
         messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
         system = [m["content"] for m in messages if m.get("role") == "system"]
@@ -57,7 +73,8 @@ class AgentSampler:
         parts = system or ([system_prompt] if system_prompt else [])
         if tools and not (self.fmt.native and self._template_renders_tools()):
             parts.append(self.fmt.describe(tools))
-        example = self.fmt.example_messages(sample["tool_example"]) if sample.get("tool_example") else []
+        example = sample.get("tool_example") or self.run_example(tools)
+        example = self.fmt.example_messages(example) if example else []
         head = [{"role": "system", "content": "\n\n".join(parts)}] if parts else []
         return head + example + _with_observation(messages, observation)
 

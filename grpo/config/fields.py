@@ -3,7 +3,8 @@
 Where TRL's GRPOConfig has a field for the same thing, the key has TRL's name and meaning
 (``num_generations``, ``beta``, ``epsilon``, ``num_iterations``, ...). Algorithm choices that TRL folds
 into ``loss_type`` are separate fields here (``advantage_estimator``, ``aggregation``, ``kl_estimator``,
-``importance_sampling_level``), each mapping one to one onto a keyword of ``grpo.core``.
+``importance_sampling_level``), each mapping one to one onto a keyword of ``grpo.core``; TRL's other
+names are read into these fields by ``trl_names.py`` (docs/trl.md).
 """
 
 from __future__ import annotations
@@ -41,18 +42,18 @@ class Config:
     """Built-in arithmetic task: operands are drawn from 1..this value (the difficulty knob)."""
     arithmetic_ops: str = "+"
     """Built-in arithmetic task: operators to draw from, e.g. '+' or '+-*'."""
-    eval_prompts: int = 200
-    """Held-out prompts for the before/after evaluation (never used for training; 0 disables it)."""
+    eval_prompts: int | None = None
+    """Held-out prompts for the before/after evaluation (never used for training; 0 disables it). None: 200 for a built-in task (calculator: 100); for a dataset, a tenth of its rows, at least 5 and at most 200, never more than half."""
     rewards: str = "numeric"
     """Comma-separated reward functions: built-ins (numeric, math, code, code_strict, code_generated, code_style, reward_model, format, length, incompleteness, incompleteness_zh, environment: an environment_factory's get_reward()), module:function paths (an `async def` one runs its batch's calls concurrently), or http(s):// URLs that score a JSON batch (README, Remote rewards)."""
     reward_weights: list[float] | None = None
     """Weight of each reward in `rewards` (default: all 1.0)."""
     reward_timeout: float = 10.0
-    """Wall-clock deadline in seconds for one reward call, run in a worker process (an `async def` reward's call and a URL reward's request: in the trainer's process); a call past it scores None (0 = run rewards in-process, no deadline)."""
+    """Wall-clock deadline in seconds for one reward call, run in a worker process (an `async def` reward's call and a URL reward's request: in the trainer's process); a call past it fails that sample, counted (0 = run rewards in-process, no deadline). Batch-form rewards (TRL's form, reward models, the code sandbox) run in the trainer's process."""
     reward_workers: int = 1
     """Worker processes that run reward calls when reward_timeout > 0."""
     max_reward_failure_share: float = 1.0
-    """Stop the run with an error naming each failing reward and its first exception (after saving the last finished step) when, in one step, this share of the completions could not be scored (a reward raised, passed reward_timeout, or returned None, NaN or a non-number; such completions are left out of the loss): 1.0 stops only at a step in which no completion could be scored, 0.5 once half could not, a value above 1 never. Evaluation stops alike once this share of its greedy completions so far could not be verified."""
+    """Stop the run with an error naming each failing reward and its first exception (after saving the last finished step) when, in one step, this share of the completions could not be scored (a reward raised, passed reward_timeout or returned NaN, or every reward returned None; such completions are left out of the loss): 1.0 stops only at a step in which no completion could be scored, 0.5 once half could not, a value above 1 never. Evaluation stops alike once this share of its greedy completions so far could not be verified."""
     reward_model: str = ""
     """Sequence-classification model (folder or hub id) behind the `reward_model` reward, which scores (prompt, completion) pairs in batches."""
     supervision: str = "outcome"
@@ -294,6 +295,8 @@ class Config:
     # ---- run, logging, evaluation ----
     output_dir: str = ""
     """Run folder (default: runs/<date>-<time>)."""
+    working_dir: str = ""
+    """The folder `module:name` references (rewards, tools, environment_factory, step_reward, reward_model_verifier) import from first, then the current folder, as `python -m` does ('': the current folder, written to the run's config.yaml, so a resume or `grpo eval` started in another folder imports the same modules)."""
     seed: int = 0
     """Seeds Python, NumPy and torch; the same seed gives the same run."""
     save_steps: int = 0
@@ -381,6 +384,10 @@ class Config:
     """Most model turns of an episode (tools/environment runs); an episode still calling a tool then ends and is counted in tools/max_turns_share."""
     tool_format: str = "auto"
     """How tools are shown and calls are read: auto (hermes where the chat template renders tools, else python), hermes (<tool_call>{json}</tool_call>, results as tool messages) or python (a line name(args), e.g. calc(12 * 34); results as a tool message with the bare value); grpo/agent/formats.py."""
+    tool_example_call: str = ""
+    """Tools runs: the call of the worked exchange (a question, then the assistant's call) shown before every prompt whose row has no `tool_example`, written as a Python call (`lookup(city="Paris")`; a tool of one text argument may take the raw text, `calc(12 * 34)`): an untrained small model calls a tool it has seen called (docs/tools/format.md). '': built from the first tool's schema (each argument's 'for example ...' from its docstring, else a placeholder of its type); 'none': no worked exchange."""
+    tool_example_question: str = ""
+    """The user turn of that worked exchange ('': the called tool's description followed by the call's arguments)."""
     tool_timeout: float = 10.0
     """Deadline in seconds of one tool call (0 = none); a call past it answers the model with an error and counts in tools/timeouts."""
 

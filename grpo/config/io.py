@@ -15,18 +15,28 @@ from typing import Any
 import yaml
 
 from grpo.config.fields import Config
+from grpo.config.trl_names import TRL_NAMES, translate
 from grpo.errors import ConfigError
 
 ALIASES = {"resume": "resume_from_checkpoint"}
 
 
 def _check_keys(keys, source: str) -> None:
+    """Every key is a config field or one of TRL's GRPOConfig names (trl_names.py)."""
     valid = [f.name for f in fields(Config)]
     for k in keys:
-        if k not in valid:
-            close = difflib.get_close_matches(k, valid, n=3)
+        if k not in valid and k not in TRL_NAMES:
+            close = difflib.get_close_matches(k, list(dict.fromkeys(valid + list(TRL_NAMES))), n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else f"; valid keys: {', '.join(valid)}"
             raise ConfigError(f"unknown config key {k!r} in {source}{hint}")
+
+
+def config_from(values: dict[str, Any], source: str) -> Config:
+    """A validated Config from given keys, grpo's names or TRL's GRPOConfig names (``source`` names
+    where they came from in errors)."""
+    values = {ALIASES.get(k, k): v for k, v in values.items()}
+    _check_keys(values, source)
+    return Config(**translate(values))
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
@@ -52,7 +62,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         k = ALIASES.get(k, k)
         _check_keys([k], "the command line")
         values[k] = v
-    return Config(**values)
+    return Config(**translate(values))
 
 
 def field_docs() -> dict[str, str]:

@@ -78,7 +78,7 @@ def _validate_values(c) -> None:
     for key in positive:
         if getattr(c, key) < 1:
             raise ConfigError(f"{key}: must be >= 1, got {getattr(c, key)}")
-    non_negative = ["vf_coef", "reward_timeout", "max_steps", "warmup_steps", "save_steps", "ref_reset_steps", "eval_prompts", "beta",
+    non_negative = ["vf_coef", "reward_timeout", "max_steps", "warmup_steps", "save_steps", "ref_reset_steps", "beta",
                     "learning_rate", "weight_decay", "max_grad_norm", "eval_pass_k", "eval_pass_prompts",
                     "log_completions_steps", "num_threads", "max_tokens_per_forward", "save_total_limit", "max_consecutive_skips", "top_k", "std_eps", "entropy_coef",
                     "arithmetic_max_operand", "lora_dropout", "eval_steps", "reward_retries"]
@@ -88,6 +88,8 @@ def _validate_values(c) -> None:
     if c.max_reward_failure_share <= 0:
         raise ConfigError(f"max_reward_failure_share: must be > 0 (1.0: stop when no completion of a step could be "
                           f"scored; above 1: never), got {c.max_reward_failure_share}")
+    if c.eval_prompts is not None and c.eval_prompts < 0:
+        raise ConfigError(f"eval_prompts: must be >= 0 (or null: chosen by the dataset's size), got {c.eval_prompts}")
     if c.temperature <= 0:
         raise ConfigError(f"temperature: must be > 0, got {c.temperature}")
     if not 0 < c.top_p <= 1:
@@ -117,7 +119,7 @@ def _validate_values(c) -> None:
     _choice("supervision", c.supervision, ("outcome", "process"))
     if c.supervision == "process" and c.advantage_estimator == "gae":
         raise ConfigError("supervision: process supervision uses group-normalized step rewards, not gae")
-    if c.eval_steps and not c.eval_prompts:
+    if c.eval_steps and c.eval_prompts == 0:
         raise ConfigError("eval_steps: evaluation during training needs held-out prompts (eval_prompts > 0)")
     if c.load_in_4bit and not c.use_peft:
         raise ConfigError("load_in_4bit: a 4-bit base cannot be trained itself; set use_peft=true (QLoRA)")

@@ -17,6 +17,15 @@ from grpo.errors import DataError
 
 BUILTIN_TASKS = ("arithmetic", "gsm8k", "code", "code_hard", "calculator")
 GSM8K_HUB_ID = "openai/gsm8k"
+BUILTIN_HELD_OUT = 200  # a built-in task's held-out prompts unless eval_prompts says otherwise
+HELD_OUT_SHARE, HELD_OUT_FLOOR, HELD_OUT_CEILING = 0.1, 5, 200  # a dataset's, by its size
+
+
+def held_out_size(rows: int) -> int:
+    """Held-out prompts of a dataset of ``rows`` when eval_prompts is not given: a tenth, at least
+    HELD_OUT_FLOOR (a 30-row dataset keeps 5) and at most HELD_OUT_CEILING, never more than half
+    (the rest trains)."""
+    return min(HELD_OUT_CEILING, max(HELD_OUT_FLOOR, int(rows * HELD_OUT_SHARE)), rows // 2)
 
 
 @dataclass
@@ -211,9 +220,10 @@ def _hub_rows(source: str, split: str) -> list[dict]:
         raise DataError(f"task: {source}[{split}]: cannot be loaded ({type(e).__name__}: {e})") from None
 
 
-def user_task(source: str, *, prompt_field: str, answer_field: str, split: str, eval_size: int,
+def user_task(source: str, *, prompt_field: str, answer_field: str, split: str, eval_size: int | None,
               seed: int) -> Task:
-    """A local file or a hub dataset; the held-out part is a seeded slice that training never sees."""
+    """A local file or a hub dataset; the held-out part is a seeded slice that training never sees
+    (``eval_size`` None: ``held_out_size`` of the dataset's rows)."""
     path = Path(source).expanduser()
     if path.is_dir() or (not path.exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", source)):
         rows, where = _hub_rows(source, split), f"{source}[{split}]"
@@ -222,19 +232,34 @@ def user_task(source: str, *, prompt_field: str, answer_field: str, split: str, 
     else:
         raise DataError(f"task: {source!r} is not a built-in task {list(BUILTIN_TASKS)}, an existing file or "
                         f"dataset folder, or a hub dataset id (owner/name)")
+    return rows_task(path.stem if path.exists() else source, rows, where=where, prompt_field=prompt_field,
+                     answer_field=answer_field, eval_size=eval_size, seed=seed)
+
+
+def rows_task(name: str, rows: list, *, where: str, prompt_field: str = "prompt", answer_field: str = "answer",
+              eval_size: int | None = None, seed: int = 0) -> Task:
+    """A task of dataset rows (dicts): each sample is the row with "prompt" and "answer" taken from
+    ``prompt_field`` and ``answer_field``. A dataset without the default "answer" column in any row
+    keeps its own columns (rewards of TRL's form read them by name). The held-out part is a seeded
+    slice (``eval_size`` None: ``held_out_size``); a bad row is an error naming it and ``where``."""
     if not rows:
         raise DataError(f"{where}: the dataset is empty")
+    optional = answer_field == "answer" and not any(isinstance(r, dict) and answer_field in r for r in rows)
     samples = []
     for i, row in enumerate(rows, start=1):
         for field in (prompt_field, answer_field):
-            if not isinstance(row, dict) or field not in row:
+            if not isinstance(row, dict) or (field not in row and not (field == answer_field and optional)):
                 raise DataError(f"{where}: row {i} has no field {field!r} (set prompt_field/answer_field)")
-        samples.append({**row, "prompt": row[prompt_field], "answer": str(row[answer_field])})
+        sample = {**row, "prompt": row[prompt_field]}
+        if not optional:
+            sample["answer"] = str(row[answer_field])
+        samples.append(sample)
     random.Random(f"user-{seed}").shuffle(samples)
+    eval_size = held_out_size(len(samples)) if eval_size is None else eval_size
     if eval_size >= len(samples):
         raise DataError(f"{where}: {len(samples)} rows leave nothing to train on after {eval_size} held out "
                         f"(lower eval_prompts)")
-    return Task(path.stem if path.exists() else source, train=samples[eval_size:], eval=samples[:eval_size])
+    return Task(name, train=samples[eval_size:], eval=samples[:eval_size])
 
 
 def unseen(samples: list[dict], trained: list[dict]) -> list[dict]:
@@ -252,10 +277,13 @@ def task_of(cfg) -> Task:
                      split=cfg.task_split)
 
 
-def load_task(name: str, *, eval_size: int, max_operand: int = 30, ops: str = "+",
+def load_task(name: str, *, eval_size: int | None, max_operand: int = 30, ops: str = "+",
               prompt_field: str = "prompt", answer_field: str = "answer", split: str = "train") -> Task:
     """Dispatch on the config's ``task``. The held-out split is fixed by the task alone, never by the
-    run's seed, so runs with different seeds are evaluated on the same prompts."""
+    run's seed, so runs with different seeds are evaluated on the same prompts. ``eval_size`` None:
+    BUILTIN_HELD_OUT for a built-in task, ``held_out_size`` for a dataset."""
+    if eval_size is None and name in BUILTIN_TASKS:
+        eval_size = BUILTIN_HELD_OUT
     if name == "arithmetic":
         return arithmetic_task(max_operand=max_operand, ops=ops, eval_size=eval_size, seed=0)
     if name == "gsm8k":

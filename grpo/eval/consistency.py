@@ -19,7 +19,8 @@ def consistency(engine: RolloutEngine, samples: list[dict], rewards, *, system_p
     coefficient of variation of their rewards."""
     prompts = [render_prompt(engine.tokenizer, s["prompt"], system_prompt) for s in samples]
     ro = engine.generate(prompts, group_size=group_size, sampling=sampling)
-    res = rewards.score(ro.texts, [s for s in samples for _ in range(group_size)])
+    res = rewards.score(ro.texts, [s for s in samples for _ in range(group_size)],
+                        completion_ids=ro.completion_id_lists())
     r = torch.nan_to_num(res.total.float(), nan=0.0).view(len(samples), group_size)  # [b, G]
     return {"consistency_cv": float(core.reward_cv(r).mean()), "consistency_reward_mean": float(r.mean())}
 

@@ -101,13 +101,12 @@ class _Batches:
             return None
 
     def generate(self, lo: int, hi: int, group_size: int, greedy: bool) -> tuple[Rollout, list[dict]] | None:
-        """The rollout of samples[lo:hi] (``group_size`` rows each) and each row's sample (with its
-        episode), or None when a stop was requested during it (its rows may be cut: dropped)."""
+        """The rollout of samples[lo:hi] (``group_size`` rows each, episodes in ``ro.episodes``) and each
+        row's sample, or None when a stop was requested during it (its rows may be cut: dropped)."""
         rows = [s for s in self.samples[lo:hi] for _ in range(group_size)]
         if self.agent is not None:
             ro = self.agent.generate(self.engine, self.samples[lo:hi], group_size=group_size, sampling=self.sampling,
                                      system_prompt=self.system_prompt, greedy=greedy)
-            rows = [{**s, **e} for s, e in zip(rows, ro.episodes)]
         else:
             ro = self._generate(lo, hi, group_size, greedy)
             if ro is None:
@@ -129,7 +128,8 @@ def _greedy(batches: _Batches, verifier, *, batch_size: int, verifier_name: str,
         if got is None:  # dropped; the next stopped() (asked on every process alike) ends the pass
             continue
         ro, rows = got
-        res = score_completions(ro.texts, rows, {verifier_name: verifier})
+        res = score_completions(ro.texts, rows, {verifier_name: verifier}, episodes=ro.episodes,
+                                completion_ids=ro.completion_id_lists())
         values = res.per_reward[verifier_name].tolist()
         tally.failed += res.failures[verifier_name]
         tally.first_error = tally.first_error or res.first_errors.get(verifier_name, "")
@@ -142,7 +142,7 @@ def _greedy(batches: _Batches, verifier, *, batch_size: int, verifier_name: str,
         tally.lengths += ro.lengths.tolist()
         tally.truncated += ro.truncated.tolist()
         tally.prompts_cut += ro.prompts_truncated
-        tally.examples += [{"prompt": samples[i + j]["prompt"], "answer": samples[i + j]["answer"], "completion": t,
+        tally.examples += [{"prompt": samples[i + j]["prompt"], "answer": samples[i + j].get("answer"), "completion": t,
                             "reward": None if math.isnan(values[j]) else values[j]}
                            for j, t in enumerate(ro.texts[:2])] if len(tally.examples) < 6 else []
     return tally
@@ -158,7 +158,8 @@ def _pass_at_k(batches: _Batches, verifier, *, pass_k: int, pass_prompts: int, b
         if got is None:
             continue
         ro, rows = got
-        values = score_completions(ro.texts, rows, {"verifier": verifier}).per_reward["verifier"].tolist()
+        values = score_completions(ro.texts, rows, {"verifier": verifier}, episodes=ro.episodes,
+                                   completion_ids=ro.completion_id_lists()).per_reward["verifier"].tolist()
         ok = [bool(v >= 1.0) for v in values]  # NaN (a failure) counts as wrong
         scores += [pass_at_k(pass_k, sum(ok[j:j + pass_k]), pass_k) for j in range(0, len(ok), pass_k)]
     return scores

@@ -1,8 +1,11 @@
-"""Process set-up before a run's first step: seeds, the run folder, glibc's handling of freed memory."""
+"""Process set-up before a run's first step: seeds, the run folder, the folders modules import from,
+glibc's handling of freed memory."""
 
 from __future__ import annotations
 
 import ctypes
+import importlib
+import os
 import random
 import sys
 from datetime import datetime
@@ -36,6 +39,17 @@ def make_run_dir(output_dir: str, resume_from_checkpoint: str | None) -> Path:
     except OSError as e:  # a file where a parent folder should be, no permission, a read-only disk
         raise ConfigError(f"output_dir: cannot create {run_dir}: {e}") from None
     return run_dir
+
+
+def import_from(*folders: str) -> None:
+    """Put ``folders`` first on the module search path, in order (empty ones skipped), as ``python -m``
+    puts the current folder: ``module:name`` references (rewards, tools, environments) then find the
+    user's own modules. Processes spawned later (the reward workers) inherit the path."""
+    for folder in reversed([os.path.abspath(f) for f in folders if f]):
+        while folder in sys.path:
+            sys.path.remove(folder)
+        sys.path.insert(0, folder)
+    importlib.invalidate_caches()
 
 
 def keep_freed_memory() -> bool:

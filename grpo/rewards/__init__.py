@@ -1,8 +1,10 @@
-"""Rewards: callables ``(completion: str, sample: dict) -> float | None``.
+"""Rewards: callables ``(completion: str, sample: dict) -> float | None``, or TRL's batch form
+``(prompts, completions, completion_ids, **columns) -> list[float | None]`` (``forms``).
 
 Built-ins are looked up by name in ``REWARDS``; anything else is a ``module:function`` path.
-``score_completions`` runs a weighted list of them and turns every failure (an exception, None, NaN,
-inf, a non-number) into a counted, logged event: the sample gets no reward and the run continues.
+``score_completions`` runs a weighted list of them: None is "not applicable to this row" (left out of
+its weighted sum), and every failure (an exception, NaN, inf) is a counted, logged event: the sample
+gets no reward and the run continues. A value of the wrong type or shape stops the run (the reward's bug).
 """
 
 from grpo.rewards.answers import extract_answer, parse_number

@@ -12,12 +12,13 @@ from grpo.rewards.answers import all_boxed, parse_number
 from grpo.rewards.code import code_batch_reward, code_strict_batch_reward
 from grpo.rewards.code_style import code_style_reward
 from grpo.rewards.completeness import incompleteness
+from grpo.rewards.forms import is_batch_reward
 from grpo.rewards.generated_tests import code_generated_batch_reward
 from grpo.rewards.mathverify import candidates, gold_answer, math_reward, normalize_number_text
 from grpo.rewards.remote import DEFAULT_CONCURRENCY, AsyncReward, HttpReward, is_async, is_url
 from grpo.rewards.reward_model import reward_model_reward
 
-RewardFn = Callable[[str, dict], "float | None"]
+RewardFn = Callable[..., "float | None | list"]  # either form (grpo.rewards.forms)
 
 
 def numeric_reward(completion: str, sample: dict) -> float:
@@ -73,11 +74,11 @@ REWARDS: dict[str, RewardFn] = {
     "length": length_reward,
     "incompleteness": incompleteness_reward,
     "incompleteness_zh": incompleteness_zh_reward,
-    "code": code_batch_reward,  # batched: a step's programs are graded concurrently in the sandbox
+    "code": code_batch_reward,  # batch form: a step's programs are graded concurrently in the sandbox
     "code_strict": code_strict_batch_reward,
-    "code_generated": code_generated_batch_reward,  # batched: + 10 tests per problem from its reference
+    "code_generated": code_generated_batch_reward,  # batch form: + 10 tests per problem from its reference
     "code_style": code_style_reward,  # type hints, docstrings, exception handling; parsed, never run
-    "reward_model": reward_model_reward,  # batched: fn(completions, samples) -> list[float]
+    "reward_model": reward_model_reward,  # batch form: fn(completions, samples) -> list[float]
     "environment": environment_reward,  # an environment_factory episode's get_reward()
 }
 
@@ -105,13 +106,14 @@ def resolve_reward(name: str, *, timeout: float = 0.0, retries: int = 0,
     """A built-in by name, ``package.module:function``, or an http(s):// URL (an HttpReward); errors
     list the built-ins. An ``async def`` function becomes an AsyncReward (its batch's calls concurrent).
     ``timeout`` (seconds, 0 = none), ``retries`` and ``concurrency`` set those two's deadline per call
-    or request, HTTP's retries and the most async calls in flight. A reward with a ``startup_check``
+    or request, HTTP's retries and the most async calls in flight (an ``async def`` reward of TRL's batch
+    form is awaited once per batch, in the trainer's process). A reward with a ``startup_check``
     attribute (the sandboxed code rewards) runs it here, so a run that cannot grade stops before its
     model loads."""
     if is_url(name):
         return HttpReward(name, timeout=timeout, retries=retries)
     fn = resolve_named(name, REWARDS, field="rewards")
-    if is_async(fn):
+    if is_async(fn) and not is_batch_reward(fn):
         return AsyncReward(fn, timeout=timeout, concurrency=concurrency)
     check = getattr(fn, "startup_check", None) if name in REWARDS else None
     if check is not None:

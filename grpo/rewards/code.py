@@ -300,7 +300,6 @@ def check_code_sandbox() -> None:
 
 for _fn in (code_reward, code_strict_reward, code_batch_reward, code_strict_batch_reward):
     _fn.startup_check = check_code_sandbox
-code_batch_reward.batched = code_strict_batch_reward.batched = True
 
 
 def program_parses(completion: str, sample: dict) -> bool:

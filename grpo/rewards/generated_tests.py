@@ -176,6 +176,5 @@ def code_generated_batch_reward(completions: list[str], samples: list[dict]) -> 
     return code_batch_reward(completions, with_generated_tests(samples, default_generator()))
 
 
-code_generated_batch_reward.batched = True
 code_generated_batch_reward.valid = program_parses
 code_generated_batch_reward.startup_check = check_code_sandbox

@@ -5,7 +5,8 @@ adversarial expression; its own timeout uses SIGALRM, which only works on the ma
 it raises, and a caller that catches everything records a silent 0). So every parse and every
 comparison runs in a small pool of spawned worker processes: the caller (any thread) sends two strings
 down a pipe and waits at most ``timeout`` seconds for one float. A worker that passes its deadline is
-killed and replaced; that sample's reward is None (the trainer counts it as a failed reward) and
+killed and replaced; ``math_reward`` then raises TimeoutError for that sample (the trainer counts it as a
+failed reward: None would mean "not applicable to this row") and
 ``MathVerifier.timeouts`` goes up. Sympy objects never leave the worker, so nothing is stringified
 or simplified outside the deadline.
 
@@ -286,7 +287,8 @@ def default_verifier() -> MathVerifier:
 
 def math_reward(completion: str, sample: dict) -> float | None:
     """1.0 when the completion's final answer is equivalent to sample['answer'] (math-verify, under a
-    hard deadline); 0.0 when it differs, hedges or has no answer; None when the verifier timed out."""
+    hard deadline); 0.0 when it differs, hedges or has no answer; TimeoutError when the verifier gave
+    no verdict within its deadline (a failure of that sample, not "not applicable")."""
     gold = gold_answer(sample["answer"])
     if not gold:
         raise ValueError("math_reward: sample['answer'] is empty")
@@ -296,7 +298,10 @@ def math_reward(completion: str, sample: dict) -> float | None:
     plain = _plain_equal(gold, answers)
     if plain is not None:
         return float(plain)
-    return default_verifier()(gold, answers)
+    value = default_verifier()(gold, answers)
+    if value is None:
+        raise TimeoutError(f"math-verify gave no verdict within its {default_verifier().timeout:g} s deadline")
+    return value
 
 
 math_reward.own_deadline = True  # its worker pool kills a call at its deadline: no second pool needed

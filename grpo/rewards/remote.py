@@ -1,14 +1,14 @@
 """Rewards that wait on something else: ``async def`` reward functions, run concurrently, and rewards
 served over HTTP(S), given as a URL in ``rewards``.
 
-Both are batched rewards (one call per step's completions) that keep their own deadline, so they run
+Both are batch-form rewards (``grpo.rewards.forms``: one call per step's completions) that keep their own deadline, so they run
 in the trainer's process, not in the reward workers, and every outcome (a value, or the exception of a
 failed sample) goes through ``score_completions``' failure accounting like any other reward's.
 
 The HTTP protocol (README, "Remote rewards"): one POST per batch with the JSON body
 ``{"prompts": [...], "completions": [...], "samples": [{...the task row...}, ...]}`` (row i of each list
 belongs together), answered with ``{"scores": [float or null, ...]}``, one per completion; null is
-"could not decide" (that sample fails, as a reward returning None). A timeout, a refused connection,
+"not applicable to this row", as a reward returning None. A timeout, a refused connection,
 a 429 or a 5xx is retried ``retries`` times with exponential backoff; a 4xx other than 429, a body that
 is not JSON, an answer over ``MAX_REPLY_BYTES`` and a wrong number of scores are not (a retry would get
 the same answer) and fail the batch. With ``$GRPO_REWARD_API_KEY`` set, each POST carries it as
@@ -65,7 +65,6 @@ class AsyncReward:
     passes it is cancelled and fails its sample (counted in ``timeouts``). The deadline holds where the
     function awaits; code that blocks the loop without awaiting cannot be interrupted."""
 
-    batched = True
     own_deadline = True
 
     def __init__(self, fn: Callable, *, timeout: float, concurrency: int = DEFAULT_CONCURRENCY):
@@ -125,7 +124,6 @@ class HttpReward:
     ``backoff * 2**attempt`` seconds). A batch that still fails fails every one of its samples with the
     last error; ``timeouts`` counts batches whose last attempt passed the deadline."""
 
-    batched = True
     own_deadline = True
 
     def __init__(self, url: str, *, timeout: float, retries: int = 2, backoff: float = BACKOFF):

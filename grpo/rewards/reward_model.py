@@ -1,7 +1,7 @@
 """A learned reward: any Hugging Face sequence-classification model scores (prompt, completion) pairs.
 
 The reward ``reward_model`` is *batched*: it takes all N completions of a step at once
-(``fn(completions, samples) -> list[float]``, marked by ``fn.batched = True``) and runs the model in
+(``fn(completions, samples) -> list[float]``: grpo.rewards.forms' batch form) and runs the model in
 batches of ``batch_size``. The pair is rendered with the reward model's chat template when it has one
 (user prompt, assistant completion), else as ``prompt + "\\n" + completion``. The score is the logit
 of a one-label head, or the probability of the last label of a multi-label head (label 1 = "good").
@@ -136,5 +136,3 @@ def reward_model_reward(completions: list[str], samples: list[dict]) -> list[flo
     raw = scorer.score([s["prompt"] for s in samples], completions)
     return apply_transform(raw, samples, mode)
 
-
-reward_model_reward.batched = True

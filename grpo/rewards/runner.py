@@ -16,7 +16,8 @@ import os
 
 from grpo.infra.processes import die_with_parent
 from grpo.rewards.builtin import resolve_reward
-from grpo.rewards.remote import DEFAULT_CONCURRENCY, AsyncReward, HttpReward
+from grpo.rewards.forms import BatchInputs, is_batch_reward
+from grpo.rewards.remote import DEFAULT_CONCURRENCY, AsyncReward, HttpReward, is_async
 from grpo.rewards.scoring import RewardResult, score_completions
 
 
@@ -48,21 +49,30 @@ class _Replay:
 
 
 class RewardRunner:
-    """Scores completions with named rewards, in-process (timeout 0) or in workers with a deadline."""
+    """Scores completions with named rewards, in-process (timeout 0) or in workers with a deadline.
+    ``given``: name -> callable for rewards handed over as objects (the Python API), which are not
+    looked up by name and run in this process (a worker could not find them by name)."""
 
     def __init__(self, names: list[str], weights: list[float] | None, *, timeout: float = 0.0, workers: int = 1,
-                 reward_model: str = "", retries: int = 0, concurrency: int = DEFAULT_CONCURRENCY):
+                 reward_model: str = "", retries: int = 0, concurrency: int = DEFAULT_CONCURRENCY,
+                 given: dict | None = None):
         self.names, self.weights, self.timeout, self.workers = names, weights, timeout, workers
+        self.given = dict(given or {})
         if reward_model:
             from grpo.rewards.reward_model import set_reward_model
 
             set_reward_model(reward_model)
         # fail early, in this process, on a bad name; async and URL rewards keep their own deadline here
-        self.fns = {n: resolve_reward(n, timeout=timeout, retries=retries, concurrency=concurrency) for n in names}
+        self.fns = {n: self._given(n, timeout, concurrency) if n in self.given else
+                    resolve_reward(n, timeout=timeout, retries=retries, concurrency=concurrency) for n in names}
         self._remote = [f for f in self.fns.values() if isinstance(f, (AsyncReward, HttpReward))]
         self.logged: set = set()
         self.timeouts = 0
         self._pool: cf.ProcessPoolExecutor | None = None
+
+    def _given(self, name: str, timeout: float, concurrency: int):
+        fn = self.given[name]
+        return AsyncReward(fn, timeout=timeout, concurrency=concurrency) if is_async(fn) and not is_batch_reward(fn) else fn
 
     def _new_pool(self) -> cf.ProcessPoolExecutor:
         # spawn, not fork: the trainer's process holds torch's thread pools, which a fork can deadlock.
@@ -86,10 +96,11 @@ class RewardRunner:
 
     @property
     def _worker_names(self) -> list[str]:
-        """Rewards run in workers; batched ones (a reward model on the trainer's device, the code
-        sandbox) and those that enforce their own deadline in their own processes (math-verify) run here."""
-        return [n for n in self.names
-                if not getattr(self.fns[n], "batched", False) and not getattr(self.fns[n], "own_deadline", False)]
+        """Rewards run in workers; batch-form ones (a reward model on the trainer's device, the code
+        sandbox, TRL-form functions), those that enforce their own deadline in their own processes
+        (math-verify) and callables handed over in-process (``given``) run here."""
+        return [n for n in self.names if n not in self.given and not is_batch_reward(self.fns[n])
+                and not getattr(self.fns[n], "own_deadline", False)]
 
     def _run_in_workers(self, completions: list[str], samples: list[dict]) -> list:
         calls = [(n, c, s) for n in self._worker_names for c, s in zip(completions, samples)]
@@ -119,21 +130,25 @@ class RewardRunner:
                 i = len(calls)
         return results
 
-    def score(self, completions: list[str], samples: list[dict]) -> RewardResult:
+    def score(self, completions: list[str], samples: list[dict], *, episodes: list[dict] | None = None,
+              completion_ids: list[list[int]] | None = None, trainer_state=None) -> RewardResult:
+        """``score_completions`` with this runner's rewards (the keywords: what TRL-form rewards also get)."""
         before = sum(f.timeouts for f in self._remote)
+        extra = dict(episodes=episodes, completion_ids=completion_ids, trainer_state=trainer_state)
         try:
-            return self._score(completions, samples)
+            return self._score(completions, samples, extra)
         finally:  # async calls and HTTP requests past their deadline count as the workers' do
             self.timeouts += sum(f.timeouts for f in self._remote) - before
 
-    def _score(self, completions: list[str], samples: list[dict]) -> RewardResult:
-        if self.timeout <= 0:
-            return score_completions(completions, samples, self.fns, self.weights, logged=self.logged)
-        results = self._run_in_workers(completions, samples)
+    def _score(self, completions: list[str], samples: list[dict], extra: dict) -> RewardResult:
+        if self.timeout <= 0 or not self._worker_names:
+            return score_completions(completions, samples, self.fns, self.weights, logged=self.logged, **extra)
+        rows = BatchInputs(completions, samples, episodes=extra["episodes"]).rows()  # what a worker's reward gets
+        results = self._run_in_workers(completions, rows)
         n = len(completions)
         replays = {name: _Replay(results[k * n:(k + 1) * n]) for k, name in enumerate(self._worker_names)}
         proxies = {name: replays.get(name, self.fns[name]) for name in self.names}
-        return score_completions(completions, samples, proxies, self.weights, logged=self.logged)
+        return score_completions(completions, samples, proxies, self.weights, logged=self.logged, **extra)
 
     def state_dict(self) -> dict:
         """What a resumed run needs to log and count as the uninterrupted one would: the failures

@@ -1,17 +1,23 @@
 """Scoring a batch of completions with a weighted list of rewards; failures are counted, not fatal.
 
+A reward may be of either form (``grpo.rewards.forms``: per completion, or TRL's per batch). A value
+of None means "not applicable to this row" (TRL's convention): that reward is left out of the row's
+weighted sum, and a row for which every reward returned None cannot be scored (a counted failure).
+
 Dimension letters: N completions, K reward functions.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 
 import torch
 
 from grpo.rewards.builtin import RewardFn
+from grpo.rewards.forms import (BatchInputs, RewardShapeError, call_batch, check_value, completion_values,
+                                is_batch_reward)
+from grpo.rewards.remote import _run_loop
 
 log = logging.getLogger("grpo.rewards")
 
@@ -20,9 +26,13 @@ log = logging.getLogger("grpo.rewards")
 class RewardResult:
     """Rewards of N completions.
 
-    total: [N] weighted sum, NaN where any reward failed (those completions are left out of the loss).
-    per_reward: name -> [N] raw values (NaN on failure). failures: name -> count. first_errors: name ->
-    the first exception of each reward that failed in this call, as "Type: message".
+    total: [N] weighted sum over the rewards that apply, NaN where any reward failed or none applied
+    (those completions are left out of the loss).
+    per_reward: name -> [N] raw values (NaN on failure and where it returned None). failures: name ->
+    count of its failed calls. not_applicable: name -> count of its None values. unscorable: rows no
+    reward applied to. first_errors: name -> the first exception of each reward that failed in this
+    call, as "Type: message". log_metrics / log_columns: what batch rewards logged (``log_metric``,
+    ``log_extra``).
     """
 
     total: torch.Tensor
@@ -30,70 +40,92 @@ class RewardResult:
     failures: dict[str, int]
     messages: list[str] = field(default_factory=list)
     first_errors: dict[str, str] = field(default_factory=dict)
+    not_applicable: dict[str, int] = field(default_factory=dict)
+    unscorable: int = 0
+    log_metrics: dict[str, list[float]] = field(default_factory=dict)
+    log_columns: dict[str, list] = field(default_factory=dict)
 
     @property
     def failed(self) -> torch.Tensor:  # [N] bool
         return torch.isnan(self.total)
 
 
-def _check_value(value) -> float:
-    if isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, (int, float)):
-        raise TypeError(f"returned {type(value).__name__} {value!r:.80}, not a number")
-    if not math.isfinite(value):
-        raise ValueError(f"returned non-finite {value!r}")
-    return float(value)
+def reward_outcomes(name: str, fn, inputs: BatchInputs) -> list:
+    """``fn``'s outcome for each completion of ``inputs`` (either form): what it returned, or the
+    exception that failed that completion. A batch result of the wrong shape raises RewardShapeError."""
+    if is_batch_reward(fn):
+        return call_batch(name, fn, inputs, _run_loop)
+    return completion_values(name, fn, inputs.texts, inputs.rows())
 
 
-def _batched_outputs(fn, completions: list[str], samples: list[dict]) -> list:
-    """A batched reward (``fn.batched``: all completions in one call, e.g. a reward model): its N
-    values, or the exception it raised once per completion."""
-    try:
-        outs = list(fn(completions, samples))
-        if len(outs) != len(completions):
-            raise ValueError(f"returned {len(outs)} values for {len(completions)} completions")
-        return outs
-    except Exception as e:
-        return [e] * len(completions)
+def _report(name: str, e: Exception, text: str, sample: dict, logged: set, messages: list) -> None:
+    """Log the first failure of each kind (reward, exception type) with its completion and answer."""
+    kind = (name, type(e).__name__)
+    if kind in logged:
+        return
+    logged.add(kind)
+    msg = (f"reward {name!r} failed ({type(e).__name__}: {e}) on completion {text[:200]!r} "
+           f"with answer {sample.get('answer')!r}; such failures are counted in "
+           f"metrics as reward_failures and the samples left out of the loss")
+    log.warning(msg)
+    messages.append(msg)
 
 
 def score_completions(completions: list[str], samples: list[dict], fns: dict[str, RewardFn],
-                      weights: list[float] | None = None, *, logged: set | None = None) -> RewardResult:
-    """Run every reward on every (completion, sample) (a batched reward once on all). A reward that raises or returns None, NaN,
-    inf or a non-number gives NaN for that sample; the first failure of each kind is logged with
-    its sample (``logged`` remembers which kinds were already reported across calls)."""
+                      weights: list[float] | None = None, *, logged: set | None = None,
+                      episodes: list[dict] | None = None, completion_ids: list[list[int]] | None = None,
+                      trainer_state=None) -> RewardResult:
+    """Run every reward on the batch (a per-completion one on each (completion, sample), a batch one
+    once). A reward that raises or returns NaN or inf gives NaN for that completion; None leaves it
+    out of the row's sum. The first failure of each kind is logged with its sample (``logged``
+    remembers the kinds already reported across calls). ``episodes``, ``completion_ids`` and
+    ``trainer_state``: what TRL-form rewards also receive (``forms.BatchInputs``). A value of the
+    wrong type or shape raises RewardShapeError (the reward's bug)."""
     if len(completions) != len(samples):
         raise ValueError(f"score_completions: {len(completions)} completions but {len(samples)} samples")
+    inputs = BatchInputs(list(completions), samples, episodes=episodes, completion_ids=completion_ids,
+                         trainer_state=trainer_state)
     weights = weights or [1.0] * len(fns)
     logged = set() if logged is None else logged
     n = len(completions)
-    per_reward, failures, messages, first_errors = {}, {}, [], {}
-    for name in fns:
+    per_reward, failures, not_applicable, messages, first_errors = {}, {}, {}, [], {}
+    applies = torch.zeros(len(fns), n, dtype=torch.bool)  # [K, N]
+    broken = torch.zeros(n, dtype=torch.bool)  # [N]
+    for k, name in enumerate(fns):
         vals = torch.full((n,), float("nan"), dtype=torch.float64)  # [N]
-        failures[name] = 0
-        batch = _batched_outputs(fns[name], completions, samples) if getattr(fns[name], "batched", False) else None
-        for i, (comp, sample) in enumerate(zip(completions, samples)):
+        failures[name] = not_applicable[name] = 0
+        batch = is_batch_reward(fns[name])
+        for i, out in enumerate(reward_outcomes(name, fns[name], inputs)):
             try:
-                out = fns[name](comp, sample) if batch is None else batch[i]
                 if isinstance(out, BaseException):
                     raise out
-                if out is None:
-                    raise ValueError("returned None (the grader could not decide)")
-                vals[i] = _check_value(out)
+                value = check_value(name, out, batch=batch)
+            except RewardShapeError:
+                raise
             except Exception as e:  # a reward is user code: any failure is one sample's, not the run's
                 failures[name] += 1
+                broken[i] = True
                 first_errors.setdefault(name, " ".join(f"{type(e).__name__}: {e}".split())[:300])  # one line
-                kind = (name, type(e).__name__)
-                if kind not in logged:
-                    logged.add(kind)
-                    msg = (f"reward {name!r} failed ({type(e).__name__}: {e}) on completion {comp[:200]!r} "
-                           f"with answer {sample.get('answer')!r}; such failures are counted in "
-                           f"metrics as reward_failures and the samples left out of the loss")
-                    log.warning(msg)
-                    messages.append(msg)
+                _report(name, e, inputs.texts[i], samples[i], logged, messages)
+                continue
+            if value is None:
+                not_applicable[name] += 1
+            else:
+                vals[i], applies[k, i] = value, True
         per_reward[name] = vals
-    stacked = torch.stack([per_reward[k] * w for k, w in zip(fns, weights)])  # [K, N]
-    total = stacked.sum(0)  # [N]: NaN propagates, so any failed component fails the sample
+    stacked = torch.stack([per_reward[k].nan_to_num(0.0) * w for k, w in zip(fns, weights)])  # [K, N]
+    total = stacked.sum(0)  # [N]: the rewards that apply
+    none_applies = ~applies.any(0) & ~broken  # [N]
+    total[broken | none_applies] = float("nan")
+    if none_applies.any() and ("*", "none applies") not in logged:
+        logged.add(("*", "none applies"))
+        i = int(none_applies.nonzero()[0])
+        msg = (f"no reward applied to completion {inputs.texts[i][:200]!r} with answer {samples[i].get('answer')!r} "
+               f"(every reward returned None); such completions are counted in metrics as reward_failures "
+               f"and left out of the loss")
+        log.warning(msg)
+        messages.append(msg)
     return RewardResult(total=total, per_reward=per_reward, failures=failures, messages=messages,
-                        first_errors=first_errors)
+                        not_applicable=not_applicable, first_errors=first_errors, unscorable=int(none_applies.sum()),
+                        log_metrics=inputs.log.metrics, log_columns=inputs.log.columns)
+

@@ -51,6 +51,10 @@ class Rollout:
     def lengths(self) -> Tensor:  # [N] tokens in the context (overlong penalty, length metrics)
         return self.completion_mask.sum(1)
 
+    def completion_id_lists(self) -> list[list[int]]:
+        """Each row's completion token ids (its context: ``completion_mask``), as lists."""
+        return [ids[:n].tolist() for ids, n in zip(self.completion_ids.cpu(), self.lengths.cpu().tolist())]
+
     def check(self) -> None:
         """Raise ValueError unless completion_mask is a prefix mask and loss_mask lies within it."""
         check_masks(self.completion_mask, self.loss_mask)

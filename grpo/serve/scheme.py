@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 
 from grpo.rewards.builtin import format_reward
+from grpo.rewards.forms import BatchInputs, check_value
+from grpo.rewards.scoring import reward_outcomes
 from grpo.rewards.mathverify import candidates
 from grpo.serve.batcher import Batcher, resolve
 from grpo.serve.engines import Generation
@@ -91,8 +93,11 @@ def _verifier_check(gen: Generation, sample: dict, scheme: "Scheme") -> str | No
     fn = scheme.verifier
     if fn is None:
         return "verifier_error"
-    try:
-        score = fn([gen.text], [sample])[0] if getattr(fn, "batched", False) else fn(gen.text, sample)
+    try:  # either form of reward (grpo.rewards.forms)
+        score = reward_outcomes("verifier", fn, BatchInputs([gen.text], [sample]))[0]
+        if isinstance(score, BaseException):
+            raise score
+        score = check_value("verifier", score, batch=False)
     except Exception:
         return "verifier_error"
     return None if score is not None and score > 0 else "verifier_rejected"

@@ -171,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"Same model ({base.model}), task ({base.task}), prompts and seeds for every method: {args.steps} "
               f"policy-gradient steps x {base.prompts_per_step} prompts x {base.num_generations} completions = "
               f"{args.steps * base.sequences_per_step} rollouts per method and seed, mu = {base.num_iterations}, "
-              f"beta = {base.beta}, {args.repeats} seed(s); held-out accuracy on {base.eval_prompts} prompts.")
+              f"beta = {base.beta}, {args.repeats} seed(s); held-out accuracy on "
+              f"{'the task default number of' if base.eval_prompts is None else base.eval_prompts} prompts.")
     (out / "compare.json").write_text(json.dumps({"header": header, "methods": table, "runs": runs}, indent=2))
     (out / "compare.md").write_text(markdown(table, header))
     plot(runs, methods, out / "compare.png")

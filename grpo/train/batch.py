@@ -165,10 +165,12 @@ class BatchMaker:
         if per_reward is None:
             raise ValueError("multi_objective_aggregation=normalize_then_sum needs each reward's scores (per_reward)")
         per = per_reward.to(filled.device, filled.dtype)  # [B, G, K]
-        # a failed completion leaves the loss; each of its scores takes its group's mean, as its total does
-        group_mean = torch.nan_to_num(torch.nanmean(per.masked_fill(failed[..., None], float("nan")), dim=1,
+        # a failed completion leaves the loss; each of its scores takes its group's mean, as its total does,
+        # and so does a score a reward did not give (None: not applicable), which then adds 0 to the sum
+        missing = failed[..., None] | torch.isnan(per)  # [B, G, K]
+        group_mean = torch.nan_to_num(torch.nanmean(per.masked_fill(missing, float("nan")), dim=1,
                                                     keepdim=True), nan=0.0)  # [B, 1, K]
-        per = torch.where(failed[..., None], group_mean.expand_as(per), per)  # [B, G, K]
+        per = torch.where(missing, group_mean.expand_as(per), per)  # [B, G, K]
         weights = torch.tensor(cfg.reward_weights or [1.0] * per.shape[-1], dtype=per.dtype, device=per.device)
         return core.gdpo_advantages(per, weights, std_eps=cfg.std_eps, unbiased_std=cfg.scale_rewards_unbiased)
 

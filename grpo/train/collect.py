@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+from transformers import TrainerState
 
 from grpo import core
 from grpo.data import PromptSampler, render_prompt
@@ -28,19 +29,24 @@ from grpo.train.resample import RESAMPLE_ROW_BASE, resample_invalid, validity_ch
 from grpo.train.batch import correction_mode
 
 
-def failure_message(per_reward: dict[str, torch.Tensor], first_errors: list[dict[str, str]], *, n_failed: int,
-                    share: float) -> str:
-    """One line: how many of the step's completions no reward could score, and each failing reward
-    with its failure count and first exception (``first_errors``: every process's, rank 0 first)."""
-    n = len(next(iter(per_reward.values())))
-    parts = []
-    for name, values in per_reward.items():  # values [N_global], NaN where this reward failed
-        failed = int(torch.isnan(values).sum())
-        if failed:
-            error = next((e[name] for e in first_errors if name in e), "no message")
-            parts.append(f"reward {name!r} failed on {failed} ({error})")
+def failure_message(parts: list[dict], *, n: int, n_failed: int, share: float) -> str:
+    """One line: how many of the step's ``n`` completions could not be scored, each failing reward with
+    its failure count and first exception, and the rows no reward applied to. ``parts``: every
+    process's {"failures", "first_errors", "unscorable"}, rank 0 first."""
+    failures: dict[str, int] = {}
+    for part in parts:
+        for name, count in part["failures"].items():
+            failures[name] = failures.get(name, 0) + count
+    reasons = []
+    for name, count in failures.items():
+        if count:
+            error = next((p["first_errors"][name] for p in parts if name in p["first_errors"]), "no message")
+            reasons.append(f"reward {name!r} failed on {count} ({error})")
+    unscorable = sum(p["unscorable"] for p in parts)
+    if unscorable:
+        reasons.append(f"no reward applied to {unscorable} (every reward returned None)")
     return (f"{n_failed} of the step's {n} completions could not be scored (max_reward_failure_share="
-            f"{share:g}): {'; '.join(parts)}")
+            f"{share:g}): {'; '.join(reasons)}")
 
 
 @dataclass
@@ -52,6 +58,26 @@ class Collected:
     rewards: torch.Tensor  # [B, G] of the whole step (NaN where a reward failed)
     metrics: dict
     per_reward: torch.Tensor | None = None  # [B, G, K] each reward function's raw scores (GDPO)
+    columns: dict = dataclasses.field(default_factory=dict)  # what TRL-form rewards logged per row (log_extra)
+
+    def logged_rows(self, group_size: int) -> list[dict]:
+        """The rows samples.jsonl gets: G / 2 completions of each prompt with the prompt, its answer, the
+        reward, what TRL-form rewards logged for them (log_extra) and, for an episode, its transcript."""
+        texts, flat, eps = self.rollout.texts, self.rewards.flatten().tolist(), self.rollout.episodes
+        rows = []
+        for i in range(0, len(texts), max(1, group_size // 2)):
+            sample = self.samples[i // group_size]
+            row = {"prompt": sample["prompt"], "completion": texts[i], "answer": sample.get("answer"), "reward": flat[i]}
+            row.update({k: v[i] for k, v in self.columns.items() if len(v) == len(texts)})
+            if eps is not None:
+                row["transcript"] = eps[i].get("transcript")
+            rows.append(row)
+        return rows
+
+
+def _counts(info: dict) -> dict:
+    """An episode's info without its transcripts and environment instance: what crosses processes."""
+    return {k: v for k, v in info.items() if k not in ("transcript", "completion_messages", "environment")}
 
 
 class Collector:
@@ -69,6 +95,7 @@ class Collector:
         self.reward_failures = 0
         self.prompts_truncated = 0  # this run's sampled prompts cut to max_prompt_length (every process)
         self.last_per_reward: torch.Tensor | None = None  # [B, G, K] of the last score()
+        self.last_columns: dict = {}  # this process's rows' columns that TRL-form rewards logged (last score())
         self.checks = validity_checks(rewards.fns)  # rewards that declare which completions they can grade
         self.resample = {"resample_rounds": 0, "resampled_completions": 0, "invalid_after_resampling": 0}
 
@@ -81,8 +108,9 @@ class Collector:
             if self.cfg.dynamic_sampling:  # DAPO: only groups with reward variance reach the loss
                 return self._dynamic(step=step, temperature=temperature)
             samples, ro = self.sample(step=step, temperature=temperature)
-            rewards, metrics = self.score(samples, ro)
-            return Collected(samples, ro, rewards, metrics, per_reward=self.last_per_reward)
+            rewards, metrics = self.score(samples, ro, step=step)
+            return Collected(samples, ro, rewards, metrics, per_reward=self.last_per_reward,
+                             columns=self.last_columns)
         except RewardError:
             self.sampler.load_state_dict(position)
             raise
@@ -146,16 +174,17 @@ class Collector:
                       "tokens were cut from the left (counted in metrics as prompts_truncated)", "yellow")
         self.prompts_truncated += n
 
-    def score(self, samples: list[dict], ro: Rollout) -> tuple[torch.Tensor, dict]:
+    def score(self, samples: list[dict], ro: Rollout, *, step: int = 0) -> tuple[torch.Tensor, dict]:
         """Rewards [B, G] of the whole step, gathered from every process (NaN where a reward
-        failed), and the reward metrics."""
+        failed or none applied), and the reward metrics. Rewards see each episode's transcript and
+        counts beside its sample; TRL-form ones also the token ids and the step (``trainer_state``)."""
         cfg, world = self.cfg, self.world
         group_samples = [s for s in samples for _ in range(cfg.num_generations)]
-        if ro.episodes is not None:  # rewards see each episode's transcript and counts beside its sample
-            group_samples = [{**s, **e} for s, e in zip(group_samples, ro.episodes)]
         t0 = time.perf_counter()
         with self.timer.stage("rewards"):
-            res = self.rewards.score(ro.texts, group_samples)
+            res = self.rewards.score(ro.texts, group_samples, episodes=ro.episodes,
+                                     completion_ids=ro.completion_id_lists(),
+                                     trainer_state=TrainerState(global_step=step, max_steps=cfg.max_steps))
         grading = time.perf_counter() - t0  # every reward of the step (the code rewards: its sandboxed tests)
         for msgs in dist_io.gather_objects(res.messages, world):
             for msg in msgs:
@@ -164,20 +193,26 @@ class Collector:
         per_reward = {k: dist_io.gather_rows(v.double(), world) for k, v in res.per_reward.items()}
         n_failed = int(torch.isnan(total).sum())
         if n_failed and n_failed >= cfg.max_reward_failure_share * len(total):
-            raise RewardError(failure_message(per_reward, dist_io.gather_objects(res.first_errors, world),
-                                              n_failed=n_failed, share=cfg.max_reward_failure_share))
+            part = {"failures": res.failures, "first_errors": res.first_errors, "unscorable": res.unscorable}
+            raise RewardError(failure_message(dist_io.gather_objects(part, world), n=len(total), n_failed=n_failed,
+                                              share=cfg.max_reward_failure_share))
         self.reward_failures += n_failed
         first = per_reward[cfg.reward_names[0]]
         timeouts = int(dist_io.all_sum(torch.tensor(self.rewards.timeouts), world))
         metrics = {f"rewards/{k}": float(torch.nanmean(v)) for k, v in per_reward.items()}
+        logged: dict = {}  # what TRL-form rewards logged with log_metric, on every process
+        for part in dist_io.gather_objects(res.log_metrics, world):
+            for name, values in part.items():
+                logged.setdefault(name, []).extend(values)
+        metrics.update({name: sum(values) / len(values) for name, values in logged.items()})
+        self.last_columns = res.log_columns
         self.last_per_reward = torch.stack([per_reward[k] for k in cfg.reward_names], -1).float().view(
             cfg.prompts_per_step, cfg.num_generations, -1)  # [B, G, K]
         metrics.update(accuracy=float((first >= 1.0).double().mean()), reward_failures=n_failed,
                        reward_failures_total=self.reward_failures, reward_timeouts_total=timeouts,
                        grading_seconds=max(dist_io.gather_objects(grading, world)))  # the slowest process
         if ro.episodes is not None:  # every process's episodes (without their transcripts)
-            infos = [e for part in dist_io.gather_objects([{k: v for k, v in e.items() if k != "transcript"}
-                                                           for e in ro.episodes], world) for e in part]
+            infos = [e for part in dist_io.gather_objects([_counts(e) for e in ro.episodes], world) for e in part]
             metrics.update(episode_metrics(infos))
         if self.checks and cfg.resample_invalid_rounds:  # the resampling since the last scoring
             metrics.update(self.resample)
@@ -202,7 +237,7 @@ class Collector:
         mine, kept_rewards, kept_per, n_kept, seconds = [], [], [], 0, 0.0
         for draw in range(cfg.dynamic_sampling_rounds):
             samples, ro = self.sample(step=step, temperature=temperature, draw=draw)
-            rewards, metrics = self.score(samples, ro)  # [B, G] of the whole step
+            rewards, metrics = self.score(samples, ro, step=step)  # [B, G] of the whole step
             seconds += ro.seconds
             idx = core.informative_groups(rewards).nonzero().flatten()[: n - n_kept]  # [k] indices into the step's B
             kept_rewards.append(rewards[idx])  # [k, G]
@@ -212,7 +247,10 @@ class Collector:
                 j = i - world.rank * b
                 if 0 <= j < b:
                     rows = select_rollout(ro, torch.arange(j * g, (j + 1) * g))
-                    mine.append((draw, i, samples[j], rollout_to(rows, "cpu") if world.distributed else rows))
+                    if world.distributed:  # to move between processes: on the CPU, without objects of this one
+                        rows = dataclasses.replace(rollout_to(rows, "cpu"), episodes=None if rows.episodes is None
+                                                   else [_counts(e) for e in rows.episodes])
+                    mine.append((draw, i, samples[j], rows))
             if n_kept >= n:
                 break
         # whole mini-batches on every process when there are enough groups (then 1 and N processes take

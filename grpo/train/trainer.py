@@ -17,6 +17,7 @@ from grpo.core.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -34,7 +35,7 @@ from grpo.infra import checkpoint as ckpt_io
 from grpo.infra import distributed as dist_io
 from grpo.infra.logger import NullLogger, RunLogger
 from grpo.infra.timing import STAGES, StageTimer, stage_key
-from grpo.infra.runtime import keep_freed_memory, make_run_dir, seed_everything
+from grpo.infra.runtime import import_from, keep_freed_memory, make_run_dir, seed_everything
 from grpo.infra.stop import StopFlag
 from grpo.models import grouped_attention, keep_head_fp32, load_models, native_bf16, reset_reference, resolve_model_path
 from grpo.models.packing import SHARED_PREFIX_ATTENTION, sliding_window
@@ -81,7 +82,7 @@ def _check_world(cfg: Config, world: dist_io.World) -> None:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, *, models=None, task=None):
+    def __init__(self, cfg: Config, *, models=None, task=None, reward_fns: dict | None = None):
         self.cfg = cfg
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
@@ -91,10 +92,13 @@ class Trainer:
         _check_world(cfg, world)
         if cfg.reuse_freed_memory and world.device.type == "cpu":
             keep_freed_memory()
+        cfg.working_dir = cfg.working_dir or os.getcwd()  # recorded in config.yaml: a resume imports from it too
+        import_from(cfg.working_dir, os.getcwd())
         # Everything that can be wrong with the input is checked before the model loads.
         self.rewards = RewardRunner(cfg.reward_names, cfg.reward_weights, timeout=cfg.reward_timeout,
                                     workers=cfg.reward_workers, reward_model=cfg.reward_model,
-                                    retries=cfg.reward_retries, concurrency=cfg.reward_concurrency)
+                                    retries=cfg.reward_retries, concurrency=cfg.reward_concurrency,
+                                    given=reward_fns)  # callables handed over by the Python API
         if cfg.reward_model:  # seed 003 section 4.1
             set_reward_transform(cfg.reward_model_transform)
         step_reward = resolve_step_reward(cfg.step_reward) if cfg.supervision == "process" else None
@@ -232,8 +236,8 @@ class Trainer:
         self.fuse_reason = k.after_step(metrics)  # controllers move the next step's knobs
         if dist_io.all_max(int(bool(self.fuse_reason)), self.world) and not self.fuse_reason:
             self.fuse_reason = "the fuse blew on another process"  # every process stops at the same step
-        if cfg.log_completions_steps and self.step % cfg.log_completions_steps == 0:
-            self._log_samples(got)
+        if cfg.log_completions_steps and (self.step % cfg.log_completions_steps == 0 or self.step in (1, cfg.max_steps)):
+            self._log_samples(got)  # the first and last steps too, so a short run shows its completions
         return metrics
 
     def sample(self, draw: int = 0) -> tuple[list[dict], Rollout]:
@@ -244,7 +248,7 @@ class Trainer:
 
     def score(self, samples: list[dict], ro: Rollout) -> tuple[torch.Tensor, dict]:
         """Rewards [B, G] of the whole step and their metrics (Collector.score; a convenience, as sample)."""
-        return self.collector.score(samples, ro)
+        return self.collector.score(samples, ro, step=self.step)
 
     def prepare(self, ro: Rollout, rewards: torch.Tensor, samples: list[dict] | None = None, *,
                 per_reward: torch.Tensor | None = None) -> tuple[Batch, dict]:
@@ -288,11 +292,7 @@ class Trainer:
             engine.sync_weights(self.policy)
 
     def _log_samples(self, got) -> None:
-        g, flat = self.cfg.num_generations, got.rewards.flatten().tolist()
-        self.logger.log_samples(self.step, [
-            {"prompt": got.samples[i // g]["prompt"], "completion": got.rollout.texts[i],
-             "answer": got.samples[i // g]["answer"], "reward": flat[i]}
-            for i in range(0, len(got.rollout.texts), max(1, g // 2))])
+        self.logger.log_samples(self.step, got.logged_rows(self.cfg.num_generations))
 
     def _consistency(self) -> dict:
         cfg = self.cfg

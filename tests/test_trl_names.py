@@ -1,0 +1,133 @@
+"""TRL's GRPOConfig names: every field of the installed TRL has an entry; mapped names give grpo's
+fields (TRL's own batch arithmetic reproduced); refused names name grpo's equivalent; docs/trl.md is
+the generated table."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from pathlib import Path
+
+import pytest
+
+from grpo.config import Config, ConfigError, load_config
+from grpo.config.io import config_from
+from grpo.config.trl_names import IGNORED, MAPPED, REFUSED, SAME, TRL_NAMES, markdown_table
+
+trl = pytest.importorskip("trl")  # the dev extra installs it; without it there is nothing to check against
+FIELDS = {f.name for f in dataclasses.fields(Config)}
+
+
+def _trl_fields() -> set[str]:
+    return {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+
+
+def test_every_field_of_the_installed_trl_has_an_entry():
+    missing = sorted(_trl_fields() - set(TRL_NAMES))
+    assert not missing, f"TRL {trl.__version__}'s GRPOConfig fields without an entry in TRL_NAMES: {missing}"
+
+
+def test_entries_name_grpo_fields():
+    for name, e in TRL_NAMES.items():
+        assert e.kind in (SAME, MAPPED, REFUSED, IGNORED), name
+        if e.kind == SAME:
+            assert name in FIELDS, f"{name} is listed as grpo's own field"
+        if e.kind == MAPPED:
+            assert {f.strip() for f in e.to.split(",")} <= FIELDS, name
+        if e.kind == REFUSED:
+            assert e.note.startswith(f"{name}: "), f"{name}'s error must name it"
+
+
+def test_the_docs_table_is_generated_from_the_entries():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "trl.md").read_text()
+    assert markdown_table() in text, "docs/trl.md is stale: run python -m grpo.config --update-trl-docs"
+
+
+def test_the_names_the_issue_tried():
+    cfg = load_config(None, ["gradient_accumulation_steps=4", "loss_type=dr_grpo", "scale_rewards=false",
+                             "warmup_ratio=0.1", "max_steps=20"])
+    assert (cfg.prompts_per_step, cfg.mini_batches) == (4, 1)  # 8 completions x 4 micro-batches / 8 per group
+    assert cfg.aggregation == "seq_mean_token_sum_norm" and cfg.advantage_estimator == "dr_grpo"
+    assert cfg.warmup_steps == 2  # ceil(0.1 x 20), transformers' rule
+    with pytest.raises(ConfigError, match=r"^num_train_epochs: grpo counts training steps .* set max_steps .* "
+                                          r"num_iterations is TRL's num_iterations \(mu"):
+        load_config(None, ["num_train_epochs=1"])
+
+
+def test_the_saved_config_holds_grpos_names(tmp_path):
+    cfg = config_from({"gradient_accumulation_steps": 2, "loss_type": "dapo", "use_vllm": False, "push_to_hub": False},
+                      "GRPOConfig(...)")
+    cfg.save(tmp_path / "c.yaml")
+    again = load_config(tmp_path / "c.yaml")
+    assert again == cfg and again.aggregation == "token_mean" and again.prompts_per_step == 2
+    assert not set(cfg.to_dict()) - FIELDS
+
+
+@pytest.mark.parametrize("kw", [{}, {"gradient_accumulation_steps": 4},
+                                {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "num_generations": 4},
+                                {"steps_per_generation": 4, "gradient_accumulation_steps": 2},
+                                {"generation_batch_size": 64, "num_generations": 8}])
+def test_batch_arithmetic_matches_trls_own(kw):
+    """TRL's GRPOConfig derives its generation batch; grpo's prompts_per_step x num_generations is that
+    batch and mini_batches its optimizer steps (steps_per_generation / gradient_accumulation_steps)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = trl.GRPOConfig(output_dir="unused", use_cpu=True, bf16=False, **kw)
+    ours = config_from({**kw, "gradient_accumulation_steps": theirs.gradient_accumulation_steps}, "test")
+    assert ours.prompts_per_step * ours.num_generations == theirs.generation_batch_size
+    assert ours.mini_batches == theirs.steps_per_generation // theirs.gradient_accumulation_steps
+
+
+@pytest.mark.parametrize("given, want", [
+    ({"loss_type": "cispo", "epsilon_high": 4.0}, {"policy_loss": "cispo", "cispo_ratio_max": 4.0, "aggregation": "token_mean"}),
+    ({"epsilon_high": 0.28}, {"epsilon_high": 0.28}),
+    ({"scale_rewards": "batch"}, {"advantage_estimator": "batch_std"}),
+    ({"scale_rewards": True}, {"advantage_estimator": "grpo"}),
+    ({"mask_truncated_completions": True, "delta": 4.0}, {"overlong_filter": True, "clip_delta": 4.0}),
+    ({"log_completions": True, "logging_steps": 3}, {"log_completions_steps": 3}),
+    ({"disable_tqdm": True}, {"progress": False}),
+    ({"resume_from_checkpoint": False}, {"resume_from_checkpoint": None}),
+    ({"warmup_steps": 0.25, "max_steps": 10}, {"warmup_steps": 3}),
+    ({"sync_ref_model": True, "ref_model_mixup_alpha": 1.0, "ref_model_sync_steps": 5}, {"ref_reset_steps": 5}),
+    ({"max_tool_calling_iterations": 2}, {"max_turns": 3}),
+    ({"model_init_kwargs": {"torch_dtype": "bfloat16"}}, {"dtype": "bfloat16"}),
+    ({"report_to": "all"}, {"report_to": "tensorboard"}),
+    ({"report_to": ["tensorboard", "trackio"]}, {"report_to": "tensorboard"}),
+    ({"eval_strategy": "no"}, {"eval_steps": 0}),
+    ({"eval_strategy": "steps", "logging_steps": 2}, {"eval_steps": 2}),
+    ({"vllm_server_base_url": "http://10.0.0.2:8123"}, {"vllm_server_host": "10.0.0.2", "vllm_server_port": 8123}),
+    ({"adam_epsilon": 1e-8, "optim": "adamw_torch", "fp16": False, "push_to_hub": True}, {}),
+], ids=lambda x: ",".join(x) if isinstance(x, dict) else None)
+def test_mapped_and_accepted_values(given, want):
+    cfg = config_from(dict(given), "test")
+    for key, value in want.items():
+        assert getattr(cfg, key) == value, key
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"gradient_accumulation_steps": 2, "prompts_per_step": 4}, r"^gradient_accumulation_steps: sets prompts_per_step, "
+                                                                r"which is also given; give one of them$"),
+    ({"loss_type": "bnpo"}, r"^loss_type: bnpo normalises .*use loss_type=dapo"),
+    ({"loss_type": "vespo"}, r"^loss_type: 'vespo' has no grpo equivalent"),
+    ({"adam_epsilon": 1e-6}, r"^adam_epsilon: grpo's AdamW keeps torch's eps of 1e-8$"),
+    ({"fp16": True}, r"^fp16: "),
+    ({"sync_ref_model": True}, r"^sync_ref_model: .* ref_model_mixup_alpha=0.6 is not offered$"),
+    ({"generation_batch_size": 12}, r"generation batch of 12 completions must be a multiple of num_generations=8"),
+    ({"eval_strategy": "epoch"}, r"^eval_strategy: grpo counts steps, not epochs"),
+    ({"scale_rewards": "maybe"}, r"^scale_rewards: 'maybe' is not valid"),
+])
+def test_refused_values_name_grpos_equivalent(given, message):
+    with pytest.raises(ConfigError, match=message):
+        config_from(given, "test")
+
+
+def test_command_line_strings_are_read_as_trls_types():
+    cfg = load_config(None, ["scale_rewards=batch", "mask_truncated_completions=true", "adam_epsilon=1e-8",
+                             "use_vllm=false", "disable_tqdm=true", "per_device_eval_batch_size=16"])
+    assert cfg.advantage_estimator == "batch_std" and cfg.overlong_filter and not cfg.progress
+    assert cfg.eval_batch_size == 16 and cfg.rollout_backend == "auto"
+
+
+def test_an_unknown_name_suggests_trls_and_grpos():
+    with pytest.raises(ConfigError, match=r"unknown config key 'num_train_epoch' .*did you mean num_train_epochs"):
+        load_config(None, ["num_train_epoch=1"])
