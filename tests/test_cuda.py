@@ -86,7 +86,7 @@ def test_training_steps_on_cuda_match_cpu(tmp_path, tiny_model_dir, tiny_dataset
     """Two fp32 steps (mu = 2, beta > 0, shared prefix) on the GPU: the same draws, metrics to 1e-4
     relative and weights to 1e-5 as on the CPU."""
     gpu, gpu_lines = _train(_cfg(tmp_path, tiny_model_dir, tiny_dataset, "gpu"))
-    assert next(gpu.policy.parameters()).device.type == "cuda" and not gpu.amp
+    assert next(gpu.policy.parameters()).device.type == "cuda" and not gpu.placement.amp
     with monkeypatch.context() as mp:
         mp.setattr(torch.cuda, "is_available", lambda: False)
         cpu, cpu_lines = _train(_cfg(tmp_path, tiny_model_dir, tiny_dataset, "cpu"))
