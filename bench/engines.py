@@ -48,7 +48,7 @@ def measure(engine_name: str, tokens: int, out_dir: str, vllm_memory: float) -> 
 
         def sample(rows: int) -> tuple[float, int]:
             start = time.perf_counter()
-            ro = t.engine.generate(prompts[:rows // GROUP], group_size=GROUP, sampling=sampling,
+            ro = t.engines.train.generate(prompts[:rows // GROUP], group_size=GROUP, sampling=sampling,
                                    keys=row_keys(cfg.seed, 0, 0, rows))
             return time.perf_counter() - start, int(ro.completion_mask.sum())
 

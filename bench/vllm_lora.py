@@ -57,9 +57,9 @@ def _params(rows: int, tokens: int) -> list[dict]:
 
 def merged(m, prompts, rows, tokens, rounds) -> tuple[list[float], list[float]]:
     from grpo.rollout import make_engine
-    from grpo.rollout.vllm_rows import llm_sample
+    from grpo.rollout.vllm_rows import VLLMOptions, llm_sample
 
-    engine = make_engine("vllm", m.policy, m.tokenizer, options={"gpu_memory_utilization": 0.2})
+    engine = make_engine("vllm", m.policy, m.tokenizer, options=VLLMOptions(gpu_memory_utilization=0.2))
     sync, roll = [], []
     try:
         for i in range(rounds):

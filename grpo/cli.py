@@ -175,20 +175,21 @@ def _eval_samples(cfg, run: Path | None) -> tuple[list[dict], dict]:
 
 
 def _evaluate_until_signal(engine, samples: list[dict], verifier, cfg, tokenizer) -> tuple[dict, str | None]:
-    """evaluate_as_configured, which SIGINT or SIGTERM ends at once (the result then covers the prompts
-    scored before, marked "interrupted"); also the signal's name, or None."""
+    """The evaluation the config asks for, which SIGINT or SIGTERM ends at once (the result then covers
+    the prompts scored before, marked "interrupted"); also the signal's name, or None."""
     import signal
 
     from grpo.agent import AgentSampler
-    from grpo.eval.evaluate import Interrupt, evaluate_as_configured
+    from grpo.eval.evaluate import Interrupt, evaluate
     from grpo.infra.stop import StopFlag
+    from grpo.train.settings import agent_settings, eval_settings
 
     stop = StopFlag()
     handlers = {s: signal.signal(s, stop.handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        res = evaluate_as_configured(engine, samples, verifier, cfg, agent=AgentSampler.from_config(cfg, tokenizer),
-                                     interrupt=Interrupt(requested=lambda: stop.signal is not None,
-                                                         abortable=stop.abortable))
+        res = evaluate(engine, samples, verifier, eval_settings(cfg),
+                       agent=AgentSampler.from_settings(agent_settings(cfg), tokenizer),
+                       interrupt=Interrupt(requested=lambda: stop.signal is not None, abortable=stop.abortable))
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)

@@ -18,6 +18,7 @@ from grpo.agent.episodes import result_turn_ids
 from grpo.agent.formats import Call
 from grpo.config import Config
 from grpo.data.tasks import calculator_task
+from grpo.train.settings import agent_settings
 from grpo.train.trainer import Trainer
 from tests.conftest import TEST_BF16, TEST_SEED
 
@@ -32,7 +33,7 @@ def _teach_to_call(model_dir, out, cfg: Config, *, max_steps: int = 400, target_
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    sampler = AgentSampler.from_config(cfg, tok)
+    sampler = AgentSampler.from_settings(agent_settings(cfg), tok)
     (ep, other), _ = sampler.episodes(calculator_task(eval_size=0, seed=0).train[:2], group_size=1,
                                       system_prompt=cfg.system_prompt, max_prompt_length=cfg.max_prompt_length,
                                       keys=None)

@@ -3,6 +3,7 @@ unparsable programs), and the token weight gamma on the advantage."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import torch
@@ -77,7 +78,7 @@ def test_token_weight_gamma_multiplies_the_advantage_of_code_tokens(tmp_path, ti
     samples, ro = t.sample()
     rewards, _ = t.score(samples, ro)
     weighted, metrics = t.batches.make(ro, rewards, samples, temperature=1.0, beta=0.0)
-    t.cfg.token_weight_gamma = 1.0
+    t.batches.settings = dataclasses.replace(t.batches.settings, token_weight_gamma=1.0)
     plain, _ = t.batches.make(ro, rewards, samples, temperature=1.0, beta=0.0)
     marked = code_token_vocab(t.tok, len(t.tok))[ro.completion_ids]  # [N, T]
     assert marked.any() and (~marked).any()

@@ -86,7 +86,7 @@ def test_training_steps_on_cuda_match_cpu(tmp_path, tiny_model_dir, tiny_dataset
     """Two fp32 steps (mu = 2, beta > 0, shared prefix) on the GPU: the same draws, metrics to 1e-4
     relative and weights to 1e-5 as on the CPU."""
     gpu, gpu_lines = _train(_cfg(tmp_path, tiny_model_dir, tiny_dataset, "gpu"))
-    assert next(gpu.policy.parameters()).device.type == "cuda" and not gpu.amp
+    assert next(gpu.policy.parameters()).device.type == "cuda" and not gpu.placement.amp
     with monkeypatch.context() as mp:
         mp.setattr(torch.cuda, "is_available", lambda: False)
         cpu, cpu_lines = _train(_cfg(tmp_path, tiny_model_dir, tiny_dataset, "cpu"))
@@ -104,7 +104,7 @@ def test_bf16_autocast_steps_on_cuda(tmp_path, tiny_model_dir, tiny_dataset, use
     """bf16 autocast (the default where the GPU has native bf16): weights and the output layer stay
     fp32, every logged quantity is finite and the trainable weights move."""
     t = Trainer(_cfg(tmp_path, tiny_model_dir, tiny_dataset, "amp", bf16=None, use_peft=use_peft, lora_r=4))
-    assert t.amp and t.policy.get_output_embeddings()._grpo_fp32  # models.keep_head_fp32 ran
+    assert t.placement.amp and t.policy.get_output_embeddings()._grpo_fp32  # models.keep_head_fp32 ran
     before = {k: p.detach().clone() for k, p in t.policy.named_parameters() if p.requires_grad}
     t.train()
     lines = [json.loads(line) for line in (t.run_dir / "metrics.jsonl").read_text().splitlines()]

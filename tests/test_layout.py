@@ -1,5 +1,6 @@
 """The package's layers (docs/architecture.md): each may import only its own layer and the ones below
-it; grpo.core imports nothing else of the package; no function outside grpo/train takes the trainer."""
+it; grpo.core imports nothing else of the package; no function outside grpo/train takes the trainer;
+the run's Config reaches components only as their settings."""
 
 import ast
 from pathlib import Path
@@ -81,9 +82,71 @@ def test_no_function_outside_train_takes_the_trainer():
     assert not found, f"functions that take the trainer outside grpo/train: {found}"
 
 
+# where a Config may be a parameter: the config package, the trainer and the builders of its components'
+# settings, the command line and the Python API; task_of is where a run's task is looked up
+READS_CONFIG = {"config", "train/trainer.py", "train/settings.py", "cli.py", "api.py", "data/tasks.py"}
+CONFIG_NAMES = {"cfg", "config"}  # what a Config held or read is called
+
+
+def _names_config(annotation: ast.AST | None) -> bool:
+    """The annotation is Config (``Config | None``, a string one included)."""
+    if annotation is None:
+        return False
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        annotation = ast.parse(annotation.value, mode="eval").body
+    return any(isinstance(n, ast.Name) and n.id == "Config" for n in ast.walk(annotation))
+
+
+def _takes_config(fn: ast.AST) -> bool:
+    args = fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
+    return any(a.arg == "cfg" or _names_config(a.annotation) for a in args)
+
+
+def _constructor_reads_config(fn: ast.AST) -> bool:
+    """A constructor (``__init__``, ``from_config``) that keeps a config (``self.cfg = ...``) or reads
+    fields of one handed in (``cfg.x``, ``config.x`` of a parameter, ``self.cfg.x``)."""
+    if fn.name not in ("__init__", "__post_init__", "from_config"):
+        return False
+    if fn.name == "from_config":
+        return True
+    params = {a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs} & CONFIG_NAMES
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Attribute) and n.attr in CONFIG_NAMES and isinstance(n.value, ast.Name) \
+                and n.value.id == "self":
+            return True  # self.cfg / self.config, kept or read
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in params:
+            return True  # cfg.x / config.x of a config handed in (not a model's config read locally)
+    return False
+
+
+def _config_readers(package: Path) -> list[str]:
+    def allowed(p: Path) -> bool:
+        rel = p.relative_to(package)
+        return rel.parts[0] in READS_CONFIG or rel.as_posix() in READS_CONFIG
+
+    return [f"{p.relative_to(package)}:{fn.lineno} {fn.name}" for p in sorted(package.rglob("*.py")) if not allowed(p)
+            for fn in ast.walk(ast.parse(p.read_text())) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and (_takes_config(fn) or _constructor_reads_config(fn))]
+
+
+def test_only_the_trainer_the_settings_and_the_commands_take_a_config():
+    """Every other function and constructor takes the settings it reads (train/settings.py builds them):
+    no parameter named cfg or annotated Config, no constructor that keeps a config or reads its fields."""
+    found = _config_readers(PACKAGE)
+    assert not found, f"functions that take the Config outside {sorted(READS_CONFIG)}: {found}"
+
+
 def test_the_checks_see_a_violation(tmp_path):
-    """The import walker finds function-level imports and the trainer check finds a parameter."""
+    """The import walker finds function-level imports and the trainer and Config checks find a parameter."""
     src = tmp_path / "m.py"
     src.write_text("def f(trainer):\n    from grpo.train.trainer import Trainer\n    import grpo.cli\n")
     assert _imports(src) == [(2, "train"), (3, "cli")]
     assert _takes_trainer(ast.parse(src.read_text()).body[0])
+    assert _takes_config(ast.parse("def f(x, *, cfg): pass").body[0])
+    assert _takes_config(ast.parse("def f(settings: 'Config'): pass").body[0])
+    assert _takes_config(ast.parse("def f(args: Config | None = None): pass").body[0])
+    assert not _takes_config(ast.parse("def f(settings: UpdateSettings): pass").body[0])
+    init = "class C:\n    def __init__(self, {}):\n        {}\n"
+    assert _constructor_reads_config(ast.parse(init.format("run", "self.cfg = run")).body[0].body[0])
+    assert _constructor_reads_config(ast.parse(init.format("config", "self.n = config.seed")).body[0].body[0])
+    assert not _constructor_reads_config(ast.parse(init.format("settings", "self.n = settings.seed")).body[0].body[0])

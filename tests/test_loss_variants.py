@@ -254,10 +254,11 @@ def test_gdpo_in_batch_preparation_fills_a_failed_completion_with_its_group_mean
     written that way by hand; the reward weights are the config's."""
     from grpo.infra.distributed import World
     from grpo.train.batch import BatchMaker
+    from grpo.train.settings import batch_settings
 
     cfg = Config(rewards="numeric,length", reward_weights=[1.0, 0.5], multi_objective_aggregation="normalize_then_sum",
                  num_generations=3, prompts_per_step=2, per_device_train_batch_size=6)
-    maker = BatchMaker(cfg, world=World(), forwards=None, policy=None, reference=None, critic=None,
+    maker = BatchMaker(batch_settings(cfg), world=World(), forwards=None, policy=None, reference=None, critic=None,
                        step_reward=None, tokenizer=None)
     per = torch.tensor([[[1.0, 0.2], [0.0, float("nan")], [1.0, 0.4]],
                         [[0.0, 0.1], [1.0, 0.9], [0.0, 0.5]]])  # [B, G, K]

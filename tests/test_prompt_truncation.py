@@ -10,8 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo.data import render_prompt
-from grpo.eval.evaluate import evaluate
-from grpo.rollout import fast_rollout, generate_rollout, make_engine
+from grpo.eval.evaluate import EvalSettings, evaluate
+from grpo.rollout import SamplingSettings, fast_rollout, generate_rollout, make_engine
 from grpo.rollout.base import encode_prompts
 from grpo.train.trainer import Trainer
 
@@ -82,8 +82,9 @@ def test_evaluation_counts_the_prompts_it_cut(tiny):
         return 0.0
 
     for max_len, expected in ((LIMIT, 2), (4096, 0)):
-        res = evaluate(make_engine("hf", model, tok), samples, verifier, system_prompt="", max_new_tokens=3,
-                       batch_size=2, max_prompt_length=max_len)
+        settings = EvalSettings(system_prompt="", batch_size=2,
+                                sampling=SamplingSettings(max_new_tokens=3, max_prompt_length=max_len))
+        res = evaluate(make_engine("hf", model, tok), samples, verifier, settings)
         assert res["prompts_truncated"] == expected
 
 

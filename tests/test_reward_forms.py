@@ -191,11 +191,11 @@ def test_gdpo_gives_a_score_that_does_not_apply_zero_weight():
     from grpo.core import gdpo_advantages
     from grpo.train.batch import BatchMaker
 
-    cfg = SimpleNamespace(multi_objective_aggregation="normalize_then_sum", reward_weights=None, std_eps=1e-6,
-                          scale_rewards_unbiased=True)
+    settings = SimpleNamespace(multi_objective_aggregation="normalize_then_sum", reward_weights=None, std_eps=1e-6,
+                               unbiased_std=True)
     per = torch.tensor([[[1.0, 0.0], [0.0, float("nan")], [1.0, 1.0]]])  # [B=1, G=3, K=2]
     failed = torch.zeros(1, 3, dtype=torch.bool)
-    got = BatchMaker._advantages(SimpleNamespace(cfg=cfg), torch.zeros(1, 3), failed, per)
+    got = BatchMaker._advantages(SimpleNamespace(settings=settings), torch.zeros(1, 3), failed, per)
     filled = per.clone()
     filled[0, 1, 1] = 0.5  # the group's mean of reward 2
     assert torch.allclose(got, gdpo_advantages(filled, torch.ones(2)))

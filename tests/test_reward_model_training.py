@@ -12,7 +12,8 @@ from grpo.config import Config
 from grpo.core import distillation_loss
 from grpo.rewards import reward_model as rm
 from grpo.rewards.reward_model import RewardModelScorer
-from grpo.train.reward_model import RewardModelTrainer, replay_count
+from grpo.train.reward_model import RewardModelTrainer, RewardModelTrainSettings, replay_count
+from grpo.train.settings import reward_model_settings
 from tests.conftest import TEST_SEED, build_tiny_reward_model, build_tokenizer
 from tests.test_trainer import make_cfg
 
@@ -44,7 +45,7 @@ def test_each_update_mixes_replay_by_count(tiny_rm_dir, objective):
                  reward_model_batch_size=10, reward_model_replay=0.2, reward_model_verifier=VERIFIER,
                  reward_model_heldout=1, reward_model_objective=objective, num_generations=4, prompts_per_step=2,
                  per_device_train_batch_size=4, reward_model_lr=1e-3)
-    t = RewardModelTrainer(cfg, RewardModelScorer(str(tiny_rm_dir), device="cpu"))
+    t = RewardModelTrainer(reward_model_settings(cfg), RewardModelScorer(str(tiny_rm_dir), device="cpu"))
     batches = []
     step = t._step
     t._step = lambda batch: (batches.append(batch), step(batch))[1]
@@ -99,7 +100,7 @@ def test_heldout_metrics_by_hand_and_learning_on_a_separable_toy(tiny_rm_dir, ob
                  reward_model_batch_size=8, reward_model_verifier=VERIFIER, reward_model_heldout=2,
                  reward_model_objective=objective, num_generations=4, prompts_per_step=2,
                  per_device_train_batch_size=4, reward_model_lr=1e-2)
-    t = RewardModelTrainer(cfg, RewardModelScorer(str(tiny_rm_dir), device="cpu"))
+    t = RewardModelTrainer(reward_model_settings(cfg), RewardModelScorer(str(tiny_rm_dir), device="cpu"))
     t.observe(*_separable_groups(8, seed=TEST_SEED))  # groups 0-1 held out, 2-7 train
     assert [e.label for e in t.heldout] == [1.0, 0.0, 1.0, 0.0] * 2
 
@@ -129,7 +130,7 @@ def test_ranking_accuracy_by_hand_under_either_objective(tiny_rm_dir):
     cfg = Config(model="unused", reward_model=str(tiny_rm_dir), reward_model_train_steps=1, ref_reset_steps=1,
                  reward_model_verifier=VERIFIER, reward_model_heldout=1, reward_model_objective="pointwise",
                  num_generations=4, prompts_per_step=2, per_device_train_batch_size=4)
-    t = RewardModelTrainer(cfg, RewardModelScorer(str(tiny_rm_dir), device="cpu"))
+    t = RewardModelTrainer(reward_model_settings(cfg), RewardModelScorer(str(tiny_rm_dir), device="cpu"))
     t.observe(*_groups(2, 4, 0))
     labels = [e.label for e in t.heldout]
     assert labels == sorted(labels) and len(set(labels)) == 4  # digit shares rise along the group
@@ -231,7 +232,7 @@ def test_distillation_from_a_teacher_moves_the_student_to_its_logits(tiny_rm_dir
                  reward_model_teacher=str(teacher_dir), num_generations=4, prompts_per_step=2,
                  per_device_train_batch_size=4, reward_model_lr=3e-3)
     teacher = RewardModelScorer(str(teacher_dir), device="cpu")
-    t = RewardModelTrainer(cfg, RewardModelScorer(str(tiny_rm_dir), device="cpu"), teacher)
+    t = RewardModelTrainer(reward_model_settings(cfg), RewardModelScorer(str(tiny_rm_dir), device="cpu"), teacher)
     samples, texts = _groups(2, 4, 0)
     t.observe(samples, texts)
     want = teacher.score([s["prompt"] for s in samples for _ in range(4)], texts)

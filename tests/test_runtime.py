@@ -5,8 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.config import Config
-from grpo.train.optim import adamw, lr_lambda
+from grpo.train.optim import Schedule, adamw, lr_lambda
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # CI has no GPU
 
@@ -40,9 +39,9 @@ def test_adamw_falls_back_where_fused_is_not_supported():
 def test_warmup_and_decay_are_counted_in_training_steps():
     """max_steps=4, warmup_steps=1, num_iterations=2: 8 optimizer steps, the first 2 warm up (1/3, 2/3),
     then linear decay over the other 6: 1, 5/6, 4/6, ..., 1/6."""
-    f = lr_lambda(Config(max_steps=4, warmup_steps=1, num_iterations=2, lr_scheduler_type="linear"))
+    f = lr_lambda(Schedule(lr_scheduler_type="linear", warmup_steps=1, max_steps=4), per_step=2)
     assert [f(k) for k in range(8)] == pytest.approx([1 / 3, 2 / 3, 1, 5 / 6, 4 / 6, 3 / 6, 2 / 6, 1 / 6])
-    cos = lr_lambda(Config(max_steps=3, warmup_steps=0, num_iterations=1, lr_scheduler_type="cosine"))
+    cos = lr_lambda(Schedule(lr_scheduler_type="cosine", warmup_steps=0, max_steps=3), per_step=1)
     assert [cos(k) for k in range(3)] == pytest.approx([1.0, 0.75, 0.25])  # (1 + cos(pi k / 3)) / 2
 
 

@@ -10,6 +10,7 @@ from grpo.agent.examples import example_value, worked_example
 from grpo.agent.tools import resolve_tools
 from grpo.config import Config
 from grpo.errors import ConfigError
+from grpo.train.settings import agent_settings
 from tests.conftest import build_tokenizer
 
 LOOKUP = "tests.tools_for_tests:lookup_population"
@@ -40,7 +41,7 @@ def test_a_call_given_once_is_read_against_the_schema():
 
 def _start(cfg_kw: dict, sample: dict) -> list[dict]:
     tok = build_tokenizer()
-    agent = AgentSampler.from_config(Config(tools=LOOKUP, **cfg_kw), tok)
+    agent = AgentSampler.from_settings(agent_settings(Config(tools=LOOKUP, **cfg_kw)), tok)
     return agent.start_messages(sample, agent.tools, "", None)
 
 
@@ -62,4 +63,4 @@ def test_a_row_without_tool_example_gets_the_runs_exchange_ending_on_the_call():
 
 def test_a_bad_call_is_an_error_before_any_sampling():
     with pytest.raises(ConfigError, match="tool_example_call"):
-        AgentSampler.from_config(Config(tools=LOOKUP, tool_example_call="lookup(x)"), build_tokenizer())
+        AgentSampler.from_settings(agent_settings(Config(tools=LOOKUP, tool_example_call="lookup(x)")), build_tokenizer())

@@ -11,6 +11,7 @@ from grpo.config import Config, ConfigError
 from grpo.infra import distributed as dist_io
 from grpo.train import split
 from grpo.train.batch import Batch
+from grpo.train.settings import update_settings
 from grpo.train.update import Updater
 
 G = 2
@@ -52,13 +53,14 @@ def test_trained_rows_as_the_guard_gave(overrides, run):
     world = dist_io.World(rank=0, size=run.get("world", 1))
     critic = object() if run.get("critic") else None
     upd = Updater.__new__(Updater)
-    upd.cfg, upd.world, upd.critic, upd.loss = cfg, world, critic, core.get_policy_loss(cfg.policy_loss)
+    upd.settings, upd.world, upd.critic = update_settings(cfg), world, critic
+    upd.loss = core.get_policy_loss(cfg.policy_loss)
     adv = torch.tensor([0.0, 0.0, 1.0, -1.0, 0.5, 0.0, 0.0, 0.0])[:, None].expand(8, 4).contiguous()  # [N, T]
     mask = torch.ones(8, 4)
     batch = Batch(None, adv, mask, None, None, kl_in_loss=run.get("kl_in_loss", True))
     k = SimpleNamespace(epsilon=cfg.epsilon, eps_high=cfg.eps_high, beta=run.get("knob_beta", cfg.beta),
                         entropy_coef=run.get("knob_entropy_coef", cfg.entropy_coef), temperature=cfg.temperature)
-    got = upd.trained_rows(batch, k)
+    got = upd.trained_rows(batch, upd.loss_settings(batch, k))
     assert torch.equal(got, _guard_rows(cfg, world, critic, batch, k))
 
 
@@ -66,10 +68,12 @@ def test_some_case_skips_rows():
     """The table above is not vacuous: with beta = 0 and nothing else, zero-advantage groups are skipped."""
     cfg = Config(num_generations=G, prompts_per_step=4, per_device_train_batch_size=8, beta=0.0)
     upd = Updater.__new__(Updater)
-    upd.cfg, upd.world, upd.critic, upd.loss = cfg, dist_io.World(), None, core.get_policy_loss("clip")
+    upd.settings, upd.world, upd.critic = update_settings(cfg), dist_io.World(), None
+    upd.loss = core.get_policy_loss("clip")
     adv = torch.tensor([0.0, 0.0, 1.0, -1.0, 0.5, 0.0, 0.0, 0.0])[:, None].expand(8, 4).contiguous()
     k = SimpleNamespace(epsilon=0.2, eps_high=0.2, beta=0.0, entropy_coef=0.0, temperature=1.0)
-    assert upd.trained_rows(Batch(None, adv, torch.ones(8, 4), None, None), k).tolist() == [2, 3, 4]
+    batch = Batch(None, adv, torch.ones(8, 4), None, None)
+    assert upd.trained_rows(batch, upd.loss_settings(batch, k)).tolist() == [2, 3, 4]
 
 
 def test_config_policy_loss_validated_against_the_registry():

@@ -11,9 +11,9 @@ from transformers import AutoModelForCausalLM
 
 from grpo.config import Config
 from grpo.core import AGGREGATIONS, ESTIMATORS
-from grpo.eval.evaluate import evaluate
+from grpo.eval.evaluate import EvalSettings, evaluate
 from grpo.infra.logger import NullLogger
-from grpo.rollout import make_engine
+from grpo.rollout import SamplingSettings, make_engine
 from grpo.train.trainer import Trainer
 from tests.conftest import TEST_BF16, TEST_SEED, first_seed
 
@@ -83,7 +83,8 @@ def test_three_steps_every_aggregation_and_checkpoint_reloads(tmp_path, tiny_mod
     assert set(ev) >= {"before", "after", "n_prompts"} and ev["n_prompts"] == 4
     # "after" is the checkpoint's greedy evaluation: the reloaded weights give the same answers
     again = evaluate(make_engine("hf", reloaded, t.tok), t.task.eval, t.rewards.fns[cfg.reward_names[0]],
-                     system_prompt=cfg.system_prompt, max_new_tokens=cfg.eval_max_new_tokens)
+                     EvalSettings(system_prompt=cfg.system_prompt,
+                                  sampling=SamplingSettings(max_new_tokens=cfg.eval_max_new_tokens)))
     assert (again["accuracy"], again["mean_length"]) == (ev["after"]["accuracy"], ev["after"]["mean_length"])
     assert ev["after"]["k"] == 2 and ev["after"]["pass@k"] in (0.0, 0.5, 1.0)  # 2 prompts, n = k = 2
     assert (t.run_dir / "config.yaml").is_file() and (t.run_dir / "samples.jsonl").is_file()
@@ -190,15 +191,16 @@ def test_a_trainer_trains_again_after_train(tmp_path, tiny_model_dir, tiny_datas
     opens them again and continues from the step the first one reached, and so does sampling."""
     t = Trainer(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, eval_prompts=0, max_steps=1))
     t.train()
-    first = t.engine
-    assert first.closed
+    first = t.engines.opened()
+    assert first and all(e.closed for e in first)
     t.cfg.max_steps = 2
     t.train()
-    assert t.step == 2 and t.engine is not first and t.collector.engine is t.engine
+    second = t.engines.opened()
+    assert t.step == 2 and all(e.closed for e in second) and not {id(e) for e in first} & {id(e) for e in second}
     steps = [json.loads(l)["step"] for l in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
     samples, ro = t.sample()  # sampling after train() opens the engines too
-    assert len(ro.texts) == len(samples) * t.cfg.num_generations and not t.engine.closed
+    assert len(ro.texts) == len(samples) * t.cfg.num_generations and not t.engines.opened()[0].closed
 
 
 def test_lora_reference_is_base_model(tmp_path, tiny_model_dir, tiny_dataset):

@@ -6,6 +6,7 @@ is checked, the rest skipped."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -193,7 +194,7 @@ def trainer(vllm_root, server):
                  learning_rate=5e-2, temperature=1.0, progress=False, report_to="none", seed=TEST_SEED,
                  reward_timeout=0.0, bf16=False, beta=0.0, rollout_backend="vllm", vllm_gpu_memory_utilization=0.05)
     t = Trainer(cfg)
-    t.engine_processes = {p for core in t.engine.engine_pids() for p in {core, *_descendants(core)}}
+    t.engine_processes = {p for core in t.engines.train.engine_pids() for p in {core, *_descendants(core)}}
     yield t
     t.close()
 
@@ -206,8 +207,8 @@ def _trainer_logprobs(model, rows: list[list[int]]) -> list[torch.Tensor]:
 
 @needs_vllm
 def test_evaluation_shares_the_engine_and_sampling_returns_the_engines_logprobs(trainer):
-    engine = trainer.engine
-    assert trainer.eval_engine is engine and trainer.engine_processes
+    engine = trainer.engines.train
+    assert trainer.engines.eval is engine and trainer.engine_processes
     tok = trainer.tok
     prompts = ["What is 1 + 2?", "Hi"]
     keys = row_keys(TEST_SEED, 0, 0, 6)
@@ -248,7 +249,7 @@ def test_after_an_optimizer_step_the_engine_scores_tokens_as_the_trainer(trainer
         assert key in metrics and metrics[key] == metrics[key], key
     assert abs(metrics["mismatch_kl_k1"]) < 1e-3 and 0 <= metrics["mismatch_kl_k3"] < 1e-3  # fp32: same policy
     after = _trainer_logprobs(trainer.policy, rows)
-    engine = trainer.engine.sequence_logprobs(rows)
+    engine = trainer.engines.train.sequence_logprobs(rows)
     moved = max(float((a - b).abs().max()) for a, b in zip(after, before))
     assert moved > 1e-2  # the step changed the trainer's log-probs visibly ...
     for mine, theirs in zip(after, engine):  # ... and the engine's follow them to fp32 tolerance
@@ -276,10 +277,11 @@ import sys, time
 sys.path.insert(0, {root!r})
 from grpo.models import load_models
 from grpo.rollout import make_engine
+from grpo.rollout.vllm import VLLMOptions
 
 if __name__ == "__main__":
     m = load_models({model!r}, need_reference=False)
-    engine = make_engine("vllm", m.policy, m.tokenizer, options={{"gpu_memory_utilization": 0.05}})
+    engine = make_engine("vllm", m.policy, m.tokenizer, options=VLLMOptions(gpu_memory_utilization=0.05))
     print("ready", flush=True)
     time.sleep(600)
 """
@@ -333,17 +335,17 @@ def test_server_mode_trains_and_after_each_sync_the_server_scores_tokens_as_the_
     --weight-dir): after each optimizer step the server's log-probs of fixed tokens follow the
     trainer's to fp32 tolerance."""
     t = server_trainer
-    assert t.eval_engine is t.engine and t.engine.url.endswith(f":{t.cfg.vllm_server_port}")
+    assert t.engines.eval is t.engines.train and t.engines.train.url.endswith(f":{t.cfg.vllm_server_port}")
     rows = [t.tok("What is 3 + 4? It is 7.")["input_ids"], t.tok("Hello there")["input_ids"]]
     for weight_dir in (None, str(server.weight_dir)):
-        t.engine.options["weight_dir"] = weight_dir
+        t.engines.train.options = dataclasses.replace(t.engines.train.options, weight_dir=weight_dir)
         before = _trainer_logprobs(t.policy, rows)
         metrics = t.train_step()
         assert metrics["rollout_backend"] == "vllm_server"
         assert abs(metrics["mismatch_kl_k1"]) < 1e-3 and 0 <= metrics["mismatch_kl_k3"] < 1e-3  # fp32: same policy
         after = _trainer_logprobs(t.policy, rows)
         assert max(float((a - b).abs().max()) for a, b in zip(after, before)) > 1e-2
-        for mine, theirs in zip(after, t.engine.sequence_logprobs(rows)):
+        for mine, theirs in zip(after, t.engines.train.sequence_logprobs(rows)):
             torch.testing.assert_close(torch.tensor(theirs), mine, atol=2e-4, rtol=0)
     assert not os.listdir(server.weight_dir)  # the shared folder's weights file is removed after the load
 
@@ -363,7 +365,7 @@ def test_a_lora_run_sends_its_merged_weights_and_the_engine_scores_tokens_as_the
         t.train_step()
         after = _trainer_logprobs(t.policy, rows)
         assert max(float((a - b).abs().max()) for a, b in zip(after, before)) > 1e-2
-        for mine, theirs in zip(after, t.engine.sequence_logprobs(rows)):
+        for mine, theirs in zip(after, t.engines.train.sequence_logprobs(rows)):
             torch.testing.assert_close(torch.tensor(theirs), mine, atol=2e-4, rtol=0)
     finally:
         t.close()
@@ -443,7 +445,7 @@ def test_an_engine_process_that_dies_saves_a_checkpoint_and_leaves_no_process(tr
     (the largest process; the engine core lives on and answers with EngineDeadError)."""
     procs = trainer.engine_processes
     assert procs and all(_alive(p) for p in procs)
-    workers = procs - set(trainer.engine.engine_pids())
+    workers = procs - set(trainer.engines.opened()[0].engine_pids())  # the engine as it is, not one opened anew
     assert workers, "vLLM runs no worker process apart from its engine core"
     for p in workers:
         os.kill(p, signal.SIGKILL)

@@ -183,14 +183,15 @@ def test_a_server_that_accepts_and_never_answers_is_an_engine_error_naming_the_u
 
     from grpo.errors import EngineError
     from grpo.rollout import SamplingSettings, make_engine
+    from grpo.rollout.vllm_server import VLLMServerOptions
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     server = HangingServer({hang})
     try:
         start = time.monotonic()
-        engine = make_engine("vllm_server", model, tok, options={"port": server.port, "timeout": 5,
-                                                                 "request_timeout": 1.0})
+        engine = make_engine("vllm_server", model, tok,
+                             options=VLLMServerOptions(port=server.port, timeout=5, request_timeout=1.0))
         with pytest.raises(EngineError) as err:
             engine.generate(["What is 2 + 3?"], group_size=2, sampling=SamplingSettings(max_new_tokens=4))
         took = time.monotonic() - start

@@ -5,6 +5,7 @@ run calls ``engine.generate``)."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from grpo.agent.environments import (environment_reward, environment_tools, load_factory, new_environment,
                                      reset_environment)
@@ -26,6 +27,24 @@ def _with_observation(messages: list[dict], text: str | None) -> list[dict]:
     return messages + [{"role": "user", "content": text}]
 
 
+@dataclass(frozen=True)
+class AgentSettings:
+    """A run's multi-turn settings; each field is the Config field named in its comment."""
+
+    tools: str  # tools: comma-separated builtin:NAME or module:function references ('': none)
+    environment_factory: str  # environment_factory: module:Class of a TRL-form environment ('': none)
+    tool_format: str  # tool_format: auto, hermes or python (agent.formats.CALL_FORMATS)
+    max_turns: int  # max_turns: model turns of an episode
+    tool_timeout: float  # tool_timeout: seconds per tool call (0: none)
+    example_call: str  # tool_example_call ('': from the first tool's schema; 'none': no worked exchange)
+    example_question: str  # tool_example_question
+
+    @property
+    def enabled(self) -> bool:
+        """Whether rollouts are episodes: tools or an environment are named."""
+        return bool(self.tools.strip() or self.environment_factory.strip())
+
+
 class AgentSampler:
     """Samples episodes: ``tools`` (Tools shared by every episode), ``factory`` (an environment class
     or callable, a fresh instance per episode), ``fmt`` the call format, ``max_turns`` model turns,
@@ -44,15 +63,16 @@ class AgentSampler:
         self.last_metrics: dict = {}
 
     @classmethod
-    def from_config(cls, cfg, tokenizer) -> "AgentSampler | None":
-        """The sampler a run's config asks for (``tools``, ``environment_factory``, ``tool_format``,
-        ``max_turns``, ``tool_timeout``); None when it names neither tools nor an environment."""
-        if not cfg.tools.strip() and not cfg.environment_factory.strip():
+    def from_settings(cls, settings: AgentSettings, tokenizer) -> "AgentSampler | None":
+        """The sampler ``settings`` ask for, its tools and environment class imported; None when they
+        name neither tools nor an environment."""
+        s = settings
+        if not s.enabled:
             return None
-        factory = load_factory(cfg.environment_factory) if cfg.environment_factory.strip() else None
-        return cls(tokenizer, tools=resolve_tools(cfg.tools), factory=factory,
-                   fmt=call_format(cfg.tool_format, tokenizer), max_turns=cfg.max_turns, tool_timeout=cfg.tool_timeout,
-                   example_call=cfg.tool_example_call, example_question=cfg.tool_example_question)
+        factory = load_factory(s.environment_factory) if s.environment_factory.strip() else None
+        return cls(tokenizer, tools=resolve_tools(s.tools), factory=factory, fmt=call_format(s.tool_format, tokenizer),
+                   max_turns=s.max_turns, tool_timeout=s.tool_timeout, example_call=s.example_call,
+                   example_question=s.example_question)
 
     def run_example(self, tools: list[Tool]) -> dict | None:
         """The worked exchange shown where a row has no ``tool_example`` (``examples.worked_example``)."""

@@ -21,6 +21,11 @@ from grpo.config.parse import parse_value
 from grpo.config.presets import apply_monitor_preset, apply_task_preset
 from grpo.config.validate import derived_micro_batch, validate
 from grpo.models.loading import DEFAULT_MODEL
+from grpo.rollout.vllm_rows import VLLMOptions
+from grpo.rollout.vllm_server import VLLMServerOptions
+
+# An engine's options hold their defaults (grpo/rollout); the fields <engine>_<option> repeat none.
+_VLLM, _SERVER = VLLMOptions(), VLLMServerOptions()
 
 
 @dataclass
@@ -82,23 +87,23 @@ class Config:
     """The fast backend's matrix products: auto (each of qkv, o, gate_up, down, head measured once per machine and shape, cached), one of panel, onednn, mkl for all, or role=name pairs such as 'head=onednn,qkv=panel' (the rest measured)."""
 
     # ---- vLLM rollouts and the train/inference mismatch correction (rollout/vllm.py, core/rollout_correction.py) ----
-    vllm_gpu_memory_utilization: float = 0.2
+    vllm_gpu_memory_utilization: float = _VLLM.gpu_memory_utilization
     """rollout_backend=vllm: the share of memory vLLM may take for the model and its KV cache. On a GPU the share of the GPU's memory (the trainer shares it: TRL's colocate default is 0.3); on the CPU build the share of the NUMA node's memory for the KV cache (0.92 was refused on a 10.7 GiB node, 0.2 worked)."""
-    vllm_enable_sleep_mode: bool = False
+    vllm_enable_sleep_mode: bool = _VLLM.enable_sleep_mode
     """rollout_backend=vllm, GPU only: the engine frees its weights and KV cache while the trainer updates, and takes them back before sampling (vLLM's sleep mode; its CPU build has none)."""
-    vllm_enforce_eager: bool | None = None
+    vllm_enforce_eager: bool | None = _VLLM.enforce_eager
     """rollout_backend=vllm: run without CUDA graphs / compilation; None: eager on the CPU (compiling costs more than a short run gains), graphs on a GPU."""
 
     # ---- vLLM server mode: rollout_backend=vllm_server (rollout/vllm_server.py, serve/vllm_serve.py) ----
-    vllm_server_host: str = "127.0.0.1"
+    vllm_server_host: str = _SERVER.host
     """rollout_backend=vllm_server: the host of the `grpo vllm-serve` server (TRL's vllm_server_host)."""
-    vllm_server_port: int = 8000
+    vllm_server_port: int = _SERVER.port
     """rollout_backend=vllm_server: its port (TRL's vllm_server_port)."""
-    vllm_server_timeout: float = 240.0
+    vllm_server_timeout: float = _SERVER.timeout
     """rollout_backend=vllm_server: seconds to wait for the server to answer when the run starts (one still loading its model), then an error naming its URL (TRL's vllm_server_timeout)."""
-    vllm_server_request_timeout: float = 300.0
+    vllm_server_request_timeout: float = _SERVER.request_timeout
     """rollout_backend=vllm_server: seconds each call to the server may take beyond its work's share (10 ms per token a generation asks for, 1 ms per scored token, 0.1 s per MB of weights); a server that passes it (hung, stopped) ends the run with its checkpoint and an error naming the URL."""
-    vllm_server_weight_dir: str | None = None
+    vllm_server_weight_dir: str | None = _SERVER.weight_dir
     """rollout_backend=vllm_server: None sends the weights after each optimizer step in the request's body (works across machines); a folder both the trainer and the server see (/dev/shm on one machine, a shared filesystem) gets the weights file instead and only its path is sent."""
 
     rollout_correction: str = "auto"

@@ -330,3 +330,27 @@ def _validate_agent(c) -> None:
     if (c.tools.strip() or c.environment_factory.strip()) and c.resample_invalid_rounds:
         raise ConfigError("resample_invalid_rounds: not supported with tools / environment_factory (an episode "
                           "cannot be resampled row by row); set it to 0")
+
+
+def validate_world(c, processes: int) -> None:
+    """What cannot run on this many processes, refused before anything loads."""
+    if c.prompts_per_step % processes:
+        lower = c.prompts_per_step - c.prompts_per_step % processes
+        near = [v for v in (lower, lower + processes) if v > 0]
+        raise ConfigError(f"prompts_per_step: {c.prompts_per_step} prompts cannot be split evenly over "
+                          f"{processes} processes (each group stays on one process); use a multiple of "
+                          f"{processes}, e.g. {' or '.join(map(str, near))}")
+    if (c.prompts_per_step // processes) % c.mini_batches:
+        b = c.prompts_per_step // processes
+        raise ConfigError(f"mini_batches: each process's {b} prompts cannot be split into {c.mini_batches} "
+                          f"mini-batches of whole groups; use one of {divisors(b)}")
+    if processes == 1:
+        return
+    if c.distributed_strategy == "fsdp2" and c.rollout_backend == "fast":
+        raise ConfigError("rollout_backend: fast does not sample a model sharded by FSDP2 (every process must run "
+                          "the same synced generate); use rollout_backend=auto or hf")
+    if c.reward_model_train_steps:
+        raise ConfigError("reward_model_train_steps: the reward model trains on one process only")
+    if c.advantage_estimator == "gae" and c.critic_shared_trunk:
+        raise ConfigError("critic_shared_trunk: runs on one process only (the value loss's gradients in the "
+                          "policy's body would bypass the policy's DDP/FSDP2 wrapper)")

@@ -16,20 +16,23 @@ from grpo.core.token_masks import policy_gradient_keep
 
 def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, name: str = "clip",
                 ref_logp: Tensor | None = None, entropy: Tensor | None = None,
-                **settings) -> dict[str, Tensor]:
+                settings: LossSettings | None = None, **fields) -> dict[str, Tensor]:
     """The policy loss ``POLICY_LOSSES[name]`` (default "clip": the clipped surrogate of GRPO,
     DeepSeekMath eq. 3, with DAPO's clip-higher, the dual clip, GSPO's sequence ratio, the KL and
     entropy terms and Clip-Cov / KL-Cov) on one batch.
 
     logp, old_logp, advantages, mask: [N, T] (advantages already broadcast to tokens);
     ref_logp: [N, T] or None (needed when the loss has a KL term); entropy: [N, T] or None.
-    ``settings`` are the keyword fields of ``LossSettings`` (an unknown one is a TypeError).
+    ``settings``: the loss's hyper-parameters; or, without it, the keyword ``fields`` of
+    ``LossSettings`` (an unknown one is a TypeError).
     The token masks of core.token_masks (``top_entropy_quantile``, ``off_policy_mask_threshold``)
     reach every entry as ``LossInputs.keep``, and their shares join the metrics.
     Returns the entry's dict of 0-d tensors: "loss" (differentiable), "policy_loss" and its metrics.
     """
     entry = get_policy_loss(name)
-    s = LossSettings(**settings)
+    if settings is not None and fields:
+        raise TypeError(f"policy_loss: settings and keyword fields {sorted(fields)} given together")
+    s = settings if settings is not None else LossSettings(**fields)
     if ref_logp is None and entry.needs_ref_logp(s):
         raise ValueError(f"policy_loss: {name!r} with kl_coef = {s.kl_coef} needs ref_logp")
     keep, mask_metrics = policy_gradient_keep(logp, old_logp, advantages, mask, entropy,

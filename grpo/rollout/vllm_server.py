@@ -23,11 +23,12 @@ import http.client
 import json
 import os
 import time
+from dataclasses import dataclass
 
 from grpo.errors import EngineError
 from grpo.infra.http_client import TooLarge, bearer, exchange
 from grpo.rollout.engine import register
-from grpo.rollout.vllm_rows import SampledRows, VLLMRowsEngine
+from grpo.rollout.vllm_rows import SampledRows, VLLMRowsEngine, shared_memory_dir
 
 KEY_ENV = "GRPO_VLLM_API_KEY"
 # A call's deadline beyond vllm_server_request_timeout: its work at rates far below any engine's (a
@@ -40,22 +41,35 @@ def call_deadline(base: float, *, tokens: int = 0, scored: int = 0, nbytes: int 
     return base + tokens * SECONDS_PER_TOKEN + scored * SECONDS_PER_SCORED_TOKEN + nbytes * SECONDS_PER_BYTE
 
 
+@dataclass(frozen=True)
+class VLLMServerOptions:
+    """Where the server is and how long to wait for it (Config fields ``vllm_server_*``)."""
+
+    host: str = "127.0.0.1"  # the `grpo vllm-serve` server's host
+    port: int = 8000  # its port
+    timeout: float = 240.0  # seconds to wait for it to answer when the run starts
+    request_timeout: float = 300.0  # seconds each call may take beyond its work's share (call_deadline)
+    weight_dir: str | None = None  # a folder both see: the weights file goes there, only its path is sent
+
+
 @register
 class VLLMServerEngine(VLLMRowsEngine):
     """Sampling on a ``grpo vllm-serve`` server, weights sent after each optimizer step (module docstring)."""
 
     name = "vllm_server"
+    Options = VLLMServerOptions
 
-    def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto", options: dict | None = None):
+    def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto",
+                 options: VLLMServerOptions | None = None):
         super().__init__(model, tokenizer, synced=synced, kernels=kernels, options=options)
         if synced:
             raise ValueError("rollout_backend vllm_server: synced (FSDP2) generation is not supported")
         o = self.options
-        self.url = f"http://{o.get('host', '127.0.0.1')}:{int(o.get('port', 8000))}"
+        self.url = f"http://{o.host}:{int(o.port)}"
         self.dead: str | None = None
-        self.request_timeout = float(o.get("request_timeout", 300.0))
+        self.request_timeout = float(o.request_timeout)
         self.headers = bearer(os.environ.get(KEY_ENV))
-        self.server = self._wait_for_server(float(o.get("timeout", 240.0)))
+        self.server = self._wait_for_server(float(o.timeout))
         self.sync_weights(model)  # the trainer's weights, not the server's folder's
 
     def _wait_for_server(self, timeout: float) -> dict:
@@ -111,11 +125,14 @@ class VLLMServerEngine(VLLMRowsEngine):
 
     def _load_file(self, path: str) -> None:
         deadline = call_deadline(self.request_timeout, nbytes=os.path.getsize(path))
-        if self.options.get("weight_dir"):  # a folder the server reads too: only the path travels
+        if self.options.weight_dir:  # a folder the server reads too: only the path travels
             self._post_json("sync_weights", "/update_weights", {"path": path}, deadline)
         else:
             with open(path, "rb") as f:
                 self._post("sync_weights", "/update_weights", f.read(), deadline, "application/octet-stream")
+
+    def _weights_folder(self) -> str | None:
+        return self.options.weight_dir or shared_memory_dir()
 
     def close(self) -> None:
         """Leaves the server running (it serves the next run); ``grpo vllm-serve`` ends on SIGTERM."""

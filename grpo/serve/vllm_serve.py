@@ -160,13 +160,13 @@ def vllm_serve_parser() -> argparse.ArgumentParser:
 def _start_vllm(a) -> VLLMEngine:
     import torch
 
-    from grpo.rollout.vllm_rows import start_llm
+    from grpo.rollout.vllm_rows import VLLMOptions, start_llm
 
     cpu = not torch.cuda.is_available()
     try:
-        return VLLMEngine(start_llm(a.model, dtype=a.dtype, cpu=cpu, options={
-            "gpu_memory_utilization": a.gpu_memory_utilization or (0.2 if cpu else 0.9),
-            "enforce_eager": a.enforce_eager}))
+        share = a.gpu_memory_utilization or (VLLMOptions.gpu_memory_utilization if cpu else 0.9)
+        return VLLMEngine(start_llm(a.model, dtype=a.dtype, cpu=cpu,
+                                    options=VLLMOptions(gpu_memory_utilization=share, enforce_eager=a.enforce_eager)))
     except ValueError as e:
         raise ConfigError(str(e)) from None
 

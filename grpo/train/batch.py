@@ -7,7 +7,7 @@ Dimension letters: B prompts, G group size, N = B*G sequences (n on this process
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -19,9 +19,9 @@ from grpo.rollout import Rollout, engine_class
 from grpo.train.code_tokens import code_token_vocab
 
 
-@dataclass
+@dataclass(frozen=True)
 class Batch:
-    """Everything the mu update epochs need, computed once per step."""
+    """Everything the mu update epochs need, computed once per step (``BatchMaker.make``)."""
 
     rollout: Rollout
     advantages: torch.Tensor  # [N, T]
@@ -33,13 +33,51 @@ class Batch:
     returns: torch.Tensor | None = None  # [N, T] GAE returns, the critic's targets (PPO)
 
 
+@dataclass(frozen=True)
+class RewardShaping:
+    """The reward-side tools applied before advantages (``reshape_rewards``); the Config fields of the
+    same names."""
+
+    overlong_buffer: int  # DAPO's soft overlong punishment ramps over this many tokens (0: off)
+    overlong_penalty_coef: float  # its weight in the reward
+    max_completion_length: int  # where the ramp ends
+    overlong_filter: bool  # DAPO: truncated completions leave the loss
+    policy_filter: str | None  # PF-PPO's mode (None: off)
+    policy_filter_min_std: float  # PF-PPO variance mode's threshold
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """What a step's batch is made with; each field is the Config field named in its comment."""
+
+    group_size: int  # num_generations (G)
+    old_logp: bool  # num_iterations > 1 or mini_batches > 1: the sampling policy's log-probs are computed
+    reference: bool  # beta > 0: the reference's log-probs are computed
+    micro_batch: int  # per_device_train_batch_size: sequences per inference forward
+    shaping: RewardShaping  # overlong penalty and filter, PF-PPO
+    process_supervision: bool  # supervision == "process" (per-step rewards: step_reward)
+    advantage_estimator: str  # advantage_estimator (gae: PPO's critic)
+    std_eps: float  # std_eps
+    unbiased_std: bool  # scale_rewards_unbiased
+    multi_objective_aggregation: str  # multi_objective_aggregation (normalize_then_sum: GDPO)
+    reward_weights: tuple[float, ...] | None  # reward_weights (None: all 1)
+    gamma: float  # gamma: GAE's discount (PPO)
+    lam: float  # lam: GAE's lambda (PPO)
+    correct_threshold: float  # correct_threshold: a reward at least this is correct (seed monitors)
+    token_weight_gamma: float  # token_weight_gamma: identifier and operator tokens' advantage factor
+    correction: str  # rollout_correction, auto resolved for the run's engine (correction_mode)
+    correction_level: str  # rollout_correction_level
+    correction_low: float | None  # rollout_correction_low
+    correction_high: float | None  # rollout_correction_high
+
+
 class BatchMaker:
     """Makes a step's Batch: the models it runs (policy, reference, critic) and how it runs them
     (``forwards``) are fixed for the run; the knobs (temperature, beta) are given per step."""
 
-    def __init__(self, cfg, *, world: dist_io.World, forwards, policy, reference, critic, step_reward, tokenizer,
-                 timer: StageTimer | None = None):
-        self.cfg, self.world, self.forwards = cfg, world, forwards
+    def __init__(self, settings: BatchSettings, *, world: dist_io.World, forwards, policy, reference, critic,
+                 step_reward, tokenizer, timer: StageTimer | None = None):
+        self.settings, self.world, self.forwards = settings, world, forwards
         self.timer = timer or NullTimer()  # seconds of the old-policy and reference forwards
         self.policy, self.reference, self.critic = policy, reference, critic
         self.step_reward, self.tok = step_reward, tokenizer
@@ -48,7 +86,7 @@ class BatchMaker:
     def frozen_logps(self, model, ro: Rollout, temperature: float) -> torch.Tensor:
         """Log-probs [N, T] of the rollout under ``model`` (old policy or reference), no gradient."""
         return self.forwards.frozen_logps(model, ro, temperature=temperature,
-                                          micro_batch=self.cfg.per_device_train_batch_size)
+                                          micro_batch=self.settings.micro_batch)
 
     def reference_logps(self, ro: Rollout, temperature: float) -> torch.Tensor:
         with self.timer.stage("reference"):
@@ -66,35 +104,36 @@ class BatchMaker:
         """This process's batch (``build``); with token_weight_gamma != 1 the advantages of identifier
         and operator tokens are multiplied by it (seed 003 section 5.1), and they are weighted by the
         train/inference mismatch correction where one is configured (``correction_mode``)."""
+        s = self.settings
         batch, metrics = self.build(ro, rewards, samples, temperature=temperature, beta=beta,
                                     per_reward=per_reward)
-        if self.cfg.token_weight_gamma != 1.0:
+        if s.token_weight_gamma != 1.0:
             if self._code_vocab is None:
                 self._code_vocab = code_token_vocab(self.tok, len(self.tok))
             vocab = self._code_vocab.to(ro.completion_ids.device)  # [V]
-            batch.advantages = core.weighted_advantages(batch.advantages, ro.completion_ids, vocab,
-                                                        gamma=self.cfg.token_weight_gamma)  # [n, T]
+            batch = replace(batch, advantages=core.weighted_advantages(batch.advantages, ro.completion_ids, vocab,
+                                                                       gamma=s.token_weight_gamma))  # [n, T]
             marked = core.token_weights(ro.completion_ids, vocab, gamma=2.0) > 1  # [n, T]
             metrics["weighted_token_share"] = float(core.masked_mean(marked.float(), batch.mask))
-        mode = correction_mode(self.cfg)
-        if mode != "none":
-            metrics.update(self.correct(batch, mode, temperature))
+        if s.correction != "none":
+            weights, corr_metrics = self.correction(batch, temperature)
+            batch = replace(batch, advantages=batch.advantages * weights)  # [n, T]; w >= 0 scales the surrogate term only
+            metrics.update(corr_metrics)
         return batch, metrics
 
-    def correct(self, batch: Batch, mode: str, temperature: float) -> dict:
-        """Weight each token's advantage by pi_train / pi_engine (core.correction_weights): the
-        trainer's log-probs of the rollout (the old policy's where computed anyway, else one more
-        inference forward) against the engine's sampling log-probs. Returns the correction's metrics."""
-        cfg, ro = self.cfg, batch.rollout
+    def correction(self, batch: Batch, temperature: float) -> tuple[torch.Tensor, dict]:
+        """Each token's weight pi_train / pi_engine [n, T] (core.correction_weights, ``correction``
+        mode) and the correction's metrics: the trainer's log-probs of the rollout (the old policy's
+        where computed anyway, else one more inference forward) against the engine's sampling log-probs."""
+        s, ro = self.settings, batch.rollout
         if ro.sampling_logp is None:
-            raise ValueError(f"rollout_correction={cfg.rollout_correction}: the {ro.backend!r} rollout carries no "
+            raise ValueError(f"rollout_correction={s.correction}: the {ro.backend!r} rollout carries no "
                              "sampling log-probs")
         train_logp = batch.old_logp if batch.old_logp is not None else self.frozen_logps(self.policy, ro, temperature)
         corr = core.correction_weights(train_logp, ro.sampling_logp.to(train_logp.dtype), batch.mask,
-                                       level=cfg.rollout_correction_level, mode=mode,
-                                       low=cfg.rollout_correction_low, high=cfg.rollout_correction_high)
-        batch.advantages = batch.advantages * corr.weights  # [n, T]; w >= 0 scales the surrogate term only
-        return {k: float(v) for k, v in corr.metrics.items()}
+                                       level=s.correction_level, mode=s.correction,
+                                       low=s.correction_low, high=s.correction_high)
+        return corr.weights, {k: float(v) for k, v in corr.metrics.items()}
 
     def build(self, ro: Rollout, rewards: torch.Tensor, samples: list[dict] | None, *, temperature: float,
               beta: float, per_reward: torch.Tensor | None = None) -> tuple[Batch, dict]:
@@ -102,39 +141,39 @@ class BatchMaker:
         are computed on all B groups (identically on every process), then each keeps its rows.
         ``samples`` (this process's prompts) are needed by process supervision's step rewards;
         ``per_reward`` [B, G, K] (each reward function's raw scores) by normalize_then_sum (GDPO)."""
-        cfg, world = self.cfg, self.world
+        s, world = self.settings, self.world
         rewards = rewards.to(ro.completion_mask.device)  # [B, G] scored on the CPU
         rows = slice(world.rank * ro.completion_ids.shape[0], (world.rank + 1) * ro.completion_ids.shape[0])
         lengths = dist_io.gather_rows(ro.lengths, world)  # [N_global]
         truncated = dist_io.gather_rows(ro.truncated, world)  # [N_global]
         # overlong penalty, PF-PPO: on the whole step's groups, from every process's lengths
-        rewards, keep, filter_metrics = reshape_rewards(rewards, lengths=lengths, truncated=truncated, cfg=cfg)
+        rewards, keep, filter_metrics = reshape_rewards(rewards, lengths=lengths, truncated=truncated,
+                                                        shaping=s.shaping)
         failed = torch.isnan(rewards)  # [B, G]
         # A failed reward neither rewards nor punishes: it takes its group's mean and leaves the loss.
         group_mean = torch.nan_to_num(torch.nanmean(rewards, dim=1, keepdim=True), nan=0.0)  # [B, 1]
         filled = torch.where(failed, group_mean.expand_as(rewards), rewards)  # [B, G]
         mask = ro.loss_mask * (~failed & keep).reshape(-1, 1)[rows]  # [n, T] trained tokens that count
         # the sampling policy's log-probs, once the policy can have moved: after the first epoch or mini-batch
-        old_logp = self.old_logps(ro, temperature) \
-            if cfg.num_iterations > 1 or cfg.mini_batches > 1 else None
-        ref_logp = self.reference_logps(ro, temperature) if cfg.beta > 0 else None
+        old_logp = self.old_logps(ro, temperature) if s.old_logp else None
+        ref_logp = self.reference_logps(ro, temperature) if s.reference else None
         metrics = {"reward_mean": float(torch.nanmean(rewards)),
                    "reward_std": float(rewards[~failed].std(correction=0)) if (~failed).sum() > 1 else 0.0,
                    "zero_variance_share": float(core.zero_variance_share(filled)), **filter_metrics,
                    "completion_length_mean": float(lengths.float().mean()),
                    "completion_length_max": float(lengths.max()), "truncated_share": float(truncated.float().mean())}
-        metrics.update(seed_metrics(filled, ro, correct_at=cfg.correct_threshold))
-        if cfg.supervision == "process":  # DeepSeekMath 4.1.3: per-step rewards, token advantages
+        metrics.update(seed_metrics(filled, ro, correct_at=s.correct_threshold))
+        if s.process_supervision:  # DeepSeekMath 4.1.3: per-step rewards, token advantages
             adv_tok, mask, step_metrics = process_supervision(
-                self.step_reward, self.tok, ro, samples, mask, group_size=cfg.num_generations,
-                std_eps=cfg.std_eps, unbiased_std=cfg.scale_rewards_unbiased)  # [N, T]
+                self.step_reward, self.tok, ro, samples, mask, group_size=s.group_size,
+                std_eps=s.std_eps, unbiased_std=s.unbiased_std)  # [N, T]
             metrics.update(step_metrics)
             return Batch(ro, adv_tok, mask, old_logp, ref_logp), metrics
         if self.critic is None:
             adv = self._advantages(filled, failed, per_reward)  # [B, G]
             adv_tok = adv.reshape(-1, 1)[rows].expand_as(mask).contiguous()  # [n, T]
             metrics["advantage_variance"] = float(core.advantage_group_variance(adv))
-            if cfg.multi_objective_aggregation == "normalize_then_sum":  # GDPO scales the batch to std 1
+            if s.multi_objective_aggregation == "normalize_then_sum":  # GDPO scales the batch to std 1
                 metrics["advantage_batch_std"] = float(adv.std(correction=1 if adv.numel() > 1 else 0))
             return Batch(ro, adv_tok, mask, old_logp, ref_logp), metrics
         return self._ppo(ro, filled.flatten()[rows], filled.shape, mask, old_logp, ref_logp, metrics,
@@ -145,11 +184,11 @@ class BatchMaker:
         """PPO (DeepSeekMath eq. 2): KL penalty in the per-token reward, GAE on critic values, whitened.
         The KL in the reward compares pi_old and pi_ref computed the same way (same kernels, same
         precision), so it is exactly 0 while the policy still equals the reference."""
-        cfg = self.cfg
+        s = self.settings
         behaviour = None if ref_logp is None else old_logp if old_logp is not None else \
             self.frozen_logps(self.policy, ro, temperature)
-        est = self.critic.advantages(ro, scores, behaviour, ref_logp, mask, kl_coef=beta, gamma=cfg.gamma,
-                                     lam=cfg.lam, micro_batch=cfg.per_device_train_batch_size)  # this process's rows
+        est = self.critic.advantages(ro, scores, behaviour, ref_logp, mask, kl_coef=beta, gamma=s.gamma,
+                                     lam=s.lam, micro_batch=s.micro_batch)  # this process's rows
         seq_adv = dist_io.gather_rows(core.masked_mean(est["advantages"], mask, dim=1), self.world).view(shape)  # [B, G]
         metrics.update(advantage_variance=float(core.advantage_group_variance(seq_adv)), **est["metrics"])
         return Batch(ro, est["advantages"], mask, old_logp, ref_logp, kl_in_loss=False, values=est["values"],
@@ -158,10 +197,10 @@ class BatchMaker:
     def _advantages(self, filled: torch.Tensor, failed: torch.Tensor, per_reward: torch.Tensor | None) -> torch.Tensor:
         """Advantages [B, G] of outcome supervision from the step's rewards (filled: [B, G], failed ones
         at their group's mean) or, with normalize_then_sum, from each reward function's scores (GDPO)."""
-        cfg = self.cfg
-        if cfg.multi_objective_aggregation == "sum_then_normalize":
-            return core.compute_advantages(filled, estimator=cfg.advantage_estimator, std_eps=cfg.std_eps,
-                                           unbiased_std=cfg.scale_rewards_unbiased)  # [B, G]
+        s = self.settings
+        if s.multi_objective_aggregation == "sum_then_normalize":
+            return core.compute_advantages(filled, estimator=s.advantage_estimator, std_eps=s.std_eps,
+                                           unbiased_std=s.unbiased_std)  # [B, G]
         if per_reward is None:
             raise ValueError("multi_objective_aggregation=normalize_then_sum needs each reward's scores (per_reward)")
         per = per_reward.to(filled.device, filled.dtype)  # [B, G, K]
@@ -171,26 +210,26 @@ class BatchMaker:
         group_mean = torch.nan_to_num(torch.nanmean(per.masked_fill(missing, float("nan")), dim=1,
                                                     keepdim=True), nan=0.0)  # [B, 1, K]
         per = torch.where(missing, group_mean.expand_as(per), per)  # [B, G, K]
-        weights = torch.tensor(cfg.reward_weights or [1.0] * per.shape[-1], dtype=per.dtype, device=per.device)
-        return core.gdpo_advantages(per, weights, std_eps=cfg.std_eps, unbiased_std=cfg.scale_rewards_unbiased)
+        weights = torch.tensor(s.reward_weights or [1.0] * per.shape[-1], dtype=per.dtype, device=per.device)
+        return core.gdpo_advantages(per, weights, std_eps=s.std_eps, unbiased_std=s.unbiased_std)
 
 
 def reshape_rewards(rewards: torch.Tensor, *, lengths: torch.Tensor, truncated: torch.Tensor,
-                    cfg) -> tuple[torch.Tensor, torch.Tensor, dict]:
+                    shaping: RewardShaping) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Apply the reward-side tools before advantages: the overlong penalty (added to the reward) and
     the PF-PPO filter. rewards: [B, G], lengths and truncated: [B * G] ->
     (rewards [B, G], keep [B, G] bool, metrics)."""
-    metrics: dict = {}
-    if cfg.overlong_buffer:  # DAPO soft overlong punishment (arXiv 2503.14476, eq. 13)
-        pen = core.overlong_penalty(lengths, max_length=cfg.max_completion_length,
-                                    buffer=cfg.overlong_buffer).view_as(rewards)  # [B, G]
-        rewards = rewards + cfg.overlong_penalty_coef * pen
+    s, metrics = shaping, {}
+    if s.overlong_buffer:  # DAPO soft overlong punishment (arXiv 2503.14476, eq. 13)
+        pen = core.overlong_penalty(lengths, max_length=s.max_completion_length,
+                                    buffer=s.overlong_buffer).view_as(rewards)  # [B, G]
+        rewards = rewards + s.overlong_penalty_coef * pen
         metrics["overlong_penalty_mean"] = float(pen.mean())
     keep = torch.ones_like(rewards, dtype=torch.bool)  # [B, G]
-    if cfg.overlong_filter:  # DAPO overlong filtering: truncated completions leave the loss
+    if s.overlong_filter:  # DAPO overlong filtering: truncated completions leave the loss
         keep &= ~truncated.view_as(rewards)
-    if cfg.policy_filter:  # PF-PPO (arXiv 2409.06957)
-        keep &= core.policy_filter(rewards, mode=cfg.policy_filter, min_std=cfg.policy_filter_min_std)
+    if s.policy_filter:  # PF-PPO (arXiv 2409.06957)
+        keep &= core.policy_filter(rewards, mode=s.policy_filter, min_std=s.policy_filter_min_std)
         metrics["policy_filter_kept_share"] = float(keep.float().mean())
     return rewards, keep, metrics
 
@@ -211,10 +250,10 @@ def seed_metrics(rewards: torch.Tensor, ro: Rollout, *, correct_at: float) -> di
     return out
 
 
-def correction_mode(cfg) -> str:
-    """The train/inference mismatch correction this run applies: ``rollout_correction``, with auto
+def correction_mode(rollout_correction: str, rollout_backend: str) -> str:
+    """The train/inference mismatch correction a run applies: ``rollout_correction``, with auto
     resolved to mask for an engine that samples with kernels of its own (its log-probs differ from
     the trainer's) and to none for one that samples with the trainer's model."""
-    if cfg.rollout_correction != "auto":
-        return cfg.rollout_correction
-    return "mask" if engine_class(cfg.rollout_backend).own_kernels else "none"
+    if rollout_correction != "auto":
+        return rollout_correction
+    return "mask" if engine_class(rollout_backend).own_kernels else "none"

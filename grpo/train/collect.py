@@ -21,12 +21,11 @@ from grpo.agent import AgentSampler, episode_metrics
 from grpo.infra import distributed as dist_io
 from grpo.infra.timing import NullTimer, StageTimer
 from grpo.rewards.runner import RewardRunner
-from grpo.rollout import Rollout, RolloutEngine, SamplingSettings
+from grpo.rollout import Rollout, SamplingSettings
 from grpo.rollout.base import concat_rollouts, rollout_to, select_rollout
 from grpo.rollout.keys import row_keys
 from grpo.rollout.tuning import take_messages
 from grpo.train.resample import RESAMPLE_ROW_BASE, resample_invalid, validity_checks
-from grpo.train.batch import correction_mode
 
 
 def failure_message(parts: list[dict], *, n: int, n_failed: int, share: float) -> str:
@@ -80,18 +79,38 @@ def _counts(info: dict) -> dict:
     return {k: v for k, v in info.items() if k not in ("transcript", "completion_messages", "environment")}
 
 
-class Collector:
-    """Draws the step's prompts (an epoch-shuffled sampler), samples them with the run's ``engine``,
-    scores the completions and counts what went wrong (failed rewards, prompts cut to
-    max_prompt_length). ``note`` reports a message to the run's log."""
+@dataclass(frozen=True)
+class CollectSettings:
+    """What collection reads; each field is the Config field named in its comment."""
 
-    def __init__(self, cfg, *, world: dist_io.World, train: list[dict], engine: RolloutEngine, rewards: RewardRunner,
-                 note: Callable[..., None], timer: StageTimer | None = None, agent: AgentSampler | None = None):
-        self.cfg, self.world, self.train, self.rewards, self.note = cfg, world, train, rewards, note
+    seed: int  # seed: the prompt sampler's and the sampling keys'
+    prompts_per_step: int  # prompts_per_step (B, over every process)
+    group_size: int  # num_generations (G)
+    system_prompt: str  # system_prompt
+    sampling: SamplingSettings  # max_completion_length, top_p, top_k, max_prompt_length (temperature: per step)
+    with_logprobs: bool  # the rollout's sampling log-probs are kept (a rollout_correction applies)
+    dynamic_sampling: bool  # dynamic_sampling (DAPO)
+    dynamic_sampling_rounds: int  # dynamic_sampling_rounds
+    mini_batches: int  # mini_batches: dynamic sampling keeps whole mini-batches on every process
+    resample_invalid_rounds: int  # resample_invalid_rounds
+    max_reward_failure_share: float  # max_reward_failure_share
+    reward_names: tuple[str, ...]  # rewards, in order (the first one's accuracy is logged)
+    max_steps: int  # max_steps (TRL-form rewards see it in trainer_state)
+
+
+class Collector:
+    """Draws the step's prompts (an epoch-shuffled sampler), samples them with the run's training
+    engine (``engines.train``), scores the completions and counts what went wrong (failed rewards,
+    prompts cut to max_prompt_length). ``note`` reports a message to the run's log."""
+
+    def __init__(self, settings: CollectSettings, *, world: dist_io.World, train: list[dict], engines, tokenizer,
+                 rewards: RewardRunner, note: Callable[..., None], timer: StageTimer | None = None,
+                 agent: AgentSampler | None = None):
+        self.settings, self.world, self.train, self.rewards, self.note = settings, world, train, rewards, note
         self.agent = agent  # tools / environment_factory: every rollout is a multi-turn episode
         self.timer = timer or NullTimer()  # seconds of the sampling and rewards stages
-        self.engine, self.tok = engine, engine.tokenizer
-        self.sampler = PromptSampler(len(train), seed=cfg.seed)
+        self.engines, self.tok = engines, tokenizer
+        self.sampler = PromptSampler(len(train), seed=settings.seed)
         self.reward_failures = 0
         self.prompts_truncated = 0  # this run's sampled prompts cut to max_prompt_length (every process)
         self.last_per_reward: torch.Tensor | None = None  # [B, G, K] of the last score()
@@ -105,7 +124,7 @@ class Collector:
         back where it was, so a checkpoint saved next resumes with this step's prompts."""
         position = self.sampler.state_dict()
         try:
-            if self.cfg.dynamic_sampling:  # DAPO: only groups with reward variance reach the loss
+            if self.settings.dynamic_sampling:  # DAPO: only groups with reward variance reach the loss
                 return self._dynamic(step=step, temperature=temperature)
             samples, ro = self.sample(step=step, temperature=temperature)
             rewards, metrics = self.score(samples, ro, step=step)
@@ -117,18 +136,18 @@ class Collector:
 
     def _resample_invalid(self, samples, prompts, ro, *, step, draw, sampling) -> Rollout:
         """Rows a reward cannot grade (its ``valid`` check fails) sampled again (resample_invalid_rounds)."""
-        cfg, world, g = self.cfg, self.world, self.cfg.num_generations
-        n_global, first = cfg.prompts_per_step * g, world.rank * len(ro.texts)
+        s, world, g = self.settings, self.world, self.settings.group_size
+        n_global, first = s.prompts_per_step * g, world.rank * len(ro.texts)
 
         def key_of(rnd: int, row: int) -> int:
-            rnd_row = RESAMPLE_ROW_BASE + ((draw * cfg.resample_invalid_rounds + rnd) * n_global + first + row)
-            return row_keys(cfg.seed, step, rnd_row, 1)[0]
+            rnd_row = RESAMPLE_ROW_BASE + ((draw * s.resample_invalid_rounds + rnd) * n_global + first + row)
+            return row_keys(s.seed, step, rnd_row, 1)[0]
 
         def generate(ps, keys):
-            return self.engine.generate(ps, group_size=1, sampling=sampling, keys=keys, with_logprobs=False)
+            return self.engines.train.generate(ps, group_size=1, sampling=sampling, keys=keys, with_logprobs=False)
 
-        got = resample_invalid(ro, [s for s in samples for _ in range(g)], [p for p in prompts for _ in range(g)],
-                               checks=self.checks, rounds=cfg.resample_invalid_rounds, generate=generate,
+        got = resample_invalid(ro, [x for x in samples for _ in range(g)], [p for p in prompts for _ in range(g)],
+                               checks=self.checks, rounds=s.resample_invalid_rounds, generate=generate,
                                key_of=key_of, pad_id=self.tok.pad_token_id, world=world)
         self.resample["resample_rounds"] += got.rounds
         self.resample["resampled_completions"] += int(dist_io.all_sum(torch.tensor(got.resampled), world))
@@ -142,27 +161,26 @@ class Collector:
         many processes share the batch; ``draw`` numbers the extra draws of one step (dynamic sampling).
         ``sampler`` and ``seed`` replace the run's prompt stream and key seed (a draw outside training,
         as the reward model's warm-up, that leaves the training draws as they were)."""
-        cfg, world = self.cfg, self.world
-        b, g = cfg.prompts_per_step // world.size, cfg.num_generations
-        mine = (sampler or self.sampler).draw(cfg.prompts_per_step)[world.rank * b:(world.rank + 1) * b]
+        s, world = self.settings, self.world
+        b, g = s.prompts_per_step // world.size, s.group_size
+        mine = (sampler or self.sampler).draw(s.prompts_per_step)[world.rank * b:(world.rank + 1) * b]
         samples = [self.train[i] for i in mine]
-        prompts = [render_prompt(self.tok, s["prompt"], cfg.system_prompt) for s in samples]
-        keys = row_keys(cfg.seed if seed is None else seed, step, (draw * world.size + world.rank) * b * g, b * g)
-        sampling = SamplingSettings(max_new_tokens=cfg.max_completion_length, temperature=temperature,
-                                    top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length)
+        prompts = [render_prompt(self.tok, x["prompt"], s.system_prompt) for x in samples]
+        keys = row_keys(s.seed if seed is None else seed, step, (draw * world.size + world.rank) * b * g, b * g)
+        sampling = dataclasses.replace(s.sampling, temperature=temperature)
         # no sampling log-probs (the loss recomputes them; keeping [N, T, V] logits costs memory), except
         # for the train/inference mismatch correction, which compares the engine's with the trainer's
+        engine = self.engines.train
         with self.timer.stage("sampling"):
             if self.agent is not None:
-                ro = self.agent.generate(self.engine, samples, group_size=g, sampling=sampling, keys=keys,
-                                         system_prompt=cfg.system_prompt, with_logprobs=correction_mode(cfg) != "none")
+                ro = self.agent.generate(engine, samples, group_size=g, sampling=sampling, keys=keys,
+                                         system_prompt=s.system_prompt, with_logprobs=s.with_logprobs)
             else:
-                ro = self.engine.generate(prompts, group_size=g, sampling=sampling, keys=keys,
-                                          with_logprobs=correction_mode(cfg) != "none")
+                ro = engine.generate(prompts, group_size=g, sampling=sampling, keys=keys, with_logprobs=s.with_logprobs)
         for msg in take_messages():  # what the rollout measured or read about this machine's kernels, once
             self.note(msg)
         self._count_truncated(int(dist_io.all_sum(torch.tensor(ro.prompts_truncated), world)))
-        if self.checks and cfg.resample_invalid_rounds:
+        if self.checks and s.resample_invalid_rounds:
             ro = self._resample_invalid(samples, prompts, ro, step=step, draw=draw, sampling=sampling)
         return samples, ro
 
@@ -170,7 +188,7 @@ class Collector:
         """Count prompts cut to max_prompt_length; the first time, say so (they keep their end, the
         generation prompt, and lose their start, which may hold the question)."""
         if n and not self.prompts_truncated:
-            self.note(f"{n} prompt(s) longer than max_prompt_length={self.cfg.max_prompt_length} "
+            self.note(f"{n} prompt(s) longer than max_prompt_length={self.settings.sampling.max_prompt_length} "
                       "tokens were cut from the left (counted in metrics as prompts_truncated)", "yellow")
         self.prompts_truncated += n
 
@@ -178,13 +196,13 @@ class Collector:
         """Rewards [B, G] of the whole step, gathered from every process (NaN where a reward
         failed or none applied), and the reward metrics. Rewards see each episode's transcript and
         counts beside its sample; TRL-form ones also the token ids and the step (``trainer_state``)."""
-        cfg, world = self.cfg, self.world
-        group_samples = [s for s in samples for _ in range(cfg.num_generations)]
+        s, world = self.settings, self.world
+        group_samples = [x for x in samples for _ in range(s.group_size)]
         t0 = time.perf_counter()
         with self.timer.stage("rewards"):
             res = self.rewards.score(ro.texts, group_samples, episodes=ro.episodes,
                                      completion_ids=ro.completion_id_lists(),
-                                     trainer_state=TrainerState(global_step=step, max_steps=cfg.max_steps))
+                                     trainer_state=TrainerState(global_step=step, max_steps=s.max_steps))
         grading = time.perf_counter() - t0  # every reward of the step (the code rewards: its sandboxed tests)
         for msgs in dist_io.gather_objects(res.messages, world):
             for msg in msgs:
@@ -192,12 +210,12 @@ class Collector:
         total = dist_io.gather_rows(res.total.double(), world)  # [N_global]
         per_reward = {k: dist_io.gather_rows(v.double(), world) for k, v in res.per_reward.items()}
         n_failed = int(torch.isnan(total).sum())
-        if n_failed and n_failed >= cfg.max_reward_failure_share * len(total):
+        if n_failed and n_failed >= s.max_reward_failure_share * len(total):
             part = {"failures": res.failures, "first_errors": res.first_errors, "unscorable": res.unscorable}
             raise RewardError(failure_message(dist_io.gather_objects(part, world), n=len(total), n_failed=n_failed,
-                                              share=cfg.max_reward_failure_share))
+                                              share=s.max_reward_failure_share))
         self.reward_failures += n_failed
-        first = per_reward[cfg.reward_names[0]]
+        first = per_reward[s.reward_names[0]]
         timeouts = int(dist_io.all_sum(torch.tensor(self.rewards.timeouts), world))
         metrics = {f"rewards/{k}": float(torch.nanmean(v)) for k, v in per_reward.items()}
         logged: dict = {}  # what TRL-form rewards logged with log_metric, on every process
@@ -206,18 +224,18 @@ class Collector:
                 logged.setdefault(name, []).extend(values)
         metrics.update({name: sum(values) / len(values) for name, values in logged.items()})
         self.last_columns = res.log_columns
-        self.last_per_reward = torch.stack([per_reward[k] for k in cfg.reward_names], -1).float().view(
-            cfg.prompts_per_step, cfg.num_generations, -1)  # [B, G, K]
+        self.last_per_reward = torch.stack([per_reward[k] for k in s.reward_names], -1).float().view(
+            s.prompts_per_step, s.group_size, -1)  # [B, G, K]
         metrics.update(accuracy=float((first >= 1.0).double().mean()), reward_failures=n_failed,
                        reward_failures_total=self.reward_failures, reward_timeouts_total=timeouts,
                        grading_seconds=max(dist_io.gather_objects(grading, world)))  # the slowest process
         if ro.episodes is not None:  # every process's episodes (without their transcripts)
             infos = [e for part in dist_io.gather_objects([_counts(e) for e in ro.episodes], world) for e in part]
             metrics.update(episode_metrics(infos))
-        if self.checks and cfg.resample_invalid_rounds:  # the resampling since the last scoring
+        if self.checks and s.resample_invalid_rounds:  # the resampling since the last scoring
             metrics.update(self.resample)
             self.resample = dict.fromkeys(self.resample, 0)
-        return total.float().view(cfg.prompts_per_step, cfg.num_generations), metrics
+        return total.float().view(s.prompts_per_step, s.group_size), metrics
 
     def _dynamic(self, *, step: int, temperature: float) -> Collected:
         """DAPO dynamic sampling (arXiv 2503.14476, section 3.2): sample and score rounds of B prompts, keep
@@ -232,10 +250,10 @@ class Collector:
         FSDP2 see the same number of sequences everywhere. A remainder that would not fill every process's
         mini-batches alike (fewer groups than processes x mini_batches), possible only when the rounds run
         out, is left out of the step (counted as dropped), on one process as on several."""
-        cfg, world, g, n = self.cfg, self.world, self.cfg.num_generations, self.cfg.prompts_per_step
+        s, world, g, n = self.settings, self.world, self.settings.group_size, self.settings.prompts_per_step
         b = n // world.size  # prompts per process and round
         mine, kept_rewards, kept_per, n_kept, seconds = [], [], [], 0, 0.0
-        for draw in range(cfg.dynamic_sampling_rounds):
+        for draw in range(s.dynamic_sampling_rounds):
             samples, ro = self.sample(step=step, temperature=temperature, draw=draw)
             rewards, metrics = self.score(samples, ro, step=step)  # [B, G] of the whole step
             seconds += ro.seconds
@@ -255,7 +273,7 @@ class Collector:
                 break
         # whole mini-batches on every process when there are enough groups (then 1 and N processes take
         # the same mini-batches, split.mini_batch_rows), else whole groups per process
-        unit = world.size * cfg.mini_batches if n_kept >= world.size * cfg.mini_batches else world.size
+        unit = world.size * s.mini_batches if n_kept >= world.size * s.mini_batches else world.size
         n_used = n_kept - n_kept % unit
         rounds = draw + 1
         metrics.update(dynamic_sampling_rounds=rounds, dynamic_sampling_dropped_share=1.0 - n_used / (rounds * n),

@@ -9,6 +9,7 @@ them and is saved in every checkpoint, so a resumed run continues with the exact
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 
 class BandController:
@@ -167,50 +168,81 @@ class Fuse:
         self.seen, self.missing = state.get("seen", True), state.get("missing", 0)  # older checkpoints: none
 
 
+@dataclass(frozen=True)
+class KnobSettings:
+    """What the knobs start from and what moves them. Each field is the Config field of the same name
+    (its docstring in grpo/config/fields.py says more); a band of None switches its controller off."""
+
+    epsilon: float  # lower clip range of the ratio
+    eps_high: float  # upper clip range (clip-higher keeps its ratio to epsilon when a controller moves it)
+    beta: float  # KL coefficient
+    entropy_coef: float  # weight of the entropy bonus
+    temperature: float  # sampling temperature (and of the loss's log-probs)
+    clip_target_band: tuple[float, float] | None  # band controller: clip fraction in [low, high] by epsilon
+    clip_step_band: tuple[float, float] | None  # additive clip control (seed 003 section 3.4)
+    clip_step_size: float  # how far one additive move takes epsilon
+    clip_step_patience: int  # steps outside clip_step_band before epsilon moves
+    clip_epsilon_min: float  # smallest epsilon either clip controller sets
+    clip_epsilon_max: float  # largest epsilon either clip controller sets
+    controller_factor: float  # band controllers' multiplicative step
+    entropy_target_band: tuple[float, float] | None  # entropy in [low, high] by entropy_target_knob
+    entropy_target_knob: str  # temperature or entropy_coef
+    kl_target: float | None  # adaptive KL (Ziegler et al. 2019): beta moves toward this KL
+    kl_adapt_rate: float  # its proportional gain
+    consistency_steps: int  # the consistency probe's period (0: off, no watch)
+    consistency_converging: float  # the probe reads 'converging' below this coefficient of variation
+    consistency_guessing: float  # and 'guessing' above this one
+    consistency_plateau: float  # the first probe below this is the plateau step
+    fuse_metric: str  # the fuse's metric ('': no fuse)
+    fuse_min: float | None  # its band's lower edge (None: none)
+    fuse_max: float | None  # its band's upper edge (None: none)
+    fuse_patience: int  # consecutive steps outside the band that blow it
+
+
 class Knobs:
     """The step's knobs (epsilon, eps_high, beta, entropy_coef, temperature) and the tools that move them."""
 
-    def __init__(self, cfg):
-        self.cfg = cfg
-        self.epsilon, self.eps_high, self.beta = cfg.epsilon, cfg.eps_high, cfg.beta
-        self.entropy_coef, self.temperature = cfg.entropy_coef, cfg.temperature
+    def __init__(self, settings: KnobSettings):
+        s = self.settings = settings
+        self.epsilon, self.eps_high, self.beta = s.epsilon, s.eps_high, s.beta
+        self.entropy_coef, self.temperature = s.entropy_coef, s.temperature
         self.controllers: dict = {}
-        if cfg.clip_target_band is not None:  # wider eps -> fewer clipped tokens: direction -1
-            lo, hi = cfg.clip_target_band
+        if s.clip_target_band is not None:  # wider eps -> fewer clipped tokens: direction -1
+            lo, hi = s.clip_target_band
             self.controllers["epsilon"] = BandController(
-                metric="clip_fraction", low=lo, high=hi, value=cfg.epsilon, factor=cfg.controller_factor,
-                bounds=(cfg.clip_epsilon_min, cfg.clip_epsilon_max), direction=-1)
-        if cfg.clip_step_band is not None:  # seed 003 section 3.4
-            lo, hi = cfg.clip_step_band
+                metric="clip_fraction", low=lo, high=hi, value=s.epsilon, factor=s.controller_factor,
+                bounds=(s.clip_epsilon_min, s.clip_epsilon_max), direction=-1)
+        if s.clip_step_band is not None:  # seed 003 section 3.4
+            lo, hi = s.clip_step_band
             self.controllers["epsilon"] = StepController(
-                metric="clip_fraction", low=lo, high=hi, value=cfg.epsilon, step=cfg.clip_step_size,
-                patience=cfg.clip_step_patience, bounds=(cfg.clip_epsilon_min, cfg.clip_epsilon_max))
-        if cfg.entropy_target_band is not None:
-            lo, hi = cfg.entropy_target_band
-            knob = cfg.entropy_target_knob
-            start = cfg.temperature if knob == "temperature" else max(cfg.entropy_coef, 1e-4)
+                metric="clip_fraction", low=lo, high=hi, value=s.epsilon, step=s.clip_step_size,
+                patience=s.clip_step_patience, bounds=(s.clip_epsilon_min, s.clip_epsilon_max))
+        if s.entropy_target_band is not None:
+            lo, hi = s.entropy_target_band
+            knob = s.entropy_target_knob
+            start = s.temperature if knob == "temperature" else max(s.entropy_coef, 1e-4)
             bounds = (0.05, 4.0) if knob == "temperature" else (1e-4, 10.0)
             self.controllers[knob] = BandController(metric="entropy", low=lo, high=hi, value=start,
-                                                    factor=cfg.controller_factor, bounds=bounds, direction=1,
+                                                    factor=s.controller_factor, bounds=bounds, direction=1,
                                                     hold_inside=knob == "entropy_coef")
-        if cfg.kl_target is not None:
-            self.controllers["beta"] = AdaptiveKL(beta=cfg.beta, target=cfg.kl_target, rate=cfg.kl_adapt_rate)
+        if s.kl_target is not None:
+            self.controllers["beta"] = AdaptiveKL(beta=s.beta, target=s.kl_target, rate=s.kl_adapt_rate)
         self.watch = None
-        if cfg.consistency_steps:
-            self.watch = ConsistencyWatch(converging=cfg.consistency_converging, guessing=cfg.consistency_guessing,
-                                          plateau=cfg.consistency_plateau)
+        if s.consistency_steps:
+            self.watch = ConsistencyWatch(converging=s.consistency_converging, guessing=s.consistency_guessing,
+                                          plateau=s.consistency_plateau)
         self.fuse = None
-        if cfg.fuse_metric:
-            self.fuse = Fuse(metric=cfg.fuse_metric, low=-math.inf if cfg.fuse_min is None else cfg.fuse_min,
-                             high=math.inf if cfg.fuse_max is None else cfg.fuse_max, patience=cfg.fuse_patience,
-                             grace=max(1, cfg.consistency_steps))
+        if s.fuse_metric:
+            self.fuse = Fuse(metric=s.fuse_metric, low=-math.inf if s.fuse_min is None else s.fuse_min,
+                             high=math.inf if s.fuse_max is None else s.fuse_max, patience=s.fuse_patience,
+                             grace=max(1, s.consistency_steps))
         self._apply()
 
     def _apply(self) -> None:
         for knob, ctl in self.controllers.items():
             setattr(self, knob, ctl.value)
         if "epsilon" in self.controllers:  # clip-higher keeps its ratio to the lower range
-            self.eps_high = self.epsilon * self.cfg.eps_high / max(self.cfg.epsilon, 1e-12)
+            self.eps_high = self.epsilon * self.settings.eps_high / max(self.settings.epsilon, 1e-12)
 
     def values(self) -> dict:
         """The values this step trains with, logged as metrics."""

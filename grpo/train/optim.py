@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -18,21 +19,30 @@ def adamw(params: list, **settings) -> torch.optim.AdamW:
     return torch.optim.AdamW(params, fused=fused or None, **settings)
 
 
-def lr_lambda(cfg):
+@dataclass(frozen=True)
+class Schedule:
+    """The learning-rate schedule, counted in training steps as max_steps is (the Config fields of
+    the same names)."""
+
+    lr_scheduler_type: str  # constant, cosine or linear (to 0 at max_steps), after the warmup
+    warmup_steps: int  # training steps of linear warmup from 0
+    max_steps: int  # the run's training steps
+
+
+def lr_lambda(schedule: Schedule, per_step: int):
     """Multiplier of learning_rate at a given optimizer step: linear warmup, then the schedule. Both
-    are counted in training steps, as max_steps is, each taking num_iterations x mini_batches
-    optimizer steps."""
-    per_step = cfg.num_iterations * cfg.mini_batches
-    total = max(1, cfg.max_steps * per_step)
-    warm = cfg.warmup_steps * per_step
+    are counted in training steps, each taking ``per_step`` optimizer steps (num_iterations x
+    mini_batches)."""
+    total = max(1, schedule.max_steps * per_step)
+    warm = schedule.warmup_steps * per_step
 
     def f(step: int) -> float:
         if step < warm:
             return (step + 1) / (warm + 1)
         progress = (step - warm) / max(1, total - warm)
-        if cfg.lr_scheduler_type == "cosine":
+        if schedule.lr_scheduler_type == "cosine":
             return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-        if cfg.lr_scheduler_type == "linear":
+        if schedule.lr_scheduler_type == "linear":
             return max(0.0, 1 - progress)
         return 1.0
 

@@ -50,14 +50,35 @@ def replay_count(batch_size: int, *, fraction: float, have_old: bool) -> int:
     return min(batch_size - 1, round(fraction * batch_size)) if have_old and fraction > 0 else 0
 
 
+@dataclass(frozen=True)
+class RewardModelTrainSettings:
+    """What the reward model's training reads; each field is the Config field named in its comment."""
+
+    model: str  # reward_model: the sequence-classification model the reward_model reward scores with
+    teacher: str  # reward_model_teacher ('': none, the verifier's labels are the targets)
+    verifier: str  # reward_model_verifier: the reward that labels the completions
+    objective: str  # reward_model_objective: pointwise or pairwise
+    train_steps: int  # reward_model_train_steps: optimizer steps per iteration boundary
+    batch_size: int  # reward_model_batch_size
+    replay: float  # reward_model_replay: share of each batch from earlier iterations
+    buffer_size: int  # reward_model_buffer_size
+    learning_rate: float  # reward_model_lr
+    heldout: int  # reward_model_heldout: the first this many groups are held out
+    distill_temperature: float  # reward_model_distill_temperature
+    warmup_draws: int  # reward_model_warmup_draws
+    group_size: int  # num_generations (G)
+    seed: int  # seed
+
+
 class RewardModelTrainer:
     """Trains the ``reward_model`` reward's model at iteration boundaries (see the module doc)."""
 
-    def __init__(self, cfg, scorer, teacher=None):
-        self.cfg, self.scorer, self.teacher = cfg, scorer, teacher
-        self.verifier = {cfg.reward_model_verifier: resolve_reward(cfg.reward_model_verifier)}
-        self.optimizer = torch.optim.AdamW(self.scorer.model.parameters(), lr=cfg.reward_model_lr, weight_decay=0.0)
-        self.rng = random.Random(cfg.seed + 7919)  # the batches' draw; its state is checkpointed
+    def __init__(self, settings: RewardModelTrainSettings, scorer, teacher=None):
+        s = self.settings = settings
+        self.scorer, self.teacher = scorer, teacher
+        self.verifier = {s.verifier: resolve_reward(s.verifier)}
+        self.optimizer = torch.optim.AdamW(self.scorer.model.parameters(), lr=s.learning_rate, weight_decay=0.0)
+        self.rng = random.Random(s.seed + 7919)  # the batches' draw; its state is checkpointed
         self.buffer: list[Example] = []
         self.current: list[Example] = []
         self.heldout: list[Example] = []
@@ -69,15 +90,15 @@ class RewardModelTrainer:
         """Label the step's completions (G per prompt, grouped) with the verifier and keep them; the
         verifier's mean on them (``rm_verifier_reward``: what the policy optimising the reward model
         really achieves, beside the reward model's own score)."""
-        g = self.cfg.num_generations
+        g = self.settings.group_size
         rows = [s for s in samples for _ in range(g)]
-        labels = score_completions(texts, rows, self.verifier).per_reward[self.cfg.reward_model_verifier]
+        labels = score_completions(texts, rows, self.verifier).per_reward[self.settings.verifier]
         teacher = self._teacher_logits(rows, texts) if self.teacher is not None else [None] * len(texts)
         for b in range(len(samples)):
             group = [Example(samples[b]["prompt"], texts[b * g + i], float(labels[b * g + i]), self.groups_seen,
                              self.iteration, teacher[b * g + i]) for i in range(g)
                      if not torch.isnan(labels[b * g + i])]  # a failed verifier call labels nothing
-            target = self.heldout if self.groups_seen < self.cfg.reward_model_heldout else self.current
+            target = self.heldout if self.groups_seen < self.settings.heldout else self.current
             target.extend(group)
             self.groups_seen += 1
         ok = labels[~torch.isnan(labels)]
@@ -99,7 +120,7 @@ class RewardModelTrainer:
     def accuracy(self, examples: list[Example]) -> float | None:
         """The model's accuracy against the verifier on ``examples`` (pairwise: on their within-group
         pairs), None when there is nothing to judge."""
-        if self.cfg.reward_model_objective == "pairwise":
+        if self.settings.objective == "pairwise":
             return self.ranking_accuracy(examples)
         if not examples:
             return None
@@ -118,7 +139,7 @@ class RewardModelTrainer:
     def _heldout_metrics(self, when: str) -> dict:
         """Accuracy and ranking on the held-out set; under pairwise they are one number, scored once."""
         ranking = self.ranking_accuracy(self.heldout)
-        accuracy = ranking if self.cfg.reward_model_objective == "pairwise" else self.accuracy(self.heldout)
+        accuracy = ranking if self.settings.objective == "pairwise" else self.accuracy(self.heldout)
         return {f"rm_heldout_accuracy_{when}": accuracy, f"rm_heldout_ranking_{when}": ranking}
 
     def _scores(self, examples: list[Example]) -> torch.Tensor:
@@ -142,20 +163,20 @@ class RewardModelTrainer:
 
     def update(self) -> dict:
         """Train on this iteration's examples with replay; the buffer takes them; the metrics."""
-        cfg = self.cfg
-        new = self._pairs(self.current) if cfg.reward_model_objective == "pairwise" else self.current
-        old = self._pairs(self.buffer) if cfg.reward_model_objective == "pairwise" else self.buffer
+        s = self.settings
+        new = self._pairs(self.current) if s.objective == "pairwise" else self.current
+        old = self._pairs(self.buffer) if s.objective == "pairwise" else self.buffer
         metrics = {**self._heldout_metrics("before"), "rm_agreement_new": self.accuracy(self.current)}
         losses, replayed, seen = [], 0, 0
         if new:
             self.scorer.model.train()
-            for _ in range(cfg.reward_model_train_steps):
-                n_old = replay_count(cfg.reward_model_batch_size, fraction=cfg.reward_model_replay, have_old=bool(old))
-                batch = self._draw(new, cfg.reward_model_batch_size - n_old) + self._draw(old, n_old)
+            for _ in range(s.train_steps):
+                n_old = replay_count(s.batch_size, fraction=s.replay, have_old=bool(old))
+                batch = self._draw(new, s.batch_size - n_old) + self._draw(old, n_old)
                 losses.append(self._step(batch))
                 replayed, seen = replayed + n_old, seen + len(batch)
             self.scorer.model.eval()
-        self.buffer = (self.buffer + self.current)[-cfg.reward_model_buffer_size:]
+        self.buffer = (self.buffer + self.current)[-s.buffer_size:]
         self.current = []
         self.iteration += 1
         ages = [self.iteration - e.iteration for e in self.buffer]
@@ -172,13 +193,12 @@ class RewardModelTrainer:
         return self.rng.sample(pool, n) if n <= len(pool) else [self.rng.choice(pool) for _ in range(n)]
 
     def _step(self, batch: list) -> float:
-        cfg = self.cfg
-        pairwise = cfg.reward_model_objective == "pairwise"
+        pairwise = self.settings.objective == "pairwise"
         examples = [e for p in batch for e in p] if pairwise else batch
         logits = self._logits(self.scorer, [e.prompt for e in examples], [e.completion for e in examples])  # [N, L]
         if self.teacher is not None:  # distillation: the teacher's logits are the targets
             target = torch.tensor([e.teacher for e in examples], dtype=logits.dtype, device=logits.device)  # [N, L]
-            loss = core.distillation_loss(logits, target, temperature=cfg.reward_model_distill_temperature)
+            loss = core.distillation_loss(logits, target, temperature=self.settings.distill_temperature)
         elif pairwise:
             s = core.head_scores(logits)  # [2P]
             loss = core.bradley_terry_loss(s[0::2], s[1::2])
@@ -206,7 +226,7 @@ class RewardModelTrainer:
         self.iteration, self.groups_seen = state["iteration"], state["groups_seen"]
 
 
-WARMUP_SEED = 104_729  # the warm-up's prompt draw and sampling keys: apart from the run's (cfg.seed)
+WARMUP_SEED = 104_729  # the warm-up's prompt draw and sampling keys: apart from the run's (seed)
 
 
 def warm_up(rm: RewardModelTrainer, collector, *, temperature: float) -> dict:
@@ -215,22 +235,22 @@ def warm_up(rm: RewardModelTrainer, collector, *, temperature: float) -> dict:
     verifier and trained on as iteration 0; the update's metrics, with ``rm_warmup_completions``."""
     from grpo.data import PromptSampler
 
-    cfg = rm.cfg
-    sampler = PromptSampler(len(collector.train), seed=cfg.seed + WARMUP_SEED)
+    s = rm.settings
+    sampler = PromptSampler(len(collector.train), seed=s.seed + WARMUP_SEED)
     n = 0
-    for d in range(cfg.reward_model_warmup_draws):
-        samples, ro = collector.sample(step=d, temperature=temperature, sampler=sampler, seed=cfg.seed + WARMUP_SEED)
+    for d in range(s.warmup_draws):
+        samples, ro = collector.sample(step=d, temperature=temperature, sampler=sampler, seed=s.seed + WARMUP_SEED)
         rm.observe(samples, ro.texts)
         n += len(ro.texts)
     return {**rm.update(), "rm_warmup_completions": n}
 
 
-def make_reward_model_trainer(cfg) -> RewardModelTrainer:
-    """The trainer of the run's ``reward_model`` (its scorer now the one the reward uses), with the
-    teacher when ``reward_model_teacher`` is set."""
+def make_reward_model_trainer(settings: RewardModelTrainSettings) -> RewardModelTrainer:
+    """The trainer of the run's reward model (its scorer now the one the reward uses), with the
+    teacher when one is named."""
     from grpo.rewards.reward_model import RewardModelScorer, install_scorer
 
-    scorer = RewardModelScorer(cfg.reward_model)
+    scorer = RewardModelScorer(settings.model)
     install_scorer(scorer)
-    teacher = RewardModelScorer(cfg.reward_model_teacher) if cfg.reward_model_teacher else None
-    return RewardModelTrainer(cfg, scorer, teacher)
+    teacher = RewardModelScorer(settings.teacher) if settings.teacher else None
+    return RewardModelTrainer(settings, scorer, teacher)

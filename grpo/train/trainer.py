@@ -20,38 +20,38 @@ import json
 import os
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from grpo.config import Config
-from grpo.config.validate import divisors
+from grpo.config.validate import validate_world
 from grpo.data import task_of
-from grpo.errors import ConfigError, DataError, EngineError, FuseError, RewardError
+from grpo.errors import DataError, EngineError, FuseError, RewardError
 from grpo.eval.consistency import consistency, probe_prompts
 from grpo.agent import AgentSampler
-from grpo.eval.evaluate import Interrupt, evaluate_as_configured
+from grpo.eval.evaluate import Interrupt, evaluate
 from grpo.infra import checkpoint as ckpt_io
 from grpo.infra import distributed as dist_io
 from grpo.infra.logger import NullLogger, RunLogger
 from grpo.infra.timing import STAGES, StageTimer, stage_key
 from grpo.infra.runtime import import_from, keep_freed_memory, make_run_dir, seed_everything
 from grpo.infra.stop import StopFlag
-from grpo.models import grouped_attention, keep_head_fp32, load_models, native_bf16, reset_reference, resolve_model_path
-from grpo.models.packing import SHARED_PREFIX_ATTENTION, sliding_window
-from grpo.models.quantization import keep_trainable
+from grpo.models import load_models, reset_reference, resolve_model_path
 from grpo.rewards.reward_model import set_reward_transform
 from grpo.rewards.runner import RewardRunner
 from grpo.rewards.steps import resolve_step_reward
-from grpo.rollout import Rollout, RolloutEngine, SamplingSettings, make_engine
-from grpo.rollout.engine import engine_options
+from grpo.rollout import Rollout
+from grpo.train import settings as build
 from grpo.train import state as run_state
 from grpo.train.batch import Batch, BatchMaker
 from grpo.train.collect import Collector
 from grpo.train.critic import Critic
+from grpo.train.engines import Engines
 from grpo.train.evals import eval_notes, periodic_eval
-from grpo.train.forwards import Forwards
 from grpo.train.knobs import Knobs
+from grpo.train.placement import place_models
 from grpo.train.reward_model import make_reward_model_trainer, warm_up
 from grpo.train.update import Updater
 
@@ -59,41 +59,33 @@ AFTER_STEP = ("eval", "checkpoint")  # stages after the step proper, still in it
 IN_STEP = tuple(s for s in STAGES if s not in AFTER_STEP)
 
 
-def _check_world(cfg: Config, world: dist_io.World) -> None:
-    """What cannot run on this many processes, refused before anything loads."""
-    if cfg.prompts_per_step % world.size:
-        lower = cfg.prompts_per_step - cfg.prompts_per_step % world.size
-        near = [v for v in (lower, lower + world.size) if v > 0]
-        raise ConfigError(f"prompts_per_step: {cfg.prompts_per_step} prompts cannot be split evenly over "
-                          f"{world.size} processes (each group stays on one process); use a multiple of "
-                          f"{world.size}, e.g. {' or '.join(map(str, near))}")
-    if (cfg.prompts_per_step // world.size) % cfg.mini_batches:
-        b = cfg.prompts_per_step // world.size
-        raise ConfigError(f"mini_batches: each process's {b} prompts cannot be split into {cfg.mini_batches} "
-                          f"mini-batches of whole groups; use one of {divisors(b)}")
-    if world.distributed and cfg.distributed_strategy == "fsdp2" and cfg.rollout_backend == "fast":
-        raise ConfigError("rollout_backend: fast does not sample a model sharded by FSDP2 (every process must run "
-                          "the same synced generate); use rollout_backend=auto or hf")
-    if world.distributed and cfg.reward_model_train_steps:
-        raise ConfigError("reward_model_train_steps: the reward model trains on one process only")
-    if world.distributed and cfg.advantage_estimator == "gae" and cfg.critic_shared_trunk:
-        raise ConfigError("critic_shared_trunk: runs on one process only (the value loss's gradients in the "
-                          "policy's body would bypass the policy's DDP/FSDP2 wrapper)")
+def _start_process(cfg: Config) -> dist_io.World:
+    """This process set up for the run (threads, seeds, the torchrun world, the allocator, the folder
+    ``module:name`` references import from); what cannot run on the world's size is refused here."""
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    seed_everything(cfg.seed)
+    world = dist_io.init_world()  # torchrun's environment, or one process
+    validate_world(cfg, world.size)  # before anything loads
+    if cfg.reuse_freed_memory and world.device.type == "cpu":
+        keep_freed_memory()
+    cfg.working_dir = cfg.working_dir or os.getcwd()  # recorded in config.yaml: a resume imports from it too
+    import_from(cfg.working_dir, os.getcwd())
+    return world
+
+
+def _load_models(cfg: Config, path: str, world: dist_io.World):
+    """The policy (LoRA adapters or 4-bit base as configured), the reference where beta > 0, the tokenizer."""
+    return load_models(path, dtype=cfg.dtype, need_reference=cfg.beta > 0, lora_r=cfg.lora_r if cfg.use_peft else 0,
+                       lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                       lora_target_modules=cfg.lora_target_modules, load_in_4bit=cfg.load_in_4bit,
+                       device=world.device)
 
 
 class Trainer:
     def __init__(self, cfg: Config, *, models=None, task=None, reward_fns: dict | None = None):
         self.cfg = cfg
-        if cfg.num_threads:
-            torch.set_num_threads(cfg.num_threads)
-        seed_everything(cfg.seed)
-        self.world = dist_io.init_world()  # torchrun's environment, or one process
-        world = self.world
-        _check_world(cfg, world)
-        if cfg.reuse_freed_memory and world.device.type == "cpu":
-            keep_freed_memory()
-        cfg.working_dir = cfg.working_dir or os.getcwd()  # recorded in config.yaml: a resume imports from it too
-        import_from(cfg.working_dir, os.getcwd())
+        self.world = world = _start_process(cfg)
         # Everything that can be wrong with the input is checked before the model loads.
         self.rewards = RewardRunner(cfg.reward_names, cfg.reward_weights, timeout=cfg.reward_timeout,
                                     workers=cfg.reward_workers, reward_model=cfg.reward_model,
@@ -110,30 +102,36 @@ class Trainer:
             make_run_dir(cfg.output_dir, cfg.resume_from_checkpoint) if world.is_main else None, world)
         if world.is_main:
             cfg.save(self.run_dir / "config.yaml")
-        self.models = models or load_models(model_path, dtype=cfg.dtype, need_reference=cfg.beta > 0,
-                                            lora_r=cfg.lora_r if cfg.use_peft else 0, lora_alpha=cfg.lora_alpha,
-                                            lora_dropout=cfg.lora_dropout,
-                                            lora_target_modules=cfg.lora_target_modules,
-                                            load_in_4bit=cfg.load_in_4bit, device=world.device)
+        self.models = models or _load_models(cfg, model_path, world)
         self.policy, self.tok = self.models.policy, self.models.tokenizer
-        self._place_models()
+        # the device, autocast, DDP/FSDP2 wrapper and forward layout the components run the models with
+        self.placement = place_models(self.policy, self.models.reference, world, build.placement_settings(cfg))
+        forwards, self.sharded = self.placement.forwards, self.placement.sharded
         self.logger = NullLogger()  # train() replaces it with the run's logger on rank 0
         self.critic = self._make_critic()
-        self.knobs = Knobs(cfg)  # the step's knobs (eps, beta, temperature, ...) and their controllers
-        self.engine = self.eval_engine = self.collector = None
-        self._open_engines()
+        self.knobs = Knobs(build.knob_settings(cfg))  # the step's knobs (eps, beta, temperature, ...) and controllers
+        # the training sampler and evaluation's, opened here (their set-up errors come before the run) and again
+        # after close(); every one hears of new weights and is closed at the end of train()
+        self.engines = Engines(self.policy, self.tok, name=cfg.rollout_backend, kernels=cfg.decode_kernels,
+                               options=build.engine_options(cfg, cfg.rollout_backend), synced=self.sharded)
+        self.engines.open()
         self.timer = StageTimer(next(self.policy.parameters()).device)  # seconds per stage, in every metrics line
-        self.agent = AgentSampler.from_config(cfg, self.tok)  # tools / environment_factory: multi-turn episodes
-        self.collector = Collector(cfg, world=world, train=self.task.train, engine=self.engine, rewards=self.rewards,
+        # tools / environment_factory: multi-turn episodes
+        self.agent = AgentSampler.from_settings(build.agent_settings(cfg), self.tok)
+        self.collector = Collector(build.collect_settings(cfg), world=world, train=self.task.train,
+                                   engines=self.engines, tokenizer=self.tok, rewards=self.rewards,
                                    note=lambda text, style=None: self.logger.note(text, style), timer=self.timer,
                                    agent=self.agent)
         # seed 001 Algorithm 1 step 4: the reward model learns at iteration boundaries (train/reward_model.py)
-        self.rm_trainer = make_reward_model_trainer(cfg) if cfg.reward_model_train_steps else None
-        self.batches = BatchMaker(cfg, world=world, forwards=self.forwards, policy=self.policy,
+        self.rm_trainer = make_reward_model_trainer(build.reward_model_settings(cfg)) \
+            if cfg.reward_model_train_steps else None
+        self.batches = BatchMaker(build.batch_settings(cfg), world=world, forwards=forwards, policy=self.policy,
                                   reference=self.models.reference, critic=self.critic, step_reward=step_reward,
                                   tokenizer=self.tok, timer=self.timer)
-        self.updater = Updater(cfg, world=world, policy=self.policy, module=self.module, forwards=self.forwards,
-                               critic=self.critic, checkpoint_dir=self.run_dir / "checkpoints")
+        self.updater = Updater(build.update_settings(cfg), world=world, policy=self.policy,
+                               module=self.placement.module, forwards=forwards, critic=self.critic,
+                               checkpoint_dir=self.run_dir / "checkpoints")
+        self.eval_settings = build.eval_settings(cfg)
         self.step = 0
         self.ref_reset_at = 0  # step at which the reference last became a copy of the policy
         self.stop = StopFlag()  # SIGINT / SIGTERM during train()
@@ -142,47 +140,16 @@ class Trainer:
         self.resumed_from = None  # the checkpoint this run continues, set by state.restore
         path = run_state.resume_path(cfg.resume_from_checkpoint, self.run_dir)
         if path is not None:
-            try:
-                run_state.restore(self, path)
-            except BaseException:  # a trainer that cannot start releases what it opened
-                self.close()
-                raise
-            self._sync_engines()
+            self._resume(path)
 
-    def _place_models(self) -> None:
-        """Policy and reference onto this process's device; bf16 autocast or not; the module the
-        training forward runs through; whether groups share one prompt pass."""
-        cfg, world = self.cfg, self.world
-        keep_trainable(self.policy)  # a 4-bit policy handed in is guarded as load_models guards its own
-        self.policy.train()
-        if world.device.type != "cpu":
-            for m in (self.policy, self.models.reference):
-                if m is not None and not cfg.load_in_4bit:  # a 4-bit base loads onto the device
-                    m.to(world.device)
-        device = next(self.policy.parameters()).device
-        self.amp = cfg.bf16 if cfg.bf16 is not None else (native_bf16(device) and cfg.dtype == "float32")
-        if self.amp:
-            for m in (self.policy, self.models.reference):
-                if m is not None:
-                    keep_head_fp32(m)
-        attn = getattr(self.policy.config, "_attn_implementation", None)
-        # else one sequence per row; a custom mask would also replace a model's sliding-window mask
-        share = cfg.shared_prefix and attn in SHARED_PREFIX_ATTENTION and sliding_window(self.policy.config) is None
-        if cfg.gradient_checkpointing:
-            self.policy.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            if share and attn == "sdpa":  # the backward's recompute looks the attention function up in the
-                # config: it must find the grouped one there too, not only inside the training forward
-                self.policy.config._attn_implementation = grouped_attention.register()
-        # the module the training forward runs through (DDP wrapper, or the policy sharded in place by
-        # FSDP2); self.policy stays the model itself, for generation, LoRA switches and saving
-        self.module = dist_io.wrap_policy(self.policy, world, cfg.distributed_strategy)
-        self.sharded = world.distributed and cfg.distributed_strategy == "fsdp2"
-        if self.sharded and self.models.reference is not None:
-            dist_io.shard(self.models.reference)
-        self.forwards = Forwards(group_size=cfg.num_generations, share_prompt=share,
-                                 attn_implementation=attn or "sdpa", autocast=self.amp,
-                                 max_tokens=cfg.max_tokens_per_forward, sharded=self.sharded,
-                                 tied_grad_in_place=not world.distributed)
+    def _resume(self, path: Path) -> None:
+        """Every component's state from the checkpoint at ``path``; the engines then sample its weights."""
+        try:
+            run_state.restore(self, path)
+        except BaseException:  # a trainer that cannot start releases what it opened
+            self.close()
+            raise
+        self.engines.sync()
 
     def _make_critic(self) -> Critic | None:
         """PPO's learned value model (advantage_estimator=gae), else None."""
@@ -191,7 +158,7 @@ class Trainer:
             return None
         return Critic(self.models.path, dtype=getattr(torch, cfg.dtype), learning_rate=cfg.critic_learning_rate,
                       clip_range=cfg.cliprange_value, max_grad_norm=cfg.max_grad_norm,
-                      divergence_factor=cfg.critic_divergence_factor, autocast=self.amp, vf_coef=cfg.vf_coef,
+                      divergence_factor=cfg.critic_divergence_factor, autocast=self.placement.amp, vf_coef=cfg.vf_coef,
                       shared_policy=self.policy if cfg.critic_shared_trunk else None,
                       device=next(self.policy.parameters()).device, world=self.world,
                       strategy=cfg.distributed_strategy)
@@ -243,7 +210,6 @@ class Trainer:
     def sample(self, draw: int = 0) -> tuple[list[dict], Rollout]:
         """This process's prompts of the next draw and their rollout (Collector.sample; a convenience:
         the loop calls the collector, so replacing this method changes nothing in training)."""
-        self._open_engines()
         return self.collector.sample(step=self.step, temperature=self.knobs.temperature, draw=draw)
 
     def score(self, samples: list[dict], ro: Rollout) -> tuple[torch.Tensor, dict]:
@@ -261,54 +227,24 @@ class Trainer:
         with self.timer.stage("update"):
             metrics = self.updater.update(batch, self.knobs, step=self.step)
         with self.timer.stage("sync"):
-            self._sync_engines()
+            self.engines.sync()
         return metrics
-
-    def _open_engines(self) -> None:
-        """The training sampler (rollout_backend), and generate for evaluation and the consistency probe,
-        whose unkeyed sampling draws from the global RNG as generate does; built anew where closed (a
-        second train(), or sampling and evaluation after one)."""
-        cfg = self.cfg
-        if self.engine is None or self.engine.closed:
-            try:
-                self.engine = make_engine(cfg.rollout_backend, self.policy, self.tok, synced=self.sharded,
-                                          kernels=cfg.decode_kernels,
-                                          options=engine_options(cfg.to_dict(), cfg.rollout_backend))
-            except ValueError as e:  # rollout_backend=fast on a model or setup it does not cover
-                raise ConfigError(str(e)) from None
-        if self.engine.serves_evaluation:  # one costly engine per run (vllm) samples evaluation too
-            self.eval_engine = self.engine
-        elif self.eval_engine is None or self.eval_engine.closed:
-            self.eval_engine = make_engine("hf", self.policy, self.tok, synced=self.sharded)
-        if self.collector is not None:
-            self.collector.engine = self.engine
-
-    def _engines(self) -> tuple[RolloutEngine, ...]:
-        """Every engine the run samples with: each hears of new weights and is closed at the end."""
-        return tuple({id(e): e for e in (self.engine, self.eval_engine)}.values())  # each once
-
-    def _sync_engines(self) -> None:
-        for engine in self._engines():
-            engine.sync_weights(self.policy)
 
     def _log_samples(self, got) -> None:
         self.logger.log_samples(self.step, got.logged_rows(self.cfg.num_generations))
 
     def _consistency(self) -> dict:
         cfg = self.cfg
-        self._open_engines()
         pool = self.task.eval or self.task.train
-        sampling = SamplingSettings(max_new_tokens=cfg.max_completion_length, temperature=self.knobs.temperature,
-                                    top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length)
+        sampling = replace(self.collector.settings.sampling, temperature=self.knobs.temperature)  # the step's
         chosen = probe_prompts(pool, cfg.consistency_prompts, randomly=cfg.consistency_random, seed=cfg.seed,
                                step=self.step)
-        return consistency(self.eval_engine, chosen, self.rewards, system_prompt=cfg.system_prompt,
+        return consistency(self.engines.eval, chosen, self.rewards, system_prompt=cfg.system_prompt,
                            group_size=cfg.consistency_group_size or cfg.num_generations, sampling=sampling)
 
     # ---- the run --------------------------------------------------------------------------------
     def evaluate(self) -> dict:
         cfg = self.cfg
-        self._open_engines()
         # every process evaluates the same prompts (FSDP2 needs them all in each sharded forward)
         # a reward model that is still learning is no judge of correctness: its verifier is
         verifier = next(iter(self.rm_trainer.verifier.values())) if self.rm_trainer is not None \
@@ -318,8 +254,8 @@ class Trainer:
         # and inside one generate call (a prefill) by raising, where no other process waits on this one
         interrupt = Interrupt(requested=lambda: self.stop.signal is not None, agreed=self._should_stop,
                               abortable=None if self.world.distributed else self.stop.abortable)
-        result = evaluate_as_configured(self.eval_engine, self.task.eval, verifier, cfg, agent=self.agent,
-                                        interrupt=interrupt)
+        result = evaluate(self.engines.eval, self.task.eval, verifier, self.eval_settings, agent=self.agent,
+                          interrupt=interrupt)
         for text in eval_notes(result, step=self.step):
             self.logger.note(text, "yellow")
         return result
@@ -345,7 +281,8 @@ class Trainer:
     def train(self) -> dict:
         cfg = self.cfg
         main = self.world.is_main
-        self._open_engines()  # closed at the end of an earlier train()
+        self._follow_max_steps()
+        self.engines.open()  # closed at the end of an earlier train()
         self.stop = StopFlag()  # an earlier train() may have stopped on one
         self._last_eval = None  # (step, result) of the latest evaluation during training
         self.timer.take()  # stage seconds of sample() or score() calls made before train()
@@ -379,6 +316,14 @@ class Trainer:
         if main:
             eval_path.write_text(json.dumps(result, indent=2))
         return result
+
+    def _follow_max_steps(self) -> None:
+        """A max_steps raised after the trainer was built (to train further): the schedule and the
+        rewards' trainer_state count to it, as a resume with that max_steps would."""
+        n = self.cfg.max_steps
+        if n != self.collector.settings.max_steps:
+            self.collector.settings = replace(self.collector.settings, max_steps=n)
+            self.updater.reschedule(replace(self.updater.settings.schedule, max_steps=n))
 
     def _loop(self, result: dict) -> None:
         """The steps until max_steps or a stop signal, the final checkpoint, and the evaluation of the
@@ -433,8 +378,7 @@ class Trainer:
     def close(self) -> None:
         """Release the rollout engines and the reward workers (train() does this at its end; a
         later train(), sample() or evaluate() opens them again)."""
-        for engine in self._engines():
-            engine.close()
+        self.engines.close()
         self.rewards.close()
 
     def _should_stop(self) -> bool:

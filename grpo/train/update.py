@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -18,10 +19,30 @@ from grpo.infra import distributed as dist_io
 from grpo.rollout.base import select_rollout
 from grpo.train import split
 from grpo.train.batch import Batch
-from grpo.train.optim import adamw, clipped_step, lr_lambda
+from grpo.train.optim import Schedule, adamw, clipped_step, lr_lambda
 
 # handled apart from the loss's other outputs: weighted by 1 / the update's optimizer steps, not by tokens
 LOSS_KEYS = ("loss", "policy_loss")
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """What the update reads; each field is the Config field named in its comment."""
+
+    policy_loss: str  # policy_loss: the entry of core.POLICY_LOSSES
+    loss: core.LossSettings  # its hyper-parameters (the knobs' fields and ``total`` are set per step)
+    group_size: int  # num_generations (G)
+    num_iterations: int  # num_iterations (mu): passes over the batch
+    mini_batches: int  # mini_batches: optimizer steps per pass
+    micro_batch: int  # per_device_train_batch_size: sequences per forward/backward micro-batch
+    skip_zero_advantage: bool  # skip_zero_advantage
+    entropy_target: bool  # entropy_target_band is set (its controller reads the whole batch's entropy)
+    learning_rate: float  # learning_rate (AdamW's peak)
+    adam_betas: tuple[float, float]  # adam_beta1, adam_beta2
+    weight_decay: float  # weight_decay
+    schedule: Schedule  # lr_scheduler_type, warmup_steps, max_steps
+    max_grad_norm: float  # max_grad_norm (0: no clipping)
+    max_consecutive_skips: int  # max_consecutive_skips
 
 
 class Updater:
@@ -30,30 +51,47 @@ class Updater:
     sharded in place by FSDP2); ``critic`` (PPO) is trained on the same mini-batches; ``loss`` is the
     configured entry of core.POLICY_LOSSES."""
 
-    def __init__(self, cfg, *, world: dist_io.World, policy, module, forwards, critic, checkpoint_dir: Path):
-        self.cfg, self.world, self.policy, self.module = cfg, world, policy, module
+    def __init__(self, settings: UpdateSettings, *, world: dist_io.World, policy, module, forwards, critic,
+                 checkpoint_dir: Path):
+        self.settings, self.world, self.policy, self.module = settings, world, policy, module
         self.forwards, self.critic, self.checkpoint_dir = forwards, critic, checkpoint_dir
-        self.loss = core.get_policy_loss(cfg.policy_loss)
+        self.loss = core.get_policy_loss(settings.policy_loss)
         params = [p for p in policy.parameters() if p.requires_grad]  # LoRA: adapters only
-        self.optimizer = adamw(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                               weight_decay=cfg.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.optimizer = adamw(params, lr=settings.learning_rate, betas=settings.adam_betas,
+                               weight_decay=settings.weight_decay)
+        per_step = settings.num_iterations * settings.mini_batches  # optimizer steps per training step
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(settings.schedule, per_step))
         self.skipped_updates = 0
         self.consecutive_skips = 0
+
+    def reschedule(self, schedule: Schedule) -> None:
+        """Count the learning-rate schedule to another run length (max_steps raised to train further),
+        as a resume with it would: the steps taken stay, the multiplier follows the new schedule."""
+        self.settings = replace(self.settings, schedule=schedule)
+        per_step = self.settings.num_iterations * self.settings.mini_batches
+        self.scheduler.lr_lambdas = [lr_lambda(schedule, per_step)]
+
+    def loss_settings(self, batch: Batch, knobs) -> core.LossSettings:
+        """This step's policy-loss settings: the run's, with the knobs' values (``knobs``: this step's
+        epsilon, eps_high, beta, entropy_coef); the KL term only where it is not in the reward (PPO)."""
+        k = knobs
+        return replace(self.settings.loss, eps_low=k.epsilon, eps_high=k.eps_high,
+                       kl_coef=k.beta if batch.kl_in_loss else 0.0, entropy_coef=k.entropy_coef)
 
     def update(self, batch: Batch, knobs, *, step: int) -> dict:
         """mu epochs over the batch; each epoch takes one optimizer step per mini-batch, accumulating
         its micro-batch gradients. ``knobs``: this step's epsilon, beta, entropy_coef, temperature."""
-        cfg, ro, world = self.cfg, batch.rollout, self.world
+        s, ro, world = self.settings, batch.rollout, self.world
         n = ro.completion_ids.shape[0]
-        rows = self.trained_rows(batch, knobs)  # [n'] the sequences that can have a gradient
-        minis = split.mini_batch_rows(n // cfg.num_generations, cfg.num_generations, cfg.mini_batches)
+        loss = self.loss_settings(batch, knobs)  # once per step; each mini-batch sets its denominator
+        rows = self.trained_rows(batch, loss)  # [n'] the sequences that can have a gradient
+        minis = split.mini_batch_rows(n // s.group_size, s.group_size, s.mini_batches)
         # tokens that count in each mini-batch, over all processes: one without any (absent, filtered or
         # failed groups) has no loss and takes no optimizer step, though the schedule moves on
         counts = dist_io.all_sum(torch.stack([batch.mask[m].sum() for m in minis]).double(), world).tolist()
-        steps = cfg.num_iterations * sum(c > 0 for c in counts)  # optimizer steps of this update
+        steps = s.num_iterations * sum(c > 0 for c in counts)  # optimizer steps of this update
         acc: dict = {"sums": {}, "tokens": 0.0, "grad_norms": [], "critic": []}
-        for _ in range(cfg.num_iterations):
+        for _ in range(s.num_iterations):
             for mini, count in zip(minis, counts):
                 if count == 0:
                     with warnings.catch_warnings():  # before the run's first optimizer step PyTorch warns
@@ -62,14 +100,15 @@ class Updater:
                     continue
                 # the loss's denominator is the mini-batch's (tokens or sequences over all processes); DDP
                 # and FSDP2 average gradients over processes, so each divides by total / world for a sum
-                total = (count if cfg.aggregation == "token_mean" else len(mini) * world.size) / world.size
+                total = (count if loss.aggregation == "token_mean" else len(mini) * world.size) / world.size
                 live = mini[torch.isin(mini, rows)] if len(rows) < n else mini  # [m'] sequences with a gradient
-                self._mini_batch(batch, live, total, acc, knobs, weight=1.0 / steps)
+                self._mini_batch(batch, live, replace(loss, total=total), acc, knobs.temperature,
+                                 weight=1.0 / steps)
                 if self.critic is not None:  # PPO epochs train the critic on the same mini-batch; with a
                     # shared trunk its value-loss gradients join the policy's before the policy steps
                     acc["critic"].append(self.critic.update(select_rollout(ro, mini), batch.values[mini],
                                                             batch.returns[mini], batch.mask[mini],
-                                                            micro_batch=cfg.per_device_train_batch_size))
+                                                            micro_batch=s.micro_batch))
                 acc["grad_norms"].append(self._optimizer_step(step))
         return self._metrics(acc, n, len(rows))
 
@@ -89,17 +128,19 @@ class Updater:
             metrics.update(self.critic.step_metrics(acc["critic"]))
         return metrics
 
-    def _mini_batch(self, batch: Batch, rows: torch.Tensor, total, acc: dict, knobs, *, weight: float) -> None:
+    def _mini_batch(self, batch: Batch, rows: torch.Tensor, loss: core.LossSettings, acc: dict, temperature: float,
+                    *, weight: float) -> None:
         """Forward and backward passes over one mini-batch's ``rows`` [m], in micro-batches cut into
-        forward chunks of bounded size; the gradients accumulate (synced on the last chunk). Adds the
-        token-weighted metric sums, and the loss times ``weight`` (1 / the update's optimizer steps), to ``acc``."""
-        cfg, world, sums = self.cfg, self.world, acc["sums"]
+        forward chunks of bounded size; the gradients accumulate (synced on the last chunk). ``loss``:
+        this step's settings with the mini-batch's denominator. Adds the token-weighted metric sums,
+        and the loss times ``weight`` (1 / the update's optimizer steps), to ``acc``."""
+        world, sums = self.world, acc["sums"]
         self.optimizer.zero_grad(set_to_none=True)
-        todo = [c for rows_mb in rows.split(cfg.per_device_train_batch_size)
+        todo = [c for rows_mb in rows.split(self.settings.micro_batch)
                 for c in self.forwards.chunks(batch.rollout, rows_mb)]
         for i, idx in enumerate(todo):
             with dist_io.grad_sync(self.module, world, enabled=i == len(todo) - 1):
-                out = self._micro_loss(batch, idx, total, knobs)
+                out = self._micro_loss(batch, idx, loss, temperature)
                 out["loss"].backward()
             w = float(batch.mask[idx].sum())  # token weight of this micro-batch's means
             acc["tokens"] += w
@@ -109,59 +150,42 @@ class Updater:
             sums["loss"] = sums.get("loss", 0.0) + float(out["loss"].detach()) * weight
             sums["policy_loss"] = sums.get("policy_loss", 0.0) + float(out["policy_loss"]) * weight
 
-    def trained_rows(self, batch: Batch, knobs) -> torch.Tensor:
+    def trained_rows(self, batch: Batch, loss: core.LossSettings) -> torch.Tensor:
         """The sequences that go through forward and backward: with skip_zero_advantage, mu = 1, one
         mini-batch, no critic and no entropy target, and a loss that declares that a zero-advantage
-        sequence cannot change the gradient under this step's settings (no KL, entropy or covariance
-        term for "clip"), those with a non-zero advantage (split.rows_with_gradient); the loss's
-        denominator still counts the others, so the loss is unchanged. All of them on more than one
-        process (DDP needs each to run the same micro-batches), with mu > 1 or several mini-batches
+        sequence cannot change the gradient under this step's settings ``loss`` (no KL, entropy or
+        covariance term for "clip"), those with a non-zero advantage (split.rows_with_gradient); the
+        loss's denominator still counts the others, so the loss is unchanged. All of them on more than
+        one process (DDP needs each to run the same micro-batches), with mu > 1 or several mini-batches
         (the ratio moves off 1), with a critic and under an entropy target (its controller reads the
         entropy of the whole batch)."""
-        cfg = self.cfg
-        if (not cfg.skip_zero_advantage or self.world.distributed or cfg.num_iterations > 1 or cfg.mini_batches > 1
-                or self.critic is not None or cfg.entropy_target_band is not None
-                or self.loss.zero_advantage_has_gradient(core.LossSettings(**self._loss_settings(batch, knobs)))):
+        s = self.settings
+        if (not s.skip_zero_advantage or self.world.distributed or s.num_iterations > 1 or s.mini_batches > 1
+                or self.critic is not None or s.entropy_target or self.loss.zero_advantage_has_gradient(loss)):
             return torch.arange(batch.mask.shape[0])
-        return split.rows_with_gradient(batch.advantages, batch.mask, group_size=cfg.num_generations)
+        return split.rows_with_gradient(batch.advantages, batch.mask, group_size=s.group_size)
 
-    def _loss_settings(self, batch: Batch, knobs, total=None) -> dict:
-        """This step's keyword settings of the policy loss (the fields of core.LossSettings); ``total``
-        is the mini-batch's loss denominator (see core.aggregate). No tensors read: no shapes."""
-        cfg, k = self.cfg, knobs
-        return dict(eps_low=k.epsilon, eps_high=k.eps_high, dual_clip=cfg.dual_clip,
-                    ratio_level=cfg.importance_sampling_level, kl_coef=k.beta if batch.kl_in_loss else 0.0,
-                    kl_estimator=cfg.kl_estimator, aggregation=cfg.aggregation,
-                    norm_length=cfg.max_completion_length, total=total, entropy_coef=k.entropy_coef,
-                    cov_mode=cfg.cov_mode, cov_fraction=cfg.cov_fraction, kl_cov_coef=cfg.kl_cov_coef,
-                    # loss variants
-                    clip_delta=cfg.clip_delta, cispo_ratio_max=cfg.cispo_ratio_max,
-                    sapo_tau_pos=cfg.sapo_temperature_pos, sapo_tau_neg=cfg.sapo_temperature_neg,
-                    top_entropy_quantile=cfg.top_entropy_quantile,
-                    off_policy_mask_threshold=cfg.off_policy_mask_threshold)
-
-    def _micro_loss(self, batch: Batch, idx: torch.Tensor, total, knobs) -> dict:
+    def _micro_loss(self, batch: Batch, idx: torch.Tensor, loss: core.LossSettings, temperature: float) -> dict:
         """The policy loss on micro-batch rows ``idx``, through the (possibly wrapped) policy."""
-        ro, k = batch.rollout, knobs
-        settings = self._loss_settings(batch, k, total)
-        cur = self.forwards.logprobs(self.module, ro, idx, temperature=k.temperature,
-                                     with_entropy=self.loss.needs_entropy(core.LossSettings(**settings)))
+        ro = batch.rollout
+        cur = self.forwards.logprobs(self.module, ro, idx, temperature=temperature,
+                                     with_entropy=self.loss.needs_entropy(loss))
         logp = cur["logp"]  # [n, T]
         old = batch.old_logp[idx] if batch.old_logp is not None else logp.detach()
         return core.policy_loss(
-            logp, old, batch.advantages[idx], batch.mask[idx], name=self.cfg.policy_loss,
+            logp, old, batch.advantages[idx], batch.mask[idx], name=self.settings.policy_loss,
             ref_logp=batch.ref_logp[idx] if batch.ref_logp is not None else None,
-            entropy=cur["entropy"], **settings)
+            entropy=cur["entropy"], settings=loss)
 
     def _optimizer_step(self, step: int) -> float:
         norm = clipped_step([p for p in self.policy.parameters() if p.grad is not None], self.optimizer,
-                            max_grad_norm=self.cfg.max_grad_norm)
+                            max_grad_norm=self.settings.max_grad_norm)
         if math.isfinite(norm):
             self.consecutive_skips = 0
         else:
             self.skipped_updates += 1  # a non-finite gradient never reaches the weights
             self.consecutive_skips += 1
-            if self.consecutive_skips >= self.cfg.max_consecutive_skips:
+            if self.consecutive_skips >= self.settings.max_consecutive_skips:
                 raise FloatingPointError(
                     f"{self.consecutive_skips} consecutive updates had a non-finite loss or gradient norm "
                     f"(step {step + 1}); stopping. Lower learning_rate, check rewards, or raise "

@@ -1,0 +1,142 @@
+"""A run's Config as the settings of each component that reads it: the one place, with the trainer
+and the CLI, where Config fields are read. Each component declares what it reads (a frozen dataclass
+beside it) and is built from that alone, so a test builds one without a Config. Each builder runs
+once per run; values the knobs move (epsilon, beta, temperature, ...) are the components' per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from grpo import core
+from grpo.agent import AgentSettings
+from grpo.config import Config
+from grpo.eval.evaluate import EvalSettings
+from grpo.rollout import SamplingSettings, engine_class
+from grpo.train.batch import BatchSettings, RewardShaping, correction_mode
+from grpo.train.collect import CollectSettings
+from grpo.train.knobs import KnobSettings
+from grpo.train.optim import Schedule
+from grpo.train.placement import PlacementSettings
+from grpo.train.reward_model import RewardModelTrainSettings
+from grpo.train.update import UpdateSettings
+
+
+def _band(value) -> tuple[float, float] | None:
+    return None if value is None else (float(value[0]), float(value[1]))
+
+
+def engine_options(cfg: Config, name: str):
+    """The options of the rollout engine ``name``: each field ``x`` of its ``Options`` from the Config
+    field ``<name>_x`` (whose default is the field's own)."""
+    options = engine_class(name).Options
+    return options(**{f.name: getattr(cfg, f"{name}_{f.name}") for f in dataclasses.fields(options)})
+
+
+def sampling_settings(cfg: Config, *, max_new_tokens: int | None = None) -> SamplingSettings:
+    """The run's sampling: its warpers and prompt cut at the configured temperature (the knob's, per
+    step, replaces it in training); ``max_new_tokens``: max_completion_length unless given."""
+    return SamplingSettings(max_new_tokens=cfg.max_completion_length if max_new_tokens is None else max_new_tokens,
+                            temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                            max_prompt_length=cfg.max_prompt_length)
+
+
+def rollout_correction(cfg: Config) -> str:
+    """The train/inference mismatch correction the run applies (auto resolved for its engine)."""
+    return correction_mode(cfg.rollout_correction, cfg.rollout_backend)
+
+
+def loss_settings(cfg: Config) -> core.LossSettings:
+    """The policy loss's settings at the knobs' starting values (the Updater sets each step's)."""
+    return core.LossSettings(
+        eps_low=cfg.epsilon, eps_high=cfg.eps_high, dual_clip=cfg.dual_clip, ratio_level=cfg.importance_sampling_level,
+        kl_coef=cfg.beta, kl_estimator=cfg.kl_estimator, aggregation=cfg.aggregation,
+        norm_length=cfg.max_completion_length, entropy_coef=cfg.entropy_coef, cov_mode=cfg.cov_mode,
+        cov_fraction=cfg.cov_fraction, kl_cov_coef=cfg.kl_cov_coef, clip_delta=cfg.clip_delta,
+        cispo_ratio_max=cfg.cispo_ratio_max, sapo_tau_pos=cfg.sapo_temperature_pos,
+        sapo_tau_neg=cfg.sapo_temperature_neg, top_entropy_quantile=cfg.top_entropy_quantile,
+        off_policy_mask_threshold=cfg.off_policy_mask_threshold)
+
+
+def update_settings(cfg: Config) -> UpdateSettings:
+    return UpdateSettings(
+        policy_loss=cfg.policy_loss, loss=loss_settings(cfg), group_size=cfg.num_generations,
+        num_iterations=cfg.num_iterations, mini_batches=cfg.mini_batches, micro_batch=cfg.per_device_train_batch_size,
+        skip_zero_advantage=cfg.skip_zero_advantage, entropy_target=cfg.entropy_target_band is not None,
+        learning_rate=cfg.learning_rate, adam_betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay,
+        schedule=Schedule(lr_scheduler_type=cfg.lr_scheduler_type, warmup_steps=cfg.warmup_steps,
+                          max_steps=cfg.max_steps),
+        max_grad_norm=cfg.max_grad_norm, max_consecutive_skips=cfg.max_consecutive_skips)
+
+
+def batch_settings(cfg: Config) -> BatchSettings:
+    return BatchSettings(
+        group_size=cfg.num_generations, old_logp=cfg.num_iterations > 1 or cfg.mini_batches > 1,
+        reference=cfg.beta > 0, micro_batch=cfg.per_device_train_batch_size,
+        shaping=RewardShaping(overlong_buffer=cfg.overlong_buffer, overlong_penalty_coef=cfg.overlong_penalty_coef,
+                              max_completion_length=cfg.max_completion_length, overlong_filter=cfg.overlong_filter,
+                              policy_filter=cfg.policy_filter, policy_filter_min_std=cfg.policy_filter_min_std),
+        process_supervision=cfg.supervision == "process", advantage_estimator=cfg.advantage_estimator,
+        std_eps=cfg.std_eps, unbiased_std=cfg.scale_rewards_unbiased,
+        multi_objective_aggregation=cfg.multi_objective_aggregation,
+        reward_weights=None if cfg.reward_weights is None else tuple(cfg.reward_weights),
+        gamma=cfg.gamma, lam=cfg.lam, correct_threshold=cfg.correct_threshold,
+        token_weight_gamma=cfg.token_weight_gamma, correction=rollout_correction(cfg),
+        correction_level=cfg.rollout_correction_level, correction_low=cfg.rollout_correction_low,
+        correction_high=cfg.rollout_correction_high)
+
+
+def collect_settings(cfg: Config) -> CollectSettings:
+    return CollectSettings(
+        seed=cfg.seed, prompts_per_step=cfg.prompts_per_step, group_size=cfg.num_generations,
+        system_prompt=cfg.system_prompt, sampling=sampling_settings(cfg),
+        with_logprobs=rollout_correction(cfg) != "none", dynamic_sampling=cfg.dynamic_sampling,
+        dynamic_sampling_rounds=cfg.dynamic_sampling_rounds, mini_batches=cfg.mini_batches,
+        resample_invalid_rounds=cfg.resample_invalid_rounds, max_reward_failure_share=cfg.max_reward_failure_share,
+        reward_names=tuple(cfg.reward_names), max_steps=cfg.max_steps)
+
+
+def knob_settings(cfg: Config) -> KnobSettings:
+    return KnobSettings(
+        epsilon=cfg.epsilon, eps_high=cfg.eps_high, beta=cfg.beta, entropy_coef=cfg.entropy_coef,
+        temperature=cfg.temperature, clip_target_band=_band(cfg.clip_target_band),
+        clip_step_band=_band(cfg.clip_step_band), clip_step_size=cfg.clip_step_size,
+        clip_step_patience=cfg.clip_step_patience, clip_epsilon_min=cfg.clip_epsilon_min,
+        clip_epsilon_max=cfg.clip_epsilon_max, controller_factor=cfg.controller_factor,
+        entropy_target_band=_band(cfg.entropy_target_band), entropy_target_knob=cfg.entropy_target_knob,
+        kl_target=cfg.kl_target, kl_adapt_rate=cfg.kl_adapt_rate, consistency_steps=cfg.consistency_steps,
+        consistency_converging=cfg.consistency_converging, consistency_guessing=cfg.consistency_guessing,
+        consistency_plateau=cfg.consistency_plateau, fuse_metric=cfg.fuse_metric, fuse_min=cfg.fuse_min,
+        fuse_max=cfg.fuse_max, fuse_patience=cfg.fuse_patience)
+
+
+def eval_settings(cfg: Config) -> EvalSettings:
+    """Evaluation as configured (for the trainer and ``grpo eval``): greedy on eval_max_new_tokens,
+    pass@k with the run's warpers at the configured temperature."""
+    return EvalSettings(system_prompt=cfg.system_prompt,
+                        sampling=sampling_settings(cfg, max_new_tokens=cfg.eval_max_new_tokens),
+                        batch_size=cfg.eval_batch_size, pass_k=cfg.eval_pass_k, pass_prompts=cfg.eval_pass_prompts,
+                        verifier_name=cfg.reward_names[0], max_failure_share=cfg.max_reward_failure_share)
+
+
+def agent_settings(cfg: Config) -> AgentSettings:
+    return AgentSettings(tools=cfg.tools, environment_factory=cfg.environment_factory, tool_format=cfg.tool_format,
+                         max_turns=cfg.max_turns, tool_timeout=cfg.tool_timeout, example_call=cfg.tool_example_call,
+                         example_question=cfg.tool_example_question)
+
+
+def reward_model_settings(cfg: Config) -> RewardModelTrainSettings:
+    return RewardModelTrainSettings(
+        model=cfg.reward_model, teacher=cfg.reward_model_teacher, verifier=cfg.reward_model_verifier,
+        objective=cfg.reward_model_objective, train_steps=cfg.reward_model_train_steps,
+        batch_size=cfg.reward_model_batch_size, replay=cfg.reward_model_replay,
+        buffer_size=cfg.reward_model_buffer_size, learning_rate=cfg.reward_model_lr, heldout=cfg.reward_model_heldout,
+        distill_temperature=cfg.reward_model_distill_temperature, warmup_draws=cfg.reward_model_warmup_draws,
+        group_size=cfg.num_generations, seed=cfg.seed)
+
+
+def placement_settings(cfg: Config) -> PlacementSettings:
+    return PlacementSettings(load_in_4bit=cfg.load_in_4bit, bf16=cfg.bf16, dtype=cfg.dtype,
+                             shared_prefix=cfg.shared_prefix, gradient_checkpointing=cfg.gradient_checkpointing,
+                             strategy=cfg.distributed_strategy, group_size=cfg.num_generations,
+                             max_tokens_per_forward=cfg.max_tokens_per_forward)
