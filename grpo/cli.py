@@ -14,7 +14,7 @@ commands:
   eval    greedy accuracy and pass@k of a model or run folder on a task's held-out prompts
   compare GRPO vs RLOO vs REINFORCE vs PPO with a critic: memory, step time, accuracy (own subprocesses)
   report  PNG plots and an HTML page of one or more run folders (grpo report RUN_DIR [RUN_DIR ...])
-  toy     GRPO vs REINFORCE on the seeds' target-matching toy (no language model)
+  toy     GRPO vs REINFORCE on a target-matching toy (no language model)
   control vehicle path tracking: `grpo control train --algo grpo|ppo|trpo`, `grpo control compare`
   export  a run's newest checkpoint as a plain transformers folder, LoRA merged (grpo export RUN --out DIR)
   serve   an OpenAI-compatible API: the GRPO model first, a fallback model past a deadline (grpo serve RUN)
@@ -54,7 +54,7 @@ class _SectionHelp(argparse.Action):
 
         if values is None:
             parser.print_help()
-            print("\nconfig keys by section (set as key=value; TRL's GRPOConfig names are read too, docs/trl.md; "
+            print("\nconfig keys by section (set as key=value; TRL's GRPOConfig names are read too, docs/guides/trl.md; "
                   f"`{parser.prog} --help SECTION` prints one of: {', '.join(s.name for s in SECTIONS)}):\n")
             print(keys_help())
             parser.exit()

@@ -4,7 +4,7 @@ Where TRL's GRPOConfig has a field for the same thing, the key has TRL's name an
 (``num_generations``, ``beta``, ``epsilon``, ``num_iterations``, ...). Algorithm choices that TRL folds
 into ``loss_type`` are separate fields here (``advantage_estimator``, ``aggregation``, ``kl_estimator``,
 ``importance_sampling_level``), each mapping one to one onto a keyword of ``grpo.core``; TRL's other
-names are read into these fields by ``trl_names.py`` (docs/trl.md).
+names are read into these fields by ``trl_names.py`` (docs/guides/trl.md).
 
 The fields are written section by section, in the order of ``sections.SECTIONS``, which declares each
 field's section (the part of grpo that reads it): ``grpo train --help SECTION`` prints one.
@@ -332,7 +332,7 @@ class Config:
     tool_format: str = "auto"
     """How tools are shown and calls are read: auto (hermes where the chat template renders tools, else python), hermes (<tool_call>{json}</tool_call>, results as tool messages) or python (a line name(args), e.g. calc(12 * 34); results as a tool message with the bare value); grpo/agent/formats.py."""
     tool_example_call: str = ""
-    """Tools runs: the call of the worked exchange (a question, then the assistant's call) shown before every prompt whose row has no `tool_example`, written as a Python call (`lookup(city="Paris")`; a tool of one text argument may take the raw text, `calc(12 * 34)`): an untrained small model calls a tool it has seen called (docs/tools/format.md). '': built from the first tool's schema (each argument's 'for example ...' from its docstring, else a placeholder of its type); 'none': no worked exchange."""
+    """Tools runs: the call of the worked exchange (a question, then the assistant's call) shown before every prompt whose row has no `tool_example`, written as a Python call (`lookup(city="Paris")`; a tool of one text argument may take the raw text, `calc(12 * 34)`): an untrained small model calls a tool it has seen called (docs/design/tool-format.md). '': built from the first tool's schema (each argument's 'for example ...' from its docstring, else a placeholder of its type); 'none': no worked exchange."""
     tool_example_question: str = ""
     """The user turn of that worked exchange ('': the called tool's description followed by the call's arguments)."""
     tool_timeout: float = 10.0
