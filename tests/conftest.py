@@ -93,6 +93,25 @@ def first_seed(has_property, what: str, tries: int = 10) -> int:
     pytest.fail(f"no seed in {TEST_SEED}..{TEST_SEED + tries - 1} has {what}")
 
 
+NO_CHROMIUM = "chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)"
+
+
+def headless_chromium():
+    """A selenium driver of Debian's headless Chromium; skips (NO_CHROMIUM) where it is missing."""
+    webdriver = pytest.importorskip("selenium.webdriver")
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if not binary or not driver:
+        pytest.skip(NO_CHROMIUM)
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = binary
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        opts.add_argument(arg)
+    return webdriver.Chrome(service=Service(driver), options=opts)
+
+
 def need_native() -> None:
     """Skip where no C compiler is installed (the native decode ops are optional); where one is, the
     build must succeed."""

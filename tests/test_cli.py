@@ -160,7 +160,7 @@ def _no_clock(value):
 
 
 def test_config_yaml_repeats_the_run(capsys, tmp_path, tiny_model_dir, tiny_dataset):
-    """README: `grpo train --config runs/X/config.yaml output_dir=runs/Y` repeats the run: the same
+    """docs/guides/runs.md: `grpo train --config runs/X/config.yaml output_dir=runs/Y` repeats the run: the same
     metrics (all but the wall-clock ones), samples and evaluation, and the same resolved config but for
     the folder."""
     first, again = tmp_path / "x", tmp_path / "y"

@@ -1,0 +1,126 @@
+"""The documentation: README.md short, the site built by `mkdocs build --strict` (no broken link or
+anchor), every generated page current with the code (python -m grpo.docs), a page opened in headless
+Chromium, the quickstart's commands run as written (on the tiny model), no page naming a seed
+document, and every figure of the benchmarks page with its CPU, date and commit."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpo.docs import stale_pages
+from tests.conftest import TEST_BF16, headless_chromium
+
+ROOT = Path(__file__).resolve().parents[1]
+NO_MKDOCS = "mkdocs is not installed: the documentation site is not built here (pip install -e '.[docs]')"
+
+
+def _pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def test_generated_pages_are_current():
+    assert not stale_pages(), f"out of date with the code: {stale_pages()}; run python -m grpo.docs"
+
+
+def test_readme_is_short_and_its_first_screen_says_what_and_how():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines; the rest belongs in docs/"
+    first = "\n".join(lines[:30])
+    assert "Group Relative Policy Optimization" in first and "make train" in first and "pip install" in first
+
+
+def test_no_page_names_a_seed_document():
+    found = [f"{p.relative_to(ROOT)}:{i}: {line.strip()[:80]}" for p in _pages()
+             for i, line in enumerate(p.read_text().splitlines(), 1)
+             if re.search(r"\bseeds? ?0{2}\d|\bthe seeds?'s?\b|seed documents?", line, re.IGNORECASE)
+             and "former name" not in line and "another name for" not in line]
+    assert not found, "pages naming the seed documents (cite the method's public source):\n" + "\n".join(found)
+
+
+def test_every_benchmark_figure_names_cpu_date_and_commit():
+    """Each section of the benchmarks page (between headings) names a CPU or GPU, a date and a commit."""
+    text = (ROOT / "docs/benchmarks/index.md").read_text()
+    sections = re.split(r"^#{2,3} ", text, flags=re.MULTILINE)[1:]
+    assert len(sections) >= 10
+    for sec in sections:
+        title = sec.splitlines()[0]
+        assert re.search(r"EPYC|H200", sec), f"{title}: no CPU named"
+        assert re.search(r"\b20\d\d-\d\d-\d\d\b", sec), f"{title}: no date"
+        assert re.search(r"\b[0-9a-f]{7}\b", sec), f"{title}: no commit"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site as `mkdocs build --strict` writes it (a warning, e.g. a broken link, fails the build)."""
+    pytest.importorskip("mkdocs", reason=NO_MKDOCS)
+    pytest.importorskip("material", reason=NO_MKDOCS)
+    out = tmp_path_factory.mktemp("site")
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stdout}\n{done.stderr}"
+    return out
+
+
+def test_site_builds_with_every_page(site):
+    for page in ("index.html", "getting-started/index.html", "reference/config/index.html",
+                 "reference/metrics/index.html", "benchmarks/index.html", "concepts/objective/index.html"):
+        assert (site / page).is_file(), page
+
+
+def test_a_page_opens_in_headless_chromium(site):
+    browser = headless_chromium()
+    try:
+        browser.get((site / "reference" / "config" / "index.html").resolve().as_uri())
+        assert browser.find_element("tag name", "h1").text == "Configuration"
+        headings = [h.text for h in browser.find_elements("css selector", "article h2")]
+        assert "Rewards" in headings and "Hardware and distributed" in headings
+        rows = browser.find_elements("css selector", "article table tbody tr")
+        assert len(rows) > 100  # every config key
+        links = browser.find_elements("css selector", "nav a[href]")
+        assert any("getting-started" in (a.get_attribute("href") or "") for a in links)
+    finally:
+        browser.quit()
+
+
+def _block(path: Path) -> str:
+    text = path.read_text()
+    start, end = text.index("<!-- quickstart -->"), text.index("<!-- /quickstart -->")
+    block = text[start:end]
+    return block[block.index("```bash\n") + 8:block.rindex("```")]
+
+
+def test_quickstart_runs_as_written(tmp_path, tiny_model_dir):
+    """README's quickstart (the getting-started page holds the same block) runs as written in a fresh
+    folder; only the model is the tiny one, and the run is cut to one short step: the `grpo` the
+    block calls appends those keys to `grpo train` (a later key=value wins)."""
+    block = _block(ROOT / "README.md")
+    assert block == _block(ROOT / "docs/getting-started.md"), "the two quickstarts differ"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    fast = (f"model={tiny_model_dir} max_steps=1 num_generations=2 prompts_per_step=2 max_completion_length=8 "
+            f"eval_prompts=2 eval_pass_k=0 eval_max_new_tokens=8 progress=false report_to=none reward_timeout=0 "
+            f"bf16={TEST_BF16}")
+    grpo = bin_dir / "grpo"
+    grpo.write_text(f'#!/bin/sh\nif [ "$1" = train ]; then exec "{sys.executable}" -m grpo.cli "$@" {fast}; fi\n'
+                    f'exec "{sys.executable}" -m grpo.cli "$@"\n')
+    grpo.chmod(0o755)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(["bash", "-e", "-c", block], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"the quickstart failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    run = work / "runs" / "products"
+    assert (run / "metrics.jsonl").is_file() and (run / "eval.json").is_file()
+    assert "rewards/my_reward:last_number" in (run / "metrics.jsonl").read_text()
+    assert (run / "report" / "report.html").is_file()
+    assert len((work / "products.jsonl").read_text().splitlines()) == 121
+
