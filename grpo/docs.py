@@ -1,11 +1,12 @@
-"""python -m grpo.docs [--check]: write the documentation's reference pages from the code, or (--check)
+"""python -m grpo.docs [--check]: write the documentation's generated pages from the code, or (--check)
 list the pages that are out of date with it and exit 1.
 
-Generated: docs/index.md (README.md, its links made relative to docs/), docs/reference/cli.md (the argparse parsers of every command), docs/reference/config.md
-(the config fields by section, grpo/config/sections.py), docs/reference/metrics.md (the metric
-catalog, grpo/train/metrics_catalog.py), docs/reference/registries.md (every registry's entries with
-their docstrings, ``REGISTRIES``) and the table of TRL's GRPOConfig names at the end of
-docs/guides/trl.md (grpo/config/trl_names.py). tests/test_docs.py fails when a page is stale.
+Generated: docs/index.md (README.md, its links made relative to docs/), docs/reference/cli.md (the
+argparse parsers of every command), docs/reference/config.md (the config fields by section,
+grpo/config/sections.py), docs/reference/metrics.md (the metric catalog,
+grpo/train/metrics_catalog.py), docs/reference/registries.md (every registry's entries with their
+docstrings, ``REGISTRIES``) and the table of TRL's GRPOConfig names at the end of docs/guides/trl.md
+(grpo/config/trl_names.py). tests/test_docs.py fails when a page is stale.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import contextlib
 import importlib
 import inspect
 import io
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +109,8 @@ class _Captured(Exception):
 def _capture_parsers():
     """parse_args hands its parser over instead of parsing: a command called with it stops there."""
     real = argparse.ArgumentParser.parse_args
+    # a default read from a key variable (--api-key) must not reach the page: the parsers are built without them
+    keys = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("GRPO_") and k.endswith("KEY")}
 
     def capture(self, *args, **kwargs):
         raise _Captured(self)
@@ -116,6 +120,7 @@ def _capture_parsers():
         yield
     finally:
         argparse.ArgumentParser.parse_args = real
+        os.environ.update(keys)
 
 
 def command_parsers() -> dict[str, argparse.ArgumentParser]:

@@ -124,3 +124,12 @@ def test_quickstart_runs_as_written(tmp_path, tiny_model_dir):
     assert (run / "report" / "report.html").is_file()
     assert len((work / "products.jsonl").read_text().splitlines()) == 121
 
+
+
+def test_cli_page_never_holds_a_key_from_the_environment(monkeypatch):
+    """`--api-key` defaults to $GRPO_SERVE_API_KEY: the generated page is the same with it set."""
+    from grpo.docs import cli_page
+
+    monkeypatch.setenv("GRPO_SERVE_API_KEY", "key-from-the-environment")
+    monkeypatch.setenv("GRPO_CODE_GRADER_KEY", "key-from-the-environment")
+    assert "key-from-the-environment" not in cli_page()
