@@ -1,4 +1,4 @@
-"""The package's layers (docs/design/architecture.md): each may import only its own layer and the ones below
+"""The package's layers (docs/architecture.md): each may import only its own layer and the ones below
 it; grpo.core imports nothing else of the package; no function outside grpo/train takes the trainer."""
 
 import ast
@@ -8,7 +8,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "grpo"
 # lowest first; a module may import from its own rank or any lower one, and the low layers only from
-# what docs/design/architecture.md's table lets them
+# what docs/architecture.md's table lets them
 LAYERS = [("errors",), ("core",), ("infra",), ("models", "data", "control"), ("rewards",), ("rollout",), ("agent",), ("config",),
           ("eval",), ("train",), ("tools", "serve", "api"), ("cli", "__main__", "__init__", "docs")]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
@@ -44,7 +44,7 @@ def _imports(path: Path) -> list[tuple[int, str]]:
 
 
 def test_every_module_has_a_layer():
-    assert {_layer(p) for p in _modules()} <= set(RANK), "add the new package to LAYERS and docs/design/architecture.md"
+    assert {_layer(p) for p in _modules()} <= set(RANK), "add the new package to LAYERS and docs/architecture.md"
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
@@ -58,7 +58,7 @@ def test_imports_point_down(path):
                                            f"(layer {RANK[other]}), a higher layer")
         if mine in ALLOWED:
             assert other in ALLOWED[mine], (f"{path}:{line}: grpo.{mine} may import only {sorted(ALLOWED[mine])} "
-                                            f"(docs/design/architecture.md), not grpo.{other}")
+                                            f"(docs/architecture.md), not grpo.{other}")
 
 
 def test_no_relative_imports():
