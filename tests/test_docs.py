@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from grpo.docs import stale_pages
-from tests.conftest import TEST_BF16, headless_chromium
+from tests.conftest import TEST_BF16, headless_chromium, import_or_skip_unless_ci
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_MKDOCS = "mkdocs is not installed: the documentation site is not built here (pip install -e '.[docs]')"
@@ -58,8 +58,8 @@ def test_every_benchmark_figure_names_cpu_date_and_commit():
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     """The site as `mkdocs build --strict` writes it (a warning, e.g. a broken link, fails the build)."""
-    pytest.importorskip("mkdocs", reason=NO_MKDOCS)
-    pytest.importorskip("material", reason=NO_MKDOCS)
+    import_or_skip_unless_ci("mkdocs", NO_MKDOCS)
+    import_or_skip_unless_ci("material", NO_MKDOCS)
     out = tmp_path_factory.mktemp("site")
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300,
