@@ -1,6 +1,7 @@
 """The documentation: README.md short, the site built by `mkdocs build --strict` (no broken link or
 anchor), every generated page current with the code (python -m grpo.docs), a page opened in headless
-Chromium, the quickstart's commands run as written (on the tiny model), no page naming a seed
+Chromium, the quickstart's commands run as written (on the tiny model), every other documented command
+accepted by its parser and config, no page naming a seed
 document, and every figure of the benchmarks page with its CPU, date and commit."""
 
 from __future__ import annotations
@@ -133,3 +134,58 @@ def test_cli_page_never_holds_a_key_from_the_environment(monkeypatch):
     monkeypatch.setenv("GRPO_SERVE_API_KEY", "key-from-the-environment")
     monkeypatch.setenv("GRPO_CODE_GRADER_KEY", "key-from-the-environment")
     assert "key-from-the-environment" not in cli_page()
+
+
+_COMMAND = re.compile(r"^(?:torchrun .*?-m grpo\.cli|python -m grpo\.cli|grpo) ((?:control )?[a-z-]+)(.*)$")
+
+
+def _documented_commands() -> list[tuple[str, str, str]]:
+    """(page, command, its arguments) for every `grpo ...` line of a shell block of README and docs/."""
+    found = []
+    for page in _pages():
+        for block in re.findall(r"```(?:bash|sh|console)\n(.*?)```", page.read_text(), re.DOTALL):
+            for line in block.replace("\\\n", " ").splitlines():
+                m = _COMMAND.match(line.split(" #")[0].strip())
+                if m:
+                    found.append((str(page.relative_to(ROOT)), f"grpo {m.group(1)}", m.group(2)))
+    return found
+
+
+def _unplaceheld(value: str, default):
+    """A placeholder (PATH, K) stands for a value: text stays, a number or flag takes the default."""
+    return value if not re.fullmatch(r"[A-Z_]+", value) or isinstance(default, str | None) else default
+
+
+def test_every_documented_command_parses_and_names_real_keys():
+    """Every `grpo` command line the pages show is accepted by its command's parser, and a `train` or
+    `eval` line's key=value pairs make a Config (a value written as a placeholder, e.g. PATH, is
+    replaced by the key's default where that is not text): a renamed flag or config key fails here, not in a reader's shell."""
+    import contextlib
+    import io
+    import shlex
+
+    from grpo.config.io import defaults, load_config
+    from grpo.docs import command_parsers
+    from grpo.errors import GrpoError
+
+    parsers, default = command_parsers(), defaults()
+    commands = _documented_commands()
+    assert len(commands) >= 30
+    bad = []
+    for page, name, args in commands:
+        argv = shlex.split(args)
+        try:
+            with contextlib.redirect_stderr(io.StringIO()) as err, contextlib.redirect_stdout(io.StringIO()):
+                parsers[name].parse_args(argv)
+        except SystemExit as e:
+            if e.code:
+                bad.append(f"{page}: {name}{args}: {err.getvalue().strip().splitlines()[-1:]}")
+        except KeyError:
+            bad.append(f"{page}: {name}: no such command")
+        if name in ("grpo train", "grpo eval"):
+            pairs = [a.split("=", 1) for a in argv if "=" in a and not a.startswith("-")]
+            try:
+                load_config(None, [f"{k}={_unplaceheld(v, default.get(k))}" for k, v in pairs])
+            except GrpoError as e:
+                bad.append(f"{page}: {name}{args}: {e}")
+    assert not bad, "documented commands that do not run as written:\n" + "\n".join(bad)
