@@ -1,8 +1,8 @@
 """The documentation: README.md short, the site built by `mkdocs build --strict` (no broken link or
 anchor), every generated page current with the code (python -m grpo.docs), a page opened in headless
 Chromium, the quickstart's commands run as written (on the tiny model), every other documented command
-accepted by its parser and config, no page naming a seed
-document, and every figure of the benchmarks page with its CPU, date and commit."""
+accepted by its parser and config, no page naming a seed document, and dated figures on the benchmark
+pages only, each with its CPU, date and commit."""
 
 from __future__ import annotations
 
@@ -44,15 +44,27 @@ def test_no_page_names_a_seed_document():
     assert not found, "pages naming the seed documents (cite the method's public source):\n" + "\n".join(found)
 
 
+_DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+
+
+def test_dated_figures_are_on_the_benchmark_pages_only():
+    dated = [f"{p.relative_to(ROOT)}:{i}" for p in _pages() if "benchmarks" not in p.parts
+             for i, line in enumerate(p.read_text().splitlines(), 1) if _DATE.search(line)]
+    assert not dated, f"dated measurements outside docs/benchmarks/: {dated}"
+
+
 def test_every_benchmark_figure_names_cpu_date_and_commit():
-    """Each section of the benchmarks page (between headings) names a CPU or GPU, a date and a commit."""
+    """Each section of the benchmarks page (between headings) names a CPU or GPU, a date and a commit,
+    and so does each dated section of the tool-format page."""
     text = (ROOT / "docs/benchmarks/index.md").read_text()
     sections = re.split(r"^#{2,3} ", text, flags=re.MULTILINE)[1:]
     assert len(sections) >= 10
+    tools = re.split(r"^#{2,3} ", (ROOT / "docs/benchmarks/tool-format.md").read_text(), flags=re.MULTILINE)[1:]
+    sections += [sec for sec in tools if _DATE.search(sec)]
     for sec in sections:
         title = sec.splitlines()[0]
         assert re.search(r"EPYC|H200", sec), f"{title}: no CPU named"
-        assert re.search(r"\b20\d\d-\d\d-\d\d\b", sec), f"{title}: no date"
+        assert _DATE.search(sec), f"{title}: no date"
         assert re.search(r"\b[0-9a-f]{7}\b", sec), f"{title}: no commit"
 
 

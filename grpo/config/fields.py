@@ -332,7 +332,7 @@ class Config:
     tool_format: str = "auto"
     """How tools are shown and calls are read: auto (hermes where the chat template renders tools, else python), hermes (<tool_call>{json}</tool_call>, results as tool messages) or python (a line name(args), e.g. calc(12 * 34); results as a tool message with the bare value); grpo/agent/formats.py."""
     tool_example_call: str = ""
-    """Tools runs: the call of the worked exchange (a question, then the assistant's call) shown before every prompt whose row has no `tool_example`, written as a Python call (`lookup(city="Paris")`; a tool of one text argument may take the raw text, `calc(12 * 34)`): an untrained small model calls a tool it has seen called (docs/design/tool-format.md). '': built from the first tool's schema (each argument's 'for example ...' from its docstring, else a placeholder of its type); 'none': no worked exchange."""
+    """Tools runs: the call of the worked exchange (a question, then the assistant's call) shown before every prompt whose row has no `tool_example`, written as a Python call (`lookup(city="Paris")`; a tool of one text argument may take the raw text, `calc(12 * 34)`): an untrained small model calls a tool it has seen called (docs/benchmarks/tool-format.md). '': built from the first tool's schema (each argument's 'for example ...' from its docstring, else a placeholder of its type); 'none': no worked exchange."""
     tool_example_question: str = ""
     """The user turn of that worked exchange ('': the called tool's description followed by the call's arguments)."""
     tool_timeout: float = 10.0
