@@ -2,11 +2,10 @@
 list the pages that are out of date with it and exit 1.
 
 Generated: docs/index.md (README.md, its links made relative to docs/), docs/reference/cli.md (the
-argparse parsers of every command), docs/reference/config.md (the config fields by section,
-grpo/config/sections.py), docs/reference/metrics.md (the metric catalog,
-grpo/train/metrics_catalog.py), docs/reference/registries.md (every registry's entries with their
-docstrings, ``REGISTRIES``) and the table of TRL's GRPOConfig names at the end of docs/guides/trl.md
-(grpo/config/trl_names.py). tests/test_docs.py fails when a page is stale.
+argparse parser of every command `grpo --help` lists), docs/reference/config.md (the config fields by
+section), docs/reference/metrics.md (the metric catalog), docs/reference/registries.md (every registry
+of the package, found by importing its modules, with each entry's docstring) and the table of TRL's
+GRPOConfig names at the end of docs/guides/trl.md. tests/test_docs.py fails when a page is stale.
 """
 
 from __future__ import annotations
@@ -75,7 +74,14 @@ def package_modules() -> list[ModuleType]:
 
     names = [m.name for m in pkgutil.walk_packages(grpo.__path__, "grpo.")
              if m.name.rsplit(".", 1)[-1] != "__main__" and m.name != "grpo.docs"]
-    return [importlib.import_module(n) for n in sorted(names)]
+    modules = []
+    for name in sorted(names):
+        try:
+            modules.append(importlib.import_module(name))
+        except ModuleNotFoundError as e:  # a page must not depend on what is installed: no module is left out
+            raise ModuleNotFoundError(f"{name} needs {e.name}: the reference pages are written with every "
+                                      "extra `make test` installs (pip install -e '.[dev,control,qlora]')") from e
+    return modules
 
 
 def _defined_in(obj: Any) -> str:
