@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import inspect
 import io
@@ -157,10 +158,14 @@ def registries_page() -> str:
            "Every extension point of grpo is a registry: a name in the config picks an entry, an unknown name "
            "is an error that lists the valid ones, and a new entry is one more item of the registry "
            "([design](../architecture.md) says how for a policy loss and a rollout engine).", ""]
+    from grpo.config import Config
+
+    config_keys = {f.name for f in dataclasses.fields(Config)}
     for reg in find_registries():
-        picked = f"`{reg.field} NAME`" if reg.field.startswith("-") else f"`{reg.field}=NAME`"
+        picked = f"`{reg.field}=NAME`" if reg.field in config_keys else f"`{reg.field} NAME`"
+        chosen = f"Chosen by {picked}{f' ({reg.note})' if reg.note else ''}; " if reg.field else ""
         out += [f"## {_plural(reg.kind)[:1].upper() + _plural(reg.kind)[1:]}", "",
-                f"Chosen by {picked}{f' ({reg.note})' if reg.note else ''}; `{reg.module}.{reg.attr}`.", "",
+                f"{chosen}`{reg.module}.{reg.attr}`.", "",
                 "| name | what it is |", "| --- | --- |"]
         first: dict[int, str] = {}  # an entry registered under two names is described once
         for name, (entry, text) in reg.entries.items():
@@ -224,6 +229,16 @@ def _parsers_of(prefix: list[str], run: Callable[[list[str]], Any], usage: str) 
     return out
 
 
+def cli_usage() -> str:
+    """What `grpo --help` prints."""
+    from grpo import cli
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        cli.main(["--help"])
+    return printed.getvalue().rstrip("\n")
+
+
 def command_parsers() -> dict[str, argparse.ArgumentParser]:
     """Each command's argparse parser, as the command builds it, by its command line: every command
     ``grpo --help`` lists (and theirs), and the code grader's service."""
@@ -231,7 +246,7 @@ def command_parsers() -> dict[str, argparse.ArgumentParser]:
     from grpo.rewards import grading_service
 
     with _capture_parsers():
-        out = _parsers_of([], cli.main, cli.USAGE)
+        out = _parsers_of([], cli.main, cli_usage())
         try:
             grading_service.main([])
         except _Captured as got:
@@ -251,9 +266,7 @@ def _argument_row(action: argparse.Action) -> str:
 
 
 def cli_page() -> str:
-    from grpo.cli import USAGE
-
-    out = [GENERATED, "", "# Command line", "", "```text", USAGE, "```", ""]
+    out = [GENERATED, "", "# Command line", "", "```text", cli_usage(), "```", ""]
     for name, parser in command_parsers().items():
         out += [f"## `{name}`", "", " ".join((parser.description or "").split()), "",
                 "| argument | default | meaning |", "| --- | --- | --- |"]
