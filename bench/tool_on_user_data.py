@@ -1,4 +1,4 @@
-"""A tool of one's own on a dataset of one's own, without per-row worked examples (docs/tools/format.md).
+"""A tool of one's own on a dataset of one's own, without per-row worked examples (docs/design/tool-format.md).
 
     python bench/tool_on_user_data.py FOLDER
 

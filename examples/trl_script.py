@@ -5,7 +5,7 @@
 MODEL: a hub id or a model folder (default: grpo's embedded SmolLM2-135M-Instruct, dequantized into
 ~/.cache/grpo by any earlier `grpo train`; with TRL itself give a folder or hub id). The dataset is
 60 sums for training and 40 held out, conversational prompts; the reward is TRL's form (a batch of
-message completions and the dataset's `answer` column). Measured in docs/trl.md.
+message completions and the dataset's `answer` column). Measured in docs/guides/trl.md.
 """
 
 import os

@@ -7,7 +7,7 @@
                           train_dataset=dataset)
     trainer.train()
 
-It runs what ``grpo train`` runs: ``GRPOConfig`` reads grpo's names and TRL's (docs/trl.md) into a
+It runs what ``grpo train`` runs: ``GRPOConfig`` reads grpo's names and TRL's (docs/guides/trl.md) into a
 grpo ``Config``; a dataset object (a ``datasets.Dataset`` or a list of dicts with a ``prompt``
 column) is written to the run folder as ``train_dataset.jsonl`` and becomes the run's ``task``, so the
 run's config.yaml repeats it, and ``grpo eval`` and ``grpo train --resume`` work on the run folder
@@ -34,7 +34,7 @@ from grpo.rewards.remote import is_url
 
 
 def GRPOConfig(**kwargs) -> Config:  # noqa: N802 (TRL's name: it reads like TRL's class)
-    """A grpo Config from keyword arguments with grpo's names or TRL's GRPOConfig names (docs/trl.md:
+    """A grpo Config from keyword arguments with grpo's names or TRL's GRPOConfig names (docs/guides/trl.md:
     mapped onto grpo's fields, refused naming grpo's equivalent, or ignored)."""
     return config_from(kwargs, "GRPOConfig(...)")
 

@@ -14,14 +14,15 @@ commands:
   eval    greedy accuracy and pass@k of a model or run folder on a task's held-out prompts
   compare GRPO vs RLOO vs REINFORCE vs PPO with a critic: memory, step time, accuracy (own subprocesses)
   report  PNG plots and an HTML page of one or more run folders (grpo report RUN_DIR [RUN_DIR ...])
-  toy     GRPO vs REINFORCE on the seeds' target-matching toy (no language model)
+  toy     GRPO vs REINFORCE on a target-matching toy (no language model)
   control vehicle path tracking: `grpo control train --algo grpo|ppo|trpo`, `grpo control compare`
   export  a run's newest checkpoint as a plain transformers folder, LoRA merged (grpo export RUN --out DIR)
   serve   an OpenAI-compatible API: the GRPO model first, a fallback model past a deadline (grpo serve RUN)
   vllm-serve   a vLLM engine for rollout_backend=vllm_server (grpo vllm-serve MODEL --port 8000)
   serve-bench  load test of a running `grpo serve` (grpo serve-bench --url URL --concurrency 1,4,16)
 
-Any config key can be set as key=value; `grpo train --help` lists them."""
+Any config key can be set as key=value; `grpo train --help` lists them by section,
+`grpo train --help SECTION` one section (e.g. rewards)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,18 +45,31 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+class _SectionHelp(argparse.Action):
+    """-h/--help [SECTION]: the options and every config key by section, or one section's keys."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from grpo.config.io import keys_help
+        from grpo.config.sections import SECTIONS
+
+        if values is None:
+            parser.print_help()
+            print("\nconfig keys by section (set as key=value; TRL's GRPOConfig names are read too, docs/guides/trl.md; "
+                  f"`{parser.prog} --help SECTION` prints one of: {', '.join(s.name for s in SECTIONS)}):\n")
+            print(keys_help())
+            parser.exit()
+        try:
+            print(keys_help(values))
+        except KeyError as e:
+            parser.error(e.args[0])
+        parser.exit()
+
+
 def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    import dataclasses
-
-    from grpo.config import Config
-    from grpo.config.io import field_docs
-
-    docs = field_docs()
-    defaults = {f.name: f.default for f in dataclasses.fields(Config)}
-    epilog = ("config keys (set as key=value; TRL's GRPOConfig names are read too, docs/trl.md):\n"
-              + "\n".join(f"  {k:<28} {v} (default: {defaults[k]!r})" for k, v in docs.items()))
-    ap = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog=prog, description=description, add_help=False)
+    ap.add_argument("-h", "--help", action=_SectionHelp, nargs="?", metavar="SECTION", default=argparse.SUPPRESS,
+                    help="show this help and every config key by section, or one section's keys "
+                         "(e.g. --help rewards), and exit")
     ap.add_argument("--config", help="YAML file of config keys; key=value arguments override it")
     ap.add_argument("overrides", nargs="*", metavar="key=value")
     return ap

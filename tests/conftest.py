@@ -24,6 +24,7 @@ written to ``GRPO_SKIP_REPORT`` when set (``make test`` merges the main and vLLM
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import random
@@ -91,6 +92,41 @@ def first_seed(has_property, what: str, tries: int = 10) -> int:
         if has_property(seed):
             return seed
     pytest.fail(f"no seed in {TEST_SEED}..{TEST_SEED + tries - 1} has {what}")
+
+
+NO_CHROMIUM = "chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)"
+
+
+def skip_unless_ci(reason: str) -> None:
+    """Skip with ``reason``; under CI=true, where `make test` must have installed the toolchain, fail."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason} (CI=true: a failure, not a skip)")
+    pytest.skip(reason)
+
+
+def import_or_skip_unless_ci(module: str, reason: str):
+    """``module`` imported; where it is missing, ``skip_unless_ci(reason)``."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        skip_unless_ci(reason)
+
+
+def headless_chromium():
+    """A selenium driver of Debian's headless Chromium; where it is missing, skip (NO_CHROMIUM), and
+    under CI=true fail."""
+    webdriver = import_or_skip_unless_ci("selenium.webdriver", "selenium is not installed (pip install -e '.[dev]')")
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if not binary or not driver:
+        skip_unless_ci(NO_CHROMIUM)
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = binary
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        opts.add_argument(arg)
+    return webdriver.Chrome(service=Service(driver), options=opts)
 
 
 def need_native() -> None:

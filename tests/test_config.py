@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from grpo.config import Config, ConfigError
-from grpo.config.io import field_docs, load_config, markdown_table
+from grpo.config.io import field_docs, keys_help, load_config
+from grpo.config.sections import SECTION_OF, SECTIONS, field_order
 
 
 def test_defaults_are_valid_and_documented():
@@ -123,9 +124,32 @@ def test_saved_config_round_trips(tmp_path):
     assert load_config(tmp_path / "config.yaml") == cfg
 
 
-def test_readme_table_is_generated_from_docstrings():
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    assert markdown_table() in readme, "README's config table is stale: run python -m grpo.config --update-readme"
+def test_every_field_has_exactly_one_section():
+    names = [f.name for f in dataclasses.fields(Config)]
+    listed = [f for s in SECTIONS for f in s.fields]
+    twice = sorted({f for f in listed if listed.count(f) > 1})
+    assert not twice, f"fields in more than one section of grpo/config/sections.py: {twice}"
+    assert not set(names) - set(listed), f"fields without a section in grpo/config/sections.py: {sorted(set(names) - set(listed))}"
+    assert not set(listed) - set(names), f"sections name fields Config does not have: {sorted(set(listed) - set(names))}"
+    assert len({s.name for s in SECTIONS}) == len(SECTIONS)
+
+
+def test_fields_are_written_section_by_section():
+    """fields.py holds the fields in the sections' order, so the file reads by topic as the help does."""
+    names = [f.name for f in dataclasses.fields(Config)]
+    first_wrong = next((i for i, (a, b) in enumerate(zip(names, field_order())) if a != b), None)
+    assert first_wrong is None, (f"grpo/config/fields.py: field {names[first_wrong]!r} stands where "
+                                 f"{field_order()[first_wrong]!r} (section {SECTION_OF[field_order()[first_wrong]]!r}) "
+                                 f"belongs: write fields in the order of grpo/config/sections.py")
+
+
+def test_help_of_one_section_lists_only_its_keys():
+    text = keys_help("rewards")
+    keys = [line.split()[0] for line in text.splitlines()[1:] if line.startswith("  ")]
+    assert keys == list(next(s for s in SECTIONS if s.name == "rewards").fields)
+    assert "(default: 10.0)" in text  # reward_timeout's default
+    with pytest.raises(KeyError, match="sections: model, sampling"):
+        keys_help("no_such_section")
 
 
 def test_invalid_yaml_and_non_mapping(tmp_path):
@@ -146,3 +170,10 @@ def test_reward_weights_must_match_rewards():
 def test_override_without_equals():
     with pytest.raises(ConfigError, match="key=value"):
         load_config(None, ["beta"])
+
+
+def test_monitor_preset_keeps_its_former_name():
+    """clip_gav_probe and seed003 (the name configs written before use) fill the same fields."""
+    new, old = Config(monitor_preset="clip_gav_probe", num_iterations=2), Config(monitor_preset="seed003", num_iterations=2)
+    assert dataclasses.replace(old, monitor_preset="clip_gav_probe") == new
+    assert new.clip_step_band == [0.30, 0.50] and new.fuse_metric == "gav" and new.consistency_steps == 100

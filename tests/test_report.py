@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import html
 import json
-import shutil
 
 import pytest
 
 from grpo.cli import main as cli_main
 from grpo.tools.report import PLOTS, build_report, load_run
 from grpo.train.trainer import Trainer
+from tests.conftest import headless_chromium
 from tests.test_trainer import make_cfg
 
 
@@ -30,27 +30,12 @@ def two_runs(tmp_path_factory, tiny_model_dir):
     return runs
 
 
-def _chrome():
-    webdriver = pytest.importorskip("selenium.webdriver")
-    binary = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    if not binary or not driver:
-        pytest.skip("chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)")
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = binary
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
-        opts.add_argument(arg)
-    return webdriver.Chrome(service=Service(driver), options=opts)
-
-
 def test_report_html_loads_in_headless_chromium(two_runs, tmp_path):
     out = tmp_path / "report"
     assert cli_main(["report", *map(str, two_runs), "--out", str(out)]) == 0
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert pngs == sorted(f"{stem}.png" for stem, _, _ in PLOTS)
-    browser = _chrome()
+    browser = headless_chromium()
     try:
         browser.get((out / "report.html").resolve().as_uri())
         imgs = browser.find_elements("tag name", "img")

@@ -462,7 +462,7 @@ def _layer_calls(model) -> list:
 
 @pytest.mark.parametrize("use_peft", [False, True])
 def test_beta_zero_and_mu_one_run_no_frozen_forward(tmp_path, tiny_model_dir, tiny_dataset, use_peft):
-    """README: with beta = 0 no reference is loaded or run, and with mu = 1 and one mini-batch the old
+    """docs/guides/runs.md: with beta = 0 no reference is loaded or run, and with mu = 1 and one mini-batch the old
     log-probs are the detached current ones (no extra forward). Preparing the batch then runs no forward
     at all; each of beta > 0 and mu = 2 adds one (the controls: the count does see those forwards).
     Under LoRA the reference is the policy with its adapters off, so its forward shows on the policy."""

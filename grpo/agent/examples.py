@@ -2,7 +2,7 @@
 the assistant's call, built from a call the user gives once (``tool_example_call``) or from the first
 tool's own schema.
 
-Why it ends on the call (measured on the untrained embedded SmolLM2-135M-Instruct, docs/tools/format.md):
+Why it ends on the call (measured on the untrained embedded SmolLM2-135M-Instruct, docs/benchmarks/tool-format.md):
 a description of the tools alone drew no calls, and an exchange that went on to the result and a
 final answer drew 0-6% (the model imitates the last assistant turn it saw); the exchange ending on
 the call drew 66% well-formed calls.

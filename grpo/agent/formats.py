@@ -13,7 +13,7 @@ template renders tools itself, else ``DEFAULT_FORMAT``.
   and a task's ``tool_example`` is shown as a worked exchange that ENDS on the assistant's call (the
   question, then the call); the result comes back as a ``tool`` message holding the bare value. Why
   (measured on the untrained embedded SmolLM2-135M-Instruct, ``bench/tool_format.py``,
-  docs/tools/format.md): a system-prompt description alone drew no calls; an exchange that went on to
+  docs/benchmarks/tool-format.md): a system-prompt description alone drew no calls; an exchange that went on to
   the result and a final answer drew 0-6% (the model imitates the last assistant turn it saw, the
   answer, and computes in its head); the exchange ending on ``calc(12 * 34)`` drew 66% well-formed
   calls, 90% of them with the right expression.

@@ -18,7 +18,7 @@ from grpo.agent.calculator import calc
 from grpo.errors import ConfigError
 
 # builtin:calculator is shown to the model as `calc`: on the untrained embedded model the short name drew
-# 66% well-formed calls against 3-22% for `calculator(` (docs/tools/format.md)
+# 66% well-formed calls against 3-22% for `calculator(` (docs/benchmarks/tool-format.md)
 BUILTIN_TOOLS: dict[str, Callable] = {"calculator": calc}
 
 

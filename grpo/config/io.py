@@ -1,6 +1,6 @@
 """Reading a Config: YAML file + key=value overrides, with errors that name the key and the source;
-and the config's documentation (the CLI's key list, README's table), generated from the field
-docstrings so it is written once."""
+and the config's documentation (the CLI's key list, the documentation's configuration reference),
+generated from the field docstrings and sections so it is written once."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from grpo.config.fields import Config
+from grpo.config.sections import SECTIONS, section
 from grpo.config.trl_names import TRL_NAMES, translate
 from grpo.errors import ConfigError
 
@@ -76,19 +77,37 @@ def field_docs() -> dict[str, str]:
     return docs
 
 
-def markdown_table() -> str:
-    """The README's table of config fields, generated from Config's field docstrings."""
-    docs = field_docs()
-    rows = ["| key | default | meaning |", "| --- | --- | --- |"]
-    for f in fields(Config):
-        default = f.default if f.default is not dataclasses.MISSING else ""
-        rows.append(f"| `{f.name}` | `{default!r}` | {docs.get(f.name, '')} |")
-    return "\n".join(rows)
+def defaults() -> dict[str, Any]:
+    """Each field's default value."""
+    return {f.name: f.default for f in fields(Config) if f.default is not dataclasses.MISSING}
 
 
-def update_readme(path: str | Path) -> None:
-    """Replace the table that starts at the README's '| key | default | meaning |' line (to the end)."""
-    p = Path(path)
-    text = p.read_text()
-    start = text.index("| key | default | meaning |")
-    p.write_text(text[:start] + markdown_table() + "\n")
+def keys_help(only: str | None = None) -> str:
+    """The config keys with their defaults and meanings, section by section (``only``: one section's
+    name; an unknown name raises KeyError listing the sections)."""
+    docs, values = field_docs(), defaults()
+    chosen = SECTIONS if only is None else (section(only),)
+    out = []
+    for s in chosen:
+        out.append(f"{s.title} [{s.name}]: {s.reader}")
+        out += [f"  {k:<28} {docs[k]} (default: {values[k]!r})" for k in s.fields]
+        out.append("")
+    return "\n".join(out).rstrip("\n")
+
+
+def markdown_sections() -> str:
+    """The configuration reference's body: one table of keys, defaults and meanings per section,
+    generated from ``SECTIONS`` and the field docstrings."""
+    docs, values = field_docs(), defaults()
+    out = []
+    for s in SECTIONS:
+        out += [f"## {s.title}", "", f"`grpo train --help {s.name}` &middot; read by {s.reader}.", "",
+                "| key | default | meaning |", "| --- | --- | --- |"]
+        out += [f"| `{k}` | `{values[k]!r}` | {_cell(docs[k])} |" for k in s.fields]
+        out.append("")
+    return "\n".join(out)
+
+
+def _cell(text: str) -> str:
+    """A docstring as one markdown table cell (a literal | would end the cell)."""
+    return text.replace("|", "\\|")

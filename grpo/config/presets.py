@@ -8,15 +8,14 @@ from grpo.errors import ConfigError
 
 # seed 003 section 3.4: TLCR held in 35-45% by +-0.02 on epsilon after 10 steps below 30% / above 50%;
 # a fuse when GAV stays above 0.45 for 5 steps; CGC every 100 steps on 10 random prompts x 4 samples.
-MONITOR_PRESETS: dict[str, dict] = {
-    "none": {},
-    "seed003": {
-        "clip_step_band": [0.30, 0.50], "clip_step_size": 0.02, "clip_step_patience": 10,
-        "fuse_metric": "gav", "fuse_max": 0.45, "fuse_patience": 5,
-        "consistency_steps": 100, "consistency_prompts": 10, "consistency_group_size": 4,
-        "consistency_random": True,
-    },
+_CLIP_GAV_PROBE = {
+    "clip_step_band": [0.30, 0.50], "clip_step_size": 0.02, "clip_step_patience": 10,
+    "fuse_metric": "gav", "fuse_max": 0.45, "fuse_patience": 5,
+    "consistency_steps": 100, "consistency_prompts": 10, "consistency_group_size": 4,
+    "consistency_random": True,
 }
+# seed003: the same preset under the name configs written before clip_gav_probe use
+MONITOR_PRESETS: dict[str, dict] = {"none": {}, "clip_gav_probe": _CLIP_GAV_PROBE, "seed003": _CLIP_GAV_PROBE}
 
 
 # settings a built-in task needs, filled where still at their defaults (an explicit setting wins).

@@ -11,7 +11,8 @@
 
 ``translate`` applies them to the keys a YAML file, key=value arguments or the Python API's
 ``GRPOConfig(...)`` gave; ``tests/test_trl_names.py`` checks that every field of the installed TRL's
-GRPOConfig has an entry and that docs/trl.md holds the table ``markdown_table`` generates.
+GRPOConfig has an entry; ``python -m grpo.docs`` writes the table ``markdown_table`` generates into
+docs/guides/trl.md.
 """
 
 from __future__ import annotations
@@ -247,12 +248,12 @@ def translate(values: dict[str, Any]) -> dict[str, Any]:
                 raise ConfigError(f"{key}: sets {field} to {value!r}, but {source[field]} sets it to {out[field]!r}")
             out[field], source[field] = value, key
     if skipped:
-        log.warning("TRL settings ignored (they do not change what grpo trains; docs/trl.md): %s", ", ".join(skipped))
+        log.warning("TRL settings ignored (they do not change what grpo trains; docs/guides/trl.md): %s", ", ".join(skipped))
     return out
 
 
 def markdown_table() -> str:
-    """docs/trl.md's table: every TRL name, what grpo does with it (with grpo's default where it is
+    """docs/guides/trl.md's table: every TRL name, what grpo does with it (with grpo's default where it is
     grpo's field too), and why."""
     import dataclasses
 
@@ -271,12 +272,3 @@ def markdown_table() -> str:
                 note = "; ".join(x for x in (f"grpo's default `{defaults[name]!r}`", note) if x)
             rows.append(f"| `{name}` | {grpo} | {note} |")
     return "\n".join(rows)
-
-
-def update_docs(path) -> None:
-    """Replace docs/trl.md's table (from its '| TRL name |' line to the end)."""
-    from pathlib import Path
-
-    p = Path(path)
-    text = p.read_text()
-    p.write_text(text[:text.index("| TRL name | grpo | note |")] + markdown_table() + "\n")

@@ -127,7 +127,7 @@ HARD_CODE_TEMPLATES = [  # (signature, what it returns, reference body, test inp
 def code_hard_task(*, eval_size: int, seed: int) -> Task:
     """Programming problems on lists, strings and digits (10 kinds) mixed with the ``code`` task's 6
     kinds of f(x), x 6 constants = 96 problems, assert tests at four inputs including empty ones: an
-    untrained small model passes some, not most (measured in the README). The held-out share is at
+    untrained small model passes some, not most (measured: docs/benchmarks/index.md). The held-out share is at
     most a quarter."""
     items = []
     for sig, what, body, inputs in HARD_CODE_TEMPLATES:

@@ -49,13 +49,13 @@ def length_reward(completion: str, sample: dict) -> float:
 
 def incompleteness_reward(completion: str, sample: dict) -> float:
     """Step-completeness shaping (English/ASCII checks): the share of four checks the completion fails,
-    0.0 when complete (grpo.rewards.completeness). Used with a negative weight lambda, e.g. the seed's
-    lambda = 0.3 (seed 003 section 3.3): rewards=numeric,incompleteness reward_weights=1,-0.3."""
+    0.0 when complete (grpo.rewards.completeness). Used with a negative weight lambda, e.g.
+    lambda = 0.3: rewards=numeric,incompleteness reward_weights=1,-0.3."""
     return incompleteness(completion, language="en")
 
 
 def incompleteness_zh_reward(completion: str, sample: dict) -> float:
-    """Step-completeness shaping with the seed's Chinese markers (第一步, 第二步, 因此, 综上, paired
+    """Step-completeness shaping with Chinese step markers (第一步, 第二步, 因此, 综上, paired
     formula delimiters): the share of five checks failed (grpo.rewards.completeness)."""
     return incompleteness(completion, language="zh")
 

@@ -5,7 +5,7 @@ Both are batch-form rewards (``grpo.rewards.forms``: one call per step's complet
 in the trainer's process, not in the reward workers, and every outcome (a value, or the exception of a
 failed sample) goes through ``score_completions``' failure accounting like any other reward's.
 
-The HTTP protocol (README, "Remote rewards"): one POST per batch with the JSON body
+The HTTP protocol (docs/guides/rewards.md, "Remote rewards"): one POST per batch with the JSON body
 ``{"prompts": [...], "completions": [...], "samples": [{...the task row...}, ...]}`` (row i of each list
 belongs together), answered with ``{"scores": [float or null, ...]}``, one per completion; null is
 "not applicable to this row", as a reward returning None. A timeout, a refused connection,

@@ -43,7 +43,7 @@ SOURCE = Path(__file__).with_name("decode_ops.c")
 def march() -> str:
     """The -march the C file is built for: ``native`` (this CPU), or ``$GRPO_NATIVE_MARCH``, e.g.
     ``x86-64-v3`` (AVX2 + FMA, no AVX-512) to run an AVX-512 machine's build as an AVX2 one's
-    (docs/perf.md: emulating the other CPU class)."""
+    (docs/benchmarks/history.md: emulating the other CPU class)."""
     return os.environ.get("GRPO_NATIVE_MARCH", "native")
 
 

@@ -90,6 +90,7 @@ def _final_answer_check(gen: Generation, sample: dict, scheme: "Scheme") -> str 
 
 
 def _verifier_check(gen: Generation, sample: dict, scheme: "Scheme") -> str | None:
+    """Any grpo reward (``--verifier``) scoring the answer above 0."""
     fn = scheme.verifier
     if fn is None:
         return "verifier_error"

@@ -3,8 +3,8 @@
 Seed 000, "系统代码实现": group advantages (r - mean) / (std + 1e-6) with torch's default (Bessel)
 std; ratio exp(logp - old); -min(ratio A, clamp(ratio, 1 - eps, 1 + eps) A) + beta * k3 per token;
 each sequence's masked token mean, then the mean over sequences. With the core's defaults this is
-``grpo_loss``; three of its metrics are defined differently (docs/architecture.md, "Seed 000's
-GRPOLoss and our metrics"), and the differences are asserted here.
+``grpo_loss``; three of its metrics are defined differently (docs/concepts/objective.md, "Where grpo's
+metrics differ from a common GRPOLoss"), and the differences are asserted here.
 """
 
 from __future__ import annotations
