@@ -33,7 +33,7 @@ def test_unknown_reward_is_one_line_error(capsys, tiny_dataset, tmp_path):
     assert main(["train", "model=./no/such/model", f"task={tiny_dataset}", "rewards=nosuch",
                  f"output_dir={tmp_path / 'r'}"]) == 2
     err = capsys.readouterr().err
-    assert "rewards: unknown name 'nosuch'" in err and "numeric" in err and "Traceback" not in err
+    assert "rewards: unknown reward 'nosuch'" in err and "numeric" in err and "Traceback" not in err
 
 
 def test_missing_model_path_is_one_line_error(capsys, tiny_dataset, tmp_path):
@@ -121,11 +121,12 @@ def test_help_lists_config_keys(capsys):
 
 
 def test_code_reward_without_a_sandbox_stops_before_model_load(capsys, tmp_path, monkeypatch):
+    """task=code brings its own reward, code, whose sandbox check runs before the model loads."""
     from grpo.rewards import code
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap to be found
-    monkeypatch.setattr(code, "_default", None)
-    assert main(["train", "model=./no/such/model", "task=code", "rewards=code", f"output_dir={tmp_path / 'r'}"]) == 2
+    monkeypatch.delitem(code.GRADERS, "default", raising=False)
+    assert main(["train", "model=./no/such/model", "task=code", f"output_dir={tmp_path / 'r'}"]) == 2
     err = capsys.readouterr().err
     assert "bubblewrap" in err and "apt-get install" in err and "no/such/model" not in err
 

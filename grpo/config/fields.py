@@ -29,7 +29,7 @@ class Config:
     model: str = DEFAULT_MODEL
     """Policy to train: a hub id, a local folder, a run folder (its newest checkpoint), or the embedded default."""
     task: str = "arithmetic"
-    """Prompts and answers: a built-in task (arithmetic, gsm8k, code, code_hard, calculator: sets tools=builtin:calculator, 64-token episodes, 10 steps, 100 held-out problems and pass@k on 20 unless given), a local .jsonl/.json/.parquet file, a hub dataset id, or a local copy of a hub dataset repository (a folder)."""
+    """Prompts and answers: a built-in task (arithmetic, gsm8k, code, code_hard, calculator: sets tools=builtin:calculator, 64-token episodes, 10 steps, 100 held-out problems and pass@k on 20 unless given; each brings its rewards, used unless `rewards` is set), a local .jsonl/.json/.parquet file, a hub dataset id, or a local copy of a hub dataset repository (a folder)."""
     task_split: str = "train"
     """Split to load when `task` is a hub dataset id or a dataset repository folder."""
     prompt_field: str = "prompt"
@@ -44,8 +44,8 @@ class Config:
     """Built-in arithmetic task: operators to draw from, e.g. '+' or '+-*'."""
     eval_prompts: int | None = None
     """Held-out prompts for the before/after evaluation (never used for training; 0 disables it). None: 200 for a built-in task (calculator: 100); for a dataset, a tenth of its rows, at least 5 and at most 200, never more than half."""
-    rewards: str = "numeric"
-    """Comma-separated reward functions: built-ins (numeric, math, code, code_strict, code_generated, code_style, reward_model, format, length, incompleteness, incompleteness_zh, environment: an environment_factory's get_reward()), module:function paths (an `async def` one runs its batch's calls concurrently), or http(s):// URLs that score a JSON batch (README, Remote rewards)."""
+    rewards: str = ""
+    """Comma-separated reward functions ('': the task's own, recorded in the run's config.yaml: numeric for arithmetic, gsm8k, calculator and datasets, code for code and code_hard): built-ins (numeric, math, code, code_strict, code_generated, code_style, reward_model, format, length, incompleteness, incompleteness_zh, environment: an environment_factory's get_reward()), module:function paths (an `async def` one runs its batch's calls concurrently), or http(s):// URLs that score a JSON batch (README, Remote rewards)."""
     reward_weights: list[float] | None = None
     """Weight of each reward in `rewards` (default: all 1.0)."""
     reward_timeout: float = 10.0

@@ -41,13 +41,13 @@ def _overrides(pairs: list[str]) -> dict[str, str]:
 
 
 def train(argv: list[str]) -> int:
-    from grpo.control.agents import ALGOS, make_agent, settings_from
+    from grpo.control.agents import AGENTS, make_agent, settings_from
     from grpo.control.evaluate import evaluate
     from grpo.control.nets import save_policy
     from grpo.control.rollout import policy_controller
 
     ap = argparse.ArgumentParser(prog="grpo control train", description="Train a path-tracking controller.")
-    ap.add_argument("--algo", default="grpo", choices=ALGOS)
+    ap.add_argument("--algo", default="grpo", choices=list(AGENTS))
     ap.add_argument("--episodes", type=int, help="training episodes (default: the setting episodes=3000)")
     ap.add_argument("--env-steps", type=int, help="stop after this many environment steps instead")
     ap.add_argument("--out", default=None, help="policy file (default: runs/control/ALGO.pt)")
@@ -66,7 +66,7 @@ def train(argv: list[str]) -> int:
 
 
 def compare(argv: list[str]) -> int:
-    from grpo.control.agents import ALGOS
+    from grpo.control.agents import AGENTS
     from grpo.control.compare import baseline, run_all, write
     from grpo.control.references import REFERENCES
 
@@ -75,14 +75,14 @@ def compare(argv: list[str]) -> int:
     ap.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="env steps per run")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--workers", type=int, default=2, help="runs in parallel, one process each")
-    ap.add_argument("--algos", default=",".join(ALGOS + REFERENCES))
+    ap.add_argument("--algos", default=",".join([*AGENTS, *REFERENCES]))
     ap.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD)
     ap.add_argument("--out", default="runs/control-compare")
     args = ap.parse_args(argv)
     algos = [a for a in args.algos.split(",") if a]
-    bad = [a for a in algos if a not in ALGOS + REFERENCES]
+    bad = [a for a in algos if a not in AGENTS and a not in REFERENCES]
     if bad:
-        raise ConfigError(f"--algos: unknown {bad}; valid: {list(ALGOS + REFERENCES)}")
+        raise ConfigError(f"--algos: unknown {bad}; valid: {[*AGENTS, *REFERENCES]}")
     t0 = time.perf_counter()
     print(f"{len(algos)} algorithms x {args.seeds} seeds x {args.steps} env steps, {args.workers} workers", flush=True)
     results = run_all(algos, args.seeds, args.steps, args.threshold, workers=args.workers, out=args.out,

@@ -225,12 +225,13 @@ def warm_up(rm: RewardModelTrainer, collector, *, temperature: float) -> dict:
     return {**rm.update(), "rm_warmup_completions": n}
 
 
-def make_reward_model_trainer(cfg) -> RewardModelTrainer:
-    """The trainer of the run's ``reward_model`` (its scorer now the one the reward uses), with the
-    teacher when ``reward_model_teacher`` is set."""
-    from grpo.rewards.reward_model import RewardModelScorer, install_scorer
+def make_reward_model_trainer(cfg, *, reward=None) -> RewardModelTrainer:
+    """The trainer of the run's ``reward_model`` (its scorer now the one ``reward``, the run's
+    RewardModelReward, scores with), with the teacher when ``reward_model_teacher`` is set."""
+    from grpo.rewards.reward_model import RewardModelScorer
 
     scorer = RewardModelScorer(cfg.reward_model)
-    install_scorer(scorer)
+    if reward is not None:
+        reward.use(scorer)
     teacher = RewardModelScorer(cfg.reward_model_teacher) if cfg.reward_model_teacher else None
     return RewardModelTrainer(cfg, scorer, teacher)

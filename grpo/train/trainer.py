@@ -40,7 +40,6 @@ from grpo.infra.stop import StopFlag
 from grpo.models import grouped_attention, keep_head_fp32, load_models, native_bf16, reset_reference, resolve_model_path
 from grpo.models.packing import SHARED_PREFIX_ATTENTION, sliding_window
 from grpo.models.quantization import keep_trainable
-from grpo.rewards.reward_model import set_reward_transform
 from grpo.rewards.runner import RewardRunner
 from grpo.rewards.steps import resolve_step_reward
 from grpo.rollout import Rollout, RolloutEngine, SamplingSettings, make_engine
@@ -97,10 +96,9 @@ class Trainer:
         # Everything that can be wrong with the input is checked before the model loads.
         self.rewards = RewardRunner(cfg.reward_names, cfg.reward_weights, timeout=cfg.reward_timeout,
                                     workers=cfg.reward_workers, reward_model=cfg.reward_model,
+                                    reward_model_transform=cfg.reward_model_transform,  # seed 003 section 4.1
                                     retries=cfg.reward_retries, concurrency=cfg.reward_concurrency,
                                     given=reward_fns)  # callables handed over by the Python API
-        if cfg.reward_model:  # seed 003 section 4.1
-            set_reward_transform(cfg.reward_model_transform)
         step_reward = resolve_step_reward(cfg.step_reward) if cfg.supervision == "process" else None
         self.task = task or task_of(cfg)
         if not self.task.train:
@@ -128,7 +126,8 @@ class Trainer:
                                    note=lambda text, style=None: self.logger.note(text, style), timer=self.timer,
                                    agent=self.agent)
         # seed 001 Algorithm 1 step 4: the reward model learns at iteration boundaries (train/reward_model.py)
-        self.rm_trainer = make_reward_model_trainer(cfg) if cfg.reward_model_train_steps else None
+        self.rm_trainer = (make_reward_model_trainer(cfg, reward=self.rewards.reward_model())
+                           if cfg.reward_model_train_steps else None)
         self.batches = BatchMaker(cfg, world=world, forwards=self.forwards, policy=self.policy,
                                   reference=self.models.reference, critic=self.critic, step_reward=step_reward,
                                   tokenizer=self.tok, timer=self.timer)
