@@ -10,6 +10,7 @@ names are read into these fields by ``trl_names.py`` (docs/trl.md).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -415,13 +416,9 @@ class Config:
 
 # ---- field types (parsing: grpo/config/parse.py) ----------------------------------------------------------------------
 
-_HINTS: dict[str, Any] = {}
-
-
+@functools.cache  # a per-process cache: the type hints of Config's fields, fixed when the module loads
 def _hints() -> dict[str, Any]:
-    if not _HINTS:
-        _HINTS.update(typing.get_type_hints(Config))
-    return _HINTS
+    return typing.get_type_hints(Config)
 
 
 def _coerce_types(c: Config) -> None:

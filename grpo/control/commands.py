@@ -9,25 +9,26 @@ import time
 from pathlib import Path
 
 from grpo.errors import ConfigError
+from grpo.registry import Registry
 
-USAGE = """usage: grpo control {train,compare} [options]
-
-  train    train one controller on grpo/PathTracking-v0 (--algo grpo|grpo_step|ppo|trpo), save its policy
-  compare  every algorithm and SB3 PPO / sb3-contrib TRPO on one env-step budget, several seeds"""
+# name -> (argv after it) -> exit code, each registered with its line of the usage
+SUBCOMMANDS: Registry = Registry("control command")  # the CLI prefixes "grpo control: "
 
 DEFAULT_STEPS = 20_000  # env steps per run of `compare`: its 30 runs fit 20 minutes on 2 contended cores
 DEFAULT_THRESHOLD = 60.0  # a training return of 60 of the about 100 a perfect 100-step episode earns
 
 
+def usage() -> str:
+    """The help of ``grpo control``: every subcommand with its line."""
+    return (f"usage: grpo control {{{','.join(SUBCOMMANDS)}}} [options]\n\n"
+            + "\n".join(f"  {e.name:<8} {e.doc}" for e in SUBCOMMANDS.entries()))
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
+        print(usage())
         return 0
-    if argv[0] == "train":
-        return train(argv[1:])
-    if argv[0] == "compare":
-        return compare(argv[1:])
-    raise ConfigError(f"unknown control command {argv[0]!r}; valid: ['compare', 'train']")
+    return SUBCOMMANDS[argv[0]](argv[1:])
 
 
 def _overrides(pairs: list[str]) -> dict[str, str]:
@@ -40,6 +41,7 @@ def _overrides(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+@SUBCOMMANDS.register("train", doc="train one controller on grpo/PathTracking-v0 (--algo grpo|grpo_step|ppo|trpo), save its policy")
 def train(argv: list[str]) -> int:
     from grpo.control.agents import AGENTS, make_agent, settings_from
     from grpo.control.evaluate import evaluate
@@ -65,6 +67,7 @@ def train(argv: list[str]) -> int:
     return 0
 
 
+@SUBCOMMANDS.register("compare", doc="every algorithm and SB3 PPO / sb3-contrib TRPO on one env-step budget, several seeds")
 def compare(argv: list[str]) -> int:
     from grpo.control.agents import AGENTS
     from grpo.control.compare import baseline, run_all, write
