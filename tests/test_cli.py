@@ -390,3 +390,17 @@ def test_a_cached_hub_model_loads_from_the_cache_when_the_hub_cannot_be_reached(
                                                  rf"the hub \({closed}\) cannot be reached \(ConnectError: .*\) and its "
                                                  r"cache does not hold it$"):
         resolve_model_path("someone/other")
+
+
+def test_commands_are_a_registry_an_unknown_one_lists_them(capsys):
+    """`grpo --help` prints every registered command; an unknown command or control subcommand
+    exits 2 naming the valid ones."""
+    from grpo.cli import COMMANDS
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"  {name} " in out for name in COMMANDS) and len(COMMANDS) == 10
+    assert main(["nope"]) == 2
+    assert "unknown command 'nope'; valid: train, eval, compare, report, toy, control, export" in capsys.readouterr().err
+    assert main(["control", "nope"]) == 2
+    assert "unknown control command 'nope'; valid: train, compare" in capsys.readouterr().err
