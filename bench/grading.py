@@ -39,7 +39,7 @@ def step_completions(task, prompts: int, group: int) -> tuple[list[str], list[di
 
 def main() -> None:
     from grpo.data.tasks import code_hard_task
-    from grpo.rewards.code import CodeGrader, _grade_batch_local, available_cores
+    from grpo.rewards.code import CodeGrader, available_cores, grade_batch
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=4)
@@ -56,7 +56,7 @@ def main() -> None:
     for _ in range(args.repeats):
         for name, grader in graders.items():
             t0 = time.perf_counter()
-            scores[name] = _grade_batch_local(grader, completions, samples, strict=False)
+            scores[name] = grade_batch(grader, completions, samples, strict=False)
             seconds[name].append(time.perf_counter() - t0)
     assert scores["serial"] == scores["concurrent"], "the two modes graded differently"
     med = {k: statistics.median(v) for k, v in seconds.items()}

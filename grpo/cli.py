@@ -7,39 +7,34 @@ import json
 import sys
 from pathlib import Path
 
-USAGE = """usage: grpo <command> [options] [key=value ...]
+from grpo.registry import Registry
 
-commands:
-  train   fine-tune a model with GRPO (no arguments: SmolLM2-135M-Instruct on built-in arithmetic)
-  eval    greedy accuracy and pass@k of a model or run folder on a task's held-out prompts
-  compare GRPO vs RLOO vs REINFORCE vs PPO with a critic: memory, step time, accuracy (own subprocesses)
-  report  PNG plots and an HTML page of one or more run folders (grpo report RUN_DIR [RUN_DIR ...])
-  toy     GRPO vs REINFORCE on a target-matching toy (no language model)
-  control vehicle path tracking: `grpo control train --algo grpo|ppo|trpo`, `grpo control compare`
-  export  a run's newest checkpoint as a plain transformers folder, LoRA merged (grpo export RUN --out DIR)
-  serve   an OpenAI-compatible API: the GRPO model first, a fallback model past a deadline (grpo serve RUN)
-  vllm-serve   a vLLM engine for rollout_backend=vllm_server (grpo vllm-serve MODEL --port 8000)
-  serve-bench  load test of a running `grpo serve` (grpo serve-bench --url URL --concurrency 1,4,16)
+# name -> (argv after the command) -> exit code; each command registers itself below with the line
+# `grpo --help` prints for it
+COMMANDS: Registry = Registry("command", field="grpo")
 
-Any config key can be set as key=value; `grpo train --help` lists them by section,
-`grpo train --help SECTION` one section (e.g. rewards)."""
+
+def usage() -> str:
+    """The top-level help: every registered command with its line."""
+    width = max(len(name) for name in COMMANDS)
+    lines = [f"  {e.name:<{width}}  {e.doc}" for e in COMMANDS.entries()]
+    return ("usage: grpo <command> [options] [key=value ...]\n\ncommands:\n" + "\n".join(lines)
+            + "\n\nAny config key can be set as key=value; `grpo train --help` lists them by section,\n"
+            "`grpo train --help SECTION` one section (e.g. rewards).")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"train": _train, "eval": _eval, "compare": _compare, "report": _report, "toy": _toy,
-                "control": _control, "export": _serving("export_main"), "serve": _serving("serve_main"),
-                "serve-bench": _serving("bench_main"), "vllm-serve": _serving("vllm_serve_main")}
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
+        print(usage())
         return 0
-    if argv[0] not in commands:
-        print(f"grpo: unknown command {argv[0]!r}\n\n{USAGE}", file=sys.stderr)
+    if argv[0] not in COMMANDS:
+        print(f"{COMMANDS.unknown(argv[0])}\n\n{usage()}", file=sys.stderr)
         return 2
     from grpo.errors import GrpoError
 
     try:
-        return commands[argv[0]](argv[1:]) or 0
+        return COMMANDS[argv[0]](argv[1:]) or 0
     except (GrpoError, FileNotFoundError, FloatingPointError) as e:
         print(f"grpo {argv[0]}: error: {e}", file=sys.stderr)
         return 2
@@ -75,6 +70,7 @@ def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return ap
 
 
+@COMMANDS.register("train", doc="fine-tune a model with GRPO (no arguments: SmolLM2-135M-Instruct on built-in arithmetic)")
 def _train(argv: list[str]) -> int:
     from grpo.config.io import load_config
 
@@ -129,6 +125,7 @@ def _print_summary(result: dict, *, steps: int, cfg, run_dir) -> None:
           f"checkpoints/, tensorboard/); plots and an HTML page: grpo report {run_dir}")
 
 
+@COMMANDS.register("eval", doc="greedy accuracy and pass@k of a model or run folder on a task's held-out prompts")
 def _eval(argv: list[str]) -> int:
     from grpo.config.io import load_config
 
@@ -150,12 +147,11 @@ def _eval(argv: list[str]) -> int:
 
     from grpo.infra.runtime import import_from
     from grpo.models import load_models
-    from grpo.rewards import resolve_reward
+    from grpo.rewards import RewardOptions, resolve_reward
     from grpo.rollout import make_engine
 
     import_from(cfg.working_dir, os.getcwd())  # the run's own folder first: its modules, as in training
-    verifier = resolve_reward(cfg.reward_names[0], timeout=cfg.reward_timeout, retries=cfg.reward_retries,
-                              concurrency=cfg.reward_concurrency)
+    verifier = resolve_reward(cfg.reward_names[0], RewardOptions.from_config(cfg))
     samples, held_out = _eval_samples(cfg, run)
     models = load_models(cfg.model, dtype=cfg.dtype, need_reference=False)
     engine = make_engine("hf", models.policy, models.tokenizer)  # generate, as evaluation inside `train`
@@ -210,18 +206,21 @@ def _evaluate_until_signal(engine, samples: list[dict], verifier, cfg, tokenizer
     return res, stop.signal
 
 
+@COMMANDS.register("compare", doc="GRPO vs RLOO vs REINFORCE vs PPO with a critic: memory, step time, accuracy (own subprocesses)")
 def _compare(argv: list[str]) -> int:
     from grpo.tools.compare import main as compare_main
 
     return compare_main(argv)
 
 
+@COMMANDS.register("report", doc="PNG plots and an HTML page of one or more run folders (grpo report RUN_DIR [RUN_DIR ...])")
 def _report(argv: list[str]) -> int:
     from grpo.tools.report import main as report_main
 
     return report_main(argv)
 
 
+@COMMANDS.register("toy", doc="GRPO vs REINFORCE on the seeds' target-matching toy (no language model)")
 def _toy(argv: list[str]) -> int:
     from grpo.tools.toy import main as toy_main
 
@@ -229,6 +228,7 @@ def _toy(argv: list[str]) -> int:
     return 0
 
 
+@COMMANDS.register("control", doc="vehicle path tracking: `grpo control train --algo grpo|ppo|trpo`, `grpo control compare`")
 def _control(argv: list[str]) -> int:
     try:
         from grpo.control.commands import main as control_main
@@ -247,6 +247,16 @@ def _serving(name: str):
         return getattr(importlib.import_module(module), name)(argv)
 
     return run
+
+
+COMMANDS.register("export", _serving("export_main"),
+                  doc="a run's newest checkpoint as a plain transformers folder, LoRA merged (grpo export RUN --out DIR)")
+COMMANDS.register("serve", _serving("serve_main"),
+                  doc="an OpenAI-compatible API: the GRPO model first, a fallback model past a deadline (grpo serve RUN)")
+COMMANDS.register("vllm-serve", _serving("vllm_serve_main"),
+                  doc="a vLLM engine for rollout_backend=vllm_server (grpo vllm-serve MODEL --port 8000)")
+COMMANDS.register("serve-bench", _serving("bench_main"),
+                  doc="load test of a running `grpo serve` (grpo serve-bench --url URL --concurrency 1,4,16)")
 
 
 if __name__ == "__main__":

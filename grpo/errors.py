@@ -42,3 +42,11 @@ class RewardError(GrpoError, RuntimeError):
 class ModelNotFoundError(GrpoError, FileNotFoundError):
     """A model or run path that is neither a local folder nor a model found on the hub; the message
     names both readings."""
+
+
+class UnknownName(ConfigError, KeyError):
+    """A name that is not in a registry; the message names the kind of entry and lists the valid names.
+    A KeyError too, so ``name in registry`` and ``registry.get(name)`` work as on a dict."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""

@@ -33,7 +33,7 @@ def test_unknown_reward_is_one_line_error(capsys, tiny_dataset, tmp_path):
     assert main(["train", "model=./no/such/model", f"task={tiny_dataset}", "rewards=nosuch",
                  f"output_dir={tmp_path / 'r'}"]) == 2
     err = capsys.readouterr().err
-    assert "rewards: unknown name 'nosuch'" in err and "numeric" in err and "Traceback" not in err
+    assert "rewards: unknown reward 'nosuch'" in err and "numeric" in err and "Traceback" not in err
 
 
 def test_missing_model_path_is_one_line_error(capsys, tiny_dataset, tmp_path):
@@ -131,11 +131,12 @@ def test_help_lists_config_keys_by_section(capsys):
 
 
 def test_code_reward_without_a_sandbox_stops_before_model_load(capsys, tmp_path, monkeypatch):
+    """task=code brings its own reward, code, whose sandbox check runs before the model loads."""
     from grpo.rewards import code
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap to be found
-    monkeypatch.setattr(code, "_default", None)
-    assert main(["train", "model=./no/such/model", "task=code", "rewards=code", f"output_dir={tmp_path / 'r'}"]) == 2
+    monkeypatch.delitem(code.GRADERS, "default", raising=False)
+    assert main(["train", "model=./no/such/model", "task=code", f"output_dir={tmp_path / 'r'}"]) == 2
     err = capsys.readouterr().err
     assert "bubblewrap" in err and "apt-get install" in err and "no/such/model" not in err
 
@@ -399,3 +400,17 @@ def test_a_cached_hub_model_loads_from_the_cache_when_the_hub_cannot_be_reached(
                                                  rf"the hub \({closed}\) cannot be reached \(ConnectError: .*\) and its "
                                                  r"cache does not hold it$"):
         resolve_model_path("someone/other")
+
+
+def test_commands_are_a_registry_an_unknown_one_lists_them(capsys):
+    """`grpo --help` prints every registered command; an unknown command or control subcommand
+    exits 2 naming the valid ones."""
+    from grpo.cli import COMMANDS
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"  {name} " in out for name in COMMANDS) and len(COMMANDS) == 10
+    assert main(["nope"]) == 2
+    assert "unknown command 'nope'; valid: train, eval, compare, report, toy, control, export" in capsys.readouterr().err
+    assert main(["control", "nope"]) == 2
+    assert "unknown control command 'nope'; valid: train, compare" in capsys.readouterr().err

@@ -9,6 +9,7 @@ import json
 import torch
 
 from grpo.infra.distributed import World
+from grpo.rewards import REWARDS, Reward
 from grpo.rewards.code import program_parses
 from grpo.rollout import Rollout
 from grpo.train.resample import resample_invalid, validity_checks
@@ -45,7 +46,18 @@ def test_invalid_rows_are_replaced_in_place_and_rounds_are_bounded():
                              generate=lambda p, k: rollout(["def ("] * len(k), 1), key_of=lambda r, i: 1,
                              pad_id=0, world=World())
     assert (never.rounds, never.resampled, never.invalid_left) == (2, 4, 2)  # the bound holds
-    assert validity_checks({"numeric": lambda c, s: 0.0}) == []  # a reward without a check resamples nothing
+    assert validity_checks({"numeric": REWARDS["numeric"]}) == []  # a reward without a check resamples nothing
+    assert validity_checks({"numeric": REWARDS["numeric"], "code": REWARDS["code"]}) == [program_parses]
+
+
+def test_a_check_is_declared_on_the_reward_never_read_off_a_function():
+    """A user's reward declares a validity check by being a Reward; a function attribute is not read."""
+    def mine(completion, sample):
+        return 1.0
+
+    mine.valid = program_parses
+    assert validity_checks({"mine": Reward.of("mine", mine)}) == []
+    assert validity_checks({"mine": Reward("mine", mine, valid=program_parses)}) == [program_parses]
 
 
 @needs_bwrap

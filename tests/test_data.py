@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from grpo.data import PromptSampler, load_task, render_prompt
-from grpo.data.tasks import BUILTIN_TASKS
+from grpo.data.tasks import TASKS
 from grpo.errors import DataError
 
 
@@ -67,9 +67,9 @@ def test_user_dataset_errors_name_file_and_row(tmp_path):
         load_task(str(p), eval_size=0)
     with pytest.raises(DataError) as err:  # the built-ins are listed, from the task registry
         load_task("nonexistent_file.jsonl", eval_size=0)
-    assert str(err.value) == (f"task: 'nonexistent_file.jsonl' is not a built-in task {list(BUILTIN_TASKS)}, an "
+    assert str(err.value) == (f"task: 'nonexistent_file.jsonl' is not a built-in task {list(TASKS)}, an "
                               "existing file or dataset folder, or a hub dataset id (owner/name)")
-    assert set(BUILTIN_TASKS) >= {"arithmetic", "gsm8k", "code"}
+    assert set(TASKS) >= {"arithmetic", "gsm8k", "code"}
 
 
 def test_dataset_repository_folder_through_the_hub_loader(tmp_path):

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from grpo.rewards import code as code_rewards
+from grpo.errors import SandboxError
+from grpo.rewards import code, code_rewards
 from grpo.rewards import grading_service
 from grpo.rewards.code import CodeGrader
 from tests.hostile import HangingServer, battery, flood, request
@@ -84,11 +85,11 @@ def test_96_concurrent_clients_get_200_or_429_and_the_service_grades_after(servi
 
 
 def test_the_client_sends_the_key_and_retries_429_within_its_deadline(service, monkeypatch):
-    monkeypatch.setattr(grading_service, "_services", {})
+    grading_service.SERVICES.clear()  # each service is asked for /health afresh
     url = f"http://127.0.0.1:{service.port}"
     monkeypatch.setenv("GRPO_CODE_GRADER_URL", url)
     monkeypatch.delenv("GRPO_CODE_GRADER_KEY", raising=False)
-    with pytest.raises(code_rewards.SandboxError, match="HTTP 401.*GRPO_CODE_GRADER_KEY"):
+    with pytest.raises(SandboxError, match="HTTP 401.*GRPO_CODE_GRADER_KEY"):
         code_rewards.check_code_sandbox()
     monkeypatch.setenv("GRPO_CODE_GRADER_KEY", KEY)
     code_rewards.check_code_sandbox()
@@ -113,7 +114,7 @@ def test_share_deadline_is_proportional_to_the_work():
 def test_a_service_that_accepts_and_never_answers_fails_its_share_within_the_deadline(monkeypatch):
     health = {"ok": True, "version": 1, "slots": 2, "test_seconds": 0.1, "program_seconds": 0.2}
     server = HangingServer({"/grade"}, health)
-    monkeypatch.setattr(grading_service, "_services", {})
+    grading_service.SERVICES.clear()  # each service is asked for /health afresh
     monkeypatch.setenv("GRPO_CODE_GRADER_URL", f"http://127.0.0.1:{server.port}")
     monkeypatch.setenv("GRPO_CODE_GRADER_TIMEOUT", "1")
     try:

@@ -10,15 +10,15 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "grpo"
 # lowest first; a module may import from its own rank or any lower one, and the low layers only from
 # what docs/architecture.md's table lets them
-LAYERS = [("errors",), ("core",), ("infra",), ("models", "data", "control"), ("rewards",), ("rollout",), ("agent",), ("config",),
+LAYERS = [("errors", "registry"), ("core",), ("infra",), ("models", "data", "control"), ("rewards",), ("rollout",), ("agent",), ("config",),
           ("eval",), ("train",), ("tools", "serve", "api"), ("cli", "__main__", "__init__", "docs")]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
-ALLOWED = {"errors": set(), "core": {"core"}, "infra": {"errors", "infra"},
-           "models": {"errors", "core", "infra", "models"}, "data": {"errors", "data"},
-           "control": {"errors", "core", "control"},
-           "rewards": {"errors", "core", "infra", "rewards"},
-           "rollout": {"errors", "core", "infra", "models", "rollout"},
-           "agent": {"errors", "core", "infra", "models", "data", "rewards", "rollout", "agent"}}
+ALLOWED = {"errors": set(), "registry": {"errors"}, "core": {"core", "registry"}, "infra": {"errors", "registry", "infra"},
+           "models": {"errors", "registry", "core", "infra", "models"}, "data": {"errors", "registry", "data"},
+           "control": {"errors", "registry", "core", "control"},
+           "rewards": {"errors", "registry", "core", "infra", "rewards"},
+           "rollout": {"errors", "registry", "core", "infra", "models", "rollout"},
+           "agent": {"errors", "registry", "core", "infra", "models", "data", "rewards", "rollout", "agent"}}
 
 
 def _modules():
@@ -54,7 +54,8 @@ def test_imports_point_down(path):
     for line, other in _imports(path):
         assert other in RANK, f"{path}:{line} imports grpo.{other}, which has no layer"
         if mine == "core":
-            assert other == "core", f"{path}:{line}: grpo.core imports grpo.{other}; the core imports nothing else"
+            assert other in ("core", "registry"), (f"{path}:{line}: grpo.core imports grpo.{other}; the core imports "
+                                                   f"nothing else but the registry helper")
         assert RANK[other] <= RANK[mine], (f"{path}:{line}: grpo.{mine} (layer {RANK[mine]}) imports grpo.{other} "
                                            f"(layer {RANK[other]}), a higher layer")
         if mine in ALLOWED:
@@ -150,3 +151,71 @@ def test_the_checks_see_a_violation(tmp_path):
     assert _constructor_reads_config(ast.parse(init.format("run", "self.cfg = run")).body[0].body[0])
     assert _constructor_reads_config(ast.parse(init.format("config", "self.n = config.seed")).body[0].body[0])
     assert not _constructor_reads_config(ast.parse(init.format("settings", "self.n = settings.seed")).body[0].body[0])
+
+
+def _module_name(path: Path, root: Path = PACKAGE) -> str:
+    parts = ("grpo",) + path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (function-level imports included): ``from a.b import
+    c`` points at the module a.b.c where c is one, else at a.b. A package's ``__init__`` is the module
+    named by the package."""
+    files = {_module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.startswith("grpo"):
+                for a in node.names:
+                    sub = f"{node.module}.{a.name}"
+                    out.add(sub if sub in files else node.module)
+            elif isinstance(node, ast.Import):
+                out |= {a.name for a in node.names if a.name.startswith("grpo")}
+        graph[name] = {m for m in out if m in files and m != name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle (its modules, the first repeated at the end), or None when the graph is acyclic."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        path.append(m)
+        for n in sorted(graph.get(m, ())):
+            if state.get(n) == 1:
+                return path[path.index(n):] + [n]
+            if n not in state and (found := visit(n)):
+                return found
+        path.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def test_no_import_cycle():
+    """No module of the package imports (even inside a function) a module that imports it back,
+    directly or through others: each role sits in its own module."""
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_sees_a_cycle(tmp_path):
+    """A function-level import that closes a loop is a cycle; a chain is not."""
+    pkg = tmp_path / "grpo"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "a.py").write_text("from grpo.sub.b import f\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from grpo.sub import c\n")
+    (pkg / "sub" / "c.py").write_text("import grpo.errors\n")
+    assert find_cycle(import_graph(pkg)) is None
+    (pkg / "sub" / "c.py").write_text("def g():\n    from grpo.sub.a import x\n")
+    assert find_cycle(import_graph(pkg)) == ["grpo.sub.a", "grpo.sub.b", "grpo.sub.c", "grpo.sub.a"]

@@ -25,7 +25,7 @@ def _samples(n):
 def test_async_reward_calls_overlap_up_to_the_limit_and_fail_alone():
     # with a deadline, an async reward stays in the trainer's process; the plain one goes to the workers
     workers = RewardRunner([ASYNC, "tests.rewards_for_tests:digit_share"], None, timeout=5.0)
-    assert isinstance(workers.fns[ASYNC], AsyncReward)
+    assert isinstance(workers.fns[ASYNC].fn, AsyncReward) and workers.fns[ASYNC].own_deadline
     assert workers._worker_names == ["tests.rewards_for_tests:digit_share"]
     runner = RewardRunner([ASYNC, "tests.rewards_for_tests:digit_share"], None, timeout=0.0, concurrency=3)
     try:

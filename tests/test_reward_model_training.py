@@ -10,7 +10,6 @@ import torch
 
 from grpo.config import Config
 from grpo.core import distillation_loss
-from grpo.rewards import reward_model as rm
 from grpo.rewards.reward_model import RewardModelScorer
 from grpo.train.reward_model import RewardModelTrainer, RewardModelTrainSettings, replay_count
 from grpo.train.settings import reward_model_settings
@@ -152,12 +151,10 @@ def _hash(state: dict) -> str:
     return h.hexdigest()
 
 
-def test_resume_continues_the_reward_model_bit_exactly(tmp_path, tiny_model_dir, tiny_dataset, tiny_rm_dir, monkeypatch):
+def test_resume_continues_the_reward_model_bit_exactly(tmp_path, tiny_model_dir, tiny_dataset, tiny_rm_dir):
     from grpo.train.trainer import Trainer
     from tests.test_checkpoint import metric_lines
 
-    monkeypatch.setattr(rm, "_path", "")
-    monkeypatch.setattr(rm, "_scorer", None)
     kw = dict(rewards="reward_model", reward_model=str(tiny_rm_dir), reward_model_train_steps=2, ref_reset_steps=1,
               reward_model_verifier=VERIFIER, reward_model_heldout=1, reward_model_batch_size=4,
               reward_model_lr=1e-3, reward_model_objective="pairwise", max_steps=3, eval_prompts=0, beta=0.05)
@@ -177,11 +174,11 @@ def test_resume_continues_the_reward_model_bit_exactly(tmp_path, tiny_model_dir,
     lines = metric_lines(full.run_dir)
     assert metric_lines(resumed.run_dir) == lines
     assert all("rm_heldout_accuracy_after" in l and "rm_buffer_size" in l for l in lines[1:])  # steps 2-3
-    assert rm._scorer is resumed.rm_trainer.scorer  # the reward the policy trains on is the model being trained
+    # the reward the policy trains on is the model being trained
+    assert resumed.rewards.reward_model().scorer is resumed.rm_trainer.scorer
 
 
-def test_warm_up_trains_the_reward_model_before_its_first_use(tmp_path, tiny_model_dir, tiny_dataset, tiny_rm_dir,
-                                                              monkeypatch):
+def test_warm_up_trains_the_reward_model_before_its_first_use(tmp_path, tiny_model_dir, tiny_dataset, tiny_rm_dir):
     """reward_model_warmup_draws: the reward model that scores step 1 has already trained on labelled
     samples of the initial policy (held-out set from them), drawn from their own prompt stream and
     keys, so the policy's prompts and first samples are those of the run without the warm-up."""
@@ -193,8 +190,6 @@ def test_warm_up_trains_the_reward_model_before_its_first_use(tmp_path, tiny_mod
               reward_model_lr=1e-3, reward_model_objective="pairwise", max_steps=2, eval_prompts=0, beta=0.05)
     seen = {}
     for name, draws in (("plain", 0), ("warm", 3)):
-        monkeypatch.setattr(rm, "_path", "")
-        monkeypatch.setattr(rm, "_scorer", None)
         t = Trainer(make_cfg(tmp_path / name, tiny_model_dir, tiny_dataset, reward_model_warmup_draws=draws, **kw))
         initial = _hash(t.rm_trainer.scorer.model.state_dict())
         got, collect, scored = [], t.collector.collect, []

@@ -44,7 +44,7 @@ def test_math_reward_equivalence():
 def test_resolve_reward_errors_list_builtins():
     with pytest.raises(ConfigError) as err:  # an unknown name lists every built-in
         resolve_reward("nope")
-    assert str(err.value) == f"rewards: unknown name 'nope'; built-ins: {sorted(REWARDS)}, or give a module:function path"
+    assert str(err.value) == f"rewards: unknown reward 'nope'; valid: {', '.join(REWARDS)}, or a module:function path"
     assert {"numeric", "math", "format", "code"} <= set(REWARDS)
     with pytest.raises(ConfigError, match=r"^rewards: cannot load 'no.such.module:fn': No module named 'no'$"):
         resolve_reward("no.such.module:fn")

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from grpo.rewards import resolve_reward
-from grpo.rewards.code import CodeGrader, code_reward, extract_code, plan_assert
+from grpo.rewards.code import CodeGrader, extract_code, plan_assert, program_parses
+from grpo.rewards.code_rewards import check_code_sandbox, code_reward
 from grpo.rewards.forms import is_batch_reward
 from grpo.errors import SandboxError
 from grpo.rewards.sandbox import UID_BASE, UID_COUNT
@@ -336,10 +337,11 @@ def test_many_programs_in_parallel_stay_bounded(grader):
 
 @needs_bwrap
 def test_code_reward_is_a_registered_reward_checked_at_resolve():
-    from grpo.rewards.code import code_batch_reward, code_strict_batch_reward
+    from grpo.rewards.code_rewards import code_batch_reward, code_strict_batch_reward
 
     fn = resolve_reward("code")
-    assert fn is code_batch_reward and is_batch_reward(fn)
+    assert fn.fn is code_batch_reward and fn.batch and is_batch_reward(fn.fn)
+    assert fn.valid is program_parses and fn.startup_check is check_code_sandbox  # declared, not attributes
     assert code_reward(GOOD_IO, IO) == 1.0  # the per-sample protocol, as grpo.rewards.code_reward
     half = "def f(x):\n    return 4 if x == 2 else 9\n"
     out = fn([GOOD_IO, half, GOOD_ASSERT], [IO, ASSERTS, {"tests": ["f(2) == 4"]}])
@@ -463,7 +465,7 @@ def test_without_libseccomp_bindings_the_sandbox_refuses_to_run(monkeypatch):
     from grpo.rewards import seccomp_filter
     from grpo.rewards.sandbox import Sandbox
 
-    monkeypatch.setattr(seccomp_filter, "_bpf", None)
+    seccomp_filter.filter_bpf.cache_clear()
     monkeypatch.setitem(sys.modules, "pyseccomp", None)  # as if not installed
     with pytest.raises(SandboxError, match=r"seccomp filter needs libseccomp.*pip install 'pyseccomp"):
         Sandbox(slots=1).check()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from grpo.data.tasks import code_task
-from grpo.rewards import code as code_rewards
+from grpo.rewards import code, code_rewards
 from grpo.rewards.code import CodeGrader
 from grpo.rewards.generated_tests import SPECIAL, CaseGenerator, draw_cases, signature, with_generated_tests
 
@@ -51,7 +51,7 @@ def test_generated_tests_are_the_references_values_and_catch_a_lookup_table(grad
     # a program that memorised the given tests passes them all and few generated ones
     given = {int(t.split("(")[1].split(")")[0]): t.split(" == ")[1] for t in sample["tests"]}
     table = "def f(x):\n    return {" + ", ".join(f"{k}: {v}" for k, v in given.items()) + "}.get(x, 0)\n"
-    monkeypatch.setattr(code_rewards, "_default", grader)
+    monkeypatch.setitem(code.GRADERS, "default", grader)
     plain = code_rewards.code_batch_reward([table], [sample])
     extended = with_generated_tests([sample, sample], gen)
     assert len(extended[0]["tests"]) == 14
@@ -69,7 +69,7 @@ def test_hostile_programs_and_references(grader, monkeypatch):
     hostile_ref = {"answer": "def f(x):\n    while True:\n        pass\n", "tests": ["assert f(1) == 1"]}
     hangs = CaseGenerator(grader, n=2, timeout=0.5)
     assert hangs.tests_for(hostile_ref) == []  # a reference that hangs yields no test, and the run goes on
-    monkeypatch.setattr(code_rewards, "_default", grader)
+    monkeypatch.setitem(code.GRADERS, "default", grader)
     extended = with_generated_tests([sample], gen)
     hostile = [  # programs written without the reference, against the generated tests
         "class A(str):\n    def __eq__(self, o):\n        return True\ndef f(s):\n    return A()\n",
@@ -95,7 +95,7 @@ def test_the_remote_grading_service_grades_as_the_local_grader(grader, monkeypat
         bad_test = {"tests": ["f(2) == 4"]}  # not an assert: that sample's grading raises
         completions = ["def f(x):\n    return 2 * x\n", "def f(x):\n    return 4\n", "def f(x):\n    return x\n"]
         samples = [good, good, bad_test]
-        monkeypatch.setattr(code_rewards, "_default", grader)
+        monkeypatch.setitem(code.GRADERS, "default", grader)
         local = code_rewards.code_batch_reward(completions, samples)
         monkeypatch.setenv("GRPO_CODE_GRADER_URL", f"{url},{url}")  # two services: two shares
         code_rewards.check_code_sandbox()

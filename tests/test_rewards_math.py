@@ -136,7 +136,7 @@ def test_math_reward_fails_the_sample_on_a_hang(monkeypatch):
     """A verdict past the deadline is a failure of that sample (TimeoutError), not None, which would
     mean 'not applicable to this row' and leave the row to the other rewards."""
     v = MathVerifier(timeout=2.0, workers=1)
-    monkeypatch.setattr(mathverify, "_default", v)
+    monkeypatch.setitem(mathverify.VERIFIERS, "default", v)
     try:
         with pytest.raises(TimeoutError, match="no verdict within its 2 s deadline"):
             math_reward("\\boxed{9^{9^{9^{9}}}}", {"answer": "5"})

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
+from grpo.rewards import REWARDS, RewardOptions, resolve_reward
 from grpo.rewards import reward_model as rm
 from grpo.rewards.runner import RewardRunner
 from grpo.rewards.scoring import score_completions
@@ -36,9 +39,7 @@ def test_batched_scores_equal_one_at_a_time_and_a_plain_forward(tiny_rm_dir):
     assert batched[0] != pytest.approx(batched[2], abs=1e-6)  # different completions, different scores
 
 
-def test_reward_model_reward_through_the_runner(tiny_rm_dir, monkeypatch):
-    monkeypatch.setattr(rm, "_path", "")
-    monkeypatch.setattr(rm, "_scorer", None)
+def test_reward_model_reward_through_the_runner(tiny_rm_dir):
     samples = [{"prompt": p, "answer": ""} for p in PROMPTS]
     # in worker mode too: the batched reward runs in the trainer's process, once for the whole batch
     runner = RewardRunner(["reward_model"], None, timeout=5.0, reward_model=str(tiny_rm_dir))
@@ -51,11 +52,33 @@ def test_reward_model_reward_through_the_runner(tiny_rm_dir, monkeypatch):
     assert res.failures["reward_model"] == 0
 
 
-def test_unconfigured_reward_model_is_a_counted_failure(monkeypatch):
-    monkeypatch.setattr(rm, "_path", "")
-    res = score_completions(["a", "b"], [{"prompt": "x"}, {"prompt": "y"}], {"reward_model": rm.reward_model_reward})
-    assert res.failures["reward_model"] == 2 and torch.isnan(res.total).all()
-    assert "reward_model" in res.messages[0]
+def test_unconfigured_reward_model_is_a_counted_failure():
+    for reward in (REWARDS["reward_model"], resolve_reward("reward_model")):  # the entry, and built without a model
+        res = score_completions(["a", "b"], [{"prompt": "x"}, {"prompt": "y"}], {"reward_model": reward})
+        assert res.failures["reward_model"] == 2 and torch.isnan(res.total).all()
+        assert "reward_model" in res.messages[0]
+
+
+def test_each_reward_holds_its_own_settings_and_warns_on_its_first_wide_batch(tiny_rm_dir):
+    """Two reward-model rewards of different transforms side by side (no setting shared through the
+    module); each warns about a wide raw spread on its own first batch only (seed 003 section 4.1)."""
+    plain = resolve_reward("reward_model", RewardOptions(reward_model=str(tiny_rm_dir)))
+    with torch.no_grad():
+        plain.fn.scorer.model.score.weight.mul_(1e5)  # the real model, its head scaled: raw scores far apart
+    minmax = resolve_reward("reward_model", RewardOptions(reward_model=str(tiny_rm_dir),
+                                                          reward_model_transform="group_minmax"))
+    minmax.fn.use(plain.fn.scorer)
+    samples = [{"prompt": p} for p in PROMPTS]
+    with pytest.warns(UserWarning, match="first batch's raw scores span .*reward_model_transform=none"):
+        raw = plain(COMPLETIONS, samples)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # its second batch is not checked
+        assert plain(COMPLETIONS, samples) == pytest.approx(raw)
+    with pytest.warns(UserWarning, match="reward_model_transform=group_minmax"):
+        mapped = minmax(COMPLETIONS + COMPLETIONS[:1], samples + samples[:1])
+    assert max(raw) - min(raw) > 20 and mapped[:2] == [0.0, 0.0]  # one-completion groups: 0 after min-max
+    assert sorted(mapped[2:]) == pytest.approx([0.0, 1.0])  # the last group: two different completions
+    assert plain.fn.transform == "none" and minmax.fn.transform == "group_minmax"
 
 
 def test_config_needs_a_model_for_the_reward_model_reward():
@@ -71,8 +94,6 @@ def test_two_training_steps_with_the_reward_model(tmp_path, tiny_model_dir, tiny
     from grpo.train.trainer import Trainer
     from tests.test_trainer import make_cfg
 
-    monkeypatch.setattr(rm, "_path", "")
-    monkeypatch.setattr(rm, "_scorer", None)
     cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, rewards="reward_model", reward_model=str(tiny_rm_dir),
                    max_steps=2, eval_prompts=0)
     t = Trainer(cfg)

@@ -81,17 +81,17 @@ def test_native_library_is_rebuilt_into_a_fresh_cache(tmp_path, monkeypatch):
     """With an empty cache folder the C file is compiled there (and loads); GRPO_NATIVE=0 turns it off."""
     need_native()
     monkeypatch.setenv("GRPO_CACHE", str(tmp_path))
-    native.library.cache_clear()
+    native.load_library.cache_clear()
     try:
         assert native.library() is not None, native.unavailable_reason()
         assert len(list(tmp_path.glob("decode_ops-*.so"))) == 1
         # built with OpenMP, on PyTorch's runtime: its threads
         assert native.library().attention_threads() == torch.get_num_threads()
-        native.library.cache_clear()
+        native.load_library.cache_clear()
         monkeypatch.setenv("GRPO_NATIVE", "0")
         assert native.library() is None and native.unavailable_reason() == "GRPO_NATIVE=0"
     finally:
-        native.library.cache_clear()
+        native.load_library.cache_clear()
 
 
 def test_fused_declines_what_it_does_not_cover():

@@ -10,8 +10,9 @@ import torch
 
 from grpo.config import Config
 from grpo.errors import ConfigError
+from grpo.infra.process_cache import ProcessCache
 from grpo.models import load_models
-from grpo.rollout import ROLLOUT_ENGINES, AutoEngine, RolloutEngine, SamplingSettings, choice, make_engine, tuning
+from grpo.rollout import ROLLOUT_ENGINES, AutoEngine, RolloutEngine, SamplingSettings, make_engine, tuning
 from grpo.rollout.keys import row_keys
 
 PROMPTS = ["What is 1 + 1?", "Hi", "What is 12 + 30? Answer with a number."]
@@ -27,8 +28,7 @@ KERNELS = "mkl"
 def fresh_cache(tmp_path, monkeypatch):
     """auto's speed probe measures into a cache folder of this test's own."""
     monkeypatch.setenv("GRPO_CACHE", str(tmp_path))
-    monkeypatch.setattr(tuning, "_plans", {})
-    monkeypatch.setattr(choice, "_decisions", {})
+    monkeypatch.setattr(tuning, "MEASURED", ProcessCache("this test's", stale_when="the test ends"))
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def test_each_engine_samples_greedy_and_unkeyed(tiny, name):
 
 def test_an_unknown_engine_lists_the_valid_ones(tiny):
     model, tok = tiny
-    with pytest.raises(ValueError, match="unknown 'sglang'; valid: hf, fast, auto, vllm, vllm_server"):
+    with pytest.raises(ValueError, match="unknown rollout engine 'sglang'; valid: hf, fast, auto, vllm, vllm_server"):
         make_engine("sglang", model, tok)
     with pytest.raises(ConfigError, match="rollout_backend: 'sglang' is not valid; choose one of"):
         Config(rollout_backend="sglang")

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from grpo.config import Config, ConfigError
+from grpo.infra.process_cache import ProcessCache
 from grpo.models import load_models
-from grpo.rollout import SamplingSettings, choice, make_engine, native, resolve_backend, tuning
+from grpo.rollout import SamplingSettings, make_engine, native, resolve_backend, tuning
 from grpo.rollout.keys import row_keys
 from tests.conftest import need_native
 
@@ -17,9 +18,7 @@ from tests.conftest import need_native
 def fresh_cache(tmp_path, monkeypatch):
     """Each test measures into a cache folder of its own, with this process's memory of plans empty."""
     monkeypatch.setenv("GRPO_CACHE", str(tmp_path))
-    monkeypatch.setattr(tuning, "_plans", {})
-    monkeypatch.setattr(choice, "_decisions", {})
-    tuning.take_messages()
+    monkeypatch.setattr(tuning, "MEASURED", ProcessCache("this test's", stale_when="the test ends"))
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +70,7 @@ def test_the_plan_keeps_the_fastest_measured_kernel_and_reads_it_back(tiny):
     messages = tuning.take_messages()
     assert len(messages) == 1 and messages[0].startswith("decode kernels (measured, 8 rows")
     assert tuning.kernel_plan(model, 8) is plan and tuning.take_messages() == []  # once per process
-    tuning._plans.clear()
+    tuning.MEASURED.clear()
     again = tuning.kernel_plan(model, 8)  # a new process: from the cache folder, not measured again
     assert again.source == "cache" and again.products == plan.products
     assert tuning.kernel_plan(model, 16).source == "measured"  # another row count is another shape
@@ -135,7 +134,7 @@ def test_a_corrupt_or_unwritable_cache_is_measured_again(tiny, tmp_path, monkeyp
     path.write_text('{"products": {"qkv": "panel"')  # cut short, as by a crash mid-write elsewhere
     assert tuning.kernel_plan(model, 8).source == "measured"
     assert set(tuning.read_cached(key)["products"]) == set(tuning.ROLES)  # rewritten whole
-    tuning._plans.clear()
+    tuning.MEASURED.clear()
     monkeypatch.setenv("GRPO_CACHE", str(tmp_path / "file"))
     (tmp_path / "file").write_text("")  # the cache folder's name is taken by a file: nothing can be written
     assert tuning.kernel_plan(model, 8).source == "measured"

@@ -138,20 +138,17 @@ def test_reward_transforms_by_hand():
 
 def test_reward_model_warns_on_a_wide_first_batch():
     samples = [{"prompt": "a"}] * 2 + [{"prompt": "b"}] * 2
-    rm.set_reward_transform("none")
     with pytest.warns(UserWarning, match="span 60.0"):
-        assert rm.apply_transform([-30.0, 30.0, 1.0, 2.0], samples, "none") == [-30.0, 30.0, 1.0, 2.0]
+        assert rm.apply_transform([-30.0, 30.0, 1.0, 2.0], samples, "none", warn=True) == [-30.0, 30.0, 1.0, 2.0]
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the second batch is not checked
-        rm.apply_transform([-30.0, 30.0, 1.0, 2.0], samples, "none")
-    rm.set_reward_transform("group_minmax")
+        warnings.simplefilter("error")  # a later batch is not checked
+        rm.apply_transform([-30.0, 30.0, 1.0, 2.0], samples, "none", warn=False)
     with pytest.warns(UserWarning, match="reward_model_transform=group_minmax"):
-        out = rm.apply_transform([-30.0, 30.0, 1.0, 2.0], samples, "group_minmax")
+        out = rm.apply_transform([-30.0, 30.0, 1.0, 2.0], samples, "group_minmax", warn=True)
     assert out == pytest.approx([0, 1, 0, 1], abs=1e-6)
-    rm.set_reward_transform("none")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a spread of 20 or less is no warning
-        rm.apply_transform([0.0, 20.0], samples[:2], "none")
+        rm.apply_transform([0.0, 20.0], samples[:2], "none", warn=True)
 
 
 def test_tiny_run_logs_the_preset_state(tmp_path, tiny_model_dir, tiny_dataset):

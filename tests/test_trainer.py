@@ -168,10 +168,11 @@ def test_fast_rollout_backend_trains_the_same_trajectory(tmp_path, tiny_model_di
     (auto resolves to fast for a Llama where fast's step measured faster, also under LoRA). Nothing
     here is timed: the speed probe's two measurements are given (fast the faster) and the kernels
     pinned, so the result does not depend on the machine's load (test_rollout_tuning times them)."""
-    from grpo.rollout import choice
+    from grpo.infra.process_cache import ProcessCache
+    from grpo.rollout import choice, tuning
 
     monkeypatch.setenv("GRPO_CACHE", str(tmp_path / "cache"))  # no decision cached by an earlier test
-    monkeypatch.setattr(choice, "_decisions", {})
+    monkeypatch.setattr(tuning, "MEASURED", ProcessCache("this test's choices", stale_when="the test ends"))
     monkeypatch.setattr(choice, "fast_step_seconds", lambda *a, **k: 0.001)
     monkeypatch.setattr(choice, "hf_step_seconds", lambda *a, **k: 0.002)
     kw = dict(eval_prompts=0, use_peft=use_peft, lora_r=4, decode_kernels="mkl")

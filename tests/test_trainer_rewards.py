@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from grpo.rewards import code as code_rewards
+from grpo.rewards import code, code_rewards
 from grpo.rewards.code import CodeGrader
 from grpo.rewards.sandbox import UID_BASE, UID_COUNT
 from grpo.train.trainer import Trainer
@@ -81,7 +81,7 @@ def _descendants_and_sandbox_processes() -> set[int]:
 def test_thirty_steps_on_the_code_task_with_hostile_completions(tmp_path, tiny_model_dir, monkeypatch):
     grader = CodeGrader(test_timeout=1.0, program_timeout=5.0, slots=4)
     grader.check()
-    monkeypatch.setattr(code_rewards, "_default", grader)  # short deadlines for the test; still bwrap
+    monkeypatch.setitem(code.GRADERS, "default", grader)  # short deadlines for the test; still bwrap
     before = _descendants_and_sandbox_processes()
     cfg = make_cfg(tmp_path, tiny_model_dir, "code", task="code", rewards="code", max_steps=30,
                    eval_prompts=0, max_completion_length=8)

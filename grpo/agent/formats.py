@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from grpo.agent.tools import Tool
+from grpo.registry import Registry
 
 
 @dataclass
@@ -219,7 +220,9 @@ class PythonCallFormat(CallFormat):
         return [{"role": self.RESULT_ROLE, "content": self.RESULT_TEXT.format(result=result, name=call.name)}]
 
 
-CALL_FORMATS: dict[str, CallFormat] = {f.name: f for f in (HermesFormat(), PythonCallFormat())}
+CALL_FORMATS: Registry[CallFormat] = Registry("call format", field="tool_format")
+CALL_FORMATS.register(HermesFormat(), doc=HermesFormat.__doc__)
+CALL_FORMATS.register(PythonCallFormat(), doc=PythonCallFormat.__doc__)
 DEFAULT_FORMAT = "python"  # for chat templates without tool support
 
 
@@ -228,6 +231,4 @@ def call_format(name: str, tokenizer=None) -> CallFormat:
     DEFAULT_FORMAT. An unknown name lists the valid ones."""
     if name == "auto":
         return CALL_FORMATS["hermes" if tokenizer is not None and supports_tools(tokenizer) else DEFAULT_FORMAT]
-    if name not in CALL_FORMATS:
-        raise ValueError(f"tool_format: unknown {name!r}; valid: auto, {', '.join(CALL_FORMATS)}")
-    return CALL_FORMATS[name]
+    return CALL_FORMATS.lookup(name, also=("auto",))

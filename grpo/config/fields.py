@@ -13,6 +13,7 @@ field's section (the part of grpo that reads it): ``grpo train --help SECTION`` 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -37,7 +38,7 @@ class Config:
     model: str = DEFAULT_MODEL
     """Policy to train: a hub id, a local folder, a run folder (its newest checkpoint), or the embedded default."""
     task: str = "arithmetic"
-    """Prompts and answers: a built-in task (arithmetic, gsm8k, code, code_hard, calculator: sets tools=builtin:calculator, 64-token episodes, 10 steps, 100 held-out problems and pass@k on 20 unless given), a local .jsonl/.json/.parquet file, a hub dataset id, or a local copy of a hub dataset repository (a folder)."""
+    """Prompts and answers: a built-in task (arithmetic, gsm8k, code, code_hard, calculator: sets tools=builtin:calculator, 64-token episodes, 10 steps, 100 held-out problems and pass@k on 20 unless given; each brings its rewards, used unless `rewards` is set), a local .jsonl/.json/.parquet file, a hub dataset id, or a local copy of a hub dataset repository (a folder)."""
     task_split: str = "train"
     """Split to load when `task` is a hub dataset id or a dataset repository folder."""
     prompt_field: str = "prompt"
@@ -110,8 +111,8 @@ class Config:
     """Most extra sampling rounds per draw for completions a reward declares it cannot grade (the code rewards: programs that fail ast.parse), so a group compares programs that can be compared; counted in metrics as resampled_completions / invalid_after_resampling (0 = off)."""
 
     # ---- Rewards ----
-    rewards: str = "numeric"
-    """Comma-separated reward functions: built-ins (numeric, math, code, code_strict, code_generated, code_style, reward_model, format, length, incompleteness, incompleteness_zh, environment: an environment_factory's get_reward()), module:function paths (an `async def` one runs its batch's calls concurrently), or http(s):// URLs that score a JSON batch (docs: guides/rewards, "Remote rewards")."""
+    rewards: str = ""
+    """Comma-separated reward functions ('': the task's own, recorded in the run's config.yaml: numeric for arithmetic, gsm8k, calculator and datasets, code for code and code_hard): built-ins (numeric, math, code, code_strict, code_generated, code_style, reward_model, format, length, incompleteness, incompleteness_zh, environment: an environment_factory's get_reward()), module:function paths (an `async def` one runs its batch's calls concurrently), or http(s):// URLs that score a JSON batch (README, Remote rewards)."""
     reward_weights: list[float] | None = None
     """Weight of each reward in `rewards` (default: all 1.0)."""
     reward_timeout: float = 10.0
@@ -422,13 +423,9 @@ class Config:
 
 # ---- field types (parsing: grpo/config/parse.py) ----------------------------------------------------------------------
 
-_HINTS: dict[str, Any] = {}
-
-
+@functools.cache  # a per-process cache: the type hints of Config's fields, fixed when the module loads
 def _hints() -> dict[str, Any]:
-    if not _HINTS:
-        _HINTS.update(typing.get_type_hints(Config))
-    return _HINTS
+    return typing.get_type_hints(Config)
 
 
 def _coerce_types(c: Config) -> None:

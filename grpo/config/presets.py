@@ -1,32 +1,28 @@
-"""Presets: one key sets a group of fields (a seed's published monitor settings, a built-in task's needs)."""
+"""Presets: one key sets a group of fields (a seed's published monitor settings, a built-in task's
+needs and rewards)."""
 
 from __future__ import annotations
 
 from dataclasses import fields
 
-from grpo.errors import ConfigError
+from grpo.data.tasks import TASKS, task_rewards
+from grpo.registry import Registry
 
-# seed 003 section 3.4: TLCR held in 35-45% by +-0.02 on epsilon after 10 steps below 30% / above 50%;
-# a fuse when GAV stays above 0.45 for 5 steps; CGC every 100 steps on 10 random prompts x 4 samples.
+MONITOR_PRESETS: Registry[dict] = Registry("monitor preset", field="monitor_preset")
+MONITOR_PRESETS.register("none", {}, doc="No monitor settings.")
+# A published monitoring recipe for GRPO runs: the clip rate held in a band by
+# small steps on epsilon, a fuse on the gradient-alignment variance, the consistency probe
 _CLIP_GAV_PROBE = {
     "clip_step_band": [0.30, 0.50], "clip_step_size": 0.02, "clip_step_patience": 10,
     "fuse_metric": "gav", "fuse_max": 0.45, "fuse_patience": 5,
     "consistency_steps": 100, "consistency_prompts": 10, "consistency_group_size": 4,
     "consistency_random": True,
 }
-# seed003: the same preset under the name configs written before clip_gav_probe use
-MONITOR_PRESETS: dict[str, dict] = {"none": {}, "clip_gav_probe": _CLIP_GAV_PROBE, "seed003": _CLIP_GAV_PROBE}
-
-
-# settings a built-in task needs, filled where still at their defaults (an explicit setting wins).
-# calculator: an episode (the call, the tool's result turn, the answer) needs ~45 tokens, more than 32;
-# a step of 32 two-turn episodes takes ~3x a default arithmetic step, and the training accuracy
-# passes 90% by step 3 on the 2-core AVX2 CPU, so 10 steps and 100 held-out problems keep the whole
-# default run within 15 minutes there
-TASK_PRESETS: dict[str, dict] = {
-    "calculator": {"tools": "builtin:calculator", "max_completion_length": 64, "eval_max_new_tokens": 64,
-                   "eval_prompts": 100, "eval_pass_prompts": 20, "max_steps": 10},
-}
+_CLIP_GAV_PROBE_DOC = ("The clip rate held in 35-45% by +-0.02 on epsilon after 10 steps below 30% or above "
+                       "50%; a fuse when GAV stays above 0.45 for 5 steps; the consistency probe every 100 "
+                       "steps on 10 random prompts x 4 samples.")
+MONITOR_PRESETS.register("clip_gav_probe", _CLIP_GAV_PROBE, doc=_CLIP_GAV_PROBE_DOC)
+MONITOR_PRESETS.register("seed003", _CLIP_GAV_PROBE, doc="clip_gav_probe under the name configs written before it use.")
 
 
 def _fill_defaults(c, values: dict) -> None:
@@ -37,13 +33,16 @@ def _fill_defaults(c, values: dict) -> None:
 
 
 def apply_task_preset(c) -> None:
-    """Fill the fields a built-in task needs (``TASK_PRESETS``) that are still at their defaults."""
-    _fill_defaults(c, TASK_PRESETS.get(c.task, {}))
+    """Fill what the task needs where the config leaves it: a built-in task's presets (fields still at
+    their defaults; an explicit setting wins) and, when ``rewards`` is not set, the task's rewards, so
+    the saved config records the rewards the run is scored with."""
+    if c.task in TASKS:
+        _fill_defaults(c, dict(TASKS[c.task].presets))
+    if not c.rewards.strip():
+        c.rewards = task_rewards(c.task)
 
 
 def apply_monitor_preset(c) -> None:
     """Fill the fields of ``c.monitor_preset`` that are still at their defaults (an explicit setting
     wins); an unknown preset lists the valid ones."""
-    if c.monitor_preset not in MONITOR_PRESETS:
-        raise ConfigError(f"monitor_preset: {c.monitor_preset!r} is not valid; choose one of {sorted(MONITOR_PRESETS)}")
     _fill_defaults(c, MONITOR_PRESETS[c.monitor_preset])

@@ -9,25 +9,26 @@ import time
 from pathlib import Path
 
 from grpo.errors import ConfigError
+from grpo.registry import Registry
 
-USAGE = """usage: grpo control {train,compare} [options]
-
-  train    train one controller on grpo/PathTracking-v0 (--algo grpo|grpo_step|ppo|trpo), save its policy
-  compare  every algorithm and SB3 PPO / sb3-contrib TRPO on one env-step budget, several seeds"""
+# name -> (argv after it) -> exit code, each registered with its line of the usage
+SUBCOMMANDS: Registry = Registry("control command")  # the CLI prefixes "grpo control: "
 
 DEFAULT_STEPS = 20_000  # env steps per run of `compare`: its 30 runs fit 20 minutes on 2 contended cores
 DEFAULT_THRESHOLD = 60.0  # a training return of 60 of the about 100 a perfect 100-step episode earns
 
 
+def usage() -> str:
+    """The help of ``grpo control``: every subcommand with its line."""
+    return (f"usage: grpo control {{{','.join(SUBCOMMANDS)}}} [options]\n\n"
+            + "\n".join(f"  {e.name:<8} {e.doc}" for e in SUBCOMMANDS.entries()))
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
+        print(usage())
         return 0
-    if argv[0] == "train":
-        return train(argv[1:])
-    if argv[0] == "compare":
-        return compare(argv[1:])
-    raise ConfigError(f"unknown control command {argv[0]!r}; valid: ['compare', 'train']")
+    return SUBCOMMANDS[argv[0]](argv[1:])
 
 
 def _overrides(pairs: list[str]) -> dict[str, str]:
@@ -40,14 +41,15 @@ def _overrides(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+@SUBCOMMANDS.register("train", doc="train one controller on grpo/PathTracking-v0 (--algo grpo|grpo_step|ppo|trpo), save its policy")
 def train(argv: list[str]) -> int:
-    from grpo.control.agents import ALGOS, make_agent, settings_from
+    from grpo.control.agents import AGENTS, make_agent, settings_from
     from grpo.control.evaluate import evaluate
     from grpo.control.nets import save_policy
     from grpo.control.rollout import policy_controller
 
     ap = argparse.ArgumentParser(prog="grpo control train", description="Train a path-tracking controller.")
-    ap.add_argument("--algo", default="grpo", choices=ALGOS)
+    ap.add_argument("--algo", default="grpo", choices=list(AGENTS))
     ap.add_argument("--episodes", type=int, help="training episodes (default: the setting episodes=3000)")
     ap.add_argument("--env-steps", type=int, help="stop after this many environment steps instead")
     ap.add_argument("--out", default=None, help="policy file (default: runs/control/ALGO.pt)")
@@ -65,8 +67,9 @@ def train(argv: list[str]) -> int:
     return 0
 
 
+@SUBCOMMANDS.register("compare", doc="every algorithm and SB3 PPO / sb3-contrib TRPO on one env-step budget, several seeds")
 def compare(argv: list[str]) -> int:
-    from grpo.control.agents import ALGOS
+    from grpo.control.agents import AGENTS
     from grpo.control.compare import baseline, run_all, write
     from grpo.control.references import REFERENCES
 
@@ -75,14 +78,14 @@ def compare(argv: list[str]) -> int:
     ap.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="env steps per run")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--workers", type=int, default=2, help="runs in parallel, one process each")
-    ap.add_argument("--algos", default=",".join(ALGOS + REFERENCES))
+    ap.add_argument("--algos", default=",".join([*AGENTS, *REFERENCES]))
     ap.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD)
     ap.add_argument("--out", default="runs/control-compare")
     args = ap.parse_args(argv)
     algos = [a for a in args.algos.split(",") if a]
-    bad = [a for a in algos if a not in ALGOS + REFERENCES]
+    bad = [a for a in algos if a not in AGENTS and a not in REFERENCES]
     if bad:
-        raise ConfigError(f"--algos: unknown {bad}; valid: {list(ALGOS + REFERENCES)}")
+        raise ConfigError(f"--algos: unknown {bad}; valid: {[*AGENTS, *REFERENCES]}")
     t0 = time.perf_counter()
     print(f"{len(algos)} algorithms x {args.seeds} seeds x {args.steps} env steps, {args.workers} workers", flush=True)
     results = run_all(algos, args.seeds, args.steps, args.threshold, workers=args.workers, out=args.out,

@@ -9,15 +9,37 @@ agents use, so the learning curves and step counts are measured identically.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import gymnasium as gym
 import numpy as np
 import torch
 
 from grpo.control.env import PathTrackingEnv
 from grpo.control.rollout import StepCounter
+from grpo.registry import Registry
 
-REFERENCES = ("sb3_ppo", "sb3_trpo")
 N_ENVS = 8
+
+
+def _sb3_ppo():
+    """Stable-Baselines3 PPO (Raffin et al. 2021) with its default MlpPolicy."""
+    from stable_baselines3 import PPO
+
+    return PPO
+
+
+def _sb3_trpo():
+    """sb3-contrib TRPO with its default MlpPolicy."""
+    from sb3_contrib import TRPO
+
+    return TRPO
+
+
+# name -> the SB3 algorithm class (imported when used: SB3 comes with the optional extra)
+REFERENCES: Registry[Callable[[], type]] = Registry("reference algorithm", field="--algos")
+REFERENCES.register("sb3_ppo", _sb3_ppo)
+REFERENCES.register("sb3_trpo", _sb3_trpo)
 
 
 class _Counting(gym.Wrapper):
@@ -53,12 +75,7 @@ def train_reference(name: str, *, seed: int, env_steps: int, counter: StepCounte
 
     venv = DummyVecEnv([make(i) for i in range(N_ENVS)])
     venv.seed(seed)
-    if name == "sb3_ppo":
-        from stable_baselines3 import PPO as cls
-    elif name == "sb3_trpo":
-        from sb3_contrib import TRPO as cls
-    else:
-        raise ValueError(f"unknown reference {name!r}; valid: {list(REFERENCES)}")
+    cls = REFERENCES[name]()
     model = cls("MlpPolicy", venv, n_steps=2048 // N_ENVS, seed=seed, device="cpu", verbose=0)
     model.learn(total_timesteps=env_steps)
     return model

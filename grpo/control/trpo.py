@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from grpo.control.agents import Agent, AgentSettings, StepBatch
+from grpo.control.base import Agent, AgentSettings, StepBatch
 from grpo.control.nets import PolicyNet, ValueNet
 from grpo.control.paths import random_scenario
 from grpo.core import aggregate, clipped_value_loss

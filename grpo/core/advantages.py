@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from grpo.core.losses import masked_moments
+from grpo.registry import Registry
 
 Estimator = Callable[..., Tensor]
 
@@ -101,14 +102,13 @@ def batch_std_advantages(rewards: Tensor, *, std_eps: float = 1e-6, unbiased_std
     return _group_centered(rewards) / (std + std_eps)  # [B, G]
 
 
-ESTIMATORS: dict[str, Estimator] = {
-    "grpo": grpo_advantages,
-    "dr_grpo": dr_grpo_advantages,
-    "rloo": rloo_advantages,
-    "reinforce": reinforce_advantages,
-    "mean_baseline": mean_baseline_advantages,
-    "batch_std": batch_std_advantages,
-}
+ESTIMATORS: Registry[Estimator] = Registry("advantage estimator", field="advantage_estimator")
+ESTIMATORS.register("grpo", grpo_advantages)
+ESTIMATORS.register("dr_grpo", dr_grpo_advantages)
+ESTIMATORS.register("rloo", rloo_advantages)
+ESTIMATORS.register("reinforce", reinforce_advantages)
+ESTIMATORS.register("mean_baseline", mean_baseline_advantages)
+ESTIMATORS.register("batch_std", batch_std_advantages)
 
 # Estimators that compare completions inside a group and so need G >= 2 to carry any signal.
 GROUP_ESTIMATORS = frozenset({"grpo", "dr_grpo", "rloo", "batch_std"})
@@ -119,10 +119,7 @@ def get_estimator(name: str) -> Estimator:
 
     The estimator maps rewards [B, G] to advantages [B, G] (see the module docstring).
     """
-    try:
-        return ESTIMATORS[name]
-    except KeyError:
-        raise ValueError(f"unknown advantage estimator {name!r}; valid: {sorted(ESTIMATORS)}") from None
+    return ESTIMATORS[name]
 
 
 def compute_advantages(rewards: Tensor, *, estimator: str = "grpo", std_eps: float = 1e-6,

@@ -24,6 +24,7 @@ from torch import Tensor
 from grpo.core.losses import _check_choice, aggregate, clipped_surrogate, kl_penalty, log_ratio, masked_mean
 from grpo.core.metrics import clip_fractions
 from grpo.core.stability import COV_MODES, high_covariance_tokens
+from grpo.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -275,13 +276,12 @@ def _entry(fn, zero_advantage=_terms_zero_advantage_has_gradient) -> PolicyLoss:
                       needs_entropy=lambda s: s.entropy_coef > 0, zero_advantage_has_gradient=zero_advantage)
 
 
-POLICY_LOSSES: dict[str, PolicyLoss] = {
-    "clip": _entry(clip_loss, _clip_zero_advantage_has_gradient),
-    # loss variants
-    "cispo": _entry(cispo_loss),
-    "sapo": _entry(sapo_loss),
-    "gmpo": _entry(gmpo_loss),
-}
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", field="policy_loss")
+POLICY_LOSSES.register("clip", _entry(clip_loss, _clip_zero_advantage_has_gradient))
+# loss variants
+POLICY_LOSSES.register("cispo", _entry(cispo_loss))
+POLICY_LOSSES.register("sapo", _entry(sapo_loss))
+POLICY_LOSSES.register("gmpo", _entry(gmpo_loss))
 
 
 def get_policy_loss(name: str) -> PolicyLoss:
@@ -289,7 +289,4 @@ def get_policy_loss(name: str) -> PolicyLoss:
 
     The entry's fn maps LossInputs ([N, T] tensors) to a dict of 0-d tensors (module docstring).
     """
-    try:
-        return POLICY_LOSSES[name]
-    except KeyError:
-        raise ValueError(f"unknown policy loss {name!r}; valid: {sorted(POLICY_LOSSES)}") from None
+    return POLICY_LOSSES[name]

@@ -23,6 +23,7 @@ the attention function. Without that argument it is plain SDPA.
 
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 
 import torch
@@ -30,27 +31,24 @@ import torch.nn.functional as F
 from torch import Tensor
 
 NAME = "grpo_grouped_sdpa"
-_registered = False
 
 
+@functools.cache  # once per process: transformers' registries keep what was registered
 def register() -> str:
     """Register the implementation (and SDPA's mask for it) with transformers once; returns its name."""
-    global _registered
-    if not _registered:
-        from transformers import AttentionInterface
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-        def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-            groups = kwargs.pop("grpo_groups", None)
-            if groups is None:
-                return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                              scaling=scaling, **kwargs)
-            return grouped_attention(query, key, value, groups, scaling=scaling), None
+    def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        groups = kwargs.pop("grpo_groups", None)
+        if groups is None:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                          scaling=scaling, **kwargs)
+        return grouped_attention(query, key, value, groups, scaling=scaling), None
 
-        AttentionInterface.register(NAME, attention)
-        AttentionMaskInterface.register(NAME, sdpa_mask)
-        _registered = True
+    AttentionInterface.register(NAME, attention)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
     return NAME
 
 

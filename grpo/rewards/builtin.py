@@ -1,22 +1,27 @@
-"""Built-in rewards and the lookup of a reward by name or ``module:function`` path."""
+"""Built-in rewards (``REWARDS``, each a ``Reward`` that declares its capabilities) and the lookup of
+a reward by name, ``module:function`` path or URL."""
 
 from __future__ import annotations
 
 import importlib
 import math
 import re
+from dataclasses import replace
 from typing import Callable
 
 from grpo.errors import ConfigError
+from grpo.registry import Registry
 from grpo.rewards.answers import all_boxed, parse_number
-from grpo.rewards.code import code_batch_reward, code_strict_batch_reward
+from grpo.rewards.code import program_parses
+from grpo.rewards.code_rewards import check_code_sandbox, code_batch_reward, code_strict_batch_reward
 from grpo.rewards.code_style import code_style_reward
 from grpo.rewards.completeness import incompleteness
 from grpo.rewards.forms import is_batch_reward
 from grpo.rewards.generated_tests import code_generated_batch_reward
 from grpo.rewards.mathverify import candidates, gold_answer, math_reward, normalize_number_text
-from grpo.rewards.remote import DEFAULT_CONCURRENCY, AsyncReward, HttpReward, is_async, is_url
-from grpo.rewards.reward_model import reward_model_reward
+from grpo.rewards.remote import AsyncReward, HttpReward, is_async, is_url
+from grpo.rewards.reward import Reward, RewardOptions
+from grpo.rewards.reward_model import RewardModelReward, no_reward_model
 
 RewardFn = Callable[..., "float | None | list"]  # either form (grpo.rewards.forms)
 
@@ -67,55 +72,72 @@ def environment_reward(completion: str, sample: dict) -> float | None:
     return None if value is None else float(value)
 
 
-REWARDS: dict[str, RewardFn] = {
-    "numeric": numeric_reward,
-    "math": math_reward,
-    "format": format_reward,
-    "length": length_reward,
-    "incompleteness": incompleteness_reward,
-    "incompleteness_zh": incompleteness_zh_reward,
-    "code": code_batch_reward,  # batch form: a step's programs are graded concurrently in the sandbox
-    "code_strict": code_strict_batch_reward,
-    "code_generated": code_generated_batch_reward,  # batch form: + 10 tests per problem from its reference
-    "code_style": code_style_reward,  # type hints, docstrings, exception handling; parsed, never run
-    "reward_model": reward_model_reward,  # batch form: fn(completions, samples) -> list[float]
-    "environment": environment_reward,  # an environment_factory episode's get_reward()
-}
+def _code_reward(name: str, fn: Callable) -> Reward:
+    """A sandboxed code reward: batch form (a step's programs graded concurrently), its sandbox checked
+    at resolve time, unparsable programs sampled again (``resample_invalid_rounds``)."""
+    return Reward(name, fn, batch=True, valid=program_parses, startup_check=check_code_sandbox)
 
 
-def resolve_named(name: str, registry: dict, *, field: str):
-    """``registry[name]``, or the callable at ``package.module:function``; errors name the config
-    field and list the built-ins (used for rewards and step rewards alike)."""
+REWARDS: Registry[Reward] = Registry("reward", field="rewards")
+REWARDS.register(Reward("numeric", numeric_reward, reads_final_answer=True))
+# its worker pool kills a call at its deadline: no second pool needed
+REWARDS.register(Reward("math", math_reward, own_deadline=True, reads_final_answer=True))
+REWARDS.register(Reward("format", format_reward, reads_final_answer=True))
+REWARDS.register(Reward("length", length_reward))
+REWARDS.register(Reward("incompleteness", incompleteness_reward))
+REWARDS.register(Reward("incompleteness_zh", incompleteness_zh_reward))
+REWARDS.register(_code_reward("code", code_batch_reward))
+REWARDS.register(_code_reward("code_strict", code_strict_batch_reward))
+REWARDS.register(_code_reward("code_generated", code_generated_batch_reward))  # + 10 tests per problem from its reference
+REWARDS.register(Reward("code_style", code_style_reward))  # type hints, docstrings, exception handling; never run
+REWARDS.register(Reward("reward_model", no_reward_model, batch=True, doc=RewardModelReward.__doc__,
+                        build=lambda o: RewardModelReward(o.reward_model, transform=o.reward_model_transform)))
+REWARDS.register(Reward("environment", environment_reward))  # an environment_factory episode's get_reward()
+
+
+def resolve_named(name: str, registry: Registry) -> Callable:
+    """The entry ``registry[name]``, or the callable at ``package.module:function``; errors name the
+    registry's config field and list its entries (used for rewards and step rewards alike)."""
     if name in registry:
         return registry[name]
     if ":" not in name:
-        raise ConfigError(f"{field}: unknown name {name!r}; built-ins: {sorted(registry)}, "
-                         f"or give a module:function path")
+        raise registry.unknown(name, hint=", or a module:function path")
     module, func = name.split(":", 1)
     try:
         fn = getattr(importlib.import_module(module), func)
     except (ImportError, AttributeError) as e:
-        raise ConfigError(f"{field}: cannot load {name!r}: {e}") from None
+        raise ConfigError(f"{registry.field}: cannot load {name!r}: {e}") from None
     if not callable(fn):
-        raise ConfigError(f"{field}: {name!r} is not callable")
+        raise ConfigError(f"{registry.field}: {name!r} is not callable")
     return fn
 
 
-def resolve_reward(name: str, *, timeout: float = 0.0, retries: int = 0,
-                   concurrency: int = DEFAULT_CONCURRENCY) -> RewardFn:
-    """A built-in by name, ``package.module:function``, or an http(s):// URL (an HttpReward); errors
-    list the built-ins. An ``async def`` function becomes an AsyncReward (its batch's calls concurrent).
-    ``timeout`` (seconds, 0 = none), ``retries`` and ``concurrency`` set those two's deadline per call
-    or request, HTTP's retries and the most async calls in flight (an ``async def`` reward of TRL's batch
-    form is awaited once per batch, in the trainer's process). A reward with a ``startup_check``
-    attribute (the sandboxed code rewards) runs it here, so a run that cannot grade stops before its
-    model loads."""
-    if is_url(name):
-        return HttpReward(name, timeout=timeout, retries=retries)
-    fn = resolve_named(name, REWARDS, field="rewards")
+def user_reward(name: str, fn: Callable, options: RewardOptions) -> Reward:
+    """A user's callable as a Reward, made once: an ``async def`` per-completion function becomes an
+    AsyncReward (its batch's calls concurrent, each within ``options.timeout``); any other keeps its
+    form, told by its signature."""
     if is_async(fn) and not is_batch_reward(fn):
-        return AsyncReward(fn, timeout=timeout, concurrency=concurrency)
-    check = getattr(fn, "startup_check", None) if name in REWARDS else None
-    if check is not None:
-        check()
-    return fn
+        return Reward(name, AsyncReward(fn, timeout=options.timeout, concurrency=options.concurrency), batch=True,
+                      own_deadline=True)
+    return Reward.of(name, fn)
+
+
+def resolve_reward(name: str, options: RewardOptions | None = None) -> Reward:
+    """A built-in by name, ``package.module:function``, or an http(s):// URL (an HttpReward), as a
+    Reward; errors list the built-ins. ``options``: the deadline of the rewards that keep their own
+    (an ``async def`` one, awaited in the trainer's process, and a URL's requests, with their retries),
+    the most async calls in flight, and the reward model's settings. A built-in that declares a
+    ``startup_check`` (the sandboxed code rewards) runs it here, so a run that cannot grade stops
+    before its model loads."""
+    options = options or RewardOptions()
+    if is_url(name):
+        return Reward(name, HttpReward(name, timeout=options.timeout, retries=options.retries), batch=True,
+                      own_deadline=True)
+    if name not in REWARDS:
+        return user_reward(name, resolve_named(name, REWARDS), options)
+    reward = REWARDS[name]
+    if reward.build is not None:
+        reward = replace(reward, fn=reward.build(options), build=None)
+    if reward.startup_check is not None:
+        reward.startup_check()
+    return reward

@@ -1,10 +1,11 @@
-"""Code-execution rewards: the completion's last code block against the sample's tests, in a sandbox.
+"""The code grader: the completion's last code block against the sample's tests, in a sandbox (the
+code rewards built on it are in grpo.rewards.code_rewards).
 
 ``sample["tests"]``: Python assert statements, e.g. ``"assert f(2) == 4"``; or ``sample["io"]``:
-``[{"input": str, "output": str}, ...]``. ``code_reward`` returns the share of tests passed,
-``code_strict_reward`` 1.0 only when all pass. Missing or empty tests give 0.0, never 1.0; a
-malformed test raises (a counted failed reward naming the test); no code block means the whole
-completion is taken as the program.
+``[{"input": str, "output": str}, ...]``. ``CodeGrader.grade`` returns the share of tests passed
+(the ``code`` reward; ``code_strict`` takes 1.0 only when all pass). Missing or empty tests give
+0.0, never 1.0; a malformed test raises (a counted failed reward naming the test); no code block
+means the whole completion is taken as the program.
 
 Threat model (the program is policy output optimised against this grader; assume it tries anything):
 - Each test is its own sandboxed process (grpo.rewards.sandbox): the program cannot reach the network,
@@ -43,6 +44,7 @@ import threading
 import time
 
 from grpo.errors import SandboxError
+from grpo.infra.process_cache import ProcessCache
 from grpo.rewards.sandbox import Sandbox
 
 # CPython 3.11 keeps the AST constructor's recursion counter in state shared by all threads, so ast
@@ -228,44 +230,24 @@ def _norm(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.strip("\n").splitlines()).rstrip()
 
 
-_default: CodeGrader | None = None
-_lock = threading.Lock()
+GRADERS = ProcessCache("the code rewards' sandboxed grader (key 'default')",
+                       stale_when="never within a process: its sandbox is checked once, when it is made")
 
 
 def default_grader() -> CodeGrader:
-    """The process-wide grader behind ``code_reward``; its sandbox is checked when it is created."""
-    global _default
-    with _lock:
-        if _default is None:
-            grader = CodeGrader()
-            grader.check()
-            _default = grader
-        return _default
+    """The process-wide grader behind the code rewards; its sandbox is checked when it is created."""
+    def make() -> CodeGrader:
+        grader = CodeGrader()
+        grader.check()
+        return grader
+
+    return GRADERS.get_or_make("default", make)
 
 
-def code_reward(completion: str, sample: dict) -> float:
-    """Share of the sample's tests (``tests`` asserts or ``io`` cases) the completion's program passes."""
-    return default_grader().grade(completion, sample)
-
-
-def code_strict_reward(completion: str, sample: dict) -> float:
-    """1.0 when the completion's program passes every test of the sample, else 0.0."""
-    return float(default_grader().grade(completion, sample) == 1.0)
-
-
-def _grade_batch(completions: list[str], samples: list[dict], *, strict: bool) -> list:
-    """All completions of a step graded concurrently, here or (GRPO_CODE_GRADER_URL) by grading services
-    on other machines (grpo.rewards.grading_service)."""
-    from grpo.rewards.grading_service import grade_remotely, remote_urls
-
-    if remote_urls():
-        return grade_remotely(completions, samples, strict=strict)
-    return _grade_batch_local(default_grader(), completions, samples, strict=strict)
-
-
-def _grade_batch_local(grader: CodeGrader, completions: list[str], samples: list[dict], *, strict: bool) -> list:
-    """The step's completions graded concurrently on ``grader`` (their tests share its slots); a sample
-    whose grading raised gets its exception in its place (one counted failure, not the batch's)."""
+def grade_batch(grader: CodeGrader, completions: list[str], samples: list[dict], *, strict: bool) -> list:
+    """The step's completions graded concurrently on ``grader`` (their tests share its slots): each
+    one's share of tests passed (``strict``: 1.0 when all pass, else 0.0); a sample whose grading
+    raised gets its exception in its place (one counted failure, not the batch's)."""
     def one(pair):
         try:
             score = grader.grade(*pair)
@@ -277,38 +259,11 @@ def _grade_batch_local(grader: CodeGrader, completions: list[str], samples: list
         return list(ex.map(one, zip(completions, samples)))
 
 
-def code_batch_reward(completions: list[str], samples: list[dict]) -> list:
-    """The ``code`` reward as the trainer runs it: ``code_reward`` on a whole step at once."""
-    return _grade_batch(completions, samples, strict=False)
-
-
-def code_strict_batch_reward(completions: list[str], samples: list[dict]) -> list:
-    """The ``code_strict`` reward as the trainer runs it: ``code_strict_reward`` on a whole step at once."""
-    return _grade_batch(completions, samples, strict=True)
-
-
-def check_code_sandbox() -> None:
-    """Start-up check for the code rewards: raises SandboxError when no sandbox can run (with
-    GRPO_CODE_GRADER_URL set: when a grading service does not answer)."""
-    from grpo.rewards.grading_service import check_remote, remote_urls
-
-    if remote_urls():
-        check_remote()
-    else:
-        default_grader()
-
-
-for _fn in (code_reward, code_strict_reward, code_batch_reward, code_strict_batch_reward):
-    _fn.startup_check = check_code_sandbox
-
-
 def program_parses(completion: str, sample: dict) -> bool:
     """Whether the completion's program is syntactically Python: the code rewards' validity check, by
     which resample_invalid_rounds samples unparsable programs again (seed 003 section 5.1)."""
     return _parses(extract_code(completion))
 
 
-for _fn in (code_reward, code_strict_reward, code_batch_reward, code_strict_batch_reward):
-    _fn.valid = program_parses
-__all__ = ["CodeGrader", "SandboxError", "code_batch_reward", "code_reward", "code_strict_batch_reward",
-           "code_strict_reward", "extract_code", "plan_assert"]
+__all__ = ["CodeGrader", "GRADERS", "SandboxError", "default_grader", "extract_code", "grade_batch", "plan_assert",
+           "program_parses"]

@@ -22,7 +22,9 @@ import random
 import secrets
 import threading
 
-from grpo.rewards.code import AST_LOCK, CodeGrader, check_code_sandbox, code_batch_reward, default_grader, extract_code, program_parses
+from grpo.infra.process_cache import ProcessCache
+from grpo.rewards.code import AST_LOCK, CodeGrader, default_grader, extract_code
+from grpo.rewards.code_rewards import code_batch_reward
 
 KINDS = ("normal", "normal", "normal", "normal", "empty", "empty", "large", "large", "special", "special")
 SPECIAL = ["", " ", "\n\t", "'\"\\", "ñandú", "日本語", "😀 emoji", "a\x00b", "<>&;|$`", "  padded  "]
@@ -149,17 +151,14 @@ def _escape(call: str) -> str:
     return json.dumps(call)[1:-1]
 
 
-_default: CaseGenerator | None = None
-_default_lock = threading.Lock()
+GENERATORS = ProcessCache("the test generator of each grader (its references' outputs, computed once)",
+                          stale_when="its grader is no longer the default one: the key is the grader itself")
 
 
 def default_generator() -> CaseGenerator:
     """The process-wide generator behind ``code_generated``, on the code rewards' grader."""
-    global _default
-    with _default_lock:
-        if _default is None or _default.grader is not default_grader():
-            _default = CaseGenerator(default_grader())
-        return _default
+    grader = default_grader()
+    return GENERATORS.get_or_make(grader, lambda: CaseGenerator(grader))
 
 
 def with_generated_tests(samples: list[dict], generator: CaseGenerator) -> list[dict]:
@@ -174,7 +173,3 @@ def with_generated_tests(samples: list[dict], generator: CaseGenerator) -> list[
 def code_generated_batch_reward(completions: list[str], samples: list[dict]) -> list:
     """The ``code`` reward over the sample's tests plus ten generated from its reference solution."""
     return code_batch_reward(completions, with_generated_tests(samples, default_generator()))
-
-
-code_generated_batch_reward.valid = program_parses
-code_generated_batch_reward.startup_check = check_code_sandbox

@@ -35,10 +35,13 @@ from dataclasses import dataclass
 from grpo.errors import SandboxError
 from grpo.infra.http import Gate, GuardedServer, HttpError, HttpLimits, Route, add_server_flags, limits_of, parse_json
 from grpo.infra.http_client import bearer, exchange
+from grpo.infra.process_cache import ProcessCache
+from grpo.rewards.code import CodeGrader, grade_batch
 
 VERSION = 1
 KEY_ENV = "GRPO_CODE_GRADER_KEY"
-_services: dict[str, dict] = {}  # URL -> its /health answer (slots, time limits), read once
+SERVICES = ProcessCache("each grading service's /health answer (slots, time limits), by URL",
+                        stale_when="the service restarts with other limits: check_remote() reads every service again")
 
 
 def remote_urls() -> list[str]:
@@ -51,17 +54,22 @@ def _base_timeout() -> float:
 
 
 def _health(url: str) -> dict:
-    if url not in _services:
-        r = exchange(url + "/health", method="GET", headers=bearer(os.environ.get(KEY_ENV)), deadline_s=30.0,
-                     max_reply_bytes=1 << 16)
-        if r.status != 200:
-            hint = f" (set ${KEY_ENV} to the service's key)" if r.status == 401 else ""
-            raise ValueError(f"/health answered HTTP {r.status}{hint}")
-        health = json.loads(r.body)
-        if health.get("version") != VERSION or not health.get("ok"):
-            raise ValueError(f"unexpected answer {health}")
-        _services[url] = health
-    return _services[url]
+    health = SERVICES.get(url)
+    if health is None:  # read outside the cache's lock: the services of a step are asked concurrently
+        health = SERVICES[url] = _read_health(url)
+    return health
+
+
+def _read_health(url: str) -> dict:
+    r = exchange(url + "/health", method="GET", headers=bearer(os.environ.get(KEY_ENV)), deadline_s=30.0,
+                 max_reply_bytes=1 << 16)
+    if r.status != 200:
+        hint = f" (set ${KEY_ENV} to the service's key)" if r.status == 401 else ""
+        raise ValueError(f"/health answered HTTP {r.status}{hint}")
+    health = json.loads(r.body)
+    if health.get("version") != VERSION or not health.get("ok"):
+        raise ValueError(f"unexpected answer {health}")
+    return health
 
 
 def share_deadline(samples: list[dict], health: dict, base: float) -> float:
@@ -93,7 +101,7 @@ def _post(url: str, payload: dict) -> dict:
 def check_remote() -> None:
     """Every configured service answers /health (with the key); else SandboxError naming it."""
     for url in remote_urls():
-        _services.pop(url, None)
+        SERVICES.pop(url, None)
         try:
             _health(url)
         except Exception as e:
@@ -163,8 +171,6 @@ def grade_request(raw: bytes, limits: GradingLimits, max_depth: int) -> tuple[li
 def make_server(host: str, port: int, grader, *, api_key: str | None = None, http: HttpLimits | None = None,
                 limits: GradingLimits | None = None) -> GuardedServer:
     """A grading service on ``grader`` (a checked CodeGrader); ``serve_forever`` to run it."""
-    from grpo.rewards.code import _grade_batch_local
-
     http, limits = http or HttpLimits(max_body_bytes=64 << 20), limits or GradingLimits()
     health = {"ok": True, "slots": grader.slots, "version": VERSION, "test_seconds": grader.test_timeout,
               "program_seconds": grader.program_timeout, "max_completions": limits.max_completions}
@@ -172,7 +178,7 @@ def make_server(host: str, port: int, grader, *, api_key: str | None = None, htt
     def grade(raw: bytes, _kind: str) -> dict:
         completions, samples, strict = grade_request(raw, limits, http.max_json_depth)
         t0 = time.perf_counter()
-        outs = _grade_batch_local(grader, completions, samples, strict=strict)
+        outs = grade_batch(grader, completions, samples, strict=strict)
         return {"scores": [None if isinstance(o, BaseException) else o for o in outs],
                 "errors": [f"{type(o).__name__}: {o}" if isinstance(o, BaseException) else None for o in outs],
                 "seconds": time.perf_counter() - t0}
@@ -183,8 +189,6 @@ def make_server(host: str, port: int, grader, *, api_key: str | None = None, htt
 
 
 def main(argv: list[str] | None = None) -> None:
-    from grpo.rewards.code import CodeGrader
-
     ap = argparse.ArgumentParser(description="Serve the sandboxed code grader over HTTP (see module doc).")
     ap.add_argument("--slots", type=int, default=0, help="concurrent sandbox runs (0 = this machine's cores)")
     ap.add_argument("--max-completions", type=int, default=1024, help="completions in one request (413 past it)")

@@ -31,6 +31,7 @@ import sys
 import threading
 from pathlib import Path
 
+from grpo.infra.process_cache import ProcessCache
 from grpo.infra.processes import die_with_parent
 from grpo.rewards.answers import NUMBER, THOUSANDS, all_boxed, numbers_in, parse_number
 
@@ -272,17 +273,13 @@ class MathVerifier:
             w.kill()
 
 
-_default: MathVerifier | None = None
-_default_lock = threading.Lock()
+VERIFIERS = ProcessCache("the verifier behind math_reward, with its worker pool (key 'default')",
+                         stale_when="never within a process: the pool replaces a worker it kills")
 
 
 def default_verifier() -> MathVerifier:
     """The process-wide verifier behind ``math_reward`` (created on first use)."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = MathVerifier()
-        return _default
+    return VERIFIERS.get_or_make("default", MathVerifier)
 
 
 def math_reward(completion: str, sample: dict) -> float | None:
@@ -302,6 +299,3 @@ def math_reward(completion: str, sample: dict) -> float | None:
     if value is None:
         raise TimeoutError(f"math-verify gave no verdict within its {default_verifier().timeout:g} s deadline")
     return value
-
-
-math_reward.own_deadline = True  # its worker pool kills a call at its deadline: no second pool needed

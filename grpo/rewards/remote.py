@@ -1,8 +1,9 @@
 """Rewards that wait on something else: ``async def`` reward functions, run concurrently, and rewards
 served over HTTP(S), given as a URL in ``rewards``.
 
-Both are batch-form rewards (``grpo.rewards.forms``: one call per step's completions) that keep their own deadline, so they run
-in the trainer's process, not in the reward workers, and every outcome (a value, or the exception of a
+Both are batch-form rewards (``grpo.rewards.forms``: one call per step's completions) that keep their
+own deadline (their ``Reward`` declares ``own_deadline``), so they run in the trainer's process, not
+in the reward workers, and every outcome (a value, or the exception of a
 failed sample) goes through ``score_completions``' failure accounting like any other reward's.
 
 The HTTP protocol (docs/guides/rewards.md, "Remote rewards"): one POST per batch with the JSON body
@@ -65,8 +66,6 @@ class AsyncReward:
     passes it is cancelled and fails its sample (counted in ``timeouts``). The deadline holds where the
     function awaits; code that blocks the loop without awaiting cannot be interrupted."""
 
-    own_deadline = True
-
     def __init__(self, fn: Callable, *, timeout: float, concurrency: int = DEFAULT_CONCURRENCY):
         self.fn, self.timeout, self.concurrency = fn, timeout, concurrency
         self.timeouts = 0
@@ -123,8 +122,6 @@ class HttpReward:
     ``timeout`` seconds, up to ``retries`` more attempts after a retryable failure (waiting
     ``backoff * 2**attempt`` seconds). A batch that still fails fails every one of its samples with the
     last error; ``timeouts`` counts batches whose last attempt passed the deadline."""
-
-    own_deadline = True
 
     def __init__(self, url: str, *, timeout: float, retries: int = 2, backoff: float = BACKOFF):
         self.url, self.timeout, self.retries, self.backoff = url, timeout, retries, backoff

@@ -5,8 +5,9 @@ The reward ``reward_model`` is *batched*: it takes all N completions of a step a
 batches of ``batch_size``. The pair is rendered with the reward model's chat template when it has one
 (user prompt, assistant completion), else as ``prompt + "\\n" + completion``. The score is the logit
 of a one-label head, or the probability of the last label of a multi-label head (label 1 = "good").
-The model comes from the config field ``reward_model`` (a folder or hub id); the trainer hands it to
-``set_reward_model`` before the run starts.
+The model comes from the config field ``reward_model`` (a folder or hub id) and the transform of its
+raw scores from ``reward_model_transform``: resolving the reward builds a ``RewardModelReward`` with
+both, which loads the model on first use, or scores with the model a run trains (``use``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from grpo.core.stability import transform_scores
 
+NO_MODEL = "reward_model: set the config field reward_model to a sequence-classification model (folder or hub id)"
 SPREAD_WARNING = 20.0  # seed 003 section 4.1: a max - min above this on the first batch needs a transform
 
 
@@ -64,19 +66,43 @@ class RewardModelScorer:
         return out
 
 
-_scorer: RewardModelScorer | None = None
-_path: str = ""
-_transform: str = "none"
-_checked = False  # the first batch's spread has been looked at
-_lock = threading.Lock()
+class RewardModelReward:
+    """Scores of a sequence-classification reward model for each (sample['prompt'], completion), in
+    batches, mapped by ``reward_model_transform`` (none, sigmoid, group_minmax). The first batch whose
+    raw scores span more than 20 warns (seed 003 section 4.1)."""
+
+    def __init__(self, path: str, *, transform: str = "none"):
+        self.path, self.transform = path, transform
+        self._scorer: RewardModelScorer | None = None
+        self._checked = False  # the first batch's spread has been looked at
+        self._lock = threading.Lock()
+
+    @property
+    def scorer(self) -> RewardModelScorer:
+        """The model behind the reward: loaded from ``path`` on first use, unless a run's is in ``use``."""
+        with self._lock:
+            if self._scorer is None:
+                if not self.path:
+                    raise ValueError(NO_MODEL)
+                self._scorer = RewardModelScorer(self.path)
+            return self._scorer
+
+    def use(self, scorer: RewardModelScorer) -> None:
+        """Score with ``scorer`` from now on (the reward model a run trains as it goes)."""
+        with self._lock:
+            self._scorer = scorer
+
+    def __call__(self, completions: list[str], samples: list[dict]) -> list[float]:
+        raw = self.scorer.score([s["prompt"] for s in samples], completions)
+        with self._lock:
+            first = not self._checked and bool(raw)
+            self._checked = self._checked or bool(raw)
+        return apply_transform(raw, samples, self.transform, warn=first)
 
 
-def set_reward_transform(mode: str) -> None:
-    """Choose what ``reward_model`` does to raw scores (config ``reward_model_transform``); the next
-    batch's spread is checked again."""
-    global _transform, _checked
-    with _lock:
-        _transform, _checked = mode, False
+def no_reward_model(completions: list[str], samples: list[dict]) -> list[float]:
+    """The ``reward_model`` reward before its model is set: an error saying how to set it."""
+    raise ValueError(NO_MODEL)
 
 
 def _groups(samples: list[dict]) -> torch.Tensor:
@@ -90,13 +116,11 @@ def _groups(samples: list[dict]) -> torch.Tensor:
     return torch.tensor(idx, dtype=torch.long)
 
 
-def apply_transform(raw: list[float], samples: list[dict], mode: str) -> list[float]:
-    """Warn once (the first batch) when the raw scores' spread is above SPREAD_WARNING, then map them
-    with ``mode`` (grpo.core.stability.transform_scores)."""
-    global _checked
+def apply_transform(raw: list[float], samples: list[dict], mode: str, *, warn: bool) -> list[float]:
+    """Map the raw scores with ``mode`` (grpo.core.stability.transform_scores); ``warn`` (the first
+    batch): warn when their spread is above SPREAD_WARNING."""
     scores = torch.tensor(raw, dtype=torch.float64)  # [N]
-    if not _checked and scores.numel():
-        _checked = True
+    if warn and scores.numel():
         spread = float(scores.max() - scores.min())
         if spread > SPREAD_WARNING:
             warnings.warn(f"reward_model: the first batch's raw scores span {spread:.1f} (min {float(scores.min()):.2f}, "
@@ -104,35 +128,3 @@ def apply_transform(raw: list[float], samples: list[dict], mode: str) -> list[fl
                           f"dominated by it (seed 003 section 4.1); reward_model_transform={mode}"
                           + ("; consider sigmoid or group_minmax" if mode == "none" else ""), stacklevel=2)
     return transform_scores(scores, _groups(samples), mode=mode).tolist()
-
-
-def set_reward_model(path: str, **kw) -> None:
-    """Choose the model behind the ``reward_model`` reward (loaded on first use)."""
-    global _path, _scorer
-    with _lock:
-        if path != _path:
-            _path, _scorer = path, None
-        if kw and _path:
-            _scorer = RewardModelScorer(_path, **kw)
-
-
-def install_scorer(scorer: RewardModelScorer) -> None:
-    """Make ``scorer`` the one behind the ``reward_model`` reward (a model trained during the run)."""
-    global _path, _scorer
-    with _lock:
-        _path, _scorer = scorer.path, scorer
-
-
-def reward_model_reward(completions: list[str], samples: list[dict]) -> list[float]:
-    """Scores of the configured reward model for each (sample['prompt'], completion), batched."""
-    global _scorer
-    with _lock:
-        if not _path:
-            raise ValueError("reward_model: set the config field reward_model to a sequence-classification "
-                             "model (folder or hub id)")
-        if _scorer is None:
-            _scorer = RewardModelScorer(_path)
-        scorer, mode = _scorer, _transform
-    raw = scorer.score([s["prompt"] for s in samples], completions)
-    return apply_transform(raw, samples, mode)
-

@@ -15,9 +15,11 @@ import multiprocessing as mp
 import os
 
 from grpo.infra.processes import die_with_parent
-from grpo.rewards.builtin import resolve_reward
-from grpo.rewards.forms import BatchInputs, is_batch_reward
-from grpo.rewards.remote import DEFAULT_CONCURRENCY, AsyncReward, HttpReward, is_async
+from grpo.rewards.builtin import resolve_reward, user_reward
+from grpo.rewards.forms import BatchInputs
+from grpo.rewards.remote import DEFAULT_CONCURRENCY, AsyncReward, HttpReward
+from grpo.rewards.reward import Reward, RewardOptions
+from grpo.rewards.reward_model import RewardModelReward
 from grpo.rewards.scoring import RewardResult, score_completions
 
 
@@ -51,28 +53,30 @@ class _Replay:
 class RewardRunner:
     """Scores completions with named rewards, in-process (timeout 0) or in workers with a deadline.
     ``given``: name -> callable for rewards handed over as objects (the Python API), which are not
-    looked up by name and run in this process (a worker could not find them by name)."""
+    looked up by name and run in this process (a worker could not find them by name).
+    ``reward_model`` / ``reward_model_transform``: the ``reward_model`` reward's model and score
+    transform. ``fns``: name -> the resolved Reward, whose declarations say where each runs."""
 
     def __init__(self, names: list[str], weights: list[float] | None, *, timeout: float = 0.0, workers: int = 1,
-                 reward_model: str = "", retries: int = 0, concurrency: int = DEFAULT_CONCURRENCY,
-                 given: dict | None = None):
+                 reward_model: str = "", reward_model_transform: str = "none", retries: int = 0,
+                 concurrency: int = DEFAULT_CONCURRENCY, given: dict | None = None):
         self.names, self.weights, self.timeout, self.workers = names, weights, timeout, workers
         self.given = dict(given or {})
-        if reward_model:
-            from grpo.rewards.reward_model import set_reward_model
-
-            set_reward_model(reward_model)
+        options = RewardOptions(timeout=timeout, retries=retries, concurrency=concurrency, reward_model=reward_model,
+                                reward_model_transform=reward_model_transform)
         # fail early, in this process, on a bad name; async and URL rewards keep their own deadline here
-        self.fns = {n: self._given(n, timeout, concurrency) if n in self.given else
-                    resolve_reward(n, timeout=timeout, retries=retries, concurrency=concurrency) for n in names}
-        self._remote = [f for f in self.fns.values() if isinstance(f, (AsyncReward, HttpReward))]
+        self.fns: dict[str, Reward] = {n: user_reward(n, self.given[n], options) if n in self.given else
+                                       resolve_reward(n, options) for n in names}
+        self._remote = [r.fn for r in self.fns.values() if isinstance(r.fn, (AsyncReward, HttpReward))]
         self.logged: set = set()
         self.timeouts = 0
         self._pool: cf.ProcessPoolExecutor | None = None
 
-    def _given(self, name: str, timeout: float, concurrency: int):
-        fn = self.given[name]
-        return AsyncReward(fn, timeout=timeout, concurrency=concurrency) if is_async(fn) and not is_batch_reward(fn) else fn
+    def reward_model(self) -> RewardModelReward | None:
+        """The ``reward_model`` reward's model holder among this runner's rewards (None: not used), so a
+        run that trains the reward model scores with the model it trains."""
+        found = [r.fn for r in self.fns.values() if isinstance(r.fn, RewardModelReward)]
+        return found[0] if found else None
 
     def _new_pool(self) -> cf.ProcessPoolExecutor:
         # spawn, not fork: the trainer's process holds torch's thread pools, which a fork can deadlock.
@@ -99,8 +103,7 @@ class RewardRunner:
         """Rewards run in workers; batch-form ones (a reward model on the trainer's device, the code
         sandbox, TRL-form functions), those that enforce their own deadline in their own processes
         (math-verify) and callables handed over in-process (``given``) run here."""
-        return [n for n in self.names if n not in self.given and not is_batch_reward(self.fns[n])
-                and not getattr(self.fns[n], "own_deadline", False)]
+        return [n for n in self.names if n not in self.given and not self.fns[n].batch and not self.fns[n].own_deadline]
 
     def _run_in_workers(self, completions: list[str], samples: list[dict]) -> list:
         calls = [(n, c, s) for n in self._worker_names for c, s in zip(completions, samples)]
@@ -146,7 +149,7 @@ class RewardRunner:
         rows = BatchInputs(completions, samples, episodes=extra["episodes"]).rows()  # what a worker's reward gets
         results = self._run_in_workers(completions, rows)
         n = len(completions)
-        replays = {name: _Replay(results[k * n:(k + 1) * n]) for k, name in enumerate(self._worker_names)}
+        replays = {name: Reward(name, _Replay(results[k * n:(k + 1) * n])) for k, name in enumerate(self._worker_names)}
         proxies = {name: replays.get(name, self.fns[name]) for name in self.names}
         return score_completions(completions, samples, proxies, self.weights, logged=self.logged, **extra)
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
-from grpo.rewards.builtin import RewardFn
-from grpo.rewards.forms import (BatchInputs, RewardShapeError, call_batch, check_value, completion_values,
-                                is_batch_reward)
+from grpo.rewards.forms import BatchInputs, RewardShapeError, call_batch, check_value, completion_values
 from grpo.rewards.remote import _run_loop
+from grpo.rewards.reward import Reward
 
 log = logging.getLogger("grpo.rewards")
 
@@ -50,12 +50,13 @@ class RewardResult:
         return torch.isnan(self.total)
 
 
-def reward_outcomes(name: str, fn, inputs: BatchInputs) -> list:
-    """``fn``'s outcome for each completion of ``inputs`` (either form): what it returned, or the
-    exception that failed that completion. A batch result of the wrong shape raises RewardShapeError."""
-    if is_batch_reward(fn):
-        return call_batch(name, fn, inputs, _run_loop)
-    return completion_values(name, fn, inputs.texts, inputs.rows())
+def reward_outcomes(name: str, reward: Reward, inputs: BatchInputs) -> list:
+    """``reward``'s outcome for each completion of ``inputs`` (in the form it declares): what it
+    returned, or the exception that failed that completion. A batch result of the wrong shape raises
+    RewardShapeError."""
+    if reward.batch:
+        return call_batch(name, reward.fn, inputs, _run_loop)
+    return completion_values(name, reward.fn, inputs.texts, inputs.rows())
 
 
 def _report(name: str, e: Exception, text: str, sample: dict, logged: set, messages: list) -> None:
@@ -71,20 +72,22 @@ def _report(name: str, e: Exception, text: str, sample: dict, logged: set, messa
     messages.append(msg)
 
 
-def score_completions(completions: list[str], samples: list[dict], fns: dict[str, RewardFn],
+def score_completions(completions: list[str], samples: list[dict], fns: dict[str, Reward | Callable],
                       weights: list[float] | None = None, *, logged: set | None = None,
                       episodes: list[dict] | None = None, completion_ids: list[list[int]] | None = None,
                       trainer_state=None) -> RewardResult:
     """Run every reward on the batch (a per-completion one on each (completion, sample), a batch one
     once). A reward that raises or returns NaN or inf gives NaN for that completion; None leaves it
     out of the row's sum. The first failure of each kind is logged with its sample (``logged``
-    remembers the kinds already reported across calls). ``episodes``, ``completion_ids`` and
-    ``trainer_state``: what TRL-form rewards also receive (``forms.BatchInputs``). A value of the
+    remembers the kinds already reported across calls). ``fns``: name -> Reward (a plain callable is
+    taken as ``Reward.of`` takes it: its form told by its signature). ``episodes``, ``completion_ids``
+    and ``trainer_state``: what TRL-form rewards also receive (``forms.BatchInputs``). A value of the
     wrong type or shape raises RewardShapeError (the reward's bug)."""
     if len(completions) != len(samples):
         raise ValueError(f"score_completions: {len(completions)} completions but {len(samples)} samples")
     inputs = BatchInputs(list(completions), samples, episodes=episodes, completion_ids=completion_ids,
                          trainer_state=trainer_state)
+    fns = {name: Reward.of(name, fn) for name, fn in fns.items()}
     weights = weights or [1.0] * len(fns)
     logged = set() if logged is None else logged
     n = len(completions)
@@ -94,7 +97,7 @@ def score_completions(completions: list[str], samples: list[dict], fns: dict[str
     for k, name in enumerate(fns):
         vals = torch.full((n,), float("nan"), dtype=torch.float64)  # [N]
         failures[name] = not_applicable[name] = 0
-        batch = is_batch_reward(fns[name])
+        batch = fns[name].batch
         for i, out in enumerate(reward_outcomes(name, fns[name], inputs)):
             try:
                 if isinstance(out, BaseException):

@@ -20,6 +20,7 @@ creates threads and processes with clone, whose flags the filter checks.
 from __future__ import annotations
 
 import errno
+import functools
 import tempfile
 
 from grpo.errors import SandboxError
@@ -41,31 +42,26 @@ CLONE_NEW = {"CLONE_NEWNS": 0x00020000, "CLONE_NEWCGROUP": 0x02000000, "CLONE_NE
 INSTALL = ("the code sandbox's seccomp filter needs libseccomp and its Python bindings: pip install "
            "'pyseccomp>=0.1.2,<0.2' (in grpo's dependencies) and, where missing, apt-get install libseccomp2")
 
-_bpf: bytes | None = None
-
-
+@functools.cache  # a per-process cache: the filter depends only on this machine's architecture
 def filter_bpf() -> bytes:
     """The compiled filter (BPF) for this machine, built once per process; SandboxError when
     libseccomp cannot build it (the sandbox then refuses to run anything)."""
-    global _bpf
-    if _bpf is None:
+    try:
+        import pyseccomp as sc
+    except (ImportError, RuntimeError, OSError) as e:  # no binding, or no libseccomp under it
+        raise SandboxError(f"code sandbox: {INSTALL} ({type(e).__name__}: {e})") from None
+    f = sc.SyscallFilter(defaction=sc.ALLOW)
+    for name in KILLED:
         try:
-            import pyseccomp as sc
-        except (ImportError, RuntimeError, OSError) as e:  # no binding, or no libseccomp under it
-            raise SandboxError(f"code sandbox: {INSTALL} ({type(e).__name__}: {e})") from None
-        f = sc.SyscallFilter(defaction=sc.ALLOW)
-        for name in KILLED:
-            try:
-                nr = sc.resolve_syscall(sc.Arch.NATIVE, name)
-            except Exception:  # a call this architecture does not have
-                continue
-            if nr >= 0:
-                f.add_rule(sc.KILL_PROCESS, nr)
-        for flag in CLONE_NEW.values():
-            f.add_rule(sc.KILL_PROCESS, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
-        f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
-        with tempfile.TemporaryFile() as out:
-            f.export_bpf(out)
-            out.seek(0)
-            _bpf = out.read()
-    return _bpf
+            nr = sc.resolve_syscall(sc.Arch.NATIVE, name)
+        except Exception:  # a call this architecture does not have
+            continue
+        if nr >= 0:
+            f.add_rule(sc.KILL_PROCESS, nr)
+    for flag in CLONE_NEW.values():
+        f.add_rule(sc.KILL_PROCESS, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+    f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    with tempfile.TemporaryFile() as out:
+        f.export_bpf(out)
+        out.seek(0)
+        return out.read()

@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from grpo import core
+from grpo.registry import Registry
 from grpo.rewards.builtin import numeric_reward, resolve_named
 
 log = logging.getLogger("grpo.rewards")
@@ -56,12 +57,13 @@ def arithmetic_steps(completion: str, sample: dict) -> list[tuple[float, int]]:
     return steps
 
 
-STEP_REWARDS: dict[str, StepRewardFn] = {"arithmetic_steps": arithmetic_steps}
+STEP_REWARDS: Registry[StepRewardFn] = Registry("step reward", field="step_reward")
+STEP_REWARDS.register("arithmetic_steps", arithmetic_steps)
 
 
 def resolve_step_reward(name: str) -> StepRewardFn:
     """A built-in step reward by name, or ``package.module:function``; errors list the built-ins."""
-    return resolve_named(name, STEP_REWARDS, field="step_reward")
+    return resolve_named(name, STEP_REWARDS)
 
 
 def char_ends_to_tokens(tokenizer, ids: list[int], char_ends: list[int]) -> list[int]:

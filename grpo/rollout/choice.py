@@ -27,8 +27,7 @@ from grpo.rollout.engine import RolloutEngine, SamplingSettings, engine_class, r
 from grpo.rollout.fast import FastEngine, cache_keyword, decode_ids, fast_unsupported_reason
 from grpo.rollout.hf import HFEngine
 
-PROBE_PROMPT, PROBE_STEPS = 48, 6
-_decisions: dict[str, dict] = {}
+PROBE_PROMPT, PROBE_STEPS = 48, 6  # decisions are kept in tuning.MEASURED, under keys of their own kind
 
 
 def _probe_ids(model, b: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,8 +73,8 @@ def fast_or_hf(model, *, rows: int, group_size: int, kernels: str = "auto") -> s
     base = base_model(model)
     # generate's speed differs with a LoRA wrapper (its adapters run beside every linear); ours does not
     key = tuning.plan_key(base, rows, kind=f"backend {kernels} {'peft' if base is not model else 'plain'}")
-    if key in _decisions:
-        return _decisions[key]["backend"]
+    if key in tuning.MEASURED:
+        return tuning.MEASURED[key]["backend"]
     decision, source = tuning.read_cached(key), "cache"
     if decision is None or decision.get("backend") not in ("fast", "hf"):
         b, source = max(1, rows // group_size), "measured"
@@ -89,7 +88,7 @@ def fast_or_hf(model, *, rows: int, group_size: int, kernels: str = "auto") -> s
         tuning.write_cached(key, decision)
     tuning.note(f"rollout_backend auto ({source}, {rows} rows, {tuning.machine_summary()}): decode step fast "
                 f"{decision['fast'] * 1e3:.1f} ms, generate {decision['hf'] * 1e3:.1f} ms -> {decision['backend']}")
-    _decisions[key] = decision
+    tuning.MEASURED[key] = decision
     return decision["backend"]
 
 

@@ -19,6 +19,7 @@ from typing import Callable, ClassVar, Sequence
 import torch
 from torch import Tensor
 
+from grpo.registry import Registry
 from grpo.rollout.base import Rollout
 
 
@@ -133,21 +134,13 @@ def row_stopper(stop: Callable[[int, list[int]], bool]):
     return stop_rows
 
 
-ROLLOUT_ENGINES: dict[str, type[RolloutEngine]] = {}
-
-
-def register(cls: type[RolloutEngine]) -> type[RolloutEngine]:
-    """Class decorator: enter ``cls`` in ROLLOUT_ENGINES under ``cls.name``."""
-    if not cls.name or cls.name in ROLLOUT_ENGINES:
-        raise ValueError(f"rollout engine {cls.__name__}: name {cls.name!r} is empty or taken")
-    ROLLOUT_ENGINES[cls.name] = cls
-    return cls
+ROLLOUT_ENGINES: Registry[type[RolloutEngine]] = Registry("rollout engine", field="rollout_backend",
+                                                      name_of=lambda cls: cls.name)
+register = ROLLOUT_ENGINES.register  # class decorator: the entry is named by the class's ``name``
 
 
 def engine_class(name: str) -> type[RolloutEngine]:
-    """The engine registered as ``name``; ValueError listing the valid names otherwise."""
-    if name not in ROLLOUT_ENGINES:
-        raise ValueError(f"rollout_backend: unknown {name!r}; valid: {', '.join(ROLLOUT_ENGINES)}")
+    """The engine registered as ``name``; an UnknownName (a ConfigError) listing the valid names otherwise."""
     return ROLLOUT_ENGINES[name]
 
 

@@ -30,6 +30,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -69,7 +70,6 @@ SIGNATURES = {
     "panel_linear": [_P, _I, _I, _P, _I, _P],
 }
 _COUNTS = ("attention_threads", "vector_lanes", "panel_width")  # functions returning an int64
-_last_error: list[str] = []
 
 
 def cpu_id() -> str:
@@ -89,26 +89,36 @@ def cpu_flags() -> list[str]:
     return []
 
 
-@functools.cache
-def library() -> ctypes.CDLL | None:
-    """decode_ops.c built and loaded (once per process; the build is cached on disk), or None where
-    it cannot be (``unavailable_reason()`` says why)."""
+@dataclass(frozen=True)
+class Loaded:
+    """The outcome of building and loading decode_ops.c: the library, or None and why."""
+
+    lib: ctypes.CDLL | None
+    reason: str | None = None
+
+
+@functools.cache  # a per-process cache: built and loaded once (the build itself is cached on disk)
+def load_library() -> Loaded:
+    """decode_ops.c built and loaded, or why it cannot be."""
     if os.environ.get("GRPO_NATIVE", "1") == "0":
-        _last_error.append("GRPO_NATIVE=0")
-        return None
+        return Loaded(None, "GRPO_NATIVE=0")
     cc = compiler()
     if cc is None:
-        _last_error.append("no C compiler (cc or gcc) on PATH")
-        return None
+        return Loaded(None, "no C compiler (cc or gcc) on PATH")
     errors = []
     for options in (flags(), serial_flags()):
         try:
-            return load(built(cc, options))
+            return Loaded(load(built(cc, options)))
         except (OSError, subprocess.SubprocessError) as e:
             detail = getattr(e, "stderr", b"") or b""
             errors.append(f"{' '.join(options)}: {e} {detail.decode(errors='replace')[:400]}")
-    _last_error.append(f"building {SOURCE.name} failed: " + " | ".join(errors))
-    return None
+    return Loaded(None, f"building {SOURCE.name} failed: " + " | ".join(errors))
+
+
+def library() -> ctypes.CDLL | None:
+    """decode_ops.c built and loaded (once per process: ``load_library``), or None where it cannot be
+    (``unavailable_reason()`` says why)."""
+    return load_library().lib
 
 
 def load(path: Path) -> ctypes.CDLL:
@@ -149,7 +159,7 @@ def compiler() -> str | None:
 
 def unavailable_reason() -> str | None:
     """Why ``library()`` is None (None when it loaded)."""
-    return None if library() is not None else (_last_error[-1] if _last_error else "unknown")
+    return load_library().reason
 
 
 def panel_product(lib: ctypes.CDLL, weight: torch.Tensor, bias: torch.Tensor | None):

@@ -28,12 +28,14 @@ import torch
 import torch.nn.functional as F
 
 from grpo.infra.cache_folder import cache_dir
+from grpo.infra.process_cache import ProcessCache
 from grpo.rollout import native
 from grpo.rollout.kernels import head_chunks, onednn_available, packed_linear
 
 ROLES = ("qkv", "o", "gate_up", "down", "head")  # the products of a Llama-family decode step
-_messages: list[str] = []  # what was decided in this process, for the trainer's log (take_messages)
-_plans: dict[str, "KernelPlan"] = {}  # key -> plan, this process
+MEASURED = ProcessCache("the kernel plans (KernelPlan) and auto's backend choices (grpo.rollout.choice) measured or "
+                        "read in this process, by plan_key", stale_when="never within a process: the key holds the "
+                        "machine, the build, the threads, the model's shapes and the rows")
 
 
 @dataclass(frozen=True)
@@ -199,7 +201,7 @@ def kernel_plan(model, rows: int, override: str = "auto") -> KernelPlan:
     the others measured once per key (this process, then the cache folder)."""
     fixed = parse_override(override)
     key = plan_key(model, rows)
-    measured = _plans.get(key)
+    measured = MEASURED.get(key)
     if measured is None and len(fixed) < len(ROLES):
         cached = read_cached(key)
         if cached is not None and set(cached.get("products", {})) == set(ROLES):
@@ -209,7 +211,7 @@ def kernel_plan(model, rows: int, override: str = "auto") -> KernelPlan:
             seconds = {role: time_products(shapes, rows, names) for role, shapes in role_weights(model).items()}
             measured = KernelPlan({r: min(s, key=s.get) for r, s in seconds.items()}, seconds)
             write_cached(key, {"products": measured.products, "seconds": seconds})
-        _plans[key] = measured
+        MEASURED[key] = measured
         note(measured.describe(rows))
     if not fixed:
         return measured
@@ -223,12 +225,10 @@ def kernel_plan(model, rows: int, override: str = "auto") -> KernelPlan:
 
 
 def note(message: str) -> None:
-    """Keep ``message`` for the trainer's log (take_messages)."""
-    _messages.append(message)
+    """Keep ``message`` (what a choice measured or read) for the trainer's log (take_messages)."""
+    MEASURED.note(message)
 
 
 def take_messages() -> list[str]:
     """The decisions made since the last call (each logged once)."""
-    out = list(_messages)
-    _messages.clear()
-    return out
+    return MEASURED.take_notes()

@@ -25,6 +25,7 @@ from grpo.rollout.base import encode_prompts, eos_token_ids
 from grpo.rollout.decoder import decoder_unsupported_reason
 from grpo.rollout.fast import DecodeParts, decode_ids, decode_parts, fast_unsupported_reason
 from grpo.rollout.keys import KeyedSampler
+from grpo.registry import Registry
 
 FINISH_REASONS = ("stop", "length", "entropy", "deadline")
 
@@ -120,21 +121,15 @@ class ServeEngine:
         raise NotImplementedError
 
 
-SERVE_ENGINES: dict[str, type[ServeEngine]] = {}
-
-
-def register(cls: type[ServeEngine]) -> type[ServeEngine]:
-    SERVE_ENGINES[cls.name] = cls
-    return cls
+SERVE_ENGINES: Registry[type[ServeEngine]] = Registry("serving engine", field="--engine", name_of=lambda cls: cls.name)
+register = SERVE_ENGINES.register  # class decorator: the entry is named by the class's ``name``
 
 
 def make_serve_engine(name: str, model, tokenizer, *, kernels: str = "auto") -> ServeEngine:
     """The engine ``name`` ('auto': fast where the model allows it, else hf) on ``model``."""
     if name == "auto":
         name = "fast" if fast_unsupported_reason(model) is None else "hf"
-    if name not in SERVE_ENGINES:
-        raise ConfigError(f"--engine: unknown {name!r}; valid: auto, {', '.join(SERVE_ENGINES)}")
-    return SERVE_ENGINES[name](model, tokenizer, kernels=kernels)
+    return SERVE_ENGINES.lookup(name, also=("auto",))(model, tokenizer, kernels=kernels)
 
 
 @register

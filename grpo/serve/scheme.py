@@ -17,10 +17,12 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from grpo.rewards.builtin import format_reward
+from grpo.registry import Registry
+from grpo.rewards.builtin import REWARDS, format_reward
 from grpo.rewards.forms import BatchInputs, check_value
-from grpo.rewards.scoring import reward_outcomes
 from grpo.rewards.mathverify import candidates
+from grpo.rewards.reward import Reward
+from grpo.rewards.scoring import reward_outcomes
 from grpo.serve.batcher import Batcher, resolve
 from grpo.serve.engines import Generation
 
@@ -60,10 +62,11 @@ class Scheme:
 _STATED = re.compile(r"(?:=|\bis\b|\bequals\b|:)\s*\$?\s*-?\d[\d,]*(?:\.\d+)?[^\d]*$", re.IGNORECASE)
 _BARE = re.compile(r"-?\d[\d,]*(?:\.\d+)?\.?")  # the answer is the number alone
 _SENTENCE_END = re.compile(r"[.!?。！？]\s*[$)*\s]*$|\n\s*$")
-# the reward functions that read a final answer out of the text: a run trained on one is checked for one
-ANSWER_READING_REWARDS = ("numeric", "math", "format")
+# name -> (generation, sample, scheme) -> why the answer is not complete, or None
+COMPLETENESS_CHECKS: Registry = Registry("completeness check", field="--completeness")
 
 
+@COMPLETENESS_CHECKS.register("markers")
 def _markers_check(gen: Generation, sample: dict, scheme: "Scheme") -> str | None:
     """A closing marker of the answer's language (a language without markers passes); an
     entropy-stopped answer with no markers configured has nothing showing it concluded."""
@@ -74,6 +77,7 @@ def _markers_check(gen: Generation, sample: dict, scheme: "Scheme") -> str | Non
     return "early_stop" if gen.finish == "entropy" else None
 
 
+@COMPLETENESS_CHECKS.register("final_answer")
 def _final_answer_check(gen: Generation, sample: dict, scheme: "Scheme") -> str | None:
     """One final answer stated as such: a recognised form (\\boxed{}, '#### n', 'answer is n') or
     the last number stated as a result ('7 + 5 = 12', 'the sum is 12') or alone ('12'), not hedged ('12 or 13'),
@@ -89,13 +93,13 @@ def _final_answer_check(gen: Generation, sample: dict, scheme: "Scheme") -> str 
     return None
 
 
+@COMPLETENESS_CHECKS.register("verifier")
 def _verifier_check(gen: Generation, sample: dict, scheme: "Scheme") -> str | None:
-    """Any grpo reward (``--verifier``) scoring the answer above 0."""
-    fn = scheme.verifier
-    if fn is None:
+    """The ``--verifier`` reward scores the answer above 0 (a reward that raises rejects it)."""
+    if scheme.verifier is None:
         return "verifier_error"
     try:  # either form of reward (grpo.rewards.forms)
-        score = reward_outcomes("verifier", fn, BatchInputs([gen.text], [sample]))[0]
+        score = reward_outcomes("verifier", Reward.of("verifier", scheme.verifier), BatchInputs([gen.text], [sample]))[0]
         if isinstance(score, BaseException):
             raise score
         score = check_value("verifier", score, batch=False)
@@ -104,15 +108,12 @@ def _verifier_check(gen: Generation, sample: dict, scheme: "Scheme") -> str | No
     return None if score is not None and score > 0 else "verifier_rejected"
 
 
-COMPLETENESS_CHECKS = {"markers": _markers_check, "final_answer": _final_answer_check, "verifier": _verifier_check}
-
-
 def default_completeness(rewards: str | None) -> str:
     """The check for a run trained on ``rewards`` (its config's comma-separated names; None: not a
-    run): 'final_answer' where one of them reads a final answer (the answer the run was trained to
-    state is its concluding statement), else 'markers'."""
+    run): 'final_answer' where one of them declares that it reads a final answer (the answer the run
+    was trained to state is its concluding statement), else 'markers'."""
     names = {r.strip() for r in (rewards or "").split(",")}
-    return "final_answer" if names & set(ANSWER_READING_REWARDS) else "markers"
+    return "final_answer" if any(n in REWARDS and REWARDS[n].reads_final_answer for n in names) else "markers"
 
 
 def incomplete_reason(gen: Generation, sample: dict, scheme: Scheme) -> str | None:

@@ -53,8 +53,7 @@ def completeness_of(args, rewards: str | None) -> str:
         if args.verifier:
             return "verifier"
         return "markers" if args.closing_markers else default_completeness(rewards)
-    if check not in COMPLETENESS_CHECKS:
-        raise ConfigError(f"--completeness: unknown {check!r}; valid: auto, {', '.join(COMPLETENESS_CHECKS)}")
+    COMPLETENESS_CHECKS.lookup(check, also=("auto",))  # an unknown name lists the valid ones
     if check == "verifier" and not args.verifier:
         raise ConfigError("--completeness verifier: needs --verifier NAME")
     return check

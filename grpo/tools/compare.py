@@ -17,8 +17,16 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-METHODS = {"grpo": "grpo", "rloo": "rloo", "reinforce": "reinforce", "mean_baseline": "mean_baseline",
-           "dr_grpo": "dr_grpo", "ppo": "gae"}
+from grpo.registry import Registry
+
+# method -> the advantage_estimator it trains with (everything else is the same for every method)
+METHODS: Registry[str] = Registry("method", field="--methods")
+METHODS.register("grpo", "grpo", doc="GRPO: each group's rewards z-scored (DeepSeekMath eq. 3).")
+METHODS.register("rloo", "rloo", doc="RLOO (Ahmadian et al. 2024): each reward against the mean of the other G - 1 of its group.")
+METHODS.register("reinforce", "reinforce", doc="REINFORCE (Williams 1992): the raw reward, no baseline.")
+METHODS.register("mean_baseline", "mean_baseline", doc="REINFORCE with the mean reward of the whole batch as the baseline.")
+METHODS.register("dr_grpo", "dr_grpo", doc="Dr.GRPO (Liu et al. 2025): the group mean subtracted, no division by the std.")
+METHODS.register("ppo", "gae", doc="PPO: a learned value model and GAE, the KL in the reward (DeepSeekMath eq. 2).")
 
 
 def run_method(method: str, seed: int, out: Path, overrides: list[str]) -> dict:
@@ -142,7 +150,7 @@ def plot(runs: list[dict], methods: list[str], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="grpo compare", description=__doc__.splitlines()[0])
-    ap.add_argument("--methods", default="grpo,rloo,reinforce,ppo", help=f"comma list of {sorted(METHODS)}")
+    ap.add_argument("--methods", default="grpo,rloo,reinforce,ppo", help=f"comma list of {', '.join(METHODS)}")
     ap.add_argument("--steps", type=int, default=15, help="policy-gradient steps per method (the budget)")
     ap.add_argument("--repeats", type=int, default=1, help="seeds per method (0, 1, ...): mean and spread")
     ap.add_argument("--out", default=None, help="output folder (default runs/compare-<date>-<time>)")
@@ -151,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
-        print(f"grpo compare: unknown methods {unknown}; valid: {sorted(METHODS)}", file=sys.stderr)
+        print(f"grpo compare: {METHODS.unknown(unknown[0])}", file=sys.stderr)
         return 2
     from grpo.config.io import load_config
 

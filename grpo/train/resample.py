@@ -31,9 +31,9 @@ class Resampled:
     invalid_left: int  # rows still invalid after the last round (this process)
 
 
-def validity_checks(fns: dict) -> list[Callable[[str, dict], bool]]:
-    """The ``valid`` checks the configured rewards declare (none: nothing is resampled)."""
-    return [fn.valid for fn in fns.values() if callable(getattr(fn, "valid", None))]
+def validity_checks(rewards: dict) -> list[Callable[[str, dict], bool]]:
+    """The ``valid`` checks the configured rewards (name -> Reward) declare (none: nothing is resampled)."""
+    return [r.valid for r in rewards.values() if r.valid is not None]
 
 
 def invalid_rows(texts: list[str], samples: list[dict], checks: list) -> list[int]:

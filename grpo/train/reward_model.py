@@ -245,12 +245,13 @@ def warm_up(rm: RewardModelTrainer, collector, *, temperature: float) -> dict:
     return {**rm.update(), "rm_warmup_completions": n}
 
 
-def make_reward_model_trainer(settings: RewardModelTrainSettings) -> RewardModelTrainer:
-    """The trainer of the run's reward model (its scorer now the one the reward uses), with the
-    teacher when one is named."""
-    from grpo.rewards.reward_model import RewardModelScorer, install_scorer
+def make_reward_model_trainer(settings: RewardModelTrainSettings, *, reward=None) -> RewardModelTrainer:
+    """The trainer of the run's reward model (its scorer now the one ``reward``, the run's
+    RewardModelReward, scores with), with the teacher when one is named."""
+    from grpo.rewards.reward_model import RewardModelScorer
 
     scorer = RewardModelScorer(settings.model)
-    install_scorer(scorer)
+    if reward is not None:
+        reward.use(scorer)
     teacher = RewardModelScorer(settings.teacher) if settings.teacher else None
     return RewardModelTrainer(settings, scorer, teacher)

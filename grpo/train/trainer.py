@@ -39,7 +39,6 @@ from grpo.infra.timing import STAGES, StageTimer, stage_key
 from grpo.infra.runtime import import_from, keep_freed_memory, make_run_dir, seed_everything
 from grpo.infra.stop import StopFlag
 from grpo.models import load_models, reset_reference, resolve_model_path
-from grpo.rewards.reward_model import set_reward_transform
 from grpo.rewards.runner import RewardRunner
 from grpo.rewards.steps import resolve_step_reward
 from grpo.rollout import Rollout
@@ -89,10 +88,9 @@ class Trainer:
         # Everything that can be wrong with the input is checked before the model loads.
         self.rewards = RewardRunner(cfg.reward_names, cfg.reward_weights, timeout=cfg.reward_timeout,
                                     workers=cfg.reward_workers, reward_model=cfg.reward_model,
+                                    reward_model_transform=cfg.reward_model_transform,  # seed 003 section 4.1
                                     retries=cfg.reward_retries, concurrency=cfg.reward_concurrency,
                                     given=reward_fns)  # callables handed over by the Python API
-        if cfg.reward_model:  # seed 003 section 4.1
-            set_reward_transform(cfg.reward_model_transform)
         step_reward = resolve_step_reward(cfg.step_reward) if cfg.supervision == "process" else None
         self.task = task or task_of(cfg)
         if not self.task.train:
@@ -123,8 +121,8 @@ class Trainer:
                                    note=lambda text, style=None: self.logger.note(text, style), timer=self.timer,
                                    agent=self.agent)
         # seed 001 Algorithm 1 step 4: the reward model learns at iteration boundaries (train/reward_model.py)
-        self.rm_trainer = make_reward_model_trainer(build.reward_model_settings(cfg)) \
-            if cfg.reward_model_train_steps else None
+        self.rm_trainer = (make_reward_model_trainer(build.reward_model_settings(cfg), reward=self.rewards.reward_model())
+                           if cfg.reward_model_train_steps else None)
         self.batches = BatchMaker(build.batch_settings(cfg), world=world, forwards=forwards, policy=self.policy,
                                   reference=self.models.reference, critic=self.critic, step_reward=step_reward,
                                   tokenizer=self.tok, timer=self.timer)

@@ -1,0 +1,80 @@
+"""What a reward is: a ``Reward`` object that declares its form and capabilities, which everything
+that runs rewards reads (the scoring, the reward runner, resampling, the serving scheme); nothing
+looks for attributes on a function.
+
+Built-in rewards are declared as ``Reward`` entries of ``grpo.rewards.builtin.REWARDS``. A user's
+callable (``module:function``, or handed to the Python API) becomes a ``Reward`` once, when it is
+resolved (``Reward.of``): its form told by its signature (TRL's per-batch form takes a parameter
+named ``completions``: grpo.rewards.forms), nothing else declared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from grpo.rewards.forms import is_batch_reward
+from grpo.rewards.remote import DEFAULT_CONCURRENCY
+
+
+@dataclass(frozen=True)
+class RewardOptions:
+    """What resolving a reward may take from the run's config: the deadline, retries and concurrency
+    of the rewards that keep their own deadline (``async def`` functions, URLs), and the settings of
+    the ``reward_model`` reward (its model and the transform of its raw scores)."""
+
+    timeout: float = 0.0  # reward_timeout (0: none)
+    retries: int = 0  # reward_retries
+    concurrency: int = DEFAULT_CONCURRENCY  # reward_concurrency
+    reward_model: str = ""  # reward_model: a folder or hub id
+    reward_model_transform: str = "none"  # reward_model_transform
+
+    @classmethod
+    def from_config(cls, cfg) -> RewardOptions:
+        """The options a run's config gives (its fields of the same names)."""
+        return cls(timeout=cfg.reward_timeout, retries=cfg.reward_retries, concurrency=cfg.reward_concurrency,
+                   reward_model=cfg.reward_model, reward_model_transform=cfg.reward_model_transform)
+
+
+@dataclass(frozen=True)
+class Reward:
+    """A reward function and what it declares about itself.
+
+    name: the name it is configured and logged under.
+    fn: the function, in the form ``batch`` says (grpo.rewards.forms): ``fn(completion, sample)``, or
+      TRL's ``fn(completions=..., ...)`` once per batch.
+    batch: TRL's per-batch form.
+    valid: ``(completion, sample) -> bool``, the completions it can grade (``resample_invalid_rounds``
+      samples the others again); None: every completion.
+    startup_check: ``() -> None`` that raises when it cannot grade on this machine; run when the reward
+      is resolved, so a run that cannot grade stops before its model loads. None: nothing to check.
+    own_deadline: it enforces its deadline itself (its own worker processes, event loop or HTTP
+      deadline), so it runs in the trainer's process, never in a reward worker.
+    reads_final_answer: it reads a final answer out of the text (``grpo serve`` then checks that an
+      answer states one).
+    build: for a reward with settings of its own (the reward model's path and transform),
+      ``(RewardOptions) -> fn``, called once when the reward is resolved; ``fn`` is then a stand-in
+      that says what is missing.
+    doc: what it computes ('': the function's docstring).
+    """
+
+    name: str
+    fn: Callable
+    batch: bool = False
+    valid: Callable[[str, dict], bool] | None = None
+    startup_check: Callable[[], None] | None = None
+    own_deadline: bool = False
+    reads_final_answer: bool = False
+    build: Callable[[RewardOptions], Callable] | None = None
+    doc: str = ""
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+    @classmethod
+    def of(cls, name: str, fn: Callable) -> Reward:
+        """``fn`` when it already is a Reward, else a user's callable as one: its form told by its
+        signature, nothing else declared."""
+        if isinstance(fn, Reward):
+            return fn
+        return cls(name=name, fn=fn, batch=is_batch_reward(fn))
