@@ -147,11 +147,12 @@ def _eval(argv: list[str]) -> int:
 
     from grpo.infra.runtime import import_from
     from grpo.models import load_models
-    from grpo.rewards import RewardOptions, resolve_reward
+    from grpo.rewards import resolve_reward
     from grpo.rollout import make_engine
+    from grpo.train.settings import reward_options
 
     import_from(cfg.working_dir, os.getcwd())  # the run's own folder first: its modules, as in training
-    verifier = resolve_reward(cfg.reward_names[0], RewardOptions.from_config(cfg))
+    verifier = resolve_reward(cfg.reward_names[0], reward_options(cfg))
     samples, held_out = _eval_samples(cfg, run)
     models = load_models(cfg.model, dtype=cfg.dtype, need_reference=False)
     engine = make_engine("hf", models.policy, models.tokenizer)  # generate, as evaluation inside `train`

@@ -29,12 +29,6 @@ class RewardOptions:
     reward_model: str = ""  # reward_model: a folder or hub id
     reward_model_transform: str = "none"  # reward_model_transform
 
-    @classmethod
-    def from_config(cls, cfg) -> RewardOptions:
-        """The options a run's config gives (its fields of the same names)."""
-        return cls(timeout=cfg.reward_timeout, retries=cfg.reward_retries, concurrency=cfg.reward_concurrency,
-                   reward_model=cfg.reward_model, reward_model_transform=cfg.reward_model_transform)
-
 
 @dataclass(frozen=True)
 class Reward:

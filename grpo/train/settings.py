@@ -12,6 +12,7 @@ from grpo import core
 from grpo.agent import AgentSettings
 from grpo.config import Config
 from grpo.eval.evaluate import EvalSettings
+from grpo.rewards.reward import RewardOptions
 from grpo.rollout import SamplingSettings, engine_class
 from grpo.train.batch import BatchSettings, RewardShaping, correction_mode
 from grpo.train.collect import CollectSettings
@@ -24,6 +25,12 @@ from grpo.train.update import UpdateSettings
 
 def _band(value) -> tuple[float, float] | None:
     return None if value is None else (float(value[0]), float(value[1]))
+
+
+def reward_options(cfg: Config) -> RewardOptions:
+    """What resolving a reward takes from the run's config (its fields of the same names)."""
+    return RewardOptions(timeout=cfg.reward_timeout, retries=cfg.reward_retries, concurrency=cfg.reward_concurrency,
+                         reward_model=cfg.reward_model, reward_model_transform=cfg.reward_model_transform)
 
 
 def engine_options(cfg: Config, name: str):
