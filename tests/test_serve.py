@@ -206,6 +206,62 @@ def test_openai_client_unchanged(live, scheme):
     assert len(keyed.models.list().data) == 2
 
 
+def test_the_openai_client_streams_both_routes_as_it_reads_plain_answers(live, scheme):
+    import openai
+
+    client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0)
+    msgs = [{"role": "user", "content": "hello"}]
+    live.scripted.script(eos_after=4, ban_eos=True)
+    plain = client.chat.completions.create(model="grpo", messages=msgs, max_tokens=8)
+    raw = client.chat.completions.with_raw_response.create(model="grpo", messages=msgs, max_tokens=8, stream=True,
+                                                           stream_options={"include_usage": True})
+    assert raw.headers["x-grpo-answered-by"] == "grpo" and raw.headers["content-type"].startswith("text/event-stream")
+    chunks = list(raw.parse())
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == plain.choices[0].message.content
+    end = [c for c in chunks if c.choices and c.choices[0].finish_reason][-1]
+    assert end.choices[0].finish_reason == "stop" and end.model_extra["answered_by"] == "grpo"
+    assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens == 4
+    live.scripted.script(ban_eos=True)
+    scheme.grpo_max_tokens = 2  # the GRPO model hits its cap: the fallback's answer streams, then the note
+    plain = client.chat.completions.create(model="grpo", messages=msgs, max_tokens=8)
+    raw = client.chat.completions.with_raw_response.create(model="grpo", messages=msgs, max_tokens=8, stream=True)
+    assert (raw.headers["x-grpo-answered-by"], raw.headers["x-grpo-reason"]) == ("base", "token_cap")
+    chunks = list(raw.parse())
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == plain.choices[0].message.content and text.endswith("\n\n" + scheme.notes["en"])
+    assert chunks[-1].model_extra["answer_reason"] == "token_cap"
+    plain = client.completions.create(model="base", prompt="Once upon", max_tokens=5)
+    streamed = client.completions.create(model="base", prompt="Once upon", max_tokens=5, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == plain.choices[0].text  # model=base: no note
+    live.state.api_key = "s3cret"
+    with pytest.raises(openai.AuthenticationError):  # refused before any event
+        client.chat.completions.create(model="grpo", messages=msgs, max_tokens=8, stream=True)
+
+
+def test_a_stream_is_server_sent_events_ending_in_done_and_a_client_gone_stops_its_row(live, scheme):
+    body = {"model": "base", "max_tokens": 40, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    with live.http.stream("POST", "/v1/chat/completions", json=body) as r:
+        lines = [ln for ln in r.iter_lines() if ln]
+    assert r.status_code == 200 and lines[-1] == "data: [DONE]" and all(ln.startswith("data: ") for ln in lines)
+    engine = live.state.fallback.engine
+    gate = threading.Event()
+    step = engine._step
+    engine._step = lambda: (gate.wait(5), step())[1]  # slow steps: the client leaves mid-answer
+    try:
+        steps = engine.steps
+        with live.http.stream("POST", "/v1/chat/completions", json={**body, "max_tokens": 60}) as r:
+            next(r.iter_lines())
+        gate.set()
+        for _ in range(500):
+            if not engine.rows:
+                break
+            time.sleep(0.01)
+        assert not engine.rows and engine.steps - steps < 60  # the row left early, not decoded to its cap
+    finally:
+        del engine._step
+
+
 BAD = [  # (raw body or JSON, status, field named)
     (b"{not json", 400, "body"),
     ([1, 2], 400, "body"),
@@ -293,14 +349,24 @@ def test_sigterm_drains_in_flight_requests():
         while not server.started:
             time.sleep(0.02)
         url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+        def streamed():
+            with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=30, json={
+                    "model": "base", "max_tokens": 3, "stream": True, "messages": [{"role": "user", "content": "x"}]}) as r:
+                results["stream"] = [ln for ln in r.iter_lines() if ln]
+
         with httpx.Client(base_url=url, timeout=30) as c:
             sent = threading.Thread(target=lambda: results.update(first=c.post("/v1/chat/completions", json={
                 "model": "grpo", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]})))
             sent.start()
             while state.grpo.depth() == 0:
                 time.sleep(0.01)
+            stream = threading.Thread(target=streamed)  # waits behind the GRPO prefill: in flight at the signal
+            stream.start()
+            while state.fallback.depth() == 0:
+                time.sleep(0.01)
             signal.raise_signal(signal.SIGTERM)
             sent.join()
+            stream.join()
         try:
             results["after"] = httpx.post(f"{url}/v1/chat/completions", json={}, timeout=2).status_code
         except httpx.HTTPError as e:
@@ -315,6 +381,7 @@ def test_sigterm_drains_in_flight_requests():
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert results["first"].status_code == 200 and results["first"].json()["answered_by"] == "grpo"
+    assert results["stream"][-1] == "data: [DONE]" and len(results["stream"]) >= 3  # the stream in flight finished
     assert results["after"] in ("ConnectError", 503)
     assert not state.scheduler.thread.is_alive()
 

@@ -121,7 +121,7 @@ async def _fallback_events(chunks: Chunks, queue: asyncio.Queue, fut, tokenizer,
             yield "data: [DONE]\n\n"
             return
         rest = fb.text[len(sent):] if fb.text.startswith(sent) else ""
-        note = router.note(fb.text)
+        note = router.note(fb.text) if reason != "requested" else ""  # model=base asked for it: no note
         if rest:
             yield chunks.text(rest)
         if note:
