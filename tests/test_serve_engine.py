@@ -193,3 +193,21 @@ def test_two_lanes_alternate_steps_while_the_grpo_rows_have_room(tiny):
     span = order[first:last + 1]
     assert all(a == "grpo" or b == "grpo" for a, b in zip(span, span[1:]))  # never two fallback steps in a row
     assert "base" in span  # with an hour to go, the fallback took its turns
+
+
+def test_the_entropy_bound_from_top_logprobs_is_exact_when_all_are_given_and_never_below_the_entropy():
+    import math
+
+    from grpo.core.entropy_stop import next_token_entropy
+    from grpo.serve.vllm_engine import entropy_upper_bound
+
+    # (0.5, 0.25, 0.25) with only the top token given: the rest spread evenly is the distribution itself
+    assert math.isclose(entropy_upper_bound([math.log(0.5)], 3), 1.5 * math.log(2), rel_tol=1e-9)
+    gen = torch.Generator().manual_seed(0)
+    for scale in (0.5, 3.0, 12.0):  # flat to peaked distributions over 500 tokens
+        logits = torch.randn(500, generator=gen, dtype=torch.float64) * scale
+        logp = torch.log_softmax(logits, -1)
+        exact = float(next_token_entropy(logits[None])[0])
+        assert math.isclose(entropy_upper_bound(logp.tolist(), 500), exact, rel_tol=1e-4, abs_tol=1e-6)
+        for k in (1, 5, 20):
+            assert entropy_upper_bound(logp.topk(k).values.tolist(), 500) >= exact - 1e-6

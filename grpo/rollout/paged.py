@@ -102,6 +102,11 @@ class PrefixCache:
         while self.pool.available() < need and self._evict_one():
             pass
 
+    def clear(self) -> None:
+        """Drop every kept page no row holds."""
+        while self._evict_one():
+            pass
+
     def _evict_one(self) -> bool:
         for key, page in self.entries.items():
             if self.pool.refs[page] == 1:  # only the cache holds it

@@ -95,7 +95,7 @@ def serve_parser() -> argparse.ArgumentParser:
     ap.add_argument("--engine", default="auto", help="auto, fast (grpo's decode step, paged KV cache), hf "
                     "(transformers' forward, any causal LM) or vllm (vLLM's engine; run from vLLM's environment)")
     ap.add_argument("--kernels", default="auto", help="the fast engine's decode_kernels setting")
-    ap.add_argument("--max-batch", type=int, default=8, help="rows each model decodes at once (continuous batching: "
+    ap.add_argument("--max-batch", type=int, default=16, help="rows each model decodes at once (continuous batching: "
                     "a request joins at the next step)")
     ap.add_argument("--max-step-tokens", type=int, default=128, help="tokens one step feeds the model: a token of "
                     "each decoding row, the rest prompt chunks (a long prompt is prefilled over several steps)")
