@@ -125,8 +125,9 @@ def test_a_verifier_that_cannot_score_is_reported_or_stops_the_evaluation(tiny_m
                                           r"completions so far \(max_reward_failure_share=0\.5\): KeyError: 'tests'$"):
         evaluate(engine, samples, every_other, system_prompt="", max_new_tokens=3, batch_size=4, verifier_name="v",
                  max_failure_share=0.5)
-    with pytest.raises(RewardError, match=r"could not score 4 of the 4 greedy completions so far "
-                                          r"\(max_reward_failure_share=1\): TypeError: returned list \[1\.0\]"):
+    # a wrong shape is the reward's bug, not a completion it cannot score: it stops at the first call
+    from grpo.rewards.forms import RewardShapeError
+    with pytest.raises(RewardShapeError, match=r"^rewards: 'v' returned a list \(1 values\) for one completion"):
         evaluate(engine, samples, lambda c, s: [1.0], system_prompt="", max_new_tokens=3, batch_size=4,
                  verifier_name="v")
 
