@@ -183,8 +183,9 @@ def test_two_lanes_alternate_steps_while_the_grpo_rows_have_room(tiny):
         long = f.submit(PROMPTS[0], cap=60, deadline=None)
         while len(order) < 3:  # the fallback decodes alone first
             time.sleep(0.001)
-        arrived = len(order)
-        g.submit(PROMPTS[1], cap=10, deadline=time.monotonic() + 3600).result(timeout=60)
+        short = g.submit(PROMPTS[1], cap=10, deadline=time.monotonic() + 3600)
+        arrived = len(order)  # steps begun by now: at least those begun before it was queued
+        short.result(timeout=60)
         long.result(timeout=60)
     finally:
         sched.stop()

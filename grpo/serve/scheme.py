@@ -48,7 +48,7 @@ class Scheme:
     grpo_max_tokens: int = 512
     entropy_threshold: float = DEFAULT_ENTROPY_THRESHOLD
     entropy_run: int = 3
-    deadline_s: float = 0.8
+    deadline_s: float | None = 0.8  # None: no deadline (the answer is judged on its content alone)
     completeness: str = "markers"  # a COMPLETENESS_CHECKS name
     markers: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_MARKERS))
     verifier: object = None  # a grpo reward function (completion, sample) -> score; > 0 passes (check "verifier")
@@ -152,10 +152,11 @@ class Router:
         the answer is None where the GRPO model failed)."""
         s, start = self.scheme, time.monotonic()
         cap = min(s.grpo_max_tokens, max_tokens or s.grpo_max_tokens)
-        deadline = start + s.deadline_s
+        deadline = None if s.deadline_s is None else start + s.deadline_s
         fut = self.grpo.submit(prompt, cap=cap, deadline=deadline, temperature=temperature, top_p=top_p)
+        wait = None if deadline is None else max(deadline - time.monotonic(), 0)
         try:  # the wait ends at the deadline even where a step runs past it
-            gen = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), max(deadline - time.monotonic(), 0))
+            gen = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), wait)
         except asyncio.TimeoutError:
             resolve(fut, Generation("", 0, "deadline", 0.0))  # the engine drops the row at its next step
             gen = fut.result()
