@@ -204,6 +204,9 @@ def bench_main(argv: list[str]) -> int:
     if not levels or min(levels) < 1 or args.requests < 1:
         raise SystemExit("grpo serve-bench: --concurrency needs counts >= 1 and --requests >= 1")
     prompts = args.prompt or held_out_prompts(args.prompts)
+    if not prompts:
+        raise SystemExit(f"grpo serve-bench: --prompts {args.prompts}: its task holds out no prompts (eval_prompts); "
+                         "give --prompt TEXT or another task")
     vllm = None
     if args.vllm_model:
         log = (args.out.with_suffix(".vllm.log") if args.out else Path(f"vllm-serve-{os.getpid()}.log"))
