@@ -1,23 +1,24 @@
-"""Issue 23's acceptance measurement, end to end: the embedded default run served with its base model
-as fallback, against the seed's 650 ms P99 / 75% GRPO share (seed 003 section 5.3), and the untrained
-model for comparison.
+"""Every serving acceptance figure in one run, with the CPU line: the seed's scheme (P99 <= 650 ms with
+>= 75% of requests answered by the GRPO model) at concurrency 4, a single request's latency at
+concurrency 1, and throughput at concurrency 16 against vLLM's own OpenAI server.
 
-    python bench/serve_acceptance.py RUN_FOLDER [--requests 200] [--scaled-deadline 2.0] [--out FILE.md]
+    python bench/serve_acceptance.py RUN_FOLDER [--requests 200] [--vllm PATH] [--out FILE.md]
 
 1. RUN_FOLDER without a checkpoint: trains the default run into it first (``grpo train
-   output_dir=RUN_FOLDER``; about 4-5 minutes on the idle 2-core AVX2 EPYC).
-2. For each (model, deadline): starts ``grpo serve MODEL --fallback base --deadline D`` on a free
-   loopback port with the seed's other defaults, waits for /health, runs ``grpo serve-bench
-   --concurrency 4 --requests N --prompts RUN_FOLDER`` (the run's held-out prompts), then SIGTERMs
-   the server. Models: the run (its completeness check derived from its rewards: ``final_answer``
-   for the default run's ``numeric``) and the untrained embedded model (fallback: itself; the same
-   ``final_answer`` check given explicitly, so both are judged alike). Deadlines: the seed's 0.8 s
-   and ``--scaled-deadline`` (default 2.0 s: the seed's budget is for GPU serving; on this CPU a
-   longer one shows the scheme's behaviour — GRPO share and fallback reasons — rather than a wall
-   of deadline misses).
-3. Writes a markdown table (P50/P95/P99, throughput, GRPO share, fallback reasons, errors, engine)
-   with the CPU line (``grep -o 'avx512[a-z_0-9]*' /proc/cpuinfo | sort -u``), date, commit, and the
-   load average before and after each level (a shared machine shows there), plus the raw JSON.
+   output_dir=RUN_FOLDER``: the embedded SmolLM2-135M-Instruct on arithmetic, 25 steps).
+2. The kernel choices are measured afresh on this machine (a cache folder of this measurement's own,
+   ``$GRPO_CACHE``), not read from a cache another load made.
+3. c=4: ``grpo serve RUN --fallback base`` with the seed's defaults (0.8 s deadline, 512 / 1024 token
+   caps, the entropy stop), ``grpo serve-bench --concurrency 4 --requests N`` on the run's held-out
+   prompts; then the untrained model (fallback: itself) under the same check (``final_answer``).
+4. c=1: the first held-out prompt whose trained answer is 8 tokens, sent ``--c1-requests`` times one
+   after another to the trained run's server: P50 to the answer's last token (the whole response).
+5. c=16: the trained run's server against ``vllm serve`` on the run exported as a plain model
+   folder (``grpo export``), the same held-out prompts, greedy, the GRPO model's token cap, in the
+   same serve-bench run: throughput (answered requests/s) and P99 of both. Needs vLLM's ``vllm``
+   (``--vllm``; default: .venv-vllm/bin/vllm of this checkout); without it the row says so.
+6. Writes a markdown table per part with the CPU line (bench/machine.py), date, commit and the load
+   average before and after each level, to RUN/serve_acceptance.md, and the raw JSON beside it.
 """
 
 from __future__ import annotations
@@ -33,12 +34,11 @@ import sys
 import time
 from pathlib import Path
 
-UNTRAINED = "embedded:SmolLM2-135M-Instruct"
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.machine import commit, cpu_line  # noqa: E402
 
-
-def sh(cmd: str) -> str:
-    return subprocess.run(cmd, shell=True, capture_output=True, text=True, cwd=ROOT).stdout.strip()
+UNTRAINED = "embedded:SmolLM2-135M-Instruct"
 
 
 def free_port() -> int:
@@ -47,111 +47,180 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+def load() -> str:
+    return "/".join(open("/proc/loadavg").read().split()[:3])
 
 
-def grpo(*args: str) -> list[str]:
-    return [sys.executable, "-m", "grpo", *args]
+class Served:
+    """``grpo serve`` in a subprocess on a free port, until ``stop``."""
+
+    def __init__(self, model: str, extra: list[str], log: Path, env: dict):
+        self.url = f"http://127.0.0.1:{(port := free_port())}"
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "grpo", "serve", model, "--port", str(port), *extra],
+                                     stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        import httpx
+
+        end = time.time() + 1800
+        while time.time() < end:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"grpo serve exited with {self.proc.returncode} before it was healthy (log: {log})")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        else:
+            self.stop()
+            raise SystemExit(f"grpo serve not healthy within 30 min (log: {log})")
+        text = log.read_text()
+        m = re.search(r"\(engine (\w+); completeness check (\w+)", text)
+        self.engine, self.check = (m.group(1), m.group(2)) if m else ("?", "?")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=300)
+        self.log.close()
 
 
-def ensure_trained(run: Path) -> None:
-    if (run / "checkpoints").is_dir() and any((run / "checkpoints").glob("step-*")):
-        return
-    print(f"{run}: no checkpoint; training the default run into it (about 4-5 min on an idle 2-core CPU)", flush=True)
-    t0 = time.time()
-    subprocess.run(grpo("train", f"output_dir={run}"), check=True, cwd=ROOT, env=ENV)
-    print(f"trained in {time.time() - t0:.0f} s", flush=True)
+def bench(url: str, out: Path, env: dict, *args: str) -> tuple[list[dict], str, str]:
+    """``grpo serve-bench`` against ``url``: its levels, and the load average before and after."""
+    before = load()
+    subprocess.run([sys.executable, "-m", "grpo", "serve-bench", "--url", url, "--out", str(out), *args], check=True,
+                   cwd=ROOT, env=env)
+    return json.loads(out.read_text())["levels"], before, load()
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
-    import httpx
-
-    end = time.time() + timeout
-    while time.time() < end:
-        if proc.poll() is not None:
-            raise SystemExit(f"grpo serve exited with {proc.returncode} before it was healthy")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise SystemExit(f"grpo serve not healthy within {timeout:.0f} s")
+def ms(v) -> str:
+    return "-" if v is None else f"{v / 1000:.2f} s" if v >= 1000 else f"{v:.0f} ms"
 
 
-def level(model: str, run: Path, deadline: float, requests: int, extra: list[str], logdir: Path) -> dict:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    tag = f"{'run' if model != UNTRAINED else 'untrained'}_d{deadline}"
-    log = open(logdir / f"serve_{tag}.log", "w")
-    proc = subprocess.Popen(grpo("serve", model, "--fallback", "base", "--port", str(port), "--deadline", str(deadline),
-                                 *extra), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=ENV)
-    try:
-        wait_healthy(url, proc, 900)
-        load0 = open("/proc/loadavg").read().split()[:3]
-        out = logdir / f"bench_{tag}.json"
-        t0 = time.time()
-        subprocess.run(grpo("serve-bench", "--url", url, "--concurrency", "4", "--requests", str(requests),
-                            "--prompts", str(run), "--out", str(out)), check=True, cwd=ROOT, env=ENV)
-        seconds = time.time() - t0
-        load1 = open("/proc/loadavg").read().split()[:3]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
-        log.close()
-    text = (logdir / f"serve_{tag}.log").read_text()
-    engine = re.search(r"\(engine (\w+); completeness check (\w+)", text)
-    res = json.loads(out.read_text())["levels"][0]
-    return {"model": model, "deadline": deadline, "engine": engine.group(1) if engine else "?",
-            "check": engine.group(2) if engine else "?", "load": f"{'/'.join(load0)} -> {'/'.join(load1)}",
-            "bench_s": round(seconds, 1), **res}
-
-
-def table(rows: list[dict], requests: int) -> str:
-    ms = lambda v: "-" if v is None else f"{v / 1000:.2f} s" if v >= 1000 else f"{v:.0f} ms"  # noqa: E731
-    head = ("| model (fallback: its base) | deadline | engine | check | ok / sent | P50 | P95 | P99 | req/s | "
-            "GRPO share | fallback reasons | errors | mean tokens (grpo / base) | load avg before -> after |\n" + "|---" * 14 + "|\n")
-    lines = []
+def c4_table(rows: list[dict], requests: int) -> str:
+    head = ("| model (fallback) | engine | check | ok / sent | P50 | P95 | P99 | req/s | GRPO share | fallback reasons "
+            "| errors | mean tokens (grpo / base) | load before -> after |\n" + "|---" * 13 + "|\n")
+    out = []
     for r in rows:
-        name = "untrained SmolLM2-135M-Instruct (itself)" if r["model"] == UNTRAINED else f"trained run `{r['model']}`"
-        share = "-" if r["grpo_share"] is None else f"{r['grpo_share']:.0%}"
+        share = "-" if r["grpo_share"] is None else f"{r['grpo_share']:.1%}"
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(r["fallback_reasons"].items())) or "-"
         errors = ", ".join(f"{k} {v}" for k, v in sorted(r["errors"].items())) or "-"
-        toks = " / ".join(str(r.get("mean_tokens", {}).get(k, "-")) for k in ("grpo", "base"))
-        lines.append(f"| {name} | {r['deadline']} s | {r['engine']} | {r['check']} | {r['ok']} / {requests} | "
-                     f"{ms(r['p50_ms'])} | {ms(r['p95_ms'])} | {ms(r['p99_ms'])} | {r['throughput_rps']} | {share} | "
-                     f"{reasons} | {errors} | {toks} | {r['load']} |")
-    return head + "\n".join(lines) + "\n"
+        toks = " / ".join(str(r["mean_tokens"].get(k, "-")) for k in ("grpo", "base"))
+        out.append(f"| {r['name']} | {r['engine']} | {r['check']} | {r['ok']} / {requests} | {ms(r['p50_ms'])} | "
+                   f"{ms(r['p95_ms'])} | {ms(r['p99_ms'])} | {r['throughput_rps']} | {share} | {reasons} | {errors} | "
+                   f"{toks} | {r['load']} |")
+    return head + "\n".join(out) + "\n"
+
+
+def eight_token_prompt(url: str, prompts: list[str]) -> tuple[str, int] | None:
+    """The first held-out prompt the GRPO model answers (itself, complete) in 8 tokens."""
+    import httpx
+
+    best = None
+    for p in prompts[:100]:
+        r = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+            "model": "grpo", "temperature": 0.0, "messages": [{"role": "user", "content": p}]}).json()
+        n = r["usage"]["completion_tokens"]
+        if r.get("answered_by") == "grpo" and n == 8:
+            return p, n
+        if r.get("answered_by") == "grpo" and (best is None or abs(n - 8) < abs(best[1] - 8)):
+            best = (p, n)
+    return best  # None: no held-out prompt was answered by the GRPO model
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path, help="the trained run folder (trained here first if it has no checkpoint)")
-    ap.add_argument("--requests", type=int, default=200)
-    ap.add_argument("--scaled-deadline", type=float, default=2.0, help="the extra level's deadline (0: none)")
+    ap.add_argument("--requests", type=int, default=200, help="requests per level at c=4 and c=16")
+    ap.add_argument("--c1-requests", type=int, default=50)
+    ap.add_argument("--vllm", type=Path, default=ROOT / ".venv-vllm" / "bin" / "vllm", help="vLLM's vllm command")
     ap.add_argument("--out", type=Path, help="markdown file (default: RUN/serve_acceptance.md)")
     args = ap.parse_args()
     run = args.run.resolve()
-    ensure_trained(run)
     logdir = run / "serve_acceptance"
-    logdir.mkdir(exist_ok=True)
-    cpu = sh("grep -o 'avx512[a-z_0-9]*' /proc/cpuinfo | sort -u") or "(none: AVX2)"
-    model_name = sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2")
-    commit = sh("git rev-parse --short HEAD") + (" (+ uncommitted changes)" if sh("git status --porcelain -uno") else "")
+    logdir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+           "GRPO_CACHE": str(logdir / "cache")}  # kernels measured now, on this machine as it is
+    t0 = time.monotonic()
+    if not any((run / "checkpoints").glob("step-*")):
+        print(f"{run}: no checkpoint; training the default run into it", flush=True)
+        subprocess.run([sys.executable, "-m", "grpo", "train", f"output_dir={run}"], check=True, cwd=ROOT, env=env)
+    trained_s, t0 = time.monotonic() - t0, time.monotonic()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    deadlines = [0.8] + ([args.scaled_deadline] if args.scaled_deadline > 0 else [])
-    rows, out = [], args.out or run / "serve_acceptance.md"
-    for d in deadlines:
-        for model, extra in ((str(run), []), (UNTRAINED, ["--completeness", "final_answer"])):
-            print(f"== {model}, deadline {d} s, {args.requests} requests at concurrency 4", flush=True)
-            rows.append(level(model, run, d, args.requests, extra, logdir))
-            md = (f"Serving acceptance (issue 23; seed 003 section 5.3 targets: P99 <= 650 ms, GRPO share >= 75%), "
-                  f"`grpo serve-bench --concurrency 4 --requests {args.requests}` on the run's held-out prompts, "
-                  f"the seed's scheme defaults except the deadline shown; {started}, commit {commit}; "
-                  f"CPU {model_name}, {os.cpu_count()} cores, AVX-512 flags: {cpu}.\n\n" + table(rows, args.requests))
-            out.write_text(md)  # after every level: an interrupted measurement keeps what it made
-            (logdir / "rows.json").write_text(json.dumps(rows, indent=2) + "\n")
-    print(md)
+    head = (f"Serving acceptance, {started}, commit {commit()}; CPU: {cpu_line()}; torch threads: the default; "
+            f"load average at the start {load()}. Scheme: the seed's defaults (0.8 s deadline, 512 / 1024 token caps, "
+            "entropy stop 3 tokens below 0.01 nats), greedy.\n\n")
+    out = args.out or run / "serve_acceptance.md"
+    doc, raw = [head], {}
+
+    def write():
+        out.write_text("".join(doc))
+        (logdir / "results.json").write_text(json.dumps(raw, indent=2) + "\n")
+
+    from grpo.serve.bench import held_out_prompts
+
+    prompts = held_out_prompts(str(run))
+    # c=4 (and c=1, c=16 on the same trained server)
+    c4 = []
+    trained = Served(str(run), ["--fallback", "base"], logdir / "serve_trained.log", env)
+    try:
+        levels, b, a = bench(trained.url, logdir / "c4_trained.json", env, "--concurrency", "4", "--requests",
+                             str(args.requests), "--prompts", str(run))
+        c4.append({"name": "trained default run (its base)", "engine": trained.engine, "check": trained.check,
+                   "load": f"{b} -> {a}", **levels[0]})
+        found = eight_token_prompt(trained.url, prompts)
+        if found is not None:
+            levels, b, a = bench(trained.url, logdir / "c1.json", env, "--concurrency", "1", "--requests",
+                                 str(args.c1_requests), "--prompt", found[0])
+            raw["c1"] = {"prompt": found[0], "tokens": found[1], "load": f"{b} -> {a}", **levels[0]}
+        else:
+            raw["c1"] = None
+        write()
+        export = logdir / "export"
+        if not (export / "config.json").is_file():
+            subprocess.run([sys.executable, "-m", "grpo", "export", str(run), "--out", str(export)], check=True,
+                           cwd=ROOT, env=env)
+        vllm_args = ["--vllm-model", str(export), "--vllm", str(args.vllm)] if args.vllm.is_file() else []
+        levels, b, a = bench(trained.url, logdir / "c16.json", env, "--concurrency", "16", "--requests",
+                             str(args.requests), "--prompts", str(run), *vllm_args)
+        raw["c16"] = {"load": f"{b} -> {a}", "levels": levels, "vllm": str(args.vllm) if vllm_args else None}
+        write()
+    finally:
+        trained.stop()
+    untrained = Served(UNTRAINED, ["--fallback", "base", "--completeness", "final_answer"],
+                       logdir / "serve_untrained.log", env)
+    try:
+        levels, b, a = bench(untrained.url, logdir / "c4_untrained.json", env, "--concurrency", "4", "--requests",
+                             str(args.requests), "--prompts", str(run))
+        c4.append({"name": "untrained SmolLM2-135M-Instruct (itself)", "engine": untrained.engine,
+                   "check": untrained.check, "load": f"{b} -> {a}", **levels[0]})
+    finally:
+        untrained.stop()
+    raw["c4"] = c4
+    doc.append(f"**c=4**, {args.requests} held-out prompts (target: P99 <= 650 ms, GRPO share >= 75%):\n\n"
+               + c4_table(c4, args.requests) + "\n")
+    c1 = raw["c1"]
+    if c1 is None:
+        doc.append("**c=1**: not measured: none of the first 100 held-out prompts was answered by the GRPO model.\n\n")
+    else:
+        doc.append(f"**c=1**, one held-out prompt ({c1['prompt']!r}, a {c1['tokens']}-token answer), {c1['ok']} "
+                   f"requests one after another (target: P50 <= 200 ms to the last token): P50 {ms(c1['p50_ms'])}, "
+                   f"P95 {ms(c1['p95_ms'])}, P99 {ms(c1['p99_ms'])}; GRPO share {c1['grpo_share']:.0%}; "
+                   f"load {c1['load']}.\n\n")
+    lines = ["| server | ok / sent | P50 | P99 | req/s | GRPO share | mean tokens |", "|---|---|---|---|---|---|---|"]
+    for lv in raw["c16"]["levels"]:
+        share = "-" if lv["server"] != "grpo serve" or lv["grpo_share"] is None else f"{lv['grpo_share']:.1%}"
+        lines.append(f"| {lv['server']} | {lv['ok']} / {args.requests} | {ms(lv['p50_ms'])} | {ms(lv['p99_ms'])} | "
+                     f"{lv['throughput_rps']} | {share} | {lv['mean_tokens']} |")
+    note = "" if raw["c16"]["vllm"] else f" (vLLM's server not measured: no {args.vllm})"
+    doc.append(f"**c=16**, {args.requests} held-out prompts, the trained run (target: grpo serve's throughput >= "
+               f"vLLM's OpenAI server's; `vllm serve` on the run exported){note}; load {raw['c16']['load']}:\n\n"
+               + "\n".join(lines) + "\n")
+    took = time.monotonic() - t0
+    doc.append(f"\nRun time: the measurement {took / 60:.1f} min" + (f", the training first {trained_s / 60:.1f} min"
+                                                                    if trained_s > 1 else "") + ".\n")
+    write()
+    print("".join(doc))
     print(f"written: {out}")
     return 0
 

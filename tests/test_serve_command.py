@@ -109,13 +109,22 @@ def test_every_attack_class_gets_its_status_and_the_server_keeps_serving(served)
 
 
 def _settled(port: int) -> bool:
-    """Nothing queued or in flight (a request's count ends just after its answer is sent: waits a little)."""
-    for _ in range(50):
+    """Nothing queued or in flight (a request's count ends just after its answer is sent: waits for it;
+    the limit only ends a test that would otherwise hang)."""
+    end = time.monotonic() + 120
+    while time.monotonic() < end:
         if request(port, "GET", "/health", key=KEY).body == {"status": "ok", "queue": {"grpo": 0, "base": 0},
                                                               "requests": 0}:
             return True
         time.sleep(0.1)
     return False
+
+
+def _until_draining(port: int) -> None:
+    end = time.monotonic() + 120
+    while request(port, "GET", "/health", key=KEY).status != 503:
+        assert time.monotonic() < end, "the server never began draining"
+        time.sleep(0.01)
 
 
 def test_96_concurrent_clients_get_200_or_429_and_the_server_serves_after(served):
@@ -139,7 +148,7 @@ def test_sigterm_answers_in_flight_requests_refuses_a_kept_alive_one_with_503_an
                 break
             time.sleep(0.01)
         served.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
+        _until_draining(served.port)  # the signal handled (a new connection's /health says so), however loaded
         refused = kept.post("/v1/chat/completions", json=CHAT)
         answered = [f.result() for f in flying]
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "unavailable"

@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from grpo.cli import main
 from grpo.models.logprobs import completion_logprobs
+from grpo.serve.models import fallback_source, same_weights, source_of
 from grpo.train.trainer import Trainer
 from tests.test_trainer import make_cfg
 
@@ -39,3 +40,10 @@ def test_exported_lora_run_loads_in_transformers_with_the_runs_logprobs(tmp_path
     assert torch.allclose(exp_logp[mask], run_logp[mask], atol=1e-5)
     assert (base_logp[mask] - run_logp[mask]).abs().max() > 1e-3  # the adapters moved it: the merge matters
     assert main(["export", str(t.run_dir), "--out", str(out)]) == 2  # never over a folder with files
+    # served, the folder stands for the run: its base model as the fallback (another model: the note is
+    # due), the run's rewards behind the completeness check's default
+    src = source_of(str(out))
+    assert (src.weights, src.base, src.rewards) == (str(out), str(tiny_model_dir), cfg.rewards)
+    assert not same_weights(src, fallback_source(src, "base"))
+    plain = source_of(str(tiny_model_dir))  # a plain model is its own fallback: no note
+    assert same_weights(plain, fallback_source(plain, "base")) and plain.rewards is None

@@ -1,24 +1,16 @@
 """The serving scheme's task-appropriate completeness check (a stated final answer) and its default
-from a run's rewards, the fast engine's kept decode parts (the same tokens as parts built per batch),
-and the fallback yielding the cores to the GRPO model only while a GRPO deadline can still be met."""
+from a run's rewards (a run folder's, an exported folder's)."""
 
 from __future__ import annotations
 
 import argparse
-import time
 
 import pytest
-import torch
 
 from grpo.errors import ConfigError
-from grpo.rollout.base import encode_prompts
-from grpo.rollout.fast import decode_ids
-from grpo.serve.batcher import Batcher
-from grpo.serve.engines import FastServeEngine, Generation, HFServeEngine
+from grpo.serve.engines import Generation
 from grpo.serve.scheme import Scheme, default_completeness, incomplete_reason
 from grpo.serve.server import completeness_of
-from tests.conftest import TEST_SEED, build_tiny_model, build_tokenizer
-from tests.test_serve import Scripted
 
 FINAL = [  # (answer, how it ended, the check's verdict)
     ("7 + 5 = 12", "stop", None),
@@ -67,50 +59,3 @@ def test_completeness_default_follows_the_run_and_the_flags():
         completeness_of(args(completeness="vibes"), "numeric")
     with pytest.raises(ConfigError, match="--verifier"):
         completeness_of(args(completeness="verifier"), None)
-
-
-def _tiny():
-    tok = build_tokenizer()
-    model = build_tiny_model(len(tok), seed=TEST_SEED, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
-    return tok, model
-
-
-def test_kept_decode_parts_give_the_tokens_of_parts_built_per_batch():
-    tok, model = _tiny()
-    engine = FastServeEngine(model, tok, kernels="mkl")
-    prompts = ["What is 2 + 3?", "hi", "Once upon a time"]
-    ids, mask, _ = encode_prompts(tok, prompts, max_length=10**9)
-    kw = dict(g=1, max_new_tokens=12, eos=[], sampler=None, keys=None, with_logprobs=False, temperature=1.0,
-              pad_id=tok.pad_token_id, kernels="mkl")
-    fresh = decode_ids(model, ids, mask, **kw)["ids"]
-    parts = engine.parts(3, ids.shape[1] + 12)
-    assert parts is not None and engine.parts(3, ids.shape[1] + 12) is parts  # built once, kept
-    for _ in range(2):  # a second decode on the same parts: they were reset, not reused dirty
-        assert torch.equal(decode_ids(model, ids, mask, parts=parts, **kw)["ids"], fresh)
-
-
-def test_fallback_yields_to_the_grpo_model_until_its_deadline_then_goes_on():
-    tok, plain = _tiny()
-    scripted = Scripted(plain.config)
-    scripted.load_state_dict(plain.state_dict())
-    scripted.script(prefill_delay=30.0)
-    grpo = Batcher(HFServeEngine(scripted, tok), window_s=0.0)
-    fallback = Batcher(FastServeEngine(plain, tok, kernels="mkl"), window_s=0.0, yield_to=grpo)
-    free = Batcher(FastServeEngine(plain, tok, kernels="mkl"), window_s=0.0)
-    try:
-        assert free.submit("warm", cap=2, deadline=None).result(timeout=30).tokens == 2
-        deadline = time.monotonic() + 1.0
-        slow = grpo.submit("a slow GRPO prefill", cap=4, deadline=deadline)
-        while grpo.busy_until() is None:
-            time.sleep(0.005)
-        alone = free.submit("Once upon a time", cap=6, deadline=None).result(timeout=30)
-        assert alone.tokens == 6 and time.monotonic() < deadline  # without the yield it ends at once
-        yielded = fallback.submit("Once upon a time", cap=6, deadline=None)
-        time.sleep(0.3)
-        assert not yielded.done()  # paused after its first token while the GRPO request can make its deadline
-        got = yielded.result(timeout=30)  # past the deadline it goes on, though the GRPO prefill still runs
-        assert time.monotonic() >= deadline and not slow.done() and got.text == alone.text
-    finally:
-        scripted.release.set()
-        for b in (grpo, fallback, free):
-            b.stop()

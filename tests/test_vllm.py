@@ -439,6 +439,98 @@ def test_a_server_that_dies_mid_run_saves_a_checkpoint_and_leaves_no_process(ser
     assert not any(_alive(p) for p in procs), [p for p in procs if _alive(p)]
 
 
+@pytest.fixture(scope="module")
+def vllm_live(vllm_root):
+    """`grpo serve MODEL --engine vllm --fallback OTHER` in this process (two vLLM engines: the
+    module's model and another of its shape), on a free port; the scheme's settings per test."""
+    import threading
+
+    import httpx
+
+    from grpo.serve.server import build_state, make_server, serve_parser
+
+    from transformers import LlamaForCausalLM
+
+    other = vllm_root / "fallback"
+    if not other.is_dir():
+        model = LlamaForCausalLM.from_pretrained(vllm_root / "model")
+        torch.manual_seed(TEST_SEED + 1)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(std=0.05)
+        model.save_pretrained(other)
+        build_tokenizer().save_pretrained(other)
+    args = serve_parser().parse_args([str(vllm_root / "model"), "--engine", "vllm", "--fallback", str(other),
+                                      "--max-batch", "4", "--deadline", "60", "--max-prompt-tokens", "100",
+                                      "--grpo-max-tokens", "12", "--fallback-max-tokens", "12",
+                                      "--closing-markers", "none"])
+    state = build_state(args)
+    server = make_server(state, host="127.0.0.1", port=0)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    state.url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    state.http = httpx.Client(base_url=state.url, timeout=120)
+    yield state
+    server.should_exit = True
+    thread.join(timeout=120)
+
+
+@needs_vllm
+@pytest.mark.timeout(1800)  # its setup starts two vLLM engine processes: minutes each on a loaded 2-core machine
+def test_the_vllm_engine_serves_the_scheme_to_the_openai_client_plain_and_streamed(vllm_live):
+    import openai
+
+    st = vllm_live
+    st.scheme.deadline_s = None  # judged on content alone, however loaded the machine
+    client = openai.OpenAI(base_url=f"{st.url}/v1", api_key="unused", max_retries=0)
+    msgs = [{"role": "user", "content": "What is 2 + 3?"}]
+    plain = client.chat.completions.create(model="grpo", messages=msgs, max_tokens=8)  # a random model: cut at 8
+    assert (plain.model_extra["answered_by"], plain.model_extra["answer_reason"]) == ("base", "token_cap")
+    chunks = list(client.chat.completions.create(model="grpo", messages=msgs, max_tokens=8, stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == plain.choices[0].message.content and text.endswith(st.scheme.notes["en"])
+    # a GRPO answer that ends (every token certain: the entropy stop at 3) and passes a verifier
+    threshold, st.grpo.entropy_threshold = st.grpo.entropy_threshold, 1e6
+    st.scheme.completeness, st.scheme.verifier = "verifier", (lambda completion, sample: 1.0)
+    try:
+        plain = client.chat.completions.create(model="grpo", messages=msgs, max_tokens=8)
+        chunks = list(client.chat.completions.create(model="grpo", messages=msgs, max_tokens=8, stream=True))
+    finally:
+        st.grpo.entropy_threshold, st.scheme.completeness, st.scheme.verifier = threshold, "markers", None
+    assert (plain.model_extra["answered_by"], plain.usage.completion_tokens) == ("grpo", 3)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == plain.choices[0].message.content
+    base = client.completions.create(model="base", prompt="Once upon", max_tokens=6)
+    streamed = client.completions.create(model="base", prompt="Once upon", max_tokens=6, stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == base.choices[0].text and base.model_extra["answered_by"] == "base"
+
+
+@needs_vllm
+def test_the_vllm_engine_stops_at_the_deadline_and_the_entropy_stop_and_aborts_in_vllm(vllm_live):
+    st = vllm_live
+    st.scheme.deadline_s = 0.001  # over before vLLM's first token: the fallback answers, with the note
+    r = st.http.post("/v1/chat/completions", json={"model": "grpo", "max_tokens": 8,
+                                                   "messages": [{"role": "user", "content": "hi"}]})
+    body = r.json()
+    assert (body["answered_by"], body["answer_reason"]) == ("base", "deadline")
+    assert body["choices"][0]["message"]["content"].endswith(st.scheme.notes["en"])  # another model answered
+    for _ in range(200):  # the GRPO request was aborted in vLLM, not decoded to its cap
+        if st.grpo.llm.get_num_unfinished_requests() == 0:
+            break
+        time.sleep(0.05)
+    assert st.grpo.llm.get_num_unfinished_requests() == 0 and not st.grpo.live
+    st.scheme.deadline_s = None  # judged on content alone, however loaded the machine
+    threshold = st.grpo.entropy_threshold
+    st.grpo.entropy_threshold = 1e6  # every token counts as certain: the stop ends the answer at 3 tokens
+    try:
+        gen = st.grpo.submit("Once upon", cap=12, deadline=None).result(timeout=120)
+    finally:
+        st.grpo.entropy_threshold = threshold
+    assert (gen.finish, gen.tokens) == ("entropy", 3)
+    assert not st.scheduler.paused and not st.scheduler.call(st.scheduler.engines[1].is_paused())  # not left paused
+
+
 @needs_vllm
 def test_an_engine_process_that_dies_saves_a_checkpoint_and_leaves_no_process(trainer):
     """Last in the module: it kills the shared engine's worker, as the OOM killer did in a 25-step run

@@ -316,3 +316,69 @@ void panel_linear(const float *x, int64_t n8, int64_t K, const float *wp, int64_
         }
     }
 }
+
+/* Attention of m query tokens over a paged KV cache (serving: continuous batching).
+ *   qkv [m, (Hq + 2 Hk) D]: each token's q, k, v before the rotary embedding; cos, sin [m, D];
+ *   kp [pages, Hk, D, S]: keys, each page's S positions transposed (S a multiple of 16);
+ *   vp [pages, Hk, S, D]: values;
+ *   table [rows, W]: the pages of each row, in position order (page k holds positions k S .. k S + S - 1);
+ *   row [m], pos [m]: token i is row row[i]'s token at position pos[i]; its key and value are written
+ *     there, then it attends to that row's positions 0 .. pos[i] (a row's tokens in one call are
+ *     consecutive positions: a chunk of its prompt, or one decoded token);
+ *   work [attention_threads(), Hq / Hk, W S + 16] scratch; out [m, Hq D].
+ * Two passes: every key and value is written before any token attends, so a prompt chunk's tokens
+ * see each other's keys (causal: token i reads only positions <= pos[i]). A row's positions need no
+ * padding or mask: a row holds its own tokens from position 0, so rows of any lengths share a call.
+ * Query head h reads key-value head h / (Hq / Hk), as HF's repeat_kv orders them. */
+void paged_attention(const float *qkv, const float *cos, const float *sin, float *kp, float *vp, int64_t S,
+                     const int64_t *table, int64_t W, const int64_t *row, const int64_t *pos, int64_t m,
+                     int64_t Hq, int64_t Hk, int64_t D, float scale, float *work, float *out) {
+    int64_t G = Hq / Hk, width = (Hq + 2 * Hk) * D, span = W * S + 16;
+#pragma omp parallel for schedule(static) if (m >= 4)
+    for (int64_t i = 0; i < m; i++) {
+        float kt[D];
+        const float *x = qkv + i * width, *ci = cos + i * D, *si = sin + i * D;
+        int64_t page = table[row[i] * W + pos[i] / S], at = pos[i] % S;
+        for (int64_t j = 0; j < Hk; j++) {
+            float *col = kp + (page * Hk + j) * D * S + at, *vslot = vp + ((page * Hk + j) * S + at) * D;
+            rope(x + (Hq + j) * D, ci, si, kt, D);
+            for (int64_t e = 0; e < D; e++) col[e * S] = kt[e];
+            memcpy(vslot, x + (Hq + Hk + j) * D, D * sizeof(float));
+        }
+    }
+#pragma omp parallel for schedule(dynamic, 1) if (m >= 2)
+    for (int64_t i = 0; i < m; i++) {
+        float q[Hq * D], acc[D];
+#ifdef _OPENMP
+        float *scratch = work + (int64_t)omp_get_thread_num() * G * span;
+#else
+        float *scratch = work;
+#endif
+        const float *x = qkv + i * width, *ci = cos + i * D, *si = sin + i * D;
+        const int64_t *pages = table + row[i] * W;
+        int64_t L = pos[i] + 1, npages = (L + S - 1) / S;
+        for (int64_t h = 0; h < Hq; h++) rope(x + h * D, ci, si, q + h * D, D);
+        for (int64_t j = 0; j < Hk; j++) {
+            for (int64_t a = 0; a < G; a++) {  /* query head h = j G + a */
+                const float *qh = q + (j * G + a) * D;
+                float *restrict s = scratch + a * span, mx = -3.0e38f, sum = 0.0f;
+                for (int64_t b = 0; b < npages; b++) {  /* in order: a page's overrun is rewritten by the next */
+                    int64_t len = b + 1 < npages ? S : L - b * S;
+                    scores(qh, kp + (pages[b] * Hk + j) * D * S, S, len, scale, D, s + b * S);
+                }
+#pragma omp simd reduction(max : mx)
+                for (int64_t l = 0; l < L; l++) mx = s[l] > mx ? s[l] : mx;
+#pragma omp simd
+                for (int64_t l = 0; l < L; l++) s[l] = fast_exp(s[l] - mx);
+#pragma omp simd reduction(+ : sum)
+                for (int64_t l = 0; l < L; l++) sum += s[l];
+                for (int64_t b = 0; b < npages; b++) {
+                    int64_t len = b + 1 < npages ? S : L - b * S;
+                    weighted_sum(s + b * S, vp + (pages[b] * Hk + j) * S * D, len, D, acc, b == 0);
+                }
+                float *o = out + i * Hq * D + (j * G + a) * D, inv = 1.0f / sum;
+                for (int64_t e = 0; e < D; e++) o[e] = acc[e] * inv;
+            }
+        }
+    }
+}

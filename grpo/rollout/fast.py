@@ -152,6 +152,16 @@ def _head(model, plan: KernelPlan | None, use_native: bool):
     return plan.factory("head")(head.weight.detach(), head.bias.detach() if head.bias is not None else None)
 
 
+def step_products(model, rows: int, kernels: str = "auto", *, use_native: bool = True) -> tuple[dict, object]:
+    """The four layer products (role -> factory, for TorchDecoder's ``linears``) and the output
+    layer's product of a step of about ``rows`` rows, as ``kernels`` and the measured plan say: what a
+    decoder of one's own (grpo.rollout.paged) builds its step from."""
+    base = base_model(model)
+    plan = kernel_plan(base, rows, kernels)
+    linears = {r: plan.factory(r) for r in ("qkv", "o", "gate_up", "down") if use_native or plan.products[r] != "panel"}
+    return linears, _head(base, plan, use_native)
+
+
 @torch.no_grad()
 def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False,

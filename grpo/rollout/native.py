@@ -68,6 +68,7 @@ SIGNATURES = {
     "vector_lanes": [],
     "panel_width": [],
     "panel_linear": [_P, _I, _I, _P, _I, _P],
+    "paged_attention": [_P, _P, _P, _P, _P, _I, _P, _I, _P, _P, _I, _I, _I, _I, _F, _P, _P],
 }
 _COUNTS = ("attention_threads", "vector_lanes", "panel_width")  # functions returning an int64
 

@@ -1,5 +1,6 @@
-"""The OpenAI-compatible HTTP API on FastAPI: /v1/chat/completions, /v1/completions, /v1/models,
-/health and Prometheus /metrics.
+"""The OpenAI-compatible HTTP API on FastAPI: /v1/chat/completions, /v1/completions (both also as
+server-sent events with ``stream: true``, grpo.serve.stream), /v1/models, /health and Prometheus
+/metrics.
 
 Model ``grpo`` runs the scheme (the GRPO model first, the fallback on deadline or an incomplete
 answer); model ``base`` asks the fallback model directly. Each answer says which model answered and
@@ -28,10 +29,10 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from grpo.data.tasks import render_prompt
 from grpo.infra.http import HttpError, body_length, key_matches
-from grpo.serve.batcher import Batcher, Overloaded
-from grpo.serve.engines import ServeEngine
+from grpo.serve.batcher import Lane, Overloaded
 from grpo.serve.protocol import ApiError, Limits, parse_json, parse_request
 from grpo.serve.scheme import Router, Scheme
+from grpo.serve.stream import stream_answer
 
 MODELS = ("grpo", "base")
 
@@ -53,13 +54,21 @@ class Metrics:
         depth.labels(model="grpo").set_function(lambda: state.grpo.depth())
         depth.labels(model="base").set_function(lambda: state.fallback.depth())
 
+    def answered(self, answered_by: str, reason: str, seconds: float) -> None:
+        self.latency.labels(answered_by=answered_by).observe(seconds)
+        self.requests.labels(answered_by=answered_by).inc()
+        if answered_by != "grpo" and reason != "requested":
+            self.fallbacks.labels(reason=reason).inc()
+
 
 @dataclass
 class ServerState:
-    """Everything the routes read: the batchers, the scheme, the limits, the key."""
+    """Everything the routes read: the two models' lanes, the scheme, the limits, the key. ``noted``:
+    the fallback is another model (its answers carry the note); ``scheduler``: what drives the lanes
+    (its ``stop()`` finishes their requests and ends it)."""
 
-    grpo: Batcher
-    fallback: Batcher
+    grpo: Lane
+    fallback: Lane
     scheme: Scheme
     limits: Limits = field(default_factory=Limits)
     api_key: str | None = None
@@ -67,13 +76,15 @@ class ServerState:
     default_temperature: float = 0.0
     draining: bool = False
     in_flight: int = 0  # requests being answered, any route
+    noted: bool = True
+    scheduler: object = None
 
     @property
-    def engine(self) -> ServeEngine:
+    def engine(self):
         return self.grpo.engine
 
 
-def _error(e: ApiError, metrics: Metrics) -> JSONResponse:
+def error_response(e: ApiError, metrics: Metrics) -> JSONResponse:
     metrics.errors.labels(status=str(e.status)).inc()
     headers = {"Retry-After": "1"} if e.status in (429, 503) else None
     if e.status == 503:  # draining: this connection will not be served again
@@ -160,8 +171,19 @@ class RequestLimit:
             st.in_flight -= 1
 
 
-async def _answer(state: ServerState, router: Router, request: Request, *, chat: bool):
-    """The checked request, its prompt's token count and the scheme's Answer (ApiError when refused)."""
+@dataclass
+class Prepared:
+    """A checked request, ready for the scheme."""
+
+    req: object  # protocol.Request
+    prompt: str
+    n_prompt: int
+    sample: dict
+    temperature: float
+
+
+async def _prepare(state: ServerState, request: Request, *, chat: bool) -> Prepared:
+    """The key, the drain, the body and the prompt's length checked (ApiError when refused)."""
     _check_key(request, state.api_key)
     if state.draining:
         raise ApiError(503, None, "the server is shutting down", code="unavailable")
@@ -174,13 +196,20 @@ async def _answer(state: ServerState, router: Router, request: Request, *, chat:
         raise ApiError(400, name, f"{name}: {n_prompt} prompt tokens, over the limit of "
                        f"{state.limits.max_prompt_tokens} (--max-prompt-tokens)")
     temperature = state.default_temperature if req.temperature is None else req.temperature
-    sample = {"prompt": req.messages if chat else req.prompt, "answer": None}
+    return Prepared(req, prompt, n_prompt, {"prompt": req.messages if chat else req.prompt, "answer": None}, temperature)
+
+
+def overloaded(state: ServerState, e: Overloaded) -> ApiError:
+    return ApiError(503 if state.draining else 429, None, f"overloaded: {e}", code="overloaded")
+
+
+async def _answer(state: ServerState, router: Router, p: Prepared):
+    """The scheme's Answer (ApiError when refused)."""
     try:
-        ans = await router.answer(prompt, sample, max_tokens=req.max_tokens, temperature=temperature,
-                                  top_p=req.top_p, direct_fallback=req.model == "base")
+        return await router.answer(p.prompt, p.sample, max_tokens=p.req.max_tokens, temperature=p.temperature,
+                                   top_p=p.req.top_p, direct_fallback=p.req.model == "base")
     except Overloaded as e:
-        raise ApiError(503 if state.draining else 429, None, f"overloaded: {e}", code="overloaded") from None
-    return req, n_prompt, ans
+        raise overloaded(state, e) from None
 
 
 def _response(req, n_prompt: int, ans, *, chat: bool) -> JSONResponse:
@@ -203,7 +232,7 @@ def create_app(state: ServerState, *, on_shutdown=None) -> FastAPI:
     """The FastAPI app over ``state``; ``on_shutdown`` runs after the last in-flight request."""
     app = FastAPI(title="grpo serve", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = Metrics(state)
-    router = Router(state.grpo, state.fallback, state.scheme)
+    router = Router(state.grpo, state.fallback, state.scheme, noted=state.noted)
     app.state.grpo = state
     app.state.metrics = metrics
     if on_shutdown is not None:
@@ -214,22 +243,24 @@ def create_app(state: ServerState, *, on_shutdown=None) -> FastAPI:
         try:
             _check_key(request, state.api_key)
         except ApiError as e:
-            return _error(e, metrics)
+            return error_response(e, metrics)
         return None
 
     async def complete(request: Request, *, chat: bool) -> Response:
         start = time.monotonic()
         try:
-            req, n_prompt, ans = await _answer(state, router, request, chat=chat)
+            p = await _prepare(state, request, chat=chat)
+            if p.req.stream:
+                return await stream_answer(state, router, metrics, p, chat=chat, start=start)
+            ans = await _answer(state, router, p)
         except ApiError as e:
-            return _error(e, metrics)
+            return error_response(e, metrics)
+        except Overloaded as e:
+            return error_response(overloaded(state, e), metrics)
         except Exception as e:  # a failing request is a 500 for it alone; the server keeps serving
-            return _error(ApiError(500, None, f"internal error: {type(e).__name__}: {e}", code="internal"), metrics)
-        metrics.latency.labels(answered_by=ans.answered_by).observe(time.monotonic() - start)
-        metrics.requests.labels(answered_by=ans.answered_by).inc()
-        if ans.answered_by != "grpo" and ans.reason != "requested":
-            metrics.fallbacks.labels(reason=ans.reason).inc()
-        return _response(req, n_prompt, ans, chat=chat)
+            return error_response(ApiError(500, None, f"internal error: {type(e).__name__}: {e}", code="internal"), metrics)
+        metrics.answered(ans.answered_by, ans.reason, time.monotonic() - start)
+        return _response(p.req, p.n_prompt, ans, chat=chat)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):

@@ -2,8 +2,15 @@
 
 At each concurrency level, that many clients send chat requests for held-out prompts, one after
 another, until ``--requests`` were answered or failed; then the next level. Reported per level:
-latency percentiles (nearest rank), throughput, the share answered by the GRPO model, the fallback
-reasons and the errors. It stops by itself: every request has a timeout, and the count is fixed.
+latency percentiles (nearest rank) to the answer's last byte, throughput (answered requests per
+second), the share answered by the GRPO model, the fallback reasons and the errors. It stops by
+itself: every request has a timeout, and the count is fixed.
+
+``--vllm-model FOLDER`` also starts vLLM's own OpenAI server (``vllm serve``, from ``--vllm`` or the
+environment's ``vllm``) on that folder, and measures it at each level right after grpo's: the same
+prompts, concurrency, greedy decoding and token cap (the GRPO model's, ``--max-tokens``), vLLM's
+continuous batching and prefix caching, no scheme (no deadline, no fallback). The server is stopped
+at the end.
 """
 
 from __future__ import annotations
@@ -12,6 +19,12 @@ import argparse
 import asyncio
 import json
 import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -62,7 +75,8 @@ async def run_level(url: str, prompts: list[str], *, concurrency: int, requests:
 
     async def client(http):
         for i in counter:
-            body = {"model": model, "messages": [{"role": "user", "content": prompts[i % len(prompts)]}]}
+            body = {"model": model, "messages": [{"role": "user", "content": prompts[i % len(prompts)]}],
+                    "temperature": 0.0}  # greedy on any server (vLLM's defaults to the model's sampling)
             if max_tokens:
                 body["max_tokens"] = max_tokens
             t0 = time.perf_counter()
@@ -93,6 +107,81 @@ async def run_level(url: str, prompts: list[str], *, concurrency: int, requests:
                        {k: round(tokens[k] / n, 1) for k, n in answered.items()})
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def vllm_executable(given: str | None) -> str:
+    """``vllm`` to run: as given, else beside this Python, else on PATH."""
+    found = given or (str(p) if (p := Path(sys.executable).with_name("vllm")).is_file() else shutil.which("vllm"))
+    if not found:
+        raise SystemExit("grpo serve-bench: --vllm-model needs vLLM's `vllm` command (--vllm PATH)")
+    return found
+
+
+class VLLMServer:
+    """vLLM's OpenAI server (``vllm serve``) on a folder, on a free loopback port, its log in a file."""
+
+    def __init__(self, folder: str, *, executable: str, max_rows: int, max_len: int, log: Path, timeout: float):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [executable, "serve", folder, "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name",
+               "grpo", "--dtype", "float32", "--max-num-seqs", str(max_rows), "--max-model-len", str(max_len),
+               "--enable-prefix-caching", "--generation-config", "vllm", "--disable-uvicorn-access-log"]
+        if not _cuda():
+            from grpo.serve.vllm_engine import kv_bytes
+
+            cmd += ["--enforce-eager", "--kv-cache-memory-bytes", str(int(1.5 * kv_bytes(folder, max_rows * max_len)))]
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait(timeout)
+
+    def _wait(self, timeout: float) -> None:
+        import httpx
+
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"vllm serve exited with {self.proc.returncode} (log: {self.log.name})")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        self.stop()
+        raise SystemExit(f"vllm serve not healthy within {timeout:.0f} s (log: {self.log.name})")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # its own session: the server and its engine processes
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(30)
+        self.log.close()
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def _row(name: str, c: int, r: LevelResult) -> str:
+    share = "-" if r.grpo_share is None or name != "grpo serve" else f"{r.grpo_share:.0%}"
+    extra = f"{r.fallback_reasons} / {r.errors} / {r.mean_tokens}" if name == "grpo serve" else \
+        f"- / {r.errors} / {r.mean_tokens.get('?', '-')}"
+    return (f"{name:<11} {c:>4} {r.ok:>5} {r.p50_ms!s:>8} {r.p95_ms!s:>8} {r.p99_ms!s:>8} {r.throughput_rps:>6} "
+            f"{share:>6}  {extra}")
+
+
 def bench_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="grpo serve-bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", default="http://127.0.0.1:8000")
@@ -100,26 +189,47 @@ def bench_main(argv: list[str]) -> int:
     ap.add_argument("--requests", type=int, default=200, help="requests per concurrency level")
     ap.add_argument("--prompts", default="arithmetic",
                     help="a run folder (its task's held-out prompts) or a task name")
+    ap.add_argument("--prompt", action="append", help="a prompt to send instead (repeatable; sent in turn)")
     ap.add_argument("--model", default="grpo", help="grpo (the scheme) or base (the fallback alone)")
     ap.add_argument("--max-tokens", type=int)
     ap.add_argument("--api-key")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
     ap.add_argument("--out", type=Path, help="write the results as JSON")
+    ap.add_argument("--vllm-model", help="also measure vLLM's OpenAI server (vllm serve) on this model folder")
+    ap.add_argument("--vllm", help="the vllm command (default: beside this Python, else on PATH)")
+    ap.add_argument("--vllm-max-len", type=int, default=2048, help="vllm serve --max-model-len")
+    ap.add_argument("--vllm-timeout", type=float, default=900.0, help="seconds vllm serve may take to start")
     args = ap.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     if not levels or min(levels) < 1 or args.requests < 1:
         raise SystemExit("grpo serve-bench: --concurrency needs counts >= 1 and --requests >= 1")
-    prompts = held_out_prompts(args.prompts)
+    prompts = args.prompt or held_out_prompts(args.prompts)
+    if not prompts:
+        raise SystemExit(f"grpo serve-bench: --prompts {args.prompts}: its task holds out no prompts (eval_prompts); "
+                         "give --prompt TEXT or another task")
+    vllm = None
+    if args.vllm_model:
+        log = (args.out.with_suffix(".vllm.log") if args.out else Path(f"vllm-serve-{os.getpid()}.log"))
+        print(f"starting vllm serve {args.vllm_model} (log: {log})", flush=True)
+        vllm = VLLMServer(args.vllm_model, executable=vllm_executable(args.vllm), max_rows=max(levels),
+                          max_len=args.vllm_max_len, log=log, timeout=args.vllm_timeout)
     results = []
-    print(f"{'conc':>4} {'ok':>5} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'req/s':>6} {'grpo':>6}  fallbacks / errors"
-          " / mean tokens by model")
-    for c in levels:
-        r = asyncio.run(run_level(args.url, prompts, concurrency=c, requests=args.requests, model=args.model,
-                                  max_tokens=args.max_tokens, api_key=args.api_key, timeout=args.timeout))
-        results.append(asdict(r))
-        share = "-" if r.grpo_share is None else f"{r.grpo_share:.0%}"
-        print(f"{c:>4} {r.ok:>5} {r.p50_ms!s:>8} {r.p95_ms!s:>8} {r.p99_ms!s:>8} {r.throughput_rps:>6} {share:>6}  "
-              f"{r.fallback_reasons} / {r.errors} / {r.mean_tokens}", flush=True)
+    print(f"{'server':<11} {'conc':>4} {'ok':>5} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'req/s':>6} {'grpo':>6}  "
+          "fallbacks / errors / mean tokens by model")
+    try:
+        for c in levels:
+            kw = dict(concurrency=c, requests=args.requests, model=args.model, timeout=args.timeout)
+            r = asyncio.run(run_level(args.url, prompts, max_tokens=args.max_tokens, api_key=args.api_key, **kw))
+            results.append({"server": "grpo serve", **asdict(r)})
+            print(_row("grpo serve", c, r), flush=True)
+            if vllm is not None:  # the GRPO model's cap: the longest answer grpo serve lets it give
+                v = asyncio.run(run_level(vllm.url, prompts, max_tokens=args.max_tokens or 512, api_key=None, **kw))
+                results.append({"server": "vllm serve", **asdict(v)})
+                print(_row("vllm serve", c, v), flush=True)
+    finally:
+        if vllm is not None:
+            vllm.stop()
     if args.out:
-        args.out.write_text(json.dumps({"url": args.url, "prompts": args.prompts, "levels": results}, indent=2) + "\n")
+        args.out.write_text(json.dumps({"url": args.url, "prompts": args.prompts, "vllm_model": args.vllm_model,
+                                        "levels": results}, indent=2) + "\n")
     return 0

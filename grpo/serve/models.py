@@ -27,10 +27,23 @@ class Source:
     rewards: str | None = None  # the run's reward functions (the completeness check's default); None: not a run
 
 
+EXPORT_FILE = "grpo_export.json"
+
+
 def source_of(name: str) -> Source:
-    """A run folder (it holds config.yaml) -> its newest checkpoint over the run's model; anything
-    else -> the model itself, its own base."""
+    """A run folder (it holds config.yaml) -> its newest checkpoint over the run's model; a folder
+    ``grpo export`` wrote -> its weights over the base model its grpo_export.json records, with the
+    run's system prompt, prompt limit and rewards; anything else -> the model itself, its own base."""
     p = Path(name)
+    if p.is_dir() and (p / EXPORT_FILE).is_file():
+        try:
+            info = json.loads((p / EXPORT_FILE).read_text())
+        except ValueError as e:
+            raise ConfigError(f"{p / EXPORT_FILE}: not JSON ({e})") from None
+        if not isinstance(info, dict):
+            raise ConfigError(f"{p / EXPORT_FILE}: a JSON object expected")
+        return Source(name, name, info.get("base_model") or name, False, info.get("system_prompt") or "",
+                      info.get("max_prompt_length"), info.get("rewards"))
     if p.is_dir() and (p / "config.yaml").is_file():
         from grpo.config.io import load_config
 
@@ -66,6 +79,11 @@ def load_base(src: Source):
     return _load(src.base), load_tokenizer(resolve_model_path(src.base))
 
 
+def same_weights(a: Source, b: Source) -> bool:
+    """Whether two sources load the same weights (a model served as its own fallback)."""
+    return not a.lora and not b.lora and a.weights == b.weights
+
+
 def fallback_source(src: Source, fallback: str) -> Source:
     """``--fallback``: 'base' is the run's base model; anything else is a model or run folder."""
     if fallback == "base":
@@ -86,7 +104,8 @@ def export(name: str, out: Path) -> Path:
     model, tok = load_policy(src)
     model.save_pretrained(out)
     tok.save_pretrained(out)
-    (out / "grpo_export.json").write_text(json.dumps(
+    (out / EXPORT_FILE).write_text(json.dumps(
         {"source": name, "checkpoint": src.weights, "base_model": src.base, "lora_merged": src.lora,
-         "system_prompt": src.system_prompt}, indent=2) + "\n")
+         "system_prompt": src.system_prompt, "max_prompt_length": src.max_prompt_length, "rewards": src.rewards},
+        indent=2) + "\n")
     return out

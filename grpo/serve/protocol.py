@@ -45,6 +45,8 @@ class Request:
     max_tokens: int | None
     temperature: float | None
     top_p: float
+    stream: bool = False  # server-sent events
+    include_usage: bool = False  # stream_options.include_usage: a last event with the usage
 
 
 def parse_json(raw: bytes, max_depth: int = 32) -> dict:
@@ -129,8 +131,12 @@ def parse_request(body: dict, *, chat: bool, limits: Limits, models: list[str]) 
     if model not in models:
         raise ApiError(404, "model", f"model: {model!r} is not served; served: {', '.join(models)}",
                        code="model_not_found")
-    if body.get("stream"):
-        raise ApiError(400, "stream", "stream: streaming is not supported; send stream=false")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise ApiError(400, "stream", f"stream: true or false expected, got {type(stream).__name__}")
+    include_usage = _stream_options(body, stream)
     n = body.get("n", 1)
     if n != 1 or isinstance(n, bool):
         raise ApiError(400, "n", f"n: only 1 completion per request is served, got {n!r}")
@@ -141,4 +147,19 @@ def parse_request(body: dict, *, chat: bool, limits: Limits, models: list[str]) 
         raise ApiError(400, "top_p", "top_p: must be > 0")
     return Request(model=model, messages=_messages(body) if chat else None, prompt=None if chat else _prompt(body),
                    max_tokens=_max_tokens(body, limits), temperature=_number(body, "temperature", 0.0, 2.0),
-                   top_p=1.0 if top_p is None else top_p)
+                   top_p=1.0 if top_p is None else top_p, stream=stream, include_usage=include_usage)
+
+
+def _stream_options(body: dict, stream: bool) -> bool:
+    """``stream_options`` (only with stream=true): {"include_usage": bool}; returns include_usage."""
+    opts = body.get("stream_options")
+    if opts is None:
+        return False
+    if not stream:
+        raise ApiError(400, "stream_options", "stream_options: only allowed with stream=true")
+    if not isinstance(opts, dict):
+        raise ApiError(400, "stream_options", f"stream_options: an object expected, got {type(opts).__name__}")
+    usage = opts.get("include_usage", False)
+    if not isinstance(usage, bool):
+        raise ApiError(400, "stream_options.include_usage", "stream_options.include_usage: true or false expected")
+    return usage

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from grpo.registry import Registry
@@ -23,8 +24,8 @@ from grpo.rewards.forms import BatchInputs, check_value
 from grpo.rewards.mathverify import candidates
 from grpo.rewards.reward import Reward
 from grpo.rewards.scoring import reward_outcomes
-from grpo.serve.batcher import Batcher, resolve
-from grpo.serve.engines import Generation
+from grpo.serve.batcher import Lane, Overloaded
+from grpo.serve.engines import Generation, resolve
 
 DEFAULT_ENTROPY_THRESHOLD = 0.01  # nats; the seed names no value
 DEFAULT_MARKERS = {
@@ -50,7 +51,7 @@ class Scheme:
     grpo_max_tokens: int = 512
     entropy_threshold: float = DEFAULT_ENTROPY_THRESHOLD
     entropy_run: int = 3
-    deadline_s: float = 0.8
+    deadline_s: float | None = 0.8  # None: no deadline (the answer is judged on its content alone)
     completeness: str = "markers"  # a COMPLETENESS_CHECKS name
     markers: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_MARKERS))
     verifier: object = None  # a grpo reward function (completion, sample) -> score; > 0 passes (check "verifier")
@@ -136,43 +137,64 @@ class Answer:
     seconds: float
 
 
-def _openai_finish(gen: Generation) -> str:
+def openai_finish(gen: Generation) -> str:
     return "stop" if gen.finish in ("stop", "entropy") else "length"
 
 
 class Router:
-    """Runs the scheme for one request over the GRPO model's and the fallback's batchers."""
+    """Runs the scheme for one request over the GRPO model's and the fallback's lanes. ``noted``: the
+    fallback is another model than the GRPO model, so its answers carry the note (a model that is its
+    own fallback answers again without one)."""
 
-    def __init__(self, grpo: Batcher, fallback: Batcher, scheme: Scheme):
-        self.grpo, self.fallback, self.scheme = grpo, fallback, scheme
+    def __init__(self, grpo: Lane, fallback: Lane, scheme: Scheme, *, noted: bool = True):
+        self.grpo, self.fallback, self.scheme, self.noted = grpo, fallback, scheme, noted
+
+    async def grpo_answer(self, prompt: str, sample: dict, *, max_tokens: int | None, temperature: float,
+                          top_p: float) -> tuple[Generation | None, str | None]:
+        """The GRPO model's answer within the deadline, and why it is not accepted (None: accepted;
+        the answer is None where the GRPO model failed)."""
+        s, start = self.scheme, time.monotonic()
+        cap = min(s.grpo_max_tokens, max_tokens or s.grpo_max_tokens)
+        deadline = None if s.deadline_s is None else start + s.deadline_s
+        fut = self.grpo.submit(prompt, cap=cap, deadline=deadline, temperature=temperature, top_p=top_p)
+        wait = None if deadline is None else max(deadline - time.monotonic(), 0)
+        try:  # the wait ends at the deadline even where a step runs past it
+            gen = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), wait)
+        except asyncio.TimeoutError:
+            resolve(fut, Generation("", 0, "deadline", 0.0))  # the engine drops the row at its next step
+            gen = fut.result()
+        except Overloaded:
+            raise
+        except Exception:  # the GRPO model's step failed: the fallback answers
+            return None, "grpo_error"
+        return gen, incomplete_reason(gen, sample, s)
+
+    def submit_fallback(self, prompt: str, *, max_tokens: int | None, temperature: float, top_p: float,
+                        on_tokens=None) -> Future:
+        cap = min(self.scheme.fallback_max_tokens, max_tokens or self.scheme.fallback_max_tokens)
+        return self.fallback.submit(prompt, cap=cap, deadline=None, temperature=temperature, top_p=top_p,
+                                    on_tokens=on_tokens)
+
+    def note(self, text: str) -> str:
+        """The note for a fallback answer ``text`` (its language's), '' when none is due."""
+        if not self.noted:
+            return ""
+        notes = self.scheme.notes
+        return notes.get(language_of(text)) or next(iter(notes.values()), "")
 
     async def answer(self, prompt: str, sample: dict, *, max_tokens: int | None, temperature: float, top_p: float,
                      direct_fallback: bool = False) -> Answer:
         """The GRPO model's answer when it is in time and complete, else the fallback's with its note.
         ``direct_fallback``: the request named the base model; the scheme does not run."""
-        s, start = self.scheme, time.monotonic()
+        start = time.monotonic()
+        kw = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p)
         if direct_fallback:
-            gen = await self._fallback(prompt, max_tokens, temperature, top_p)
-            return Answer(gen.text, "base", "requested", _openai_finish(gen), gen.tokens, time.monotonic() - start)
-        cap = min(s.grpo_max_tokens, max_tokens or s.grpo_max_tokens)
-        deadline = start + s.deadline_s
-        fut = self.grpo.submit(prompt, cap=cap, deadline=deadline, temperature=temperature, top_p=top_p)
-        try:  # the wait ends at the deadline even where a long prefill keeps the stopper from running
-            gen = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), max(deadline - time.monotonic(), 0))
-        except asyncio.TimeoutError:
-            resolve(fut, Generation("", 0, "deadline", 0.0))  # the batcher drops the row when it gets there
-            gen = fut.result()
-        except Exception:  # the GRPO model's batch failed: the fallback answers
-            gen = None
-        reason = "grpo_error" if gen is None else incomplete_reason(gen, sample, s)
+            gen = await asyncio.wrap_future(self.submit_fallback(prompt, **kw))
+            return Answer(gen.text, "base", "requested", openai_finish(gen), gen.tokens, time.monotonic() - start)
+        gen, reason = await self.grpo_answer(prompt, sample, **kw)
         if reason is None:
-            return Answer(gen.text, "grpo", "complete", _openai_finish(gen), gen.tokens, time.monotonic() - start)
-        fb = await self._fallback(prompt, max_tokens, temperature, top_p)
-        note = s.notes.get(language_of(fb.text)) or next(iter(s.notes.values()), "")
+            return Answer(gen.text, "grpo", "complete", openai_finish(gen), gen.tokens, time.monotonic() - start)
+        fb = await asyncio.wrap_future(self.submit_fallback(prompt, **kw))
+        note = self.note(fb.text)
         text = f"{fb.text}\n\n{note}" if note else fb.text
-        return Answer(text, "base", reason, _openai_finish(fb), fb.tokens, time.monotonic() - start)
-
-    async def _fallback(self, prompt: str, max_tokens: int | None, temperature: float, top_p: float) -> Generation:
-        cap = min(self.scheme.fallback_max_tokens, max_tokens or self.scheme.fallback_max_tokens)
-        fut = self.fallback.submit(prompt, cap=cap, deadline=None, temperature=temperature, top_p=top_p)
-        return await asyncio.wrap_future(fut)
+        return Answer(text, "base", reason, openai_finish(fb), fb.tokens, time.monotonic() - start)

@@ -91,10 +91,15 @@ def serve_parser() -> argparse.ArgumentParser:
                     help="require 'Authorization: Bearer KEY' on every route, /health and /metrics too "
                          "(default: $GRPO_SERVE_API_KEY; unset: no key)")
     ap.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without a key")
-    ap.add_argument("--engine", default="auto", help="auto, fast (grpo's decode loop) or hf (transformers generate)")
+    ap.add_argument("--engine", default="auto", help="auto, fast (grpo's decode step, paged KV cache), hf "
+                    "(transformers' forward, any causal LM) or vllm (vLLM's engine; run from vLLM's environment)")
     ap.add_argument("--kernels", default="auto", help="the fast engine's decode_kernels setting")
-    ap.add_argument("--max-batch", type=int, default=8, help="requests decoded together")
-    ap.add_argument("--batch-window", type=float, default=0.005, help="seconds a batch waits for more requests")
+    ap.add_argument("--max-batch", type=int, default=16, help="rows each model decodes at once (continuous batching: "
+                    "a request joins at the next step)")
+    ap.add_argument("--max-step-tokens", type=int, default=128, help="tokens one step feeds the model: a token of "
+                    "each decoding row, the rest prompt chunks (a long prompt is prefilled over several steps)")
+    ap.add_argument("--prefix-cache-tokens", type=int, default=4096, help="prompt tokens whose KV is kept for reuse "
+                    "by prompts that begin alike (the chat template's system prompt), per model; 0: off")
     ap.add_argument("--max-queue", type=int, default=64, help="waiting requests per model before 429")
     ap.add_argument("--max-request-bytes", type=int, default=1 << 20)
     ap.add_argument("--max-connections", type=int, default=256, help="requests at once, any route, before 429")
@@ -102,40 +107,60 @@ def serve_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-prompt-tokens", type=int, help="default: the run's max_prompt_length, else 1024")
     ap.add_argument("--max-tokens-limit", type=int, default=1024, help="largest max_tokens a request may ask")
     ap.add_argument("--temperature", type=float, default=0.0, help="when a request gives none (0 = greedy)")
-    ap.add_argument("--no-fallback-yields", dest="fallback_yields", action="store_false",
-                    help="let the fallback decode beside the GRPO model (default: it pauses between its tokens "
-                         "while the GRPO model has work, as both share the CPU's cores)")
+    ap.add_argument("--vllm-option", action="append", default=[], metavar="NAME=VALUE",
+                    help="--engine vllm: a vLLM engine argument (repeatable), e.g. gpu_memory_utilization=0.3 (on "
+                    "the CPU: the share of the NUMA node's memory for the KV cache)")
     scheme_arguments(ap)
     return ap
 
 
-def build_state(args):
-    """Load both models, their engines and batchers; warm each engine up once."""
-    from grpo.serve.app import ServerState
-    from grpo.serve.batcher import Batcher
-    from grpo.serve.engines import make_serve_engine
-    from grpo.serve.models import fallback_source, load_base, load_policy, source_of
+def limits_of(args, src) -> "Limits":
     from grpo.serve.protocol import Limits
+
+    return Limits(max_body_bytes=args.max_request_bytes, max_tokens=args.max_tokens_limit,
+                  max_prompt_tokens=args.max_prompt_tokens or src.max_prompt_length or 1024,
+                  max_requests=args.max_connections, body_timeout_s=args.body_timeout)
+
+
+def build_state(args):
+    """Load both models (one when the fallback is the served model itself), their engines, lanes and
+    scheduler; warm each lane up once."""
+    from grpo.serve.app import ServerState
+    from grpo.serve.batcher import Lane, Scheduler
+    from grpo.serve.engines import make_serve_engine
+    from grpo.serve.models import fallback_source, load_base, load_policy, same_weights, source_of
 
     src = source_of(args.model)
     scheme = build_scheme(args, src.rewards)
-    policy, tok = load_policy(src)
+    limits = limits_of(args, src)
     fb_src = fallback_source(src, args.fallback)
-    base, base_tok = load_base(fb_src) if args.fallback == "base" else load_policy(fb_src)
-    engines = [make_serve_engine(args.engine, m, t, kernels=args.kernels) for m, t in ((policy, tok), (base, base_tok))]
-    grpo = Batcher(engines[0], max_batch=args.max_batch, max_queue=args.max_queue, window_s=args.batch_window,
-                   entropy_threshold=scheme.entropy_threshold, entropy_run=scheme.entropy_run)
-    fallback = Batcher(engines[1], max_batch=args.max_batch, max_queue=args.max_queue, window_s=args.batch_window,
-                       yield_to=grpo if args.fallback_yields else None)
-    for b in (grpo, fallback):  # the first decode of each batch size pays one-off costs (kernel choice)
-        for n in range(1, args.max_batch + 1):
-            for f in [b.submit("Hello", cap=2, deadline=None) for _ in range(n)]:
-                f.result()
-    limits = Limits(max_body_bytes=args.max_request_bytes, max_tokens=args.max_tokens_limit,
-                    max_prompt_tokens=args.max_prompt_tokens or src.max_prompt_length or 1024,
-                    max_requests=args.max_connections, body_timeout_s=args.body_timeout)
+    same = same_weights(src, fb_src)
+    if args.engine == "vllm":
+        from grpo.serve.vllm_engine import build_vllm_state
+
+        return build_vllm_state(args, src, fb_src, scheme, limits, same=same)
+    policy, tok = load_policy(src)
+    caps = (scheme.grpo_max_tokens, scheme.fallback_max_tokens)
+    kw = dict(kernels=args.kernels, max_rows=args.max_batch * (2 if same else 1))
+    options = dict(max_step_tokens=args.max_step_tokens, prefix_pages=max(args.prefix_cache_tokens, 0) // 16)
+    engine = make_serve_engine(args.engine, policy, tok, max_len=limits.max_prompt_tokens + (max(caps) if same else
+                               caps[0]), options=options, **kw)
+    if same:
+        fb_engine = engine
+    else:
+        base, base_tok = load_base(fb_src) if args.fallback == "base" else load_policy(fb_src)
+        fb_engine = make_serve_engine(args.engine, base, base_tok, max_len=limits.max_prompt_tokens + caps[1],
+                                      options=options, **kw)
+    grpo = Lane(engine, name="grpo", max_rows=args.max_batch, max_queue=args.max_queue,
+                entropy_threshold=scheme.entropy_threshold, entropy_run=scheme.entropy_run)
+    fallback = Lane(fb_engine, name="base", max_rows=args.max_batch, max_queue=args.max_queue)
+    scheduler = Scheduler([grpo, fallback])
+    for lane in (grpo, fallback):  # the first steps pay one-off costs (memory, the step-time estimate)
+        for f in [lane.submit("Hello", cap=4, deadline=None) for _ in range(min(args.max_batch, 4))]:
+            f.result()
     return ServerState(grpo=grpo, fallback=fallback, scheme=scheme, limits=limits, api_key=args.api_key or None,
-                       system_prompt=src.system_prompt, default_temperature=args.temperature)
+                       system_prompt=src.system_prompt, default_temperature=args.temperature, noted=not same,
+                       scheduler=scheduler)
 
 
 def make_server(state, *, host: str, port: int, drain_s: float = 60.0):
@@ -150,8 +175,8 @@ def make_server(state, *, host: str, port: int, drain_s: float = 60.0):
     from grpo.serve.app import JsonErrorH11, create_app
 
     def stop_batchers():
-        state.grpo.stop()
-        state.fallback.stop()
+        if state.scheduler is not None:
+            state.scheduler.stop()
 
     class DrainingServer(uvicorn.Server):
         def handle_exit(self, sig, frame):
@@ -175,7 +200,7 @@ def make_server(state, *, host: str, port: int, drain_s: float = 60.0):
 def serve_main(argv: list[str]) -> int:
     args = serve_parser().parse_args(argv)
     check_bind(args.host, args.api_key, insecure=args.insecure, env="GRPO_SERVE_API_KEY")  # before the models load
-    for name in ("max_connections", "max_request_bytes"):
+    for name in ("max_connections", "max_request_bytes", "max_batch", "max_step_tokens"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')}: must be >= 1")
     if args.body_timeout <= 0:
