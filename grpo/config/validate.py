@@ -49,6 +49,7 @@ def validate(c) -> None:
     _validate_reward_training(c)
     _validate_vllm(c)
     _validate_agent(c)
+    _validate_async(c)
 
 
 def _validate_choices(c) -> None:
@@ -330,3 +331,19 @@ def _validate_agent(c) -> None:
     if (c.tools.strip() or c.environment_factory.strip()) and c.resample_invalid_rounds:
         raise ConfigError("resample_invalid_rounds: not supported with tools / environment_factory (an episode "
                           "cannot be resampled row by row); set it to 0")
+
+
+def _validate_async(c) -> None:
+    """Asynchronous rollouts: the bound, the correction, and what they do not run with."""
+    _choice("async_correction", c.async_correction, CORRECTION_MODES)
+    if c.max_staleness < 0 or c.partial_rollout_tokens < 1 or c.async_engine_threads < 0:
+        raise ConfigError(f"max_staleness and async_engine_threads must be >= 0 and partial_rollout_tokens >= 1, got "
+                          f"{c.max_staleness}, {c.async_engine_threads}, {c.partial_rollout_tokens}")
+    if not c.async_rollouts:
+        return
+    for key, why in (("dynamic_sampling", "its rounds wait on their own scores"),
+                     ("reward_model_train_steps", "the reward model learns between draws"),
+                     ("use_peft", "the engine process samples full weights"),
+                     ("load_in_4bit", "the engine process samples full weights")):
+        if getattr(c, key):
+            raise ConfigError(f"{key}: not supported with async_rollouts ({why}); turn one of them off")

@@ -46,7 +46,8 @@ from grpo.rewards.steps import resolve_step_reward
 from grpo.rollout import Rollout, RolloutEngine, SamplingSettings, make_engine
 from grpo.rollout.engine import engine_options
 from grpo.train import state as run_state
-from grpo.train.batch import Batch, BatchMaker
+from grpo.train.async_rollouts import AsyncRollouts, AsyncSettings
+from grpo.train.batch import Batch, BatchMaker, correction_mode
 from grpo.train.collect import Collector
 from grpo.train.critic import Critic
 from grpo.train.evals import eval_notes, periodic_eval
@@ -74,6 +75,8 @@ def _check_world(cfg: Config, world: dist_io.World) -> None:
     if world.distributed and cfg.distributed_strategy == "fsdp2" and cfg.rollout_backend == "fast":
         raise ConfigError("rollout_backend: fast does not sample a model sharded by FSDP2 (every process must run "
                           "the same synced generate); use rollout_backend=auto or hf")
+    if world.distributed and cfg.async_rollouts:
+        raise ConfigError("async_rollouts: runs on one process only")
     if world.distributed and cfg.reward_model_train_steps:
         raise ConfigError("reward_model_train_steps: the reward model trains on one process only")
     if world.distributed and cfg.advantage_estimator == "gae" and cfg.critic_shared_trunk:
@@ -120,13 +123,15 @@ class Trainer:
         self.logger = NullLogger()  # train() replaces it with the run's logger on rank 0
         self.critic = self._make_critic()
         self.knobs = Knobs(cfg)  # the step's knobs (eps, beta, temperature, ...) and their controllers
-        self.engine = self.eval_engine = self.collector = None
+        self.engine = self.eval_engine = self.collector = self.async_rollouts = None
         self._open_engines()
         self.timer = StageTimer(next(self.policy.parameters()).device)  # seconds per stage, in every metrics line
         self.agent = AgentSampler.from_config(cfg, self.tok)  # tools / environment_factory: multi-turn episodes
         self.collector = Collector(cfg, world=world, train=self.task.train, engine=self.engine, rewards=self.rewards,
                                    note=lambda text, style=None: self.logger.note(text, style), timer=self.timer,
                                    agent=self.agent)
+        if self.async_rollouts is not None:
+            self.async_rollouts.bind(self.collector)
         # seed 001 Algorithm 1 step 4: the reward model learns at iteration boundaries (train/reward_model.py)
         self.rm_trainer = make_reward_model_trainer(cfg) if cfg.reward_model_train_steps else None
         self.batches = BatchMaker(cfg, world=world, forwards=self.forwards, policy=self.policy,
@@ -147,7 +152,7 @@ class Trainer:
             except BaseException:  # a trainer that cannot start releases what it opened
                 self.close()
                 raise
-            self._sync_engines()
+            self._sync_engines(self.step)
 
     def _place_models(self) -> None:
         """Policy and reference onto this process's device; bf16 autocast or not; the module the
@@ -199,6 +204,8 @@ class Trainer:
     def components(self) -> dict:
         """The parts whose state the next step depends on, by name (a checkpoint holds each one's)."""
         parts = {"collector": self.collector, "updater": self.updater, "knobs": self.knobs}
+        if self.async_rollouts is not None:  # after the collector: it sets the prompt stream back
+            parts["async_rollouts"] = self.async_rollouts
         if self.critic is not None:
             parts["critic"] = self.critic
         if self.rm_trainer is not None:
@@ -216,13 +223,17 @@ class Trainer:
                 rm_metrics = self.rm_trainer.update()
         if self.rm_trainer is not None and cfg.reward_model_warmup_draws and self.step == self.rm_trainer.iteration == 0:
             rm_metrics = warm_up(self.rm_trainer, self.collector, temperature=k.temperature)  # trained before use
-        got = self.collector.collect(step=self.step, temperature=k.temperature)
+        source = self.async_rollouts or self.collector  # async_rollouts: B groups from the producer's queue
+        got = source.collect(step=self.step, temperature=k.temperature)
         metrics = {**got.metrics, **k.values()}  # the knob values this step trains with
         if self.rm_trainer is not None:
             metrics.update(self.rm_trainer.observe(got.samples, got.rollout.texts))
             metrics.update(rm_metrics)
         batch, batch_metrics = self.prepare(got.rollout, got.rewards, got.samples, per_reward=got.per_reward)
         metrics.update(batch_metrics)
+        if self.async_rollouts is not None:  # tokens of older weights: pi_train / pi_version
+            metrics.update(self.async_rollouts.correct(batch, step=self.step, train_logps=lambda: (
+                batch.old_logp if batch.old_logp is not None else self.batches.old_logps(got.rollout, k.temperature))))
         metrics.update(self.update(batch))
         self.step += 1
         ro = got.rollout
@@ -261,7 +272,7 @@ class Trainer:
         with self.timer.stage("update"):
             metrics = self.updater.update(batch, self.knobs, step=self.step)
         with self.timer.stage("sync"):
-            self._sync_engines()
+            self._sync_engines(self.step + 1)
         return metrics
 
     def _open_engines(self) -> None:
@@ -269,6 +280,9 @@ class Trainer:
         whose unkeyed sampling draws from the global RNG as generate does; built anew where closed (a
         second train(), or sampling and evaluation after one)."""
         cfg = self.cfg
+        if self.engine is None or self.engine.closed:
+            if cfg.async_rollouts:  # the engine in a process of its own, fed by the producer
+                self.engine = self._open_async()
         if self.engine is None or self.engine.closed:
             try:
                 self.engine = make_engine(cfg.rollout_backend, self.policy, self.tok, synced=self.sharded,
@@ -282,14 +296,27 @@ class Trainer:
             self.eval_engine = make_engine("hf", self.policy, self.tok, synced=self.sharded)
         if self.collector is not None:
             self.collector.engine = self.engine
+            if self.async_rollouts is not None:
+                self.async_rollouts.bind(self.collector)
+
+    def _open_async(self) -> RolloutEngine:
+        """The asynchronous pipeline (train/async_rollouts.py) anew, where the last one's stream stood."""
+        before = self.async_rollouts.state_dict() if self.async_rollouts is not None else None
+        settings = AsyncSettings.from_config(self.cfg, run_correction=correction_mode(self.cfg))
+        self.async_rollouts = AsyncRollouts(settings, policy=self.policy, tokenizer=self.tok,
+                                            version=getattr(self, "step", 0), state=before)
+        return self.async_rollouts.engine
 
     def _engines(self) -> tuple[RolloutEngine, ...]:
         """Every engine the run samples with: each hears of new weights and is closed at the end."""
         return tuple({id(e): e for e in (self.engine, self.eval_engine)}.values())  # each once
 
-    def _sync_engines(self) -> None:
+    def _sync_engines(self, version: int) -> None:
+        """Every engine samples the policy's current weights next, which are those after ``version`` steps."""
         for engine in self._engines():
             engine.sync_weights(self.policy)
+        if self.async_rollouts is not None:  # to the engine process, without stopping it
+            self.async_rollouts.publish(self.policy, version=version, temperature=self.knobs.temperature)
 
     def _log_samples(self, got) -> None:
         self.logger.log_samples(self.step, got.logged_rows(self.cfg.num_generations))
@@ -433,6 +460,8 @@ class Trainer:
     def close(self) -> None:
         """Release the rollout engines and the reward workers (train() does this at its end; a
         later train(), sample() or evaluate() opens them again)."""
+        if self.async_rollouts is not None:
+            self.async_rollouts.close()  # its threads, then its engine process
         for engine in self._engines():
             engine.close()
         self.rewards.close()
