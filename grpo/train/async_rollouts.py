@@ -86,6 +86,28 @@ class Group:
     metrics: dict  # its draw's scoring metrics
 
 
+@dataclass
+class Taken:
+    """A step's groups: those trained, those dropped, and the staleness of each taken, in order."""
+
+    kept: list[Group]
+    dropped: list[Group]
+    staleness: list[int]
+
+
+def take_batch(next_group, *, count: int, step: int, max_staleness: int, group_size: int) -> Taken:
+    """Groups from ``next_group()`` until ``count`` have a staleness of at most ``max_staleness`` at
+    ``step`` (core.sample_staleness); the others are dropped."""
+    out = Taken([], [], [])
+    while len(out.kept) < count:
+        grp = next_group()
+        ro = grp.rollout
+        s = int(st.sample_staleness(ro.versions, ro.completion_mask, step=step, group_size=group_size)[0])
+        (out.dropped if s > max_staleness else out.kept).append(grp)
+        out.staleness.append(s)
+    return out
+
+
 class AsyncRollouts:
     """The producer, the scorer and the queue between them and the trainer. ``engine`` (in its own
     process, holding ``policy``'s weights of ``version``) is what the producer samples with; the
@@ -136,13 +158,9 @@ class AsyncRollouts:
         if not self.threads:
             self._start(temperature)
         b, k, g = self.s.prompts_per_step, self.s.max_staleness, self.s.group_size
-        kept, dropped, waited, t0 = [], [], 0.0, time.perf_counter()
-        stale_of = []
-        while len(kept) < b:
-            grp = self._take()
-            s = int(st.sample_staleness(grp.rollout.versions, grp.rollout.completion_mask, step=step, group_size=g)[0])
-            (dropped if s > k else kept).append(grp)
-            stale_of.append(s)
+        t0 = time.perf_counter()
+        taken = take_batch(self._take, count=b, step=step, max_staleness=k, group_size=g)
+        kept, dropped, stale_of = taken.kept, taken.dropped, taken.staleness
         waited = time.perf_counter() - t0
         self._mark([(x.draw, x.index) for x in kept + dropped])
         self.dropped_total += len(dropped)
