@@ -99,3 +99,23 @@ def test_groups_over_the_bound_are_dropped_and_counted():
     got = take_batch(lambda: next(queue), count=3, step=5, max_staleness=2, group_size=2)
     assert [x.draw for x in got.kept] == [0, 2, 3] and [x.draw for x in got.dropped] == [1]
     assert got.staleness == [1, 3, 2, 1]  # a group's oldest token decides: draw 1 has one of version 2
+
+
+def test_tool_episodes_run_through_the_engine_process(tmp_path, tiny_model_dir):
+    """Multi-turn episodes (the calculator) sample turn by turn through the engine process: the
+    episodes call the tool, every turn's tokens carry a version, and the bound holds."""
+    from grpo.config import Config
+    from tests.test_agent_training import PROMPT_TOKENS, _teach_to_call
+
+    cfg = Config(model=str(tmp_path / "caller"), task="calculator", tools="builtin:calculator", max_turns=3,
+                 max_prompt_length=PROMPT_TOKENS, output_dir=str(tmp_path / "run"), max_steps=2, num_generations=2,
+                 prompts_per_step=2, per_device_train_batch_size=4, max_completion_length=48, eval_prompts=0,
+                 learning_rate=1e-3, progress=False, report_to="none", seed=TEST_SEED, reward_timeout=0.0,
+                 rollout_backend="hf", async_rollouts=True, max_staleness=1, async_engine_threads=1)
+    _teach_to_call(tiny_model_dir, tmp_path / "caller", cfg)
+    Trainer(cfg).train()
+    lines = _lines(tmp_path / "run")
+    assert [line["step"] for line in lines] == [1, 2]
+    for line in lines:
+        assert line["tools/call_rate"] > 0 and line["tools/turns"] > 1, line
+        assert line["async/staleness_max"] <= 1

@@ -143,7 +143,10 @@ class EngineProcess:
         self.version, self.lock = ctx.Value("q", -1, lock=False), ctx.Lock()
         self.publish(model, version)
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_engine_main, daemon=True, name="grpo-rollout-engine",
+        # a vLLM engine starts its engine core in a process of its own, which a daemonic process may
+        # not; either way the engine process dies with the trainer (die_with_parent) and close() ends it
+        daemon = not engine_class(settings.backend).own_kernels
+        self.proc = ctx.Process(target=_engine_main, daemon=daemon, name="grpo-rollout-engine",
                                 args=(child, settings, model.config, tokenizer, self.flat, self.layout, self.version,
                                       self.lock, os.getpid()))
         self.proc.start()
@@ -240,9 +243,8 @@ class ProcessEngine(RolloutEngine):
 
     def _generate(self, prompts, *, group_size: int, sampling: SamplingSettings, keys: list[int] | None,
                   with_logprobs: bool, greedy: bool) -> Rollout:
-        # sampling log-probs always (the staleness correction compares them with the trainer's)
         return self.process.generate(prompts=list(prompts), group_size=group_size, sampling=sampling, keys=keys,
-                                     with_logprobs=self.returns_sampling_logprobs and not greedy, greedy=greedy)
+                                     with_logprobs=with_logprobs, greedy=greedy)
 
     def sync_weights(self, policy) -> None:
         """Weights reach the process by EngineProcess.publish, numbered by the trainer's step."""

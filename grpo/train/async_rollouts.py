@@ -102,7 +102,7 @@ def take_batch(next_group, *, count: int, step: int, max_staleness: int, group_s
     while len(out.kept) < count:
         grp = next_group()
         ro = grp.rollout
-        s = int(st.sample_staleness(ro.versions, ro.completion_mask, step=step, group_size=group_size)[0])
+        s = int(st.sample_staleness(ro.versions, ro.loss_mask, step=step, group_size=group_size)[0])  # model tokens
         (out.dropped if s > max_staleness else out.kept).append(grp)
         out.staleness.append(s)
     return out

@@ -152,13 +152,15 @@ class Collector:
                                     top_p=cfg.top_p, top_k=cfg.top_k, max_prompt_length=cfg.max_prompt_length)
         # no sampling log-probs (the loss recomputes them; keeping [N, T, V] logits costs memory), except
         # for the train/inference mismatch correction, which compares the engine's with the trainer's
+        # the engine's log-probs also for asynchronous rollouts: tokens of older weights are corrected
+        logprobs = correction_mode(cfg) != "none" or cfg.async_rollouts
         with self.timer.stage("sampling"):
             if self.agent is not None:
                 ro = self.agent.generate(self.engine, samples, group_size=g, sampling=sampling, keys=keys,
-                                         system_prompt=cfg.system_prompt, with_logprobs=correction_mode(cfg) != "none")
+                                         system_prompt=cfg.system_prompt, with_logprobs=logprobs)
             else:
                 ro = self.engine.generate(prompts, group_size=g, sampling=sampling, keys=keys,
-                                          with_logprobs=correction_mode(cfg) != "none")
+                                          with_logprobs=logprobs)
         for msg in take_messages():  # what the rollout measured or read about this machine's kernels, once
             self.note(msg)
         self._count_truncated(int(dist_io.all_sum(torch.tensor(ro.prompts_truncated), world)))
