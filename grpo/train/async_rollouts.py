@@ -35,7 +35,6 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo import core
 from grpo.core import staleness as st
 from grpo.rollout.base import Rollout, concat_rollouts, select_rollout
 from grpo.rollout.producer import EngineProcess, EngineProcessSettings, ProcessEngine
