@@ -112,7 +112,7 @@ class Config:
 
     # ---- Asynchronous rollouts ----
     async_rollouts: bool = False
-    """Sample while the trainer updates: a producer draws the prompt stream into a bounded queue through the rollout engine in a process of its own (the weights pushed to it after each optimizer step without stopping it), a scorer scores each draw as it finishes, and each step trains on B queued groups. One process, full-weight training; not with dynamic_sampling or reward_model_train_steps. Not bit-exact across a resume (the queue is sampled anew; no prompt draw is lost or trained twice)."""
+    """Sample while the trainer updates: a producer draws the prompt stream into a bounded queue through the rollout engine in a process of its own (the weights pushed to it after each optimizer step without stopping it), a scorer scores each draw as it finishes, and each step trains on B queued groups. One process, full-weight training (not with use_peft or load_in_4bit); not with dynamic_sampling or reward_model_train_steps. Not bit-exact across a resume (the queue is sampled anew; no prompt draw is lost or trained twice)."""
     max_staleness: int = 1
     """async_rollouts: the most optimizer steps a trained sample may lag (TRL's max_staleness): the step minus the oldest policy version among its tokens. The producer starts a draw only once weights at most this old are published, and a group over it when taken is dropped and counted (async/dropped_share); 0 gives the synchronous run's tokens and updates exactly."""
     partial_rollouts: bool = False
