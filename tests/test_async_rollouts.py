@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from grpo.train.metrics_catalog import lookup
 from grpo.train.trainer import Trainer
 from tests.conftest import TEST_SEED
 from tests.test_trainer import make_cfg
@@ -28,7 +29,11 @@ def _same_batches(a: Recording, b: Recording) -> None:
 
 
 def _lines(run_dir):
-    return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    """The run's metrics lines; every key is one the metrics catalog names."""
+    lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    unknown = sorted({k for line in lines for k in line if lookup(k) is None})
+    assert not unknown, f"metrics.jsonl keys missing from grpo/train/metrics_catalog.py: {unknown}"
+    return lines
 
 
 @pytest.mark.parametrize("backend", ["fast", "hf"])
