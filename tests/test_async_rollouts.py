@@ -56,6 +56,36 @@ def test_max_staleness_zero_is_the_synchronous_run(tmp_path, tiny_model_dir, tin
     assert all(l["async/stale_token_share"] == 0.0 and l["async/dropped_groups"] == 0 for l in lines)
 
 
+def _train_twice(cfg) -> Recording:
+    """One step, then (max_steps raised) a second train() on the same trainer."""
+    t = Recording(cfg)
+    t.train()
+    t.cfg.max_steps = 2
+    t.train()
+    return t
+
+
+def test_a_second_train_starts_the_engine_process_and_the_producer_where_the_stream_stood(
+        tmp_path, tiny_model_dir, tiny_dataset):
+    """train() ends with the engine process closed and the producer stopped; a later train() starts
+    both again, the process on the weights trained so far and the producer at the prompt stream's
+    position: at K = 0 the same tokens and weights as the synchronous trainer trained twice."""
+    kw = dict(max_steps=1, rollout_backend="hf", eval_prompts=0, async_engine_threads=1)
+    sync = _train_twice(make_cfg(tmp_path / "sync", tiny_model_dir, tiny_dataset, **kw))
+    asyn = Recording(make_cfg(tmp_path / "async", tiny_model_dir, tiny_dataset, async_rollouts=True, max_staleness=0,
+                              **kw))
+    asyn.train()
+    first = [e.process.proc for e in asyn.engines.opened() if e.name == "process"]
+    assert len(first) == 1 and not first[0].is_alive() and not asyn.async_rollouts.threads
+    asyn.cfg.max_steps = 2
+    asyn.train()
+    second = [e.process.proc for e in asyn.engines.opened() if e.name == "process"]
+    assert second[0] is not first[0] and not second[0].is_alive()
+    _same_batches(sync, asyn)
+    for (name, a), b in zip(sync.policy.named_parameters(), asyn.policy.parameters()):
+        assert torch.equal(a, b), name
+
+
 def _prompts_per_step(t: Recording) -> list[torch.Tensor]:
     return [p for p, _ in t.seen]
 
