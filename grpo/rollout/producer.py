@@ -36,8 +36,8 @@ POLL_SECONDS = 0.2  # how often a waiting call checks that the engine process is
 @dataclass(frozen=True)
 class EngineProcessSettings:
     """How the engine process is built (train/settings.py builds it from the Config): the engine (a
-    rollout_backend value), its kernel setting and options, its CPU threads (0: torch's default), partial-rollout segments (0: off) and how long it
-    may take to start."""
+    rollout_backend value), its kernel setting and options, its CPU threads (0: torch's default),
+    partial-rollout segments (0: off) and how long it may take to start."""
 
     backend: str
     kernels: str = "auto"
@@ -90,8 +90,8 @@ def _engine_main(conn, settings: EngineProcessSettings, model_config, tokenizer,
         if settings.threads:
             torch.set_num_threads(settings.threads)
         dtype = getattr(torch, layout[0][1]) if layout else torch.float32
-        model = AutoModelForCausalLM.from_config(model_config, dtype=dtype,
-                                                 attn_implementation=getattr(model_config, "_attn_implementation", None))
+        attn = getattr(model_config, "_attn_implementation", None)
+        model = AutoModelForCausalLM.from_config(model_config, dtype=dtype, attn_implementation=attn)
         model.eval()
         mine, shared = dict(model.named_parameters()), _views(flat, layout)
         loaded = {"version": -1}

@@ -3,7 +3,8 @@
 A producer thread draws the prompt stream one draw (B prompts) at a time through the collector,
 whose training engine (the run's Engines) runs in a process of its own (rollout/producer.py); a
 scorer thread scores each draw as it finishes, overlapping the rewards' waits (a judge model or a
-sandbox) with the next draw's sampling and the trainer's update; the scored groups wait in a bounded queue, and each step takes B of them.
+sandbox) with the next draw's sampling and the trainer's update; the scored groups wait in a bounded
+queue, and each step takes B of them.
 After each optimizer step the new weights reach the engine without stopping it (a shared-memory copy
 under a lock), numbered by the trainer's step; every token carries the version that drew it.
 

@@ -124,8 +124,8 @@ class Trainer:
                                    note=lambda text, style=None: self.logger.note(text, style), timer=self.timer,
                                    agent=self.agent)
         # async_rollouts: a producer and a scorer draw the collector's prompt stream into a queue of groups
-        async_settings = build.async_settings(cfg)
-        self.async_rollouts = None if async_settings is None else AsyncRollouts(async_settings, collector=self.collector)
+        overlap = build.async_settings(cfg)
+        self.async_rollouts = None if overlap is None else AsyncRollouts(overlap, collector=self.collector)
         # seed 001 Algorithm 1 step 4: the reward model learns at iteration boundaries (train/reward_model.py)
         self.rm_trainer = (make_reward_model_trainer(build.reward_model_settings(cfg), reward=self.rewards.reward_model())
                            if cfg.reward_model_train_steps else None)
