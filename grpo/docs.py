@@ -297,7 +297,7 @@ def metrics_page() -> str:
                       "One line of `metrics.jsonl` per logged step (`logging_steps`), the same values in "
                       "TensorBoard (`report_to=tensorboard`) or Weights & Biases. A key with `<...>` stands for a "
                       "family: `rewards/<reward>` is one key per entry of `rewards`, `time/<stage>_seconds` one per "
-                      "stage. A reward in TRL's form may log keys of its own (`log_metric`). Shares are in [0, 1], "
+                      "stage, `async/staleness_<k>` one per staleness 0 ... `max_staleness`. A reward in TRL's form may log keys of its own (`log_metric`). Shares are in [0, 1], "
                       "entropies and KLs in nats.", "", markdown()])
 
 

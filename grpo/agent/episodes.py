@@ -51,6 +51,7 @@ class Episode:
     ids: list[int] = field(default_factory=list)  # completion tokens: model and tool turns
     trained: list[int] = field(default_factory=list)  # 1 on the model's own tokens
     logp: list[float] = field(default_factory=list)
+    versions: list[int] | None = None  # the policy version of each token, where the engine numbers them
     final_text: str = ""
     turns: int = 0
     calls: int = 0  # calls found (well-formed or not)
@@ -66,10 +67,15 @@ class Episode:
         if self.start < 0:
             self.start = len(self.messages)
 
-    def add(self, ids: list[int], *, trained: bool, logp: list[float] | None = None) -> None:
+    def add(self, ids: list[int], *, trained: bool, logp: list[float] | None = None,
+            versions: list[int] | None = None) -> None:
+        """Append tokens; a tool turn's (``versions`` None) take the version of the turn before them."""
         self.ids += ids
         self.trained += [int(trained)] * len(ids)
         self.logp += logp if logp is not None else [0.0] * len(ids)
+        if versions is not None or self.versions is not None:
+            last = self.versions[-1] if self.versions else 0
+            self.versions = (self.versions or []) + (versions if versions is not None else [last] * len(ids))
 
     def info(self) -> dict:
         """What rewards and metrics see of the episode (merged into its sample for rewards; TRL-form
@@ -109,16 +115,17 @@ def _first_call_prefix(tokenizer, ids: list[int], fmt: CallFormat) -> int:
 
 
 def _model_turn(tokenizer, ep: Episode, ids: list[int], logp: list[float] | None, eos: set[int],
-                fmt: CallFormat) -> Call | None:
+                fmt: CallFormat, versions: list[int] | None = None) -> Call | None:
     """Append the model's turn (cut after its first call); the call, or None when the episode ends."""
     text = tokenizer.decode(ids, skip_special_tokens=True)
     span = fmt.find_call(text) if ep.tools else None
     if span is not None:
         k = _first_call_prefix(tokenizer, ids, fmt)
         ids, logp = ids[:k], None if logp is None else logp[:k]
+        versions = None if versions is None else versions[:k]
         text = tokenizer.decode(ids, skip_special_tokens=True)
         span = fmt.find_call(text)
-    ep.add(ids, trained=True, logp=logp)
+    ep.add(ids, trained=True, logp=logp, versions=versions)
     ep.turns += 1
     ep.final_text = text
     ep.messages.append({"role": "assistant", "content": text})
@@ -181,7 +188,8 @@ def run_episodes(engine: RolloutEngine, episodes: list[Episode], *, fmt: CallFor
         for i, ep in enumerate(live):
             n = min(int(ro.completion_mask[i].sum()), room[i])
             logp = ro.sampling_logp[i, :n].tolist() if ro.sampling_logp is not None else None
-            call = _model_turn(tok, ep, ro.completion_ids[i, :n].tolist(), logp, eos, fmt)
+            vers = ro.versions[i, :n].tolist() if ro.versions is not None else None
+            call = _model_turn(tok, ep, ro.completion_ids[i, :n].tolist(), logp, eos, fmt, vers)
             if call is None:
                 continue
             if turn == max_turns - 1:  # no turn left to read the result in
@@ -220,12 +228,19 @@ def episodes_rollout(episodes: list[Episode], *, pad_id: int, with_logprobs: boo
             loss[i, :lc] = torch.tensor(ep.trained, dtype=torch.long)
             if logp is not None:
                 logp[i, :lc] = torch.tensor(ep.logp) * loss[i, :lc]
+    versions = None
+    if any(ep.versions is not None for ep in episodes):  # [N, T] the policy version of each token
+        versions = torch.zeros(n, t, dtype=torch.long)
+        for i, ep in enumerate(episodes):
+            if ep.versions:
+                versions[i, :len(ep.versions)] = torch.tensor(ep.versions, dtype=torch.long)
+        versions = versions.to(device) if device is not None else versions
     truncated = torch.tensor([ep.truncated or ep.max_turns_hit for ep in episodes], dtype=torch.bool)
     tensors = [x.to(device) if device is not None and x is not None else x
                for x in (prompt_ids, prompt_mask, ids, mask, truncated, logp, loss)]
     return Rollout(*tensors[:6], texts=[ep.final_text for ep in episodes], backend=backend, seconds=seconds,
                    prompts_truncated=prompts_truncated, loss_mask=tensors[6],
-                   episodes=[ep.info() for ep in episodes])
+                   episodes=[ep.info() for ep in episodes], versions=versions)
 
 
 def episode_metrics(infos: list[dict]) -> dict:

@@ -110,6 +110,20 @@ class Config:
     resample_invalid_rounds: int = 0
     """Most extra sampling rounds per draw for completions a reward declares it cannot grade (the code rewards: programs that fail ast.parse), so a group compares programs that can be compared; counted in metrics as resampled_completions / invalid_after_resampling (0 = off)."""
 
+    # ---- Asynchronous rollouts ----
+    async_rollouts: bool = False
+    """Sample while the trainer updates: a producer draws the prompt stream into a bounded queue through the rollout engine in a process of its own (the weights pushed to it after each optimizer step without stopping it), a scorer scores each draw as it finishes, and each step trains on B queued groups. One process, full-weight training (not with use_peft or load_in_4bit); not with dynamic_sampling or reward_model_train_steps. Not bit-exact across a resume (the queue is sampled anew; no prompt draw is lost or trained twice)."""
+    max_staleness: int = 1
+    """async_rollouts: the most optimizer steps a trained sample may lag (TRL's max_staleness): the step minus the oldest policy version among its tokens. The producer starts a draw only once weights at most this old are published, and a group over it when taken is dropped and counted (async/dropped_share); 0 gives the synchronous run's tokens and updates exactly."""
+    partial_rollouts: bool = False
+    """async_rollouts: rows still decoding when new weights arrive continue under them (every partial_rollout_tokens tokens the engine loads the newest weights and continues each row from its exact tokens so far), so a row may mix policy versions; off: each sampling call finishes under the weights it started with."""
+    partial_rollout_tokens: int = 16
+    """partial_rollouts: tokens decoded between two checks for new weights."""
+    async_correction: str = "truncate"
+    """async_rollouts: importance correction of tokens drawn by older weights, pi_train / pi_version at rollout_correction_level within [rollout_correction_low, rollout_correction_high]: truncate (TIS) or mask (MIS). Tokens drawn by the trained weights keep weight 1; with rollout_correction on (vllm), that correction already weighs every token by its own version's log-probs."""
+    async_engine_threads: int = 0
+    """async_rollouts: torch CPU threads of the engine process (0 = torch's default)."""
+
     # ---- Rewards ----
     rewards: str = ""
     """Comma-separated reward functions ('': the task's own, recorded in the run's config.yaml: numeric for arithmetic, gsm8k, calculator and datasets, code for code and code_hard): built-ins (numeric, math, code, code_strict, code_generated, code_style, reward_model, format, length, incompleteness, incompleteness_zh, environment: an environment_factory's get_reward()), module:function paths (an `async def` one runs its batch's calls concurrently), or http(s):// URLs that score a JSON batch (README, Remote rewards)."""

@@ -30,6 +30,9 @@ SECTIONS: tuple[Section, ...] = (
         "vllm_enforce_eager", "vllm_server_host", "vllm_server_port", "vllm_server_timeout",
         "vllm_server_request_timeout", "vllm_server_weight_dir", "rollout_correction", "rollout_correction_level",
         "rollout_correction_low", "rollout_correction_high", "resample_invalid_rounds")),
+    Section("async", "Asynchronous rollouts", "the producer, its engine process and the staleness bound (train/async_rollouts.py, rollout/producer.py, core/staleness.py)", (
+        "async_rollouts", "max_staleness", "partial_rollouts", "partial_rollout_tokens", "async_correction",
+        "async_engine_threads")),
     Section("rewards", "Rewards", "the reward runner (grpo/rewards): which rewards score a completion, and how they run", (
         "rewards", "reward_weights", "reward_timeout", "reward_workers", "max_reward_failure_share", "reward_retries",
         "reward_concurrency", "reward_model", "reward_model_transform", "supervision", "step_reward")),

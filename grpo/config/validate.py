@@ -49,6 +49,7 @@ def validate(c) -> None:
     _validate_reward_training(c)
     _validate_vllm(c)
     _validate_agent(c)
+    _validate_async(c)
 
 
 def _validate_choices(c) -> None:
@@ -332,6 +333,22 @@ def _validate_agent(c) -> None:
                           "cannot be resampled row by row); set it to 0")
 
 
+def _validate_async(c) -> None:
+    """Asynchronous rollouts: the bound, the correction, and what they do not run with."""
+    _choice("async_correction", c.async_correction, CORRECTION_MODES)
+    if c.max_staleness < 0 or c.partial_rollout_tokens < 1 or c.async_engine_threads < 0:
+        raise ConfigError(f"max_staleness and async_engine_threads must be >= 0 and partial_rollout_tokens >= 1, got "
+                          f"{c.max_staleness}, {c.async_engine_threads}, {c.partial_rollout_tokens}")
+    if not c.async_rollouts:
+        return
+    for key, why in (("dynamic_sampling", "its rounds wait on their own scores"),
+                     ("reward_model_train_steps", "the reward model learns between draws"),
+                     ("use_peft", "the engine process samples full weights"),
+                     ("load_in_4bit", "the engine process samples full weights")):
+        if getattr(c, key):
+            raise ConfigError(f"{key}: not supported with async_rollouts ({why}); turn one of them off")
+
+
 def validate_world(c, processes: int) -> None:
     """What cannot run on this many processes, refused before anything loads."""
     if c.prompts_per_step % processes:
@@ -349,6 +366,8 @@ def validate_world(c, processes: int) -> None:
     if c.distributed_strategy == "fsdp2" and c.rollout_backend == "fast":
         raise ConfigError("rollout_backend: fast does not sample a model sharded by FSDP2 (every process must run "
                           "the same synced generate); use rollout_backend=auto or hf")
+    if c.async_rollouts:
+        raise ConfigError("async_rollouts: runs on one process only")
     if c.reward_model_train_steps:
         raise ConfigError("reward_model_train_steps: the reward model trains on one process only")
     if c.advantage_estimator == "gae" and c.critic_shared_trunk:

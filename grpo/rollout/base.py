@@ -38,6 +38,7 @@ class Rollout:
     prompts_truncated: int = 0  # prompts (not rows) the sampling call cut to max_prompt_length (0 in a selection)
     loss_mask: Tensor | None = None  # [N, T] 1 on tokens trained on, within completion_mask; None: all of it
     episodes: list[dict] | None = None  # per row, a multi-turn episode's transcript and counts (grpo.agent)
+    versions: Tensor | None = None  # [N, T] int64: the policy version (trainer step) that drew each token; None: current
 
     def __post_init__(self):
         # only the shape is checked here (no device sync on every selection); check_masks checks values
@@ -155,7 +156,8 @@ def select_rollout(ro: Rollout, idx: torch.Tensor) -> Rollout:
     return Rollout(ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx], ro.completion_mask[idx],
                    ro.truncated[idx], None if ro.sampling_logp is None else ro.sampling_logp[idx],
                    [ro.texts[i] for i in il], ro.backend, ro.seconds, loss_mask=ro.loss_mask[idx],
-                   episodes=None if ro.episodes is None else [ro.episodes[i] for i in il])
+                   episodes=None if ro.episodes is None else [ro.episodes[i] for i in il],
+                   versions=None if ro.versions is None else ro.versions[idx])
 
 
 def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
@@ -172,6 +174,7 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
 
     logps = [r.sampling_logp for r in parts]
+    versions = [r.versions for r in parts]
     return Rollout(torch.cat([left(r.prompt_ids, p, pad_id) for r in parts]),
                    torch.cat([left(r.prompt_mask, p, 0) for r in parts]),
                    torch.cat([right(r.completion_ids, t, pad_id) for r in parts]),
@@ -180,7 +183,8 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
                    None if any(x is None for x in logps) else torch.cat([right(x, t, 0.0) for x in logps]),
                    [s for r in parts for s in r.texts], parts[0].backend, sum(r.seconds for r in parts),
                    loss_mask=torch.cat([right(r.loss_mask, t, 0) for r in parts]),
-                   episodes=None if any(r.episodes is None for r in parts) else [e for r in parts for e in r.episodes])
+                   episodes=None if any(r.episodes is None for r in parts) else [e for r in parts for e in r.episodes],
+                   versions=None if any(v is None for v in versions) else torch.cat([right(v, t, 0) for v in versions]))
 
 
 def rollout_to(ro: Rollout, device) -> Rollout:

@@ -88,7 +88,7 @@ class CollectSettings:
     group_size: int  # num_generations (G)
     system_prompt: str  # system_prompt
     sampling: SamplingSettings  # max_completion_length, top_p, top_k, max_prompt_length (temperature: per step)
-    with_logprobs: bool  # the rollout's sampling log-probs are kept (a rollout_correction applies)
+    with_logprobs: bool  # sampling log-probs kept: for a rollout_correction, or async_rollouts' stale tokens
     dynamic_sampling: bool  # dynamic_sampling (DAPO)
     dynamic_sampling_rounds: int  # dynamic_sampling_rounds
     mini_batches: int  # mini_batches: dynamic sampling keeps whole mini-batches on every process
@@ -169,7 +169,8 @@ class Collector:
         keys = row_keys(s.seed if seed is None else seed, step, (draw * world.size + world.rank) * b * g, b * g)
         sampling = dataclasses.replace(s.sampling, temperature=temperature)
         # no sampling log-probs (the loss recomputes them; keeping [N, T, V] logits costs memory), except
-        # for the train/inference mismatch correction, which compares the engine's with the trainer's
+        # for the train/inference mismatch correction, which compares the engine's with the trainer's, and
+        # for asynchronous rollouts, whose tokens drawn by older weights are corrected alike
         engine = self.engines.train
         with self.timer.stage("sampling"):
             if self.agent is not None:

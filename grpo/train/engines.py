@@ -1,23 +1,32 @@
 """The run's rollout engines, with one owner: the training sampler (``rollout_backend``) and the one
 evaluation and the consistency probe sample with. Each is built on first use and again after
 ``close`` (a second ``train()``, or sampling and evaluation after one); each hears of new weights
-(``sync``) and is closed once at the end."""
+(``sync``) and is closed once at the end. With asynchronous rollouts the training sampler runs in
+an engine process of its own (rollout/producer.py), which gets each new set of weights numbered."""
 
 from __future__ import annotations
 
-from grpo.errors import ConfigError
+import threading
+
+from grpo.errors import ConfigError, EngineError
 from grpo.rollout import RolloutEngine, make_engine
+from grpo.rollout.producer import EngineProcess, EngineProcessSettings, ProcessEngine
 
 
 class Engines:
     """``name``, ``kernels`` and ``options`` build the training engine (``make_engine``) on
     ``policy``; ``synced``: generation is a collective of every process (FSDP2). Evaluation samples
     with the training engine where it ``serves_evaluation`` (one costly engine per run, as vLLM),
-    else with an hf engine beside it, whose unkeyed sampling draws from the global RNG as generate does."""
+    else with an hf engine beside it, whose unkeyed sampling draws from the global RNG as generate does.
+    ``process``: the training engine runs in an engine process so built (asynchronous rollouts; None:
+    in this process)."""
 
-    def __init__(self, policy, tokenizer, *, name: str, kernels: str, options, synced: bool):
+    def __init__(self, policy, tokenizer, *, name: str, kernels: str, options, synced: bool,
+                 process: EngineProcessSettings | None = None):
         self.policy, self.tokenizer, self.name, self.kernels = policy, tokenizer, name, kernels
-        self.options, self.synced = options, synced
+        self.options, self.synced, self.process = options, synced, process
+        self.version = 0  # the optimizer steps behind the weights the engines sample (``sync``)
+        self._owner = threading.get_ident()  # the thread that starts an engine process (it dies with it)
         self._train: RolloutEngine | None = None
         self._eval: RolloutEngine | None = None
 
@@ -25,6 +34,12 @@ class Engines:
     def train(self) -> RolloutEngine:
         """The training sampler, built where there is none or it was closed."""
         if self._train is None or self._train.closed:
+            if self.process is not None:
+                if threading.get_ident() != self._owner:  # the producer, after the trainer closed it
+                    raise EngineError("the rollout engine process was closed")
+                proc = EngineProcess(self.policy, self.tokenizer, self.process, version=self.version)
+                self._train = ProcessEngine(self.policy, self.tokenizer, process=proc)
+                return self._train
             try:
                 self._train = make_engine(self.name, self.policy, self.tokenizer, synced=self.synced,
                                           kernels=self.kernels, options=self.options)
@@ -50,10 +65,16 @@ class Engines:
         """Every engine built so far, each once."""
         return tuple({id(e): e for e in (self._train, self._eval) if e is not None}.values())
 
-    def sync(self) -> None:
-        """Every open engine samples the policy's current weights next (after an update, after a resume)."""
+    def sync(self, *, version: int) -> None:
+        """Every open engine samples the policy's current weights next, those after ``version``
+        optimizer steps (after an update, after a resume); the engine process gets them numbered."""
+        self.version = version
         for engine in self.opened():
-            if not engine.closed:
+            if engine.closed:
+                continue
+            if isinstance(engine, ProcessEngine):  # every token it draws carries the version
+                engine.publish(self.policy, version=version)
+            else:
                 engine.sync_weights(self.policy)
 
     def close(self) -> None:

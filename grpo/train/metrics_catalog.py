@@ -3,7 +3,8 @@
 The documentation's metrics reference is generated from ``METRICS``; tests/test_metrics_catalog.py
 trains a tiny model with the features on and fails on any key this catalog does not name. A key
 with ``<...>`` stands for a family: ``rewards/<reward>`` is one key per reward in ``rewards``,
-``time/<stage>_seconds`` one per stage of ``grpo.infra.timing.STAGES``. Besides these, a reward in
+``time/<stage>_seconds`` one per stage of ``grpo.infra.timing.STAGES``, ``async/staleness_<k>`` one
+per staleness 0 ... max_staleness. Besides these, a reward in
 TRL's form may log keys of its own (``log_metric``); they are the reward author's.
 """
 
@@ -25,7 +26,7 @@ class Metric:
 
 
 # the placeholders of family keys and what each stands for (a regular expression)
-PLACEHOLDERS = {"<reward>": ".+", "<stage>": "(?:" + "|".join(STAGES) + ")"}
+PLACEHOLDERS = {"<reward>": ".+", "<stage>": "(?:" + "|".join(STAGES) + ")", "<k>": "[0-9]+"}
 
 EVERY = "every step"
 
@@ -188,6 +189,31 @@ METRICS: tuple[Metric, ...] = tuple(
         ("rollout_is_weight_max", "ratio", "largest weight"),
         ("rollout_is_masked_share", "share", "tokens whose weight fell outside the band and was zeroed (mask)"),
         ("rollout_is_clipped_share", "share", "tokens whose weight was clamped into the band (truncate)"),
+    ])
+    + _m("asynchronous rollouts", "async_rollouts=true", [
+        ("async/staleness_<k>", "groups", "groups taken this step at staleness k (the step minus the oldest policy "
+         "version among a group's tokens), one key per k from 0 to `max_staleness`"),
+        ("async/staleness_over", "groups", "groups taken this step over `max_staleness` (dropped)"),
+        ("async/staleness_mean", "steps", "mean staleness of the step's trained groups"),
+        ("async/staleness_max", "steps", "largest staleness of a trained group"),
+        ("async/dropped_groups", "groups", "groups over the bound dropped this step"),
+        ("async/dropped_share", "share", "dropped groups / (dropped + trained) this step"),
+        ("async/dropped_total", "groups", "groups dropped since the run started"),
+        ("async/stale_token_share", "share", "trained tokens drawn by weights older than the step's"),
+        ("async/wait_seconds", "s", "time the trainer waited for the queue of scored groups"),
+        ("async/queued_groups", "groups", "scored groups left in the queue after the step took its own"),
+        ("async/oldest_draw", "draw", "the oldest draw (prompt-stream position, in steps) of a trained group"),
+    ])
+    + _m("asynchronous rollouts", "async_rollouts=true, steps with stale tokens, rollout_correction none", [
+        ("async/mismatch_kl_k1", "nats", "k1 estimate of KL(pi_version || pi_train) on the stale tokens"),
+        ("async/mismatch_kl_k3", "nats", "k3 estimate of the same"),
+        ("async/rollout_is_weight_mean", "ratio", "mean importance weight pi_train / pi_version of the stale tokens"),
+        ("async/rollout_is_weight_min", "ratio", "smallest weight"),
+        ("async/rollout_is_weight_max", "ratio", "largest weight"),
+        ("async/rollout_is_masked_share", "share", "stale units whose weight fell outside the band and was zeroed "
+         "(async_correction=mask)"),
+        ("async/rollout_is_clipped_share", "share", "stale units whose weight was clamped into the band "
+         "(async_correction=truncate)"),
     ])
     + _m("reward-model training", "reward_model_train_steps > 0", [
         ("rm_verifier_reward", "reward", "the verifier's mean on the policy's samples (what the learned reward achieves)"),

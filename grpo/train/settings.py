@@ -14,6 +14,8 @@ from grpo.config import Config
 from grpo.eval.evaluate import EvalSettings
 from grpo.rewards.reward import RewardOptions
 from grpo.rollout import SamplingSettings, engine_class
+from grpo.rollout.producer import EngineProcessSettings
+from grpo.train.async_rollouts import AsyncSettings
 from grpo.train.batch import BatchSettings, RewardShaping, correction_mode
 from grpo.train.collect import CollectSettings
 from grpo.train.knobs import KnobSettings
@@ -97,10 +99,30 @@ def collect_settings(cfg: Config) -> CollectSettings:
     return CollectSettings(
         seed=cfg.seed, prompts_per_step=cfg.prompts_per_step, group_size=cfg.num_generations,
         system_prompt=cfg.system_prompt, sampling=sampling_settings(cfg),
-        with_logprobs=rollout_correction(cfg) != "none", dynamic_sampling=cfg.dynamic_sampling,
+        with_logprobs=rollout_correction(cfg) != "none" or cfg.async_rollouts, dynamic_sampling=cfg.dynamic_sampling,
         dynamic_sampling_rounds=cfg.dynamic_sampling_rounds, mini_batches=cfg.mini_batches,
         resample_invalid_rounds=cfg.resample_invalid_rounds, max_reward_failure_share=cfg.max_reward_failure_share,
         reward_names=tuple(cfg.reward_names), max_steps=cfg.max_steps)
+
+
+def engine_process_settings(cfg: Config) -> EngineProcessSettings | None:
+    """async_rollouts: the training engine's process (rollout/producer.py); None: it samples here."""
+    if not cfg.async_rollouts:
+        return None
+    return EngineProcessSettings(backend=cfg.rollout_backend, kernels=cfg.decode_kernels,
+                                 options=engine_options(cfg, cfg.rollout_backend), threads=cfg.async_engine_threads,
+                                 segment_tokens=cfg.partial_rollout_tokens if cfg.partial_rollouts else 0)
+
+
+def async_settings(cfg: Config) -> AsyncSettings | None:
+    """async_rollouts: the producer, the queue and the staleness bound; None: the synchronous loop."""
+    if not cfg.async_rollouts:
+        return None
+    return AsyncSettings(max_staleness=cfg.max_staleness, prompts_per_step=cfg.prompts_per_step,
+                         group_size=cfg.num_generations, correction=cfg.async_correction,
+                         correction_level=cfg.rollout_correction_level, correction_low=cfg.rollout_correction_low,
+                         correction_high=cfg.rollout_correction_high,
+                         run_corrects_all=rollout_correction(cfg) != "none", reward_names=tuple(cfg.reward_names))
 
 
 def knob_settings(cfg: Config) -> KnobSettings:

@@ -44,6 +44,7 @@ from grpo.rewards.steps import resolve_step_reward
 from grpo.rollout import Rollout
 from grpo.train import settings as build
 from grpo.train import state as run_state
+from grpo.train.async_rollouts import AsyncRollouts
 from grpo.train.batch import Batch, BatchMaker
 from grpo.train.collect import Collector
 from grpo.train.critic import Critic
@@ -109,9 +110,11 @@ class Trainer:
         self.critic = self._make_critic()
         self.knobs = Knobs(build.knob_settings(cfg))  # the step's knobs (eps, beta, temperature, ...) and controllers
         # the training sampler and evaluation's, opened here (their set-up errors come before the run) and again
-        # after close(); every one hears of new weights and is closed at the end of train()
+        # after close(); every one hears of new weights and is closed at the end of train(); with async_rollouts
+        # the training sampler runs in an engine process of its own
         self.engines = Engines(self.policy, self.tok, name=cfg.rollout_backend, kernels=cfg.decode_kernels,
-                               options=build.engine_options(cfg, cfg.rollout_backend), synced=self.sharded)
+                               options=build.engine_options(cfg, cfg.rollout_backend), synced=self.sharded,
+                               process=build.engine_process_settings(cfg))
         self.engines.open()
         self.timer = StageTimer(next(self.policy.parameters()).device)  # seconds per stage, in every metrics line
         # tools / environment_factory: multi-turn episodes
@@ -120,6 +123,9 @@ class Trainer:
                                    engines=self.engines, tokenizer=self.tok, rewards=self.rewards,
                                    note=lambda text, style=None: self.logger.note(text, style), timer=self.timer,
                                    agent=self.agent)
+        # async_rollouts: a producer and a scorer draw the collector's prompt stream into a queue of groups
+        overlap = build.async_settings(cfg)
+        self.async_rollouts = None if overlap is None else AsyncRollouts(overlap, collector=self.collector)
         # seed 001 Algorithm 1 step 4: the reward model learns at iteration boundaries (train/reward_model.py)
         self.rm_trainer = (make_reward_model_trainer(build.reward_model_settings(cfg), reward=self.rewards.reward_model())
                            if cfg.reward_model_train_steps else None)
@@ -147,7 +153,7 @@ class Trainer:
         except BaseException:  # a trainer that cannot start releases what it opened
             self.close()
             raise
-        self.engines.sync()
+        self._sync(self.step)
 
     def _make_critic(self) -> Critic | None:
         """PPO's learned value model (advantage_estimator=gae), else None."""
@@ -164,6 +170,8 @@ class Trainer:
     def components(self) -> dict:
         """The parts whose state the next step depends on, by name (a checkpoint holds each one's)."""
         parts = {"collector": self.collector, "updater": self.updater, "knobs": self.knobs}
+        if self.async_rollouts is not None:  # after the collector: it sets the prompt stream back
+            parts["async_rollouts"] = self.async_rollouts
         if self.critic is not None:
             parts["critic"] = self.critic
         if self.rm_trainer is not None:
@@ -181,13 +189,18 @@ class Trainer:
                 rm_metrics = self.rm_trainer.update()
         if self.rm_trainer is not None and cfg.reward_model_warmup_draws and self.step == self.rm_trainer.iteration == 0:
             rm_metrics = warm_up(self.rm_trainer, self.collector, temperature=k.temperature)  # trained before use
-        got = self.collector.collect(step=self.step, temperature=k.temperature)
+        source = self.collector if self.async_rollouts is None else self.async_rollouts  # B queued groups
+        got = source.collect(step=self.step, temperature=k.temperature)
         metrics = {**got.metrics, **k.values()}  # the knob values this step trains with
         if self.rm_trainer is not None:
             metrics.update(self.rm_trainer.observe(got.samples, got.rollout.texts))
             metrics.update(rm_metrics)
         batch, batch_metrics = self.prepare(got.rollout, got.rewards, got.samples, per_reward=got.per_reward)
         metrics.update(batch_metrics)
+        if self.async_rollouts is not None:  # tokens of older weights: pi_train / pi_version
+            batch, async_metrics = self.async_rollouts.correct(batch, step=self.step, train_logps=lambda: (
+                batch.old_logp if batch.old_logp is not None else self.batches.old_logps(got.rollout, k.temperature)))
+            metrics.update(async_metrics)
         metrics.update(self.update(batch))
         self.step += 1
         ro = got.rollout
@@ -225,8 +238,15 @@ class Trainer:
         with self.timer.stage("update"):
             metrics = self.updater.update(batch, self.knobs, step=self.step)
         with self.timer.stage("sync"):
-            self.engines.sync()
+            self._sync(self.step + 1)
         return metrics
+
+    def _sync(self, version: int) -> None:
+        """The engines sample the policy's current weights next, those after ``version`` optimizer steps;
+        with async_rollouts the producer may start the draws they admit."""
+        self.engines.sync(version=version)
+        if self.async_rollouts is not None:
+            self.async_rollouts.new_weights(version=version, temperature=self.knobs.temperature)
 
     def _log_samples(self, got) -> None:
         self.logger.log_samples(self.step, got.logged_rows(self.cfg.num_generations))
@@ -375,8 +395,13 @@ class Trainer:
 
     def close(self) -> None:
         """Release the rollout engines and the reward workers (train() does this at its end; a
-        later train(), sample() or evaluate() opens them again)."""
+        later train(), sample() or evaluate() opens them again). The producer and the scorer stop
+        first: one waiting on the engine process is freed as the engines close."""
+        if self.async_rollouts is not None:
+            self.async_rollouts.stop()
         self.engines.close()
+        if self.async_rollouts is not None:
+            self.async_rollouts.join()
         self.rewards.close()
 
     def _should_stop(self) -> bool:
