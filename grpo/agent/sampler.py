@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import time
 
-from grpo.agent.environments import (environment_reward, environment_tools, load_factory, new_environment,
-                                     reset_environment)
+from grpo.agent.environments import (environment_reward, environment_tools, is_routed, load_factories,
+                                     load_factory, new_environment, reset_environment)
 from grpo.agent.episodes import Episode, episode_metrics, episodes_rollout, run_episodes
 from grpo.agent.examples import NO_EXAMPLE, worked_example
 from grpo.agent.formats import CallFormat, call_format, supports_tools
 from grpo.agent.tools import Tool, check_unique, resolve_tools
+from grpo.errors import DataError
 from grpo.rollout.base import Rollout
 from grpo.rollout.engine import RolloutEngine, SamplingSettings
 
@@ -31,11 +32,16 @@ class AgentSampler:
     or callable, a fresh instance per episode), ``fmt`` the call format, ``max_turns`` model turns,
     ``tool_timeout`` seconds per call; ``example_call`` / ``example_question``: the worked exchange
     shown where a row has no ``tool_example`` (``examples.worked_example``; the config's default
-    builds one from the tools' schema, NO_EXAMPLE shows none)."""
+    builds one from the tools' schema, NO_EXAMPLE shows none). ``routes``: a row's ``column`` value ->
+    (tools, factory) used for that row instead of ``tools`` and ``factory`` (TRL's dict
+    ``environment_factory``, a mixture's sources); a row whose value has no route takes ``tools`` and
+    ``factory``, or is an error when ``factory`` is None and ``strict``."""
 
     def __init__(self, tokenizer, *, tools: list[Tool], factory=None, fmt: CallFormat, max_turns: int,
-                 tool_timeout: float, example_call: str = NO_EXAMPLE, example_question: str = ""):
+                 tool_timeout: float, example_call: str = NO_EXAMPLE, example_question: str = "",
+                 routes: dict | None = None, column: str = "task", strict: bool = False):
         self.tok, self.tools, self.factory, self.fmt = tokenizer, tools, factory, fmt
+        self.routes, self.column, self.strict = dict(routes or {}), column, strict
         self.max_turns, self.tool_timeout = max_turns, tool_timeout
         self.example_call, self.example_question = example_call, example_question
         self._examples: dict[tuple, dict | None] = {}  # the run-level worked exchange of each set of tools
@@ -49,10 +55,25 @@ class AgentSampler:
         ``max_turns``, ``tool_timeout``); None when it names neither tools nor an environment."""
         if not cfg.tools.strip() and not cfg.environment_factory.strip():
             return None
-        factory = load_factory(cfg.environment_factory) if cfg.environment_factory.strip() else None
-        return cls(tokenizer, tools=resolve_tools(cfg.tools), factory=factory,
-                   fmt=call_format(cfg.tool_format, tokenizer), max_turns=cfg.max_turns, tool_timeout=cfg.tool_timeout,
-                   example_call=cfg.tool_example_call, example_question=cfg.tool_example_question)
+        spec, tools = cfg.environment_factory.strip(), resolve_tools(cfg.tools)
+        routes = {k: (tools, f) for k, f in load_factories(spec).items()} if is_routed(spec) else None
+        factory = load_factory(spec) if spec and routes is None else None
+        return cls(tokenizer, tools=tools, factory=factory, fmt=call_format(cfg.tool_format, tokenizer),
+                   max_turns=cfg.max_turns, tool_timeout=cfg.tool_timeout, example_call=cfg.tool_example_call,
+                   example_question=cfg.tool_example_question, routes=routes,
+                   column=getattr(cfg, "environment_column", "task"), strict=routes is not None)
+
+    def route(self, sample: dict) -> tuple[list[Tool], object]:
+        """The tools and environment factory of ``sample`` (its ``column`` value's route)."""
+        if not self.routes:
+            return self.tools, self.factory
+        value = sample.get(self.column)
+        if value in self.routes:
+            return self.routes[value]
+        if self.strict:
+            raise DataError(f"environment_factory: a row's {self.column!r} is {value!r}, which has no environment; "
+                            f"routed values: {sorted(self.routes)}")
+        return self.tools, self.factory
 
     def run_example(self, tools: list[Tool]) -> dict | None:
         """The worked exchange shown where a row has no ``tool_example`` (``examples.worked_example``)."""
@@ -93,10 +114,11 @@ class AgentSampler:
         contexts were cut to ``max_prompt_length`` (from the left, as single-turn prompts are)."""
         out, cut = [], 0
         for i, sample in enumerate(samples):
+            shared, factory = self.route(sample)
             for j in range(group_size):
-                env = new_environment(self.factory) if self.factory is not None else None
+                env = new_environment(factory) if factory is not None else None
                 observation = reset_environment(env, sample) if env is not None else None
-                tools = self.tools + (environment_tools(env) if env is not None else [])
+                tools = shared + (environment_tools(env) if env is not None else [])
                 check_unique(tools, "tools + environment_factory")
                 messages = self.start_messages(sample, tools, system_prompt, observation)
                 ids = self.tok(self._render(messages, tools), add_special_tokens=False)["input_ids"]
