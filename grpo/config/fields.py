@@ -20,6 +20,8 @@ import yaml
 from grpo.config.parse import parse_value
 from grpo.config.presets import apply_monitor_preset, apply_task_preset
 from grpo.config.validate import derived_micro_batch, validate
+from grpo.config.mixture_settings import apply_mixture_presets, validate_mixture
+from grpo.data.mixture import mixture_text
 from grpo.models.loading import DEFAULT_MODEL
 
 
@@ -29,7 +31,7 @@ class Config:
     model: str = DEFAULT_MODEL
     """Policy to train: a hub id, a local folder, a run folder (its newest checkpoint), or the embedded default."""
     task: str = "arithmetic"
-    """Prompts and answers: a built-in task (arithmetic, gsm8k, code, code_hard, calculator: sets tools=builtin:calculator, 64-token episodes, 10 steps, 100 held-out problems and pass@k on 20 unless given), a local .jsonl/.json/.parquet file, a hub dataset id, or a local copy of a hub dataset repository (a folder)."""
+    """Prompts and answers: a built-in task (arithmetic, gsm8k, code, code_hard, calculator: sets tools=builtin:calculator, 64-token episodes, 10 steps, 100 held-out problems and pass@k on 20 unless given), a local .jsonl/.json/.parquet file, a hub dataset id, or a local copy of a hub dataset repository (a folder). A mixture: several with weights, `arithmetic:0.5,calculator:0.3,my.jsonl:0.2`, or a YAML list of such entries or of mappings {task, weight, label, rewards, reward_weights, tools, environment_factory, eval_prompts}; each source keeps its own rewards, tools, environment and presets, its rows carry its label in the `task` column, and metrics are logged per source (docs/mixtures.md). An environment class that owns its dataset (`module:Class` with a `dataset` attribute) is a source too."""
     task_split: str = "train"
     """Split to load when `task` is a hub dataset id or a dataset repository folder."""
     prompt_field: str = "prompt"
@@ -367,13 +369,32 @@ class Config:
     eval_steps: int = 0
     """Every this many steps, evaluate on the held-out set as before and after training (greedy accuracy, pass@k): eval/accuracy, eval/pass@k in that step's metrics line (always logged), a few completions with their rewards in eval_completions.jsonl (0 = off)."""
 
+    # ---- mixtures, curriculum, evaluation suites (grpo/data/mixture.py, grpo/train/sources.py) ----
+    difficulty_sampling: bool = False
+    """Draw prompts by their recent group pass rate p (weight difficulty_floor + (1 - difficulty_floor) * 4p(1-p); unseen prompts 1), so prompts always or never solved are drawn less; within each source of a mixture. Its state is in the checkpoint (grpo/data/difficulty.py)."""
+    difficulty_memory: int = 4
+    """difficulty_sampling: how many of a prompt's most recent groups its pass rate is the mean of."""
+    difficulty_floor: float = 0.1
+    """difficulty_sampling: the weight of a prompt whose recent groups all passed or all failed (in (0, 1]; 1 = uniform)."""
+    environment_column: str = "task"
+    """The dataset column whose value picks a row's environment when environment_factory is TRL's dict form (`value=module:Class,...`; the Python API takes a dict); each value's rows are logged and evaluated as a suite of that name."""
+    eval_tasks: str = ""
+    """Comma-separated further tasks evaluated with the held-out set at every evaluation (before, every eval_steps, after), each with its own rewards, tools and presets: eval/<task>/accuracy (and pass@k, ...) per suite; eval/accuracy is over every prompt of every suite. A mixture's sources are suites already."""
+    best_checkpoint_metric: str = ""
+    """Keep the weights of the evaluation during training (eval_steps) with the best value of this metric (e.g. eval/accuracy, eval/arithmetic/accuracy) in the run folder's best/, with best.json naming step and value ('' = off)."""
+    best_checkpoint_mode: str = "max"
+    """best_checkpoint_metric: max (higher is better) or min."""
+
     def __post_init__(self) -> None:
+        self.task = mixture_text(self.task)  # a YAML list of sources: kept as its JSON text
         _coerce_types(self)
         apply_task_preset(self)
+        apply_mixture_presets(self)
         apply_monitor_preset(self)
         if self.per_device_train_batch_size is None:  # the one value that always fits (TRL issue #3061)
             self.per_device_train_batch_size = derived_micro_batch(self.prompts_per_step, self.num_generations)
         validate(self)
+        validate_mixture(self)
 
     # ---- multi-turn rollouts with tools and environments (grpo/agent/) ----
     tools: str = ""

@@ -27,6 +27,7 @@ from grpo.rollout.keys import row_keys
 from grpo.rollout.tuning import take_messages
 from grpo.train.resample import RESAMPLE_ROW_BASE, resample_invalid, validity_checks
 from grpo.train.batch import correction_mode
+from grpo.train.source_rewards import source_metrics
 
 
 def failure_message(parts: list[dict], *, n: int, n_failed: int, share: float) -> str:
@@ -86,12 +87,15 @@ class Collector:
     max_prompt_length). ``note`` reports a message to the run's log."""
 
     def __init__(self, cfg, *, world: dist_io.World, train: list[dict], engine: RolloutEngine, rewards: RewardRunner,
-                 note: Callable[..., None], timer: StageTimer | None = None, agent: AgentSampler | None = None):
+                 note: Callable[..., None], timer: StageTimer | None = None, agent: AgentSampler | None = None,
+                 sampler=None, sources=None):
         self.cfg, self.world, self.train, self.rewards, self.note = cfg, world, train, rewards, note
         self.agent = agent  # tools / environment_factory: every rollout is a multi-turn episode
         self.timer = timer or NullTimer()  # seconds of the sampling and rewards stages
         self.engine, self.tok = engine, engine.tokenizer
-        self.sampler = PromptSampler(len(train), seed=cfg.seed)
+        # the prompt stream: epoch-shuffled, or a mixture's or the difficulty sampler (train/sources.py)
+        self.sampler = sampler if sampler is not None else PromptSampler(len(train), seed=cfg.seed)
+        self.sources = sources  # RunSources: each row's verdict and the per-source metrics
         self.reward_failures = 0
         self.prompts_truncated = 0  # this run's sampled prompts cut to max_prompt_length (every process)
         self.last_per_reward: torch.Tensor | None = None  # [B, G, K] of the last score()
@@ -197,7 +201,10 @@ class Collector:
             raise RewardError(failure_message(dist_io.gather_objects(part, world), n=len(total), n_failed=n_failed,
                                               share=cfg.max_reward_failure_share))
         self.reward_failures += n_failed
-        first = per_reward[cfg.reward_names[0]]
+        names = self.rewards.names
+        verdicts = self.sources.verdict_values(group_samples, res.per_reward) if self.sources is not None \
+            else res.per_reward[names[0]]
+        correct = dist_io.gather_rows(verdicts.double(), world) >= 1.0  # [N_global]: the row's verifier says so
         timeouts = int(dist_io.all_sum(torch.tensor(self.rewards.timeouts), world))
         metrics = {f"rewards/{k}": float(torch.nanmean(v)) for k, v in per_reward.items()}
         logged: dict = {}  # what TRL-form rewards logged with log_metric, on every process
@@ -206,9 +213,14 @@ class Collector:
                 logged.setdefault(name, []).extend(values)
         metrics.update({name: sum(values) / len(values) for name, values in logged.items()})
         self.last_columns = res.log_columns
-        self.last_per_reward = torch.stack([per_reward[k] for k in cfg.reward_names], -1).float().view(
+        self.last_per_reward = torch.stack([per_reward[k] for k in names], -1).float().view(
             cfg.prompts_per_step, cfg.num_generations, -1)  # [B, G, K]
-        metrics.update(accuracy=float((first >= 1.0).double().mean()), reward_failures=n_failed,
+        if self.sources is not None and self.sources.labels:
+            labels = [x for part in dist_io.gather_objects([s.get(self.sources.column) for s in group_samples], world)
+                      for x in part]
+            metrics.update(source_metrics(labels, total, correct, self.sources.labels))
+        self.sampler.observe(correct.double().view(cfg.prompts_per_step, -1).mean(1).tolist())  # difficulty
+        metrics.update(accuracy=float(correct.double().mean()), reward_failures=n_failed,
                        reward_failures_total=self.reward_failures, reward_timeouts_total=timeouts,
                        grading_seconds=max(dist_io.gather_objects(grading, world)))  # the slowest process
         if ro.episodes is not None:  # every process's episodes (without their transcripts)

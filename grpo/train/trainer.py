@@ -26,10 +26,8 @@ import torch
 
 from grpo.config import Config
 from grpo.config.validate import divisors
-from grpo.data import task_of
 from grpo.errors import ConfigError, DataError, EngineError, FuseError, RewardError
 from grpo.eval.consistency import consistency, probe_prompts
-from grpo.agent import AgentSampler
 from grpo.eval.evaluate import Interrupt, evaluate_as_configured
 from grpo.infra import checkpoint as ckpt_io
 from grpo.infra import distributed as dist_io
@@ -41,7 +39,6 @@ from grpo.models import grouped_attention, keep_head_fp32, load_models, native_b
 from grpo.models.packing import SHARED_PREFIX_ATTENTION, sliding_window
 from grpo.models.quantization import keep_trainable
 from grpo.rewards.reward_model import set_reward_transform
-from grpo.rewards.runner import RewardRunner
 from grpo.rewards.steps import resolve_step_reward
 from grpo.rollout import Rollout, RolloutEngine, SamplingSettings, make_engine
 from grpo.rollout.engine import engine_options
@@ -54,6 +51,9 @@ from grpo.train.forwards import Forwards
 from grpo.train.knobs import Knobs
 from grpo.train.reward_model import make_reward_model_trainer, warm_up
 from grpo.train.update import Updater
+from grpo.eval.suites import evaluate_suites
+from grpo.train.best import BestCheckpoint
+from grpo.train.sources import plan_sources
 
 AFTER_STEP = ("eval", "checkpoint")  # stages after the step proper, still in its metrics line
 IN_STEP = tuple(s for s in STAGES if s not in AFTER_STEP)
@@ -95,14 +95,13 @@ class Trainer:
         cfg.working_dir = cfg.working_dir or os.getcwd()  # recorded in config.yaml: a resume imports from it too
         import_from(cfg.working_dir, os.getcwd())
         # Everything that can be wrong with the input is checked before the model loads.
-        self.rewards = RewardRunner(cfg.reward_names, cfg.reward_weights, timeout=cfg.reward_timeout,
-                                    workers=cfg.reward_workers, reward_model=cfg.reward_model,
-                                    retries=cfg.reward_retries, concurrency=cfg.reward_concurrency,
-                                    given=reward_fns)  # callables handed over by the Python API
+        # the task (or a mixture's sources), rewards (given: callables handed over by the Python API),
+        # prompt stream and evaluation suites (train/sources.py)
+        self.sources = plan_sources(cfg, task=task, given=reward_fns)
+        self.rewards, self.task = self.sources.rewards, self.sources.task
         if cfg.reward_model:  # seed 003 section 4.1
             set_reward_transform(cfg.reward_model_transform)
         step_reward = resolve_step_reward(cfg.step_reward) if cfg.supervision == "process" else None
-        self.task = task or task_of(cfg)
         if not self.task.train:
             raise DataError(f"task {cfg.task!r} has no training prompts")
         model_path = resolve_model_path(cfg.model) if models is None else None  # a bad path: before the run folder
@@ -123,10 +122,13 @@ class Trainer:
         self.engine = self.eval_engine = self.collector = None
         self._open_engines()
         self.timer = StageTimer(next(self.policy.parameters()).device)  # seconds per stage, in every metrics line
-        self.agent = AgentSampler.from_config(cfg, self.tok)  # tools / environment_factory: multi-turn episodes
+        # tools / environment_factory (a row's own, where routed): multi-turn episodes
+        self.agent, routed = self.sources.agents(cfg, self.tok)
+        self.sources.assign_agents(self.agent, routed)
         self.collector = Collector(cfg, world=world, train=self.task.train, engine=self.engine, rewards=self.rewards,
                                    note=lambda text, style=None: self.logger.note(text, style), timer=self.timer,
-                                   agent=self.agent)
+                                   agent=self.agent, sampler=self.sources.sampler, sources=self.sources)
+        self.best = BestCheckpoint(cfg.best_checkpoint_metric, mode=cfg.best_checkpoint_mode)
         # seed 001 Algorithm 1 step 4: the reward model learns at iteration boundaries (train/reward_model.py)
         self.rm_trainer = make_reward_model_trainer(cfg) if cfg.reward_model_train_steps else None
         self.batches = BatchMaker(cfg, world=world, forwards=self.forwards, policy=self.policy,
@@ -199,6 +201,8 @@ class Trainer:
     def components(self) -> dict:
         """The parts whose state the next step depends on, by name (a checkpoint holds each one's)."""
         parts = {"collector": self.collector, "updater": self.updater, "knobs": self.knobs}
+        if self.best.metric:
+            parts["best_checkpoint"] = self.best
         if self.critic is not None:
             parts["critic"] = self.critic
         if self.rm_trainer is not None:
@@ -318,8 +322,11 @@ class Trainer:
         # and inside one generate call (a prefill) by raising, where no other process waits on this one
         interrupt = Interrupt(requested=lambda: self.stop.signal is not None, agreed=self._should_stop,
                               abortable=None if self.world.distributed else self.stop.abortable)
-        result = evaluate_as_configured(self.eval_engine, self.task.eval, verifier, cfg, agent=self.agent,
-                                        interrupt=interrupt)
+        if self.sources.suites:  # several suites (a mixture's sources, eval_tasks), each under its name
+            result = evaluate_suites(self.eval_engine, self.sources.suites, cfg, interrupt=interrupt)
+        else:
+            result = evaluate_as_configured(self.eval_engine, self.task.eval, verifier, cfg, agent=self.agent,
+                                            interrupt=interrupt)
         for text in eval_notes(result, step=self.step):
             self.logger.note(text, "yellow")
         return result
@@ -332,15 +339,20 @@ class Trainer:
         """Every process gathers its part (a collective under FSDP2); rank 0 writes one checkpoint
         that resumes on any number of processes."""
         state = self.state()
-        weights = None
-        if self.sharded:  # tied weights (lm_head = embeddings) once, as save_pretrained writes them
-            names = {n for n, _ in self.policy.named_parameters()} | {n for n, _ in self.policy.named_buffers()}
-            weights = {k: v for k, v in dist_io.full_model_state(self.policy).items() if k in names}
+        weights = self._full_weights()
         if self.world.is_main:
             ckpt_io.save_checkpoint(self.run_dir, self.step, self.policy, self.tok, state,
                                     keep=self.cfg.save_total_limit, weights=weights)
         dist_io.barrier(self.world)
         return self.run_dir / "checkpoints" / f"step-{self.step}"
+
+    def _full_weights(self) -> dict | None:
+        """The gathered full weights of a policy sharded by FSDP2 (a collective), else None."""
+        if not self.sharded:
+            return None
+        # tied weights (lm_head = embeddings) once, as save_pretrained writes them
+        names = {n for n, _ in self.policy.named_parameters()} | {n for n, _ in self.policy.named_buffers()}
+        return {k: v for k, v in dist_io.full_model_state(self.policy).items() if k in names}
 
     def train(self) -> dict:
         cfg = self.cfg
@@ -423,6 +435,9 @@ class Trainer:
             with self.timer.stage("eval"):
                 self._last_eval = (self.step, self.evaluate())
                 out.update(periodic_eval(self._last_eval[1], step=self.step, logger=self.logger))
+            if self.best.offer(self.step, out):  # best_checkpoint_metric improved: these weights kept
+                self.best.write(self.run_dir, self.policy, self.tok, weights=self._full_weights(),
+                                is_main=self.world.is_main)
         if cfg.save_steps and self.step % cfg.save_steps == 0 and self.step < cfg.max_steps:
             with self.timer.stage("checkpoint"):
                 self.save()
@@ -436,6 +451,7 @@ class Trainer:
         for engine in self._engines():
             engine.close()
         self.rewards.close()
+        self.sources.close()
 
     def _should_stop(self) -> bool:
         """A signal stops every process at the same step (one that stopped alone would leave the
