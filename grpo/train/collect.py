@@ -69,6 +69,8 @@ class Collected:
         for i in range(0, len(texts), max(1, group_size // 2)):
             sample = self.samples[i // group_size]
             row = {"prompt": sample["prompt"], "completion": texts[i], "answer": sample.get("answer"), "reward": flat[i]}
+            if "task" in sample:  # a mixture's source, a routed dataset's column
+                row["task"] = sample["task"]
             row.update({k: v[i] for k, v in self.columns.items() if len(v) == len(texts)})
             if eps is not None:
                 row["transcript"] = eps[i].get("transcript")
