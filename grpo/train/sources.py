@@ -149,13 +149,16 @@ class RunSources:
     column: str = SOURCE_COLUMN
     eval_runners: list[RewardRunner] = field(default_factory=list)
     routed_rows: bool = False  # the rows of the training set are routed to their tools and environment
+    any_applicable: bool = False  # a row's verdict is the first reward that applies (TRL's multi-task reward sets)
 
     def verdict_values(self, samples: list[dict], per_reward: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Each row's verdict value [N] (grpo.rewards.verdict): its source's first reward, else the
-        first reward that applies."""
+        """Each row's verdict value [N] (grpo.rewards.verdict): its source's first reward; with a
+        routed dataset the first reward that applies to it; else the run's first reward."""
         if isinstance(self.rewards, SourceRewards):
             return self.rewards.verdict_values(samples, per_reward)
-        return first_applicable(per_reward, self.rewards.names)
+        if self.any_applicable:
+            return first_applicable(per_reward, self.rewards.names)
+        return per_reward[self.rewards.names[0]]
 
     def agents(self, cfg, tokenizer) -> tuple[AgentSampler | None, AgentSampler | None]:
         """The agent that samples training rows (None: plain generation) and the one evaluation
@@ -229,7 +232,7 @@ def _column_suites(plan: RunSources, cfg, runner: RewardRunner) -> None:
     if missing:
         raise DataError(f"environment_factory: the dataset's {col!r} column holds {missing}, which no environment "
                         f"is routed to (routed: {routed})")
-    plan.labels = values
+    plan.labels, plan.any_applicable = values, True
     plan.suites = [Suite(v, rows, dict(runner.fns)) for v in values
                    if (rows := [r for r in plan.task.eval if str(r.get(col)) == v])]
 

@@ -314,9 +314,6 @@ class Trainer:
         cfg = self.cfg
         self._open_engines()
         # every process evaluates the same prompts (FSDP2 needs them all in each sharded forward)
-        # a reward model that is still learning is no judge of correctness: its verifier is
-        verifier = next(iter(self.rm_trainer.verifier.values())) if self.rm_trainer is not None \
-            else self.rewards.fns[cfg.reward_names[0]]
         # a signal ends the running batch at its next token (this process's flag) and the evaluation
         # at the next batch (every process's, as the loop's)
         # and inside one generate call (a prefill) by raising, where no other process waits on this one
@@ -325,6 +322,9 @@ class Trainer:
         if self.sources.suites:  # several suites (a mixture's sources, eval_tasks), each under its name
             result = evaluate_suites(self.eval_engine, self.sources.suites, cfg, interrupt=interrupt)
         else:
+            # a reward model that is still learning is no judge of correctness: its verifier is
+            verifier = next(iter(self.rm_trainer.verifier.values())) if self.rm_trainer is not None \
+                else self.rewards.fns[cfg.reward_names[0]]
             result = evaluate_as_configured(self.eval_engine, self.task.eval, verifier, cfg, agent=self.agent,
                                             interrupt=interrupt)
         for text in eval_notes(result, step=self.step):
