@@ -35,7 +35,7 @@ class AgentSampler:
     builds one from the tools' schema, NO_EXAMPLE shows none). ``routes``: a row's ``column`` value ->
     (tools, factory) used for that row instead of ``tools`` and ``factory`` (TRL's dict
     ``environment_factory``, a mixture's sources); a row whose value has no route takes ``tools`` and
-    ``factory``, or is an error when ``factory`` is None and ``strict``."""
+    ``factory``, or, when ``strict``, is an error naming its value."""
 
     def __init__(self, tokenizer, *, tools: list[Tool], factory=None, fmt: CallFormat, max_turns: int,
                  tool_timeout: float, example_call: str = NO_EXAMPLE, example_question: str = "",
@@ -61,7 +61,7 @@ class AgentSampler:
         return cls(tokenizer, tools=tools, factory=factory, fmt=call_format(cfg.tool_format, tokenizer),
                    max_turns=cfg.max_turns, tool_timeout=cfg.tool_timeout, example_call=cfg.tool_example_call,
                    example_question=cfg.tool_example_question, routes=routes,
-                   column=getattr(cfg, "environment_column", "task"), strict=routes is not None)
+                   column=cfg.environment_column, strict=routes is not None)
 
     def route(self, sample: dict) -> tuple[list[Tool], object]:
         """The tools and environment factory of ``sample`` (its ``column`` value's route)."""
