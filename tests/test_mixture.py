@@ -28,6 +28,7 @@ def test_parse_mixture_forms():
     yaml_list = parse_mixture([{"task": "arithmetic", "weight": 2, "rewards": "numeric"}, "calculator:1"])
     assert yaml_list[0] == Source("arithmetic", 2.0, {"rewards": "numeric"}) and yaml_list[1].weight == 1.0
     assert parse_mixture('[{"task": "a.jsonl", "label": "mine"}, "b.jsonl"]')[0].label == "mine"
+    assert parse_mixture("arithmetic:1") == [Source("arithmetic", 1.0)]  # a mixture of one
     assert Config(task=[{"task": "arithmetic", "weight": 2}, "calculator:1"]).task.startswith("[")
 
 

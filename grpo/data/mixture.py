@@ -107,8 +107,8 @@ def parse_mixture(spec) -> list[Source] | None:
     if not items:
         raise DataError("task: no task given")
     sources = [_entry(item, i) for i, item in enumerate(items)]
-    if len(sources) == 1 and not sources[0].settings:
-        return None
+    if len(sources) == 1 and not sources[0].settings and sources[0].name == str(items[0]).strip():
+        return None  # one task, no weight: a plain run
     labels = [s.label for s in sources]
     repeated = sorted({x for x in labels if labels.count(x) > 1})
     if repeated:
