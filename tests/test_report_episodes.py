@@ -41,11 +41,11 @@ def test_report_of_a_tool_run_shows_a_full_episode(tmp_path, tiny_model_dir):
         assert roles[-3:] == ["assistant", "tool", "assistant"], (name, roles)
     page = build_report([tmp_path / "run"]).read_text()
     section = page[page.index("<h2>Episodes"):]
-    blocks = re.findall(r'<div class="episode-block"><h3>(.*?)</h3>(.*?)</div>', section)
+    blocks = re.findall(r"<div class=\"episode-block\"><h3>(.*?)</h3>(.*?)</div>", section, re.S)
     assert {"training sample", "evaluation"} <= {w for head, _ in blocks for w in ("training sample", "evaluation")
                                                  if w in head}
     for _, episode in blocks:  # the call, the tool's result and the answer after it, each a turn
-        turns = [html.unescape(t) for t in re.findall(r"<li[^>]*>(.*?)</li>", episode)]
+        turns = [html.unescape(t) for t in re.findall(r"<li[^>]*>(.*?)</li>", episode, re.S)]
         calls = [i for i, t in enumerate(turns) if t.startswith("<b>assistant</b>") and CALL in t]
         assert calls, turns  # (the worked exchange before the question calls calc(12 * 34))
         i = calls[-1]
