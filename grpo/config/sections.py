@@ -30,6 +30,9 @@ SECTIONS: tuple[Section, ...] = (
         "vllm_enforce_eager", "vllm_server_host", "vllm_server_port", "vllm_server_timeout",
         "vllm_server_request_timeout", "vllm_server_weight_dir", "rollout_correction", "rollout_correction_level",
         "rollout_correction_low", "rollout_correction_high", "resample_invalid_rounds")),
+    Section("mixture", "Mixtures and curriculum",
+            "the prompt stream: a mixture's sources and the difficulty sampler (data/mixture.py, train/sources.py)", (
+        "difficulty_sampling", "difficulty_memory", "difficulty_floor")),
     Section("rewards", "Rewards", "the reward runner (grpo/rewards): which rewards score a completion, and how they run", (
         "rewards", "reward_weights", "reward_timeout", "reward_workers", "max_reward_failure_share", "reward_retries",
         "reward_concurrency", "reward_model", "reward_model_transform", "supervision", "step_reward")),
@@ -62,10 +65,11 @@ SECTIONS: tuple[Section, ...] = (
         "reward_model_buffer_size", "reward_model_batch_size", "reward_model_lr", "reward_model_heldout",
         "reward_model_teacher", "reward_model_distill_temperature", "reward_model_warmup_draws")),
     Section("agent", "Agent: tools and environments", "multi-turn episodes (grpo/agent)", (
-        "tools", "environment_factory", "max_turns", "tool_format", "tool_example_call", "tool_example_question",
-        "tool_timeout")),
+        "tools", "environment_factory", "environment_column", "max_turns", "tool_format", "tool_example_call",
+        "tool_example_question", "tool_timeout")),
     Section("evaluation", "Evaluation", "held-out accuracy and pass@k before, during and after training (grpo/eval)", (
-        "eval_prompts", "eval_steps", "eval_max_new_tokens", "eval_batch_size", "eval_pass_k", "eval_pass_prompts")),
+        "eval_prompts", "eval_steps", "eval_max_new_tokens", "eval_batch_size", "eval_pass_k", "eval_pass_prompts",
+        "eval_tasks", "best_checkpoint_metric", "best_checkpoint_mode")),
     Section("run", "Run and logging", "the run folder, checkpoints and logs (infra/checkpoint.py, infra/logger.py)", (
         "output_dir", "working_dir", "seed", "save_steps", "save_total_limit", "resume_from_checkpoint",
         "logging_steps", "log_completions_steps", "report_to", "progress")),
