@@ -4,7 +4,13 @@ import itertools
 
 import pytest
 
-from grpo.eval.evaluate import pass_at_k
+from grpo.eval.evaluate import EvalSettings, pass_at_k
+from grpo.rollout import SamplingSettings
+
+
+def _settings(*, max_new_tokens: int, **kw) -> EvalSettings:
+    """Evaluation settings with no system prompt, the default warpers and ``max_new_tokens``."""
+    return EvalSettings(system_prompt="", sampling=SamplingSettings(max_new_tokens=max_new_tokens), **kw)
 
 
 @pytest.mark.parametrize("n, c, k", [(4, 0, 1), (4, 1, 1), (4, 1, 2), (5, 2, 3), (6, 6, 4), (8, 3, 8)])
@@ -38,8 +44,8 @@ def test_pass_at_k_samples_only_the_pass_prompts(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     samples = [{"prompt": f"What is {a} + 1?", "answer": str(a + 1)} for a in range(4)]
-    out = evaluate(make_engine("hf", model, tok), samples, verifier, system_prompt="", max_new_tokens=3, batch_size=64,
-                   pass_k=2, pass_prompts=2)
+    out = evaluate(make_engine("hf", model, tok), samples, verifier,
+                   _settings(max_new_tokens=3, batch_size=64, pass_k=2, pass_prompts=2))
     assert calls == [(4, 4), (4, 4)]  # greedy on 4 prompts, then 2 prompts x 2 samples
     assert out["pass_prompts"] == 2 and out["pass@k"] == 0.0
 
@@ -76,8 +82,8 @@ def test_an_interrupt_ends_the_running_batch_at_its_next_token(tiny_model_dir):
         return asked["n"] > 8 * 2
 
     samples = [{"prompt": f"What is {a} + 1?", "answer": str(a + 1)} for a in range(16)]
-    out = evaluate(engine, samples, lambda c, s: 1.0, system_prompt="", max_new_tokens=40, batch_size=8, pass_k=2,
-                   pass_prompts=4, interrupt=Interrupt(requested=requested))
+    out = evaluate(engine, samples, lambda c, s: 1.0, _settings(max_new_tokens=40, batch_size=8, pass_k=2, pass_prompts=4),
+                   interrupt=Interrupt(requested=requested))
     assert len(widths) == 1 and widths[0] <= 3 < 40, widths
     assert out["interrupted"] is True and out["prompts_scored"] == 0 and out["n_prompts"] == 16
     assert out["pass@k"] is None and out["pass_prompts"] == 0
@@ -95,7 +101,7 @@ def test_an_interrupt_between_batches_keeps_what_was_scored(tiny_model_dir):
         return float(sample["answer"] == "1")
 
     samples = [{"prompt": f"What is {a} + 1?", "answer": str(a + 1)} for a in range(6)]
-    out = evaluate(_tiny_engine(tiny_model_dir), samples, verifier, system_prompt="", max_new_tokens=4, batch_size=4,
+    out = evaluate(_tiny_engine(tiny_model_dir), samples, verifier, _settings(max_new_tokens=4, batch_size=4),
                    interrupt=Interrupt(requested=lambda: bool(flag)))
     assert out["interrupted"] is True and out["prompts_scored"] == 4 and out["accuracy"] == 0.25  # "1" of 1..4
     assert len(flag) == 4  # the second batch was never generated or verified
@@ -118,18 +124,17 @@ def test_a_verifier_that_cannot_score_is_reported_or_stops_the_evaluation(tiny_m
             raise KeyError("tests")
         return 1.0
 
-    out = evaluate(engine, samples, every_other, system_prompt="", max_new_tokens=3, batch_size=4)
+    out = evaluate(engine, samples, every_other, _settings(max_new_tokens=3, batch_size=4))
     assert out["verifier_failures"] == 2 and out["prompts_scored"] == 4 and out["accuracy"] == 0.5
     assert "interrupted" not in out
     with pytest.raises(RewardError, match=r"^evaluation: the verifier \(reward 'v'\) could not score 2 of the 4 greedy "
                                           r"completions so far \(max_reward_failure_share=0\.5\): KeyError: 'tests'$"):
-        evaluate(engine, samples, every_other, system_prompt="", max_new_tokens=3, batch_size=4, verifier_name="v",
-                 max_failure_share=0.5)
+        evaluate(engine, samples, every_other,
+                 _settings(max_new_tokens=3, batch_size=4, verifier_name="v", max_failure_share=0.5))
     # a wrong shape is the reward's bug, not a completion it cannot score: it stops at the first call
     from grpo.rewards.forms import RewardShapeError
     with pytest.raises(RewardShapeError, match=r"^rewards: 'v' returned a list \(1 values\) for one completion"):
-        evaluate(engine, samples, lambda c, s: [1.0], system_prompt="", max_new_tokens=3, batch_size=4,
-                 verifier_name="v")
+        evaluate(engine, samples, lambda c, s: [1.0], _settings(max_new_tokens=3, batch_size=4, verifier_name="v"))
 
 
 def test_a_stop_signal_inside_a_generate_call_ends_it_at_once(tiny_model_dir):
@@ -151,7 +156,7 @@ def test_a_stop_signal_inside_a_generate_call_ends_it_at_once(tiny_model_dir):
     previous = signal.signal(signal.SIGTERM, stop.handler)
     try:
         samples = [{"prompt": f"What is {a} + 1?", "answer": str(a + 1)} for a in range(8)]
-        out = evaluate(engine, samples, lambda c, s: 1.0, system_prompt="", max_new_tokens=40, batch_size=4,
+        out = evaluate(engine, samples, lambda c, s: 1.0, _settings(max_new_tokens=40, batch_size=4),
                        interrupt=Interrupt(requested=lambda: asked.append(1) or stop.signal is not None,
                                            abortable=stop.abortable))
     finally:
