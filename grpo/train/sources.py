@@ -125,8 +125,9 @@ def _owned_dataset(name: str):
     return cls
 
 
-def load_source(s: SourcesSettings, spec: SourceSpec, *, given: dict | None) -> SourceRun:
-    """A source's task, rows tagged with its label, and its own reward runner."""
+def source_task(s: SourcesSettings, spec: SourceSpec) -> tuple[Task, str]:
+    """A source's task, its rows tagged with its label, and its environment_factory (an environment
+    class that owns its dataset is its own environment)."""
     environment = spec.environment_factory
     env_cls = _owned_dataset(spec.name)
     if env_cls is not None:
@@ -137,10 +138,15 @@ def load_source(s: SourcesSettings, spec: SourceSpec, *, given: dict | None) -> 
         environment = environment or spec.name
     else:
         task = s.loading.load(spec.name, spec.eval_prompts)
+    return Task(spec.label, train=tag_rows(task.train, spec.label), eval=tag_rows(task.eval, spec.label)), environment
+
+
+def load_source(s: SourcesSettings, spec: SourceSpec, *, given: dict | None) -> SourceRun:
+    """A source's task (``source_task``) and its own reward runner."""
+    task, environment = source_task(s, spec)
     weights = None if spec.reward_weights is None else list(spec.reward_weights)
     runner = s.runner.runner(spec.reward_names, weights, given=given)
-    tagged = Task(spec.label, train=tag_rows(task.train, spec.label), eval=tag_rows(task.eval, spec.label))
-    return SourceRun(spec.label, spec.weight, tagged, runner, spec.tools, environment)
+    return SourceRun(spec.label, spec.weight, task, runner, spec.tools, environment)
 
 
 @dataclass
