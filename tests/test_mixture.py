@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from grpo.config import Config
+from grpo.config.io import load_config
+from grpo.config.mixture_settings import eval_task_specs, source_specs
 from grpo.data import PromptSampler
 from grpo.data.difficulty import DifficultySampler, difficulty_weight
 from grpo.data.mixture import MixtureSampler, Source, keyed_uniform, parse_mixture
@@ -54,6 +56,26 @@ def test_mixture_presets_shared_and_refusals():
         Config(best_checkpoint_metric="eval/accuracy")
     with pytest.raises(ConfigError, match="^best_checkpoint_metric: 'accuracy' is not an evaluation metric"):
         Config(best_checkpoint_metric="accuracy", eval_steps=2)
+
+
+def test_a_source_is_scored_with_its_own_rewards_else_the_runs_else_its_tasks(tmp_path):
+    c = Config(task="arithmetic:0.5,code:0.5")
+    assert c.rewards == ""  # unset: each source's own, so a saved config resolves the same way again
+    specs = {s.label: s for s in source_specs(c)}
+    assert (specs["arithmetic"].rewards, specs["code"].rewards) == ("numeric", "code")  # each task's own
+    c.save(tmp_path / "config.yaml")
+    assert source_specs(load_config(tmp_path / "config.yaml")) == source_specs(c)
+    given = Config(task=[{"task": "code", "rewards": "numeric,length", "reward_weights": [1, 2]}, "calculator:1"],
+                   rewards="length", reward_weights=[3.0])
+    specs = {s.label: s for s in source_specs(given)}
+    assert (specs["code"].rewards, specs["code"].reward_weights) == ("numeric,length", (1.0, 2.0))  # its own
+    assert (specs["calculator"].rewards, specs["calculator"].reward_weights) == ("length", (3.0,))  # the run's
+    assert (specs["calculator"].tools, specs["calculator"].eval_prompts) == ("builtin:calculator", 100)  # preset
+    assert specs["code"].tools == ""
+    # eval_tasks are judged by their own task's rewards, not the run's (those of its own task)
+    assert [s.rewards for s in eval_task_specs(Config(task="arithmetic", eval_tasks="code"))] == ["code"]
+    with pytest.raises(ConfigError, match="source 'code': 1 reward_weights for 2 rewards"):
+        source_specs(Config(task=[{"task": "code", "rewards": "numeric,length", "reward_weights": [1]}, "arithmetic"]))
 
 
 # ---- the keyed stream ------------------------------------------------------------------------------
