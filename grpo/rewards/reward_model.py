@@ -69,7 +69,7 @@ class RewardModelScorer:
 class RewardModelReward:
     """Scores of a sequence-classification reward model for each (sample['prompt'], completion), in
     batches, mapped by ``reward_model_transform`` (none, sigmoid, group_minmax). The first batch whose
-    raw scores span more than 20 warns (seed 003 section 4.1)."""
+    raw scores span more than 20 warns: such scores let one reward dominate the group normalisation."""
 
     def __init__(self, path: str, *, transform: str = "none"):
         self.path, self.transform = path, transform
