@@ -33,7 +33,7 @@ class AgentSettings:
     """A run's multi-turn settings; each field is the Config field named in its comment."""
 
     tools: str  # tools: comma-separated builtin:NAME or module:function references ('': none)
-    environment_factory: str  # environment_factory: module:Class of a TRL-form environment ('': none)
+    environment_factory: str  # environment_factory: module:Class (TRL's form), or value=module:Class,... ('': none)
     tool_format: str  # tool_format: auto, hermes or python (agent.formats.CALL_FORMATS)
     max_turns: int  # max_turns: model turns of an episode
     tool_timeout: float  # tool_timeout: seconds per tool call (0: none)
