@@ -83,7 +83,10 @@ def _reward_names(reward_funcs) -> tuple[list[str], dict[str, Callable], str]:
 
 
 def _spec(items, where: str) -> str:
-    """Tools or an environment class as the config's comma-separated module:name references."""
+    """Tools or an environment class as the config's comma-separated module:name references; a dict
+    (TRL's environment_factory routed by a column) as value=module:name entries."""
+    if isinstance(items, dict):
+        return ",".join(f"{key}={_spec(value, where)}" for key, value in items.items())
     out = []
     for item in items if isinstance(items, (list, tuple)) else [items]:
         name = item if isinstance(item, str) else callable_name(item)

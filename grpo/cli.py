@@ -143,6 +143,11 @@ def _eval(argv: list[str]) -> int:
     if args.task:
         overrides.append(f"task={args.task}")
     cfg = load_config(config_path, overrides)
+    from grpo.config.mixture_settings import mixture_of
+    from grpo.errors import ConfigError
+
+    if mixture_of(cfg) is not None:
+        raise ConfigError(f"task {cfg.task!r} is a mixture; evaluate one of its tasks with --task NAME")
     import os
 
     from grpo.infra.runtime import import_from
@@ -165,6 +170,18 @@ def _eval(argv: list[str]) -> int:
     return {None: 0, "SIGINT": 130}.get(stopped, 143)
 
 
+def _trained_rows(cfg) -> list[dict]:
+    """The rows a run trained on: its task's, or every source's of a mixture."""
+    from grpo.data import task_of
+    from grpo.train.settings import sources_settings
+    from grpo.train.sources import source_task
+
+    settings = sources_settings(cfg)
+    if settings.mixture is None:
+        return task_of(cfg).train
+    return [row for spec in settings.mixture for row in source_task(settings, spec)[0].train]
+
+
 def _eval_samples(cfg, run: Path | None) -> tuple[list[dict], dict]:
     """The task's held-out samples, less any prompt the run folder ``run`` trained on (an
     eval_prompts above the run's own reaches into its training split): those are not scored, and
@@ -176,7 +193,7 @@ def _eval_samples(cfg, run: Path | None) -> tuple[list[dict], dict]:
     samples = task_of(cfg).eval
     if run is None:
         return samples, {}
-    kept = unseen(samples, task_of(load_config(run / "config.yaml")).train)
+    kept = unseen(samples, _trained_rows(load_config(run / "config.yaml")))
     if len(kept) == len(samples):
         return samples, {}
     print(f"grpo eval: {len(samples) - len(kept)} of the {len(samples)} prompts asked for (eval_prompts="

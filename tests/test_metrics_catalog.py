@@ -31,6 +31,8 @@ RUNS = {
                                   reward_model_transform="sigmoid", max_steps=2),
     "tools": dict(task="calculator", tools="builtin:calculator", max_turns=2, max_completion_length=12,
                   eval_prompts=1, eval_max_new_tokens=12, rollout_backend="hf", eval_steps=1),
+    "mixture": dict(task="arithmetic:0.5,calculator:0.5", max_turns=2, eval_prompts=1, eval_steps=1,
+                    rollout_backend="hf", difficulty_sampling=True),
     "gdpo_cispo": dict(policy_loss="cispo", rewards=f"numeric,{DIGITS}", multi_objective_aggregation="normalize_then_sum"),
     "sapo_rollout_mask": dict(policy_loss="sapo", rollout_correction="mask", rollout_backend="fast"),
     "gmpo_rollout_truncate": dict(policy_loss="gmpo", num_iterations=2, mini_batches=2, entropy_coef=0.01,
@@ -41,7 +43,8 @@ RUNS = {
 # rollouts' keys are checked against the catalog by tests/test_async_rollouts.py's runs (each with an
 # engine process, and stale tokens only where a reward waits)
 NOT_EXERCISED = {"resample_rounds", "resampled_completions", "invalid_after_resampling", "eval/interrupted",
-                 "eval/prompts_scored", *(m.key for m in METRICS if m.key.startswith("async/"))}
+                 "eval/prompts_scored", "eval/<suite>/prompts_scored",
+                 *(m.key for m in METRICS if m.key.startswith("async/"))}
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,25 @@ def load_factory(spec: str):
     return factory
 
 
+def is_routed(spec: str) -> bool:
+    """Whether ``environment_factory`` is TRL's dict form, written ``value=module:Class,...``."""
+    return "=" in spec
+
+
+def load_factories(spec: str) -> dict:
+    """TRL's dict ``environment_factory`` (``value=module:Class,...``): the column value -> callable
+    that routes a row to its environment (the column: ``environment_column``)."""
+    out = {}
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        key, sep, target = part.partition("=")
+        if not sep or not key.strip() or not target.strip():
+            raise ConfigError(f"environment_factory: {part!r} is not value=module:Class (the dict form)")
+        if key.strip() in out:
+            raise ConfigError(f"environment_factory: the value {key.strip()!r} is routed twice")
+        out[key.strip()] = load_factory(target)
+    return out
+
+
 def new_environment(factory, where: str = "environment_factory"):
     """A fresh instance; it must have a callable ``reset`` (TRL's contract)."""
     env = factory()

@@ -7,12 +7,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from grpo.agent.environments import (environment_reward, environment_tools, load_factory, new_environment,
-                                     reset_environment)
+from grpo.agent.environments import (environment_reward, environment_tools, is_routed, load_factories,
+                                     load_factory, new_environment, reset_environment)
 from grpo.agent.episodes import Episode, episode_metrics, episodes_rollout, run_episodes
 from grpo.agent.examples import NO_EXAMPLE, worked_example
 from grpo.agent.formats import CallFormat, call_format, supports_tools
 from grpo.agent.tools import Tool, check_unique, resolve_tools
+from grpo.errors import DataError
 from grpo.rollout.base import Rollout
 from grpo.rollout.engine import RolloutEngine, SamplingSettings
 
@@ -32,12 +33,13 @@ class AgentSettings:
     """A run's multi-turn settings; each field is the Config field named in its comment."""
 
     tools: str  # tools: comma-separated builtin:NAME or module:function references ('': none)
-    environment_factory: str  # environment_factory: module:Class of a TRL-form environment ('': none)
+    environment_factory: str  # environment_factory: module:Class (TRL's form), or value=module:Class,... ('': none)
     tool_format: str  # tool_format: auto, hermes or python (agent.formats.CALL_FORMATS)
     max_turns: int  # max_turns: model turns of an episode
     tool_timeout: float  # tool_timeout: seconds per tool call (0: none)
     example_call: str  # tool_example_call ('': from the first tool's schema; 'none': no worked exchange)
     example_question: str  # tool_example_question
+    environment_column: str = "task"  # environment_column: the column a dict environment_factory routes by
 
     @property
     def enabled(self) -> bool:
@@ -50,11 +52,16 @@ class AgentSampler:
     or callable, a fresh instance per episode), ``fmt`` the call format, ``max_turns`` model turns,
     ``tool_timeout`` seconds per call; ``example_call`` / ``example_question``: the worked exchange
     shown where a row has no ``tool_example`` (``examples.worked_example``; the config's default
-    builds one from the tools' schema, NO_EXAMPLE shows none)."""
+    builds one from the tools' schema, NO_EXAMPLE shows none). ``routes``: a row's ``column`` value ->
+    (tools, factory) used for that row instead of ``tools`` and ``factory`` (TRL's dict
+    ``environment_factory``, a mixture's sources); a row whose value has no route takes ``tools`` and
+    ``factory``, or, when ``strict``, is an error naming its value."""
 
     def __init__(self, tokenizer, *, tools: list[Tool], factory=None, fmt: CallFormat, max_turns: int,
-                 tool_timeout: float, example_call: str = NO_EXAMPLE, example_question: str = ""):
+                 tool_timeout: float, example_call: str = NO_EXAMPLE, example_question: str = "",
+                 routes: dict | None = None, column: str = "task", strict: bool = False):
         self.tok, self.tools, self.factory, self.fmt = tokenizer, tools, factory, fmt
+        self.routes, self.column, self.strict = dict(routes or {}), column, strict
         self.max_turns, self.tool_timeout = max_turns, tool_timeout
         self.example_call, self.example_question = example_call, example_question
         self._examples: dict[tuple, dict | None] = {}  # the run-level worked exchange of each set of tools
@@ -69,10 +76,25 @@ class AgentSampler:
         s = settings
         if not s.enabled:
             return None
-        factory = load_factory(s.environment_factory) if s.environment_factory.strip() else None
-        return cls(tokenizer, tools=resolve_tools(s.tools), factory=factory, fmt=call_format(s.tool_format, tokenizer),
+        spec, tools = s.environment_factory.strip(), resolve_tools(s.tools)
+        routes = {k: (tools, f) for k, f in load_factories(spec).items()} if is_routed(spec) else None
+        factory = load_factory(spec) if spec and routes is None else None
+        return cls(tokenizer, tools=tools, factory=factory, fmt=call_format(s.tool_format, tokenizer),
                    max_turns=s.max_turns, tool_timeout=s.tool_timeout, example_call=s.example_call,
-                   example_question=s.example_question)
+                   example_question=s.example_question, routes=routes, column=s.environment_column,
+                   strict=routes is not None)
+
+    def route(self, sample: dict) -> tuple[list[Tool], object]:
+        """The tools and environment factory of ``sample`` (its ``column`` value's route)."""
+        if not self.routes:
+            return self.tools, self.factory
+        value = sample.get(self.column)
+        if value in self.routes:
+            return self.routes[value]
+        if self.strict:
+            raise DataError(f"environment_factory: a row's {self.column!r} is {value!r}, which has no environment; "
+                            f"routed values: {sorted(self.routes)}")
+        return self.tools, self.factory
 
     def run_example(self, tools: list[Tool]) -> dict | None:
         """The worked exchange shown where a row has no ``tool_example`` (``examples.worked_example``)."""
@@ -113,10 +135,11 @@ class AgentSampler:
         contexts were cut to ``max_prompt_length`` (from the left, as single-turn prompts are)."""
         out, cut = [], 0
         for i, sample in enumerate(samples):
+            shared, factory = self.route(sample)
             for j in range(group_size):
-                env = new_environment(self.factory) if self.factory is not None else None
+                env = new_environment(factory) if factory is not None else None
                 observation = reset_environment(env, sample) if env is not None else None
-                tools = self.tools + (environment_tools(env) if env is not None else [])
+                tools = shared + (environment_tools(env) if env is not None else [])
                 check_unique(tools, "tools + environment_factory")
                 messages = self.start_messages(sample, tools, system_prompt, observation)
                 ids = self.tok(self._render(messages, tools), add_special_tokens=False)["input_ids"]

@@ -24,6 +24,8 @@ import yaml
 from grpo.config.parse import parse_value
 from grpo.config.presets import apply_monitor_preset, apply_task_preset
 from grpo.config.validate import derived_micro_batch, validate
+from grpo.config.mixture_settings import apply_mixture_presets, validate_mixture
+from grpo.data.mixture import mixture_text
 from grpo.models.loading import DEFAULT_MODEL
 from grpo.rollout.vllm_rows import VLLMOptions
 from grpo.rollout.vllm_server import VLLMServerOptions
@@ -38,7 +40,7 @@ class Config:
     model: str = DEFAULT_MODEL
     """Policy to train: a hub id, a local folder, a run folder (its newest checkpoint), or the embedded default."""
     task: str = "arithmetic"
-    """Prompts and answers: a built-in task (arithmetic, gsm8k, code, code_hard, calculator: sets tools=builtin:calculator, 64-token episodes, 10 steps, 100 held-out problems and pass@k on 20 unless given; each brings its rewards, used unless `rewards` is set), a local .jsonl/.json/.parquet file, a hub dataset id, or a local copy of a hub dataset repository (a folder)."""
+    """Prompts and answers: a built-in task (arithmetic, gsm8k, code, code_hard, calculator: sets tools=builtin:calculator, 64-token episodes, 10 steps, 100 held-out problems and pass@k on 20 unless given; each brings its rewards, used unless `rewards` is set), a local .jsonl/.json/.parquet file, a hub dataset id, or a local copy of a hub dataset repository (a folder). A mixture: several with weights, `arithmetic:0.5,calculator:0.3,my.jsonl:0.2`, or a YAML list of such entries or of mappings {task, weight, label, rewards, reward_weights, tools, environment_factory, eval_prompts}; each source keeps its own rewards (its own setting, else the run's `rewards` where set, else its task's), tools, environment and presets, its rows carry its label in the `task` column, and metrics are logged per source (docs/guides/mixtures.md). An environment class that owns its dataset (`module:Class` with a `dataset` attribute) is a source too."""
     task_split: str = "train"
     """Split to load when `task` is a hub dataset id or a dataset repository folder."""
     prompt_field: str = "prompt"
@@ -123,6 +125,13 @@ class Config:
     """async_rollouts: importance correction of tokens drawn by older weights, pi_train / pi_version at rollout_correction_level within [rollout_correction_low, rollout_correction_high]: truncate (TIS) or mask (MIS). Tokens drawn by the trained weights keep weight 1; with rollout_correction on (vllm), that correction already weighs every token by its own version's log-probs."""
     async_engine_threads: int = 0
     """async_rollouts: torch CPU threads of the engine process (0 = torch's default)."""
+    # ---- Mixtures and curriculum ----
+    difficulty_sampling: bool = False
+    """Draw prompts by their recent group pass rate p (weight difficulty_floor + (1 - difficulty_floor) * 4p(1-p); unseen prompts 1), so prompts always or never solved are drawn less; within each source of a mixture. Its state is in the checkpoint (grpo/data/difficulty.py)."""
+    difficulty_memory: int = 4
+    """difficulty_sampling: how many of a prompt's most recent groups its pass rate is the mean of."""
+    difficulty_floor: float = 0.1
+    """difficulty_sampling: the weight of a prompt whose recent groups all passed or all failed (in (0, 1]; 1 = uniform)."""
 
     # ---- Rewards ----
     rewards: str = ""
@@ -346,7 +355,9 @@ class Config:
     tools: str = ""
     """Comma-separated tools the model may call during a rollout: builtin:calculator or module:function paths (typed functions with a Google-style docstring; `async def` allowed). Set (or environment_factory set), every rollout and the held-out evaluation are multi-turn episodes."""
     environment_factory: str = ""
-    """module:Class of an environment in TRL's environment_factory form: a fresh instance per completion, reset(**fields) may return the first user message, its public methods are tools, an optional get_reward() reaches rewards as the `environment` reward."""
+    """module:Class of an environment in TRL's environment_factory form: a fresh instance per completion, reset(**fields) may return the first user message, its public methods are tools, an optional get_reward() reaches rewards as the `environment` reward. TRL's dict form, `value=module:Class,...`, routes each row to the class of its `environment_column` value."""
+    environment_column: str = "task"
+    """The dataset column whose value picks a row's environment when environment_factory is TRL's dict form (`value=module:Class,...`; the Python API takes a dict); each value's rows are logged and evaluated as a suite of that name."""
     max_turns: int = 4
     """Most model turns of an episode (tools/environment runs); an episode still calling a tool then ends and is counted in tools/max_turns_share."""
     tool_format: str = "auto"
@@ -371,6 +382,12 @@ class Config:
     """k of pass@k; n = k samples per prompt on `eval_pass_prompts` prompts (0 = skip pass@k)."""
     eval_pass_prompts: int = 50
     """Held-out prompts used for pass@k (a prefix of the evaluation set)."""
+    eval_tasks: str = ""
+    """Comma-separated further tasks evaluated with the held-out set at every evaluation (before, every eval_steps, after), each with its own rewards, tools and presets: eval/<task>/accuracy (and pass@k, ...) per suite; eval/accuracy is over every prompt of every suite. A mixture's sources are suites already."""
+    best_checkpoint_metric: str = ""
+    """Keep the weights of the evaluation during training (eval_steps) with the best value of this metric (e.g. eval/accuracy, eval/arithmetic/accuracy) in the run folder's best/, with best.json naming step and value ('' = off)."""
+    best_checkpoint_mode: str = "max"
+    """best_checkpoint_metric: max (higher is better) or min."""
 
     # ---- Run and logging ----
     output_dir: str = ""
@@ -407,12 +424,15 @@ class Config:
     """Training on the CPU under Linux's glibc: keep freed memory in the process for the next step instead of handing it back to the system (mallopt: no mmap, no trim). PyTorch's CPU allocator keeps no cache, so every large temporary (logits, activations, gradients) is a fresh mapping whose pages fault in on first touch: ~300k faults and ~2 s of system time per 4 x 8 update on the 2-core bench machine, none once the heap has grown. The process's memory then stays at its peak between steps."""
 
     def __post_init__(self) -> None:
+        self.task = mixture_text(self.task)  # a YAML list of sources: kept as its JSON text
         _coerce_types(self)
         apply_task_preset(self)
+        apply_mixture_presets(self)
         apply_monitor_preset(self)
         if self.per_device_train_batch_size is None:  # the one value that always fits (TRL issue #3061)
             self.per_device_train_batch_size = derived_micro_batch(self.prompts_per_step, self.num_generations)
         validate(self)
+        validate_mixture(self)
 
     @property
     def eps_high(self) -> float:

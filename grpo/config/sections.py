@@ -33,6 +33,9 @@ SECTIONS: tuple[Section, ...] = (
     Section("async", "Asynchronous rollouts", "the producer, its engine process and the staleness bound (train/async_rollouts.py, rollout/producer.py, core/staleness.py)", (
         "async_rollouts", "max_staleness", "partial_rollouts", "partial_rollout_tokens", "async_correction",
         "async_engine_threads")),
+    Section("mixture", "Mixtures and curriculum",
+            "the prompt stream: a mixture's sources and the difficulty sampler (data/mixture.py, train/sources.py)", (
+        "difficulty_sampling", "difficulty_memory", "difficulty_floor")),
     Section("rewards", "Rewards", "the reward runner (grpo/rewards): which rewards score a completion, and how they run", (
         "rewards", "reward_weights", "reward_timeout", "reward_workers", "max_reward_failure_share", "reward_retries",
         "reward_concurrency", "reward_model", "reward_model_transform", "supervision", "step_reward")),
@@ -65,10 +68,11 @@ SECTIONS: tuple[Section, ...] = (
         "reward_model_buffer_size", "reward_model_batch_size", "reward_model_lr", "reward_model_heldout",
         "reward_model_teacher", "reward_model_distill_temperature", "reward_model_warmup_draws")),
     Section("agent", "Agent: tools and environments", "multi-turn episodes (grpo/agent)", (
-        "tools", "environment_factory", "max_turns", "tool_format", "tool_example_call", "tool_example_question",
-        "tool_timeout")),
+        "tools", "environment_factory", "environment_column", "max_turns", "tool_format", "tool_example_call",
+        "tool_example_question", "tool_timeout")),
     Section("evaluation", "Evaluation", "held-out accuracy and pass@k before, during and after training (grpo/eval)", (
-        "eval_prompts", "eval_steps", "eval_max_new_tokens", "eval_batch_size", "eval_pass_k", "eval_pass_prompts")),
+        "eval_prompts", "eval_steps", "eval_max_new_tokens", "eval_batch_size", "eval_pass_k", "eval_pass_prompts",
+        "eval_tasks", "best_checkpoint_metric", "best_checkpoint_mode")),
     Section("run", "Run and logging", "the run folder, checkpoints and logs (infra/checkpoint.py, infra/logger.py)", (
         "output_dir", "working_dir", "seed", "save_steps", "save_total_limit", "resume_from_checkpoint",
         "logging_steps", "log_completions_steps", "report_to", "progress")),

@@ -11,6 +11,7 @@ from grpo.core import (AGGREGATIONS, COV_MODES, ESTIMATORS, GROUP_ESTIMATORS, KL
                        MULTI_OBJECTIVE_AGGREGATIONS, PF_MODES, POLICY_LOSSES, RATIO_LEVELS)
 from grpo.core.stability import REWARD_TRANSFORMS
 from grpo.core.rollout_correction import CORRECTION_LEVELS, CORRECTION_MODES
+from grpo.data.mixture import parse_mixture
 from grpo.errors import ConfigError
 from grpo.rollout import ROLLOUT_ENGINES
 from grpo.rollout.tuning import parse_override
@@ -104,7 +105,7 @@ def _validate_values(c) -> None:
         raise ConfigError(f"num_generations: {c.advantage_estimator!r} compares completions within a group "
                           f"and needs num_generations >= 2, got {c.num_generations}")
     _validate_batch_arithmetic(c)
-    if not c.reward_names:
+    if not c.reward_names and parse_mixture(c.task) is None:  # a mixture's sources bring their own
         raise ConfigError("rewards: name at least one reward function")
     if c.reward_weights is not None and len(c.reward_weights) != len(c.reward_names):
         raise ConfigError(f"reward_weights: {len(c.reward_weights)} weights for {len(c.reward_names)} rewards "
@@ -343,6 +344,7 @@ def _validate_async(c) -> None:
         return
     for key, why in (("dynamic_sampling", "its rounds wait on their own scores"),
                      ("reward_model_train_steps", "the reward model learns between draws"),
+                     ("difficulty_sampling", "the producer draws before the pass rates it would weigh by are scored"),
                      ("use_peft", "the engine process samples full weights"),
                      ("load_in_4bit", "the engine process samples full weights")):
         if getattr(c, key):

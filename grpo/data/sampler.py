@@ -36,6 +36,9 @@ class PromptSampler:
             self.position += 1
         return out
 
+    def observe(self, pass_rates: list[float]) -> None:
+        """Outcomes do not move an epoch-shuffled stream (the difficulty sampler's are recorded)."""
+
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "position": self.position, "size": self.size, "seed": self.seed}
 

@@ -22,6 +22,7 @@ from grpo.data import render_prompt
 from grpo.errors import RewardError
 from grpo.infra.stop import StopRequested
 from grpo.rewards import score_completions
+from grpo.rewards.verdict import first_applicable
 from grpo.rollout import Rollout, RolloutEngine, SamplingSettings
 
 
@@ -117,6 +118,12 @@ class _Batches:
         return ro, rows
 
 
+def _verifiers(verifier, name: str) -> dict:
+    """The rewards that judge a completion: a dict of them (the first that applies decides,
+    grpo.rewards.verdict), or one ``verifier`` under ``name``."""
+    return dict(verifier) if isinstance(verifier, dict) else {name: verifier}
+
+
 def _greedy(batches: _Batches, verifier, *, batch_size: int, verifier_name: str, max_failure_share: float) -> _Greedy:
     """Greedy completions of every sample, batch by batch, until an interrupt; each verified. Raises
     RewardError once the verifier could not score ``max_failure_share`` of the completions so far."""
@@ -128,11 +135,11 @@ def _greedy(batches: _Batches, verifier, *, batch_size: int, verifier_name: str,
         if got is None:  # dropped; the next stopped() (asked on every process alike) ends the pass
             continue
         ro, rows = got
-        res = score_completions(ro.texts, rows, {verifier_name: verifier}, episodes=ro.episodes,
-                                completion_ids=ro.completion_id_lists())
-        values = res.per_reward[verifier_name].tolist()
-        tally.failed += res.failures[verifier_name]
-        tally.first_error = tally.first_error or res.first_errors.get(verifier_name, "")
+        fns = _verifiers(verifier, verifier_name)
+        res = score_completions(ro.texts, rows, fns, episodes=ro.episodes, completion_ids=ro.completion_id_lists())
+        values = first_applicable(res.per_reward, list(fns)).tolist()
+        tally.failed += sum(res.failures.values())
+        tally.first_error = tally.first_error or next(iter(res.first_errors.values()), "")
         tally.correct += [bool(v >= 1.0) for v in values]
         if tally.failed and tally.failed >= max_failure_share * len(tally.correct):
             raise RewardError(f"evaluation: the verifier (reward {verifier_name!r}) could not score {tally.failed} of "
@@ -143,7 +150,8 @@ def _greedy(batches: _Batches, verifier, *, batch_size: int, verifier_name: str,
         tally.truncated += ro.truncated.tolist()
         tally.prompts_cut += ro.prompts_truncated
         tally.examples += [{"prompt": samples[i + j]["prompt"], "answer": samples[i + j].get("answer"), "completion": t,
-                            "reward": None if math.isnan(values[j]) else values[j]}
+                            "reward": None if math.isnan(values[j]) else values[j],
+                            **({"transcript": ro.episodes[j].get("transcript")} if ro.episodes else {})}
                            for j, t in enumerate(ro.texts[:2])] if len(tally.examples) < 6 else []
     return tally
 
@@ -158,8 +166,10 @@ def _pass_at_k(batches: _Batches, verifier, *, pass_k: int, pass_prompts: int, b
         if got is None:
             continue
         ro, rows = got
-        values = score_completions(ro.texts, rows, {"verifier": verifier}, episodes=ro.episodes,
-                                   completion_ids=ro.completion_id_lists()).per_reward["verifier"].tolist()
+        fns = _verifiers(verifier, "verifier")
+        values = first_applicable(score_completions(ro.texts, rows, fns, episodes=ro.episodes,
+                                                    completion_ids=ro.completion_id_lists()).per_reward,
+                                  list(fns)).tolist()
         ok = [bool(v >= 1.0) for v in values]  # NaN (a failure) counts as wrong
         scores += [pass_at_k(pass_k, sum(ok[j:j + pass_k]), pass_k) for j in range(0, len(ok), pass_k)]
     return scores
@@ -174,7 +184,7 @@ class EvalSettings:
     batch_size: int = 64  # eval_batch_size: prompts decoded together
     pass_k: int = 0  # eval_pass_k: k of pass@k (0: no pass@k)
     pass_prompts: int = 0  # eval_pass_prompts: the first this many samples get k samples each
-    verifier_name: str = "verifier"  # the first of rewards, named in a failure's message
+    verifier_name: str = "verifier"  # the first of rewards, named in a failure's message (a dict verifier: its first)
     max_failure_share: float = 1.0  # max_reward_failure_share
 
 
@@ -184,7 +194,8 @@ def evaluate(engine: RolloutEngine, samples: list[dict], verifier, settings: Eva
     """Greedy accuracy on every sample; pass@k from k samples per prompt on the first
     ``settings.pass_prompts``, both sampled by ``engine`` (pass@k unkeyed, from the global RNG).
 
-    A completion is correct when ``verifier(completion, sample) >= 1`` (the task's first reward); one
+    A completion is correct when ``verifier(completion, sample) >= 1`` (the task's first reward; a
+    dict of rewards: the first that applies to the row, grpo.rewards.verdict); one
     it could not score counts as wrong, is counted in "verifier_failures", and once such completions
     reach ``max_failure_share`` of the greedy ones so far, RewardError names ``verifier_name`` and its
     first exception. Returns {"accuracy", "pass@k" (or None), "k", "n_prompts", "prompts_scored",
@@ -199,8 +210,8 @@ def evaluate(engine: RolloutEngine, samples: list[dict], verifier, settings: Eva
     pass_k, pass_prompts = s.pass_k, min(s.pass_prompts, len(samples))
     batches = _Batches(engine, samples, sampling=s.sampling, system_prompt=s.system_prompt, agent=agent,
                        interrupt=interrupt)
-    g = _greedy(batches, verifier, batch_size=s.batch_size, verifier_name=s.verifier_name,
-                max_failure_share=s.max_failure_share)
+    name = next(iter(verifier)) if isinstance(verifier, dict) else s.verifier_name  # named in a failure's message
+    g = _greedy(batches, verifier, batch_size=s.batch_size, verifier_name=name, max_failure_share=s.max_failure_share)
     result = {"accuracy": sum(g.correct) / max(len(g.correct), 1), "n_prompts": len(samples),
               "prompts_scored": len(g.correct), "verifier_failures": g.failed,
               "mean_length": sum(g.lengths) / max(len(g.lengths), 1),

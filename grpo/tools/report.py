@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from grpo.infra.timing import STAGES, stage_key
+from grpo.tools.episodes_html import episode_sections
 
 # (file stem, title, metric keys in metrics.jsonl): one PNG each
 PLOTS = (
@@ -170,7 +171,8 @@ def render_html(runs: list[dict], images: list[str]) -> str:
         "<!doctype html>", '<html><head><meta charset="utf-8"><title>grpo report</title>',
         "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
         "td,th{border:1px solid #ccc;padding:2px 6px;font-size:12px;vertical-align:top;white-space:pre-wrap}"
-        "figure{display:inline-block;margin:4px}</style></head><body>",
+        "figure{display:inline-block;margin:4px}ol.episode li{white-space:pre-wrap;font-size:12px;margin:2px 0}"
+        "li.tool{color:#555}</style></head><body>",
         f"<h1>grpo report: {e(', '.join(run['name'] for run in runs))}</h1>",
         "<h2>Metrics</h2>", f'<div id="plots">{imgs}</div>',
         "<h2>Evaluation (held-out greedy accuracy)</h2>",
@@ -180,6 +182,7 @@ def render_html(runs: list[dict], images: list[str]) -> str:
         "<h2>Resolved config</h2>", _table("config", ["key", *[run["name"] for run in runs]], config_rows),
         f"<h2>Sample completions (last {SAMPLES_PER_RUN} per run)</h2>",
         _table("samples", ["run", "step", "prompt", "completion", "answer", "reward"], sample_rows),
+        *episode_sections(runs),
         "</body></html>"])
 
 

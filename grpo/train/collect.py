@@ -26,6 +26,7 @@ from grpo.rollout.base import concat_rollouts, rollout_to, select_rollout
 from grpo.rollout.keys import row_keys
 from grpo.rollout.tuning import take_messages
 from grpo.train.resample import RESAMPLE_ROW_BASE, resample_invalid, validity_checks
+from grpo.train.source_rewards import source_metrics
 
 
 def failure_message(parts: list[dict], *, n: int, n_failed: int, share: float) -> str:
@@ -67,6 +68,8 @@ class Collected:
         for i in range(0, len(texts), max(1, group_size // 2)):
             sample = self.samples[i // group_size]
             row = {"prompt": sample["prompt"], "completion": texts[i], "answer": sample.get("answer"), "reward": flat[i]}
+            if "task" in sample:  # a mixture's source, a routed dataset's column
+                row["task"] = sample["task"]
             row.update({k: v[i] for k, v in self.columns.items() if len(v) == len(texts)})
             if eps is not None:
                 row["transcript"] = eps[i].get("transcript")
@@ -94,23 +97,26 @@ class CollectSettings:
     mini_batches: int  # mini_batches: dynamic sampling keeps whole mini-batches on every process
     resample_invalid_rounds: int  # resample_invalid_rounds
     max_reward_failure_share: float  # max_reward_failure_share
-    reward_names: tuple[str, ...]  # rewards, in order (the first one's accuracy is logged)
     max_steps: int  # max_steps (TRL-form rewards see it in trainer_state)
 
 
 class Collector:
-    """Draws the step's prompts (an epoch-shuffled sampler), samples them with the run's training
-    engine (``engines.train``), scores the completions and counts what went wrong (failed rewards,
-    prompts cut to max_prompt_length). ``note`` reports a message to the run's log."""
+    """Draws the step's prompts (an epoch-shuffled sampler, or the ``sampler`` given: a mixture's or
+    the difficulty sampler, train/sources.py), samples them with the run's training engine
+    (``engines.train``), scores the completions and counts what went wrong (failed rewards, prompts
+    cut to max_prompt_length). ``sources`` (train/sources.RunSources) gives each row's verdict and the
+    per-source metrics; None: the first reward's value is the verdict. ``note`` reports a message to
+    the run's log."""
 
     def __init__(self, settings: CollectSettings, *, world: dist_io.World, train: list[dict], engines, tokenizer,
                  rewards: RewardRunner, note: Callable[..., None], timer: StageTimer | None = None,
-                 agent: AgentSampler | None = None):
+                 agent: AgentSampler | None = None, sampler=None, sources=None):
         self.settings, self.world, self.train, self.rewards, self.note = settings, world, train, rewards, note
         self.agent = agent  # tools / environment_factory: every rollout is a multi-turn episode
         self.timer = timer or NullTimer()  # seconds of the sampling and rewards stages
         self.engines, self.tok = engines, tokenizer
-        self.sampler = PromptSampler(len(train), seed=settings.seed)
+        self.sampler = sampler if sampler is not None else PromptSampler(len(train), seed=settings.seed)
+        self.sources = sources
         self.reward_failures = 0
         self.prompts_truncated = 0  # this run's sampled prompts cut to max_prompt_length (every process)
         self.last_per_reward: torch.Tensor | None = None  # [B, G, K] of the last score()
@@ -216,7 +222,10 @@ class Collector:
             raise RewardError(failure_message(dist_io.gather_objects(part, world), n=len(total), n_failed=n_failed,
                                               share=s.max_reward_failure_share))
         self.reward_failures += n_failed
-        first = per_reward[s.reward_names[0]]
+        names = self.rewards.names  # the run's rewards in order (a mixture's: every source's)
+        verdicts = self.sources.verdict_values(group_samples, res.per_reward) if self.sources is not None \
+            else res.per_reward[names[0]]
+        correct = dist_io.gather_rows(verdicts.double(), world) >= 1.0  # [N_global]: the row's verifier says so
         timeouts = int(dist_io.all_sum(torch.tensor(self.rewards.timeouts), world))
         metrics = {f"rewards/{k}": float(torch.nanmean(v)) for k, v in per_reward.items()}
         logged: dict = {}  # what TRL-form rewards logged with log_metric, on every process
@@ -225,9 +234,14 @@ class Collector:
                 logged.setdefault(name, []).extend(values)
         metrics.update({name: sum(values) / len(values) for name, values in logged.items()})
         self.last_columns = res.log_columns
-        self.last_per_reward = torch.stack([per_reward[k] for k in s.reward_names], -1).float().view(
+        self.last_per_reward = torch.stack([per_reward[k] for k in names], -1).float().view(
             s.prompts_per_step, s.group_size, -1)  # [B, G, K]
-        metrics.update(accuracy=float((first >= 1.0).double().mean()), reward_failures=n_failed,
+        if self.sources is not None and self.sources.labels:
+            labels = [x for part in dist_io.gather_objects([r.get(self.sources.column) for r in group_samples], world)
+                      for x in part]
+            metrics.update(source_metrics(labels, total, correct, self.sources.labels))
+        self.sampler.observe(correct.double().view(s.prompts_per_step, -1).mean(1).tolist())  # difficulty
+        metrics.update(accuracy=float(correct.double().mean()), reward_failures=n_failed,
                        reward_failures_total=self.reward_failures, reward_timeouts_total=timeouts,
                        grading_seconds=max(dist_io.gather_objects(grading, world)))  # the slowest process
         if ro.episodes is not None:  # every process's episodes (without their transcripts)

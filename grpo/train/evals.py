@@ -7,21 +7,24 @@ from __future__ import annotations
 from grpo.infra.logger import EVAL_COMPLETIONS
 
 
-def eval_metrics(result: dict) -> dict:
+def eval_metrics(result: dict, prefix: str = "eval/") -> dict:
     """A result of grpo.eval.evaluate as metrics: eval/accuracy, eval/pass@k (when sampled; k is
     eval_pass_k), eval/mean_length, eval/truncated_share; eval/interrupted and eval/prompts_scored
-    when a stop request cut it short."""
+    when a stop request cut it short; each suite's (grpo.eval.suites) under eval/<suite>/."""
     out = {}
+    for label, part in (result.get("suites") or {}).items():
+        out.update({k: v for k, v in eval_metrics(part, f"{prefix}{label}/").items()
+                    if not k.endswith("/interrupted")})
     if result.get("interrupted"):  # a partial evaluation, on its first prompts_scored prompts
-        out.update({"eval/interrupted": 1, "eval/prompts_scored": result["prompts_scored"]})
+        out.update({f"{prefix}interrupted": 1, f"{prefix}prompts_scored": result["prompts_scored"]})
         if not result["prompts_scored"]:
             return out  # nothing measured: no accuracy of 0 to plot
-    out.update({"eval/accuracy": result["accuracy"], "eval/mean_length": result["mean_length"],
-                "eval/truncated_share": result["truncated_share"]})
+    out.update({f"{prefix}accuracy": result["accuracy"], f"{prefix}mean_length": result["mean_length"],
+                f"{prefix}truncated_share": result["truncated_share"]})
     if result.get("pass@k") is not None:
-        out["eval/pass@k"] = result["pass@k"]
+        out[f"{prefix}pass@k"] = result["pass@k"]
     for k, v in (result.get("tools") or {}).items():  # tools / environment runs: tools/call_rate, ...
-        out[f"eval/{k}"] = v
+        out[f"{prefix}{k}"] = v
     return out
 
 
@@ -40,6 +43,6 @@ def eval_notes(result: dict, *, step: int) -> list[str]:
 
 def periodic_eval(result: dict, *, step: int, logger) -> dict:
     """Log the result's examples as the step's completions table; return its metrics."""
-    logger.log_samples(step, [{k: ex.get(k) for k in ("prompt", "answer", "completion", "reward")}
-                              for ex in result.get("examples", [])], file=EVAL_COMPLETIONS)
+    logger.log_samples(step, [{k: ex[k] for k in ("suite", "prompt", "answer", "completion", "reward", "transcript")
+                               if k in ex} for ex in result.get("examples", [])], file=EVAL_COMPLETIONS)
     return eval_metrics(result)

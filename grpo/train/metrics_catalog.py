@@ -4,7 +4,8 @@ The documentation's metrics reference is generated from ``METRICS``; tests/test_
 trains a tiny model with the features on and fails on any key this catalog does not name. A key
 with ``<...>`` stands for a family: ``rewards/<reward>`` is one key per reward in ``rewards``,
 ``time/<stage>_seconds`` one per stage of ``grpo.infra.timing.STAGES``, ``async/staleness_<k>`` one
-per staleness 0 ... max_staleness. Besides these, a reward in
+per staleness 0 ... max_staleness, ``share/<source>`` one per source of a mixture,
+``eval/<suite>/accuracy`` one per evaluation suite. Besides these, a reward in
 TRL's form may log keys of its own (``log_metric``); they are the reward author's.
 """
 
@@ -26,7 +27,8 @@ class Metric:
 
 
 # the placeholders of family keys and what each stands for (a regular expression)
-PLACEHOLDERS = {"<reward>": ".+", "<stage>": "(?:" + "|".join(STAGES) + ")", "<k>": "[0-9]+"}
+PLACEHOLDERS = {"<reward>": ".+", "<stage>": "(?:" + "|".join(STAGES) + ")", "<k>": "[0-9]+", "<source>": ".+",
+                "<suite>": ".+"}
 
 EVERY = "every step"
 
@@ -245,6 +247,20 @@ METRICS: tuple[Metric, ...] = tuple(
     ])
     + _m("evaluation", "steps with an evaluation, tools or environment_factory set",
          [(f"eval/{k}", u, f"{m}, in the evaluation's greedy episodes") for k, u, m in _TOOLS])
+    + _m("mixtures", "a mixture of tasks, or environment_factory in TRL's dict form (one key per source)", [
+        ("share/<source>", "share", "the source's share of the step's prompts"),
+        ("reward/<source>", "reward", "mean total reward of the source's completions (steps where it has some)"),
+        ("accuracy/<source>", "share", "the source's completions its own verifier judges correct"),
+    ])
+    + _m("evaluation", "steps with an evaluation of several suites (a mixture's sources, eval_tasks; one key per suite)", [
+        ("eval/<suite>/accuracy", "share", "greedy accuracy on the suite's held-out prompts"),
+        ("eval/<suite>/pass@k", "share", "pass@k on the suite's first eval_pass_prompts"),
+        ("eval/<suite>/mean_length", "tokens", "mean greedy completion length on the suite"),
+        ("eval/<suite>/truncated_share", "share", "the suite's greedy completions cut at eval_max_new_tokens"),
+        ("eval/<suite>/prompts_scored", "count", "the suite's prompts scored before an interruption"),
+    ])
+    + _m("evaluation", "steps with an evaluation of several suites, the suite sampled with tools or an environment",
+         [(f"eval/<suite>/{k}", u, f"{m}, in the suite's greedy episodes") for k, u, m in _TOOLS])
 )
 
 

@@ -11,6 +11,7 @@ import dataclasses
 from grpo import core
 from grpo.agent import AgentSettings
 from grpo.config import Config
+from grpo.config.mixture_settings import eval_task_specs, source_specs
 from grpo.eval.evaluate import EvalSettings
 from grpo.rewards.reward import RewardOptions
 from grpo.rollout import SamplingSettings, engine_class
@@ -22,6 +23,7 @@ from grpo.train.knobs import KnobSettings
 from grpo.train.optim import Schedule
 from grpo.train.placement import PlacementSettings
 from grpo.train.reward_model import RewardModelTrainSettings
+from grpo.train.sources import RunnerSettings, SamplerSettings, SourcesSettings, TaskLoading
 from grpo.train.update import UpdateSettings
 
 
@@ -102,7 +104,7 @@ def collect_settings(cfg: Config) -> CollectSettings:
         with_logprobs=rollout_correction(cfg) != "none" or cfg.async_rollouts, dynamic_sampling=cfg.dynamic_sampling,
         dynamic_sampling_rounds=cfg.dynamic_sampling_rounds, mini_batches=cfg.mini_batches,
         resample_invalid_rounds=cfg.resample_invalid_rounds, max_reward_failure_share=cfg.max_reward_failure_share,
-        reward_names=tuple(cfg.reward_names), max_steps=cfg.max_steps)
+        max_steps=cfg.max_steps)
 
 
 def engine_process_settings(cfg: Config) -> EngineProcessSettings | None:
@@ -145,13 +147,31 @@ def eval_settings(cfg: Config) -> EvalSettings:
     return EvalSettings(system_prompt=cfg.system_prompt,
                         sampling=sampling_settings(cfg, max_new_tokens=cfg.eval_max_new_tokens),
                         batch_size=cfg.eval_batch_size, pass_k=cfg.eval_pass_k, pass_prompts=cfg.eval_pass_prompts,
-                        verifier_name=cfg.reward_names[0], max_failure_share=cfg.max_reward_failure_share)
+                        verifier_name=next(iter(cfg.reward_names), "verifier"),  # a mixture: each suite's own
+                        max_failure_share=cfg.max_reward_failure_share)
 
 
 def agent_settings(cfg: Config) -> AgentSettings:
     return AgentSettings(tools=cfg.tools, environment_factory=cfg.environment_factory, tool_format=cfg.tool_format,
                          max_turns=cfg.max_turns, tool_timeout=cfg.tool_timeout, example_call=cfg.tool_example_call,
-                         example_question=cfg.tool_example_question)
+                         example_question=cfg.tool_example_question, environment_column=cfg.environment_column)
+
+
+def sources_settings(cfg: Config) -> SourcesSettings:
+    """The run's task or mixture (each source's settings resolved: config/mixture_settings.py), its
+    evaluation suites, prompt stream, reward runners and agent."""
+    return SourcesSettings(
+        task=cfg.task, eval_prompts=cfg.eval_prompts, rewards=tuple(cfg.reward_names),
+        reward_weights=None if cfg.reward_weights is None else tuple(cfg.reward_weights),
+        mixture=source_specs(cfg), eval_tasks=eval_task_specs(cfg),
+        sampler=SamplerSettings(seed=cfg.seed, difficulty=cfg.difficulty_sampling, memory=cfg.difficulty_memory,
+                                floor=cfg.difficulty_floor),
+        runner=RunnerSettings(timeout=cfg.reward_timeout, workers=cfg.reward_workers, reward_model=cfg.reward_model,
+                              reward_model_transform=cfg.reward_model_transform, retries=cfg.reward_retries,
+                              concurrency=cfg.reward_concurrency),
+        loading=TaskLoading(max_operand=cfg.arithmetic_max_operand, ops=cfg.arithmetic_ops,
+                            prompt_field=cfg.prompt_field, answer_field=cfg.answer_field, split=cfg.task_split),
+        agent=agent_settings(cfg))
 
 
 def reward_model_settings(cfg: Config) -> RewardModelTrainSettings:

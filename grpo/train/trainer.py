@@ -27,11 +27,10 @@ import torch
 
 from grpo.config import Config
 from grpo.config.validate import validate_world
-from grpo.data import task_of
 from grpo.errors import DataError, EngineError, FuseError, RewardError
 from grpo.eval.consistency import consistency, probe_prompts
-from grpo.agent import AgentSampler
 from grpo.eval.evaluate import Interrupt, evaluate
+from grpo.eval.suites import evaluate_suites
 from grpo.infra import checkpoint as ckpt_io
 from grpo.infra import distributed as dist_io
 from grpo.infra.logger import NullLogger, RunLogger
@@ -39,7 +38,6 @@ from grpo.infra.timing import STAGES, StageTimer, stage_key
 from grpo.infra.runtime import import_from, keep_freed_memory, make_run_dir, seed_everything
 from grpo.infra.stop import StopFlag
 from grpo.models import load_models, reset_reference, resolve_model_path
-from grpo.rewards.runner import RewardRunner
 from grpo.rewards.steps import resolve_step_reward
 from grpo.rollout import Rollout
 from grpo.train import settings as build
@@ -54,6 +52,8 @@ from grpo.train.knobs import Knobs
 from grpo.train.placement import place_models
 from grpo.train.reward_model import make_reward_model_trainer, warm_up
 from grpo.train.update import Updater
+from grpo.train.best import BestCheckpoint
+from grpo.train.sources import plan_sources
 
 AFTER_STEP = ("eval", "checkpoint")  # stages after the step proper, still in its metrics line
 IN_STEP = tuple(s for s in STAGES if s not in AFTER_STEP)
@@ -87,13 +87,11 @@ class Trainer:
         self.cfg = cfg
         self.world = world = _start_process(cfg)
         # Everything that can be wrong with the input is checked before the model loads.
-        self.rewards = RewardRunner(cfg.reward_names, cfg.reward_weights, timeout=cfg.reward_timeout,
-                                    workers=cfg.reward_workers, reward_model=cfg.reward_model,
-                                    reward_model_transform=cfg.reward_model_transform,  # seed 003 section 4.1
-                                    retries=cfg.reward_retries, concurrency=cfg.reward_concurrency,
-                                    given=reward_fns)  # callables handed over by the Python API
+        # the task (or a mixture's sources), rewards (given: callables handed over by the Python API),
+        # prompt stream and evaluation suites (train/sources.py)
+        self.sources = plan_sources(build.sources_settings(cfg), task=task, given=reward_fns)
+        self.rewards, self.task = self.sources.rewards, self.sources.task
         step_reward = resolve_step_reward(cfg.step_reward) if cfg.supervision == "process" else None
-        self.task = task or task_of(cfg)
         if not self.task.train:
             raise DataError(f"task {cfg.task!r} has no training prompts")
         model_path = resolve_model_path(cfg.model) if models is None else None  # a bad path: before the run folder
@@ -117,12 +115,14 @@ class Trainer:
                                process=build.engine_process_settings(cfg))
         self.engines.open()
         self.timer = StageTimer(next(self.policy.parameters()).device)  # seconds per stage, in every metrics line
-        # tools / environment_factory: multi-turn episodes
-        self.agent = AgentSampler.from_settings(build.agent_settings(cfg), self.tok)
+        # tools / environment_factory (a row's own, where routed): multi-turn episodes
+        self.agent, routed = self.sources.agents(build.agent_settings(cfg), self.tok)
+        self.sources.assign_agents(self.agent, routed)
         self.collector = Collector(build.collect_settings(cfg), world=world, train=self.task.train,
                                    engines=self.engines, tokenizer=self.tok, rewards=self.rewards,
                                    note=lambda text, style=None: self.logger.note(text, style), timer=self.timer,
-                                   agent=self.agent)
+                                   agent=self.agent, sampler=self.sources.sampler, sources=self.sources)
+        self.best = BestCheckpoint(cfg.best_checkpoint_metric, mode=cfg.best_checkpoint_mode)
         # async_rollouts: a producer and a scorer draw the collector's prompt stream into a queue of groups
         overlap = build.async_settings(cfg)
         self.async_rollouts = None if overlap is None else AsyncRollouts(overlap, collector=self.collector)
@@ -172,6 +172,8 @@ class Trainer:
         parts = {"collector": self.collector, "updater": self.updater, "knobs": self.knobs}
         if self.async_rollouts is not None:  # after the collector: it sets the prompt stream back
             parts["async_rollouts"] = self.async_rollouts
+        if self.best.metric:
+            parts["best_checkpoint"] = self.best
         if self.critic is not None:
             parts["critic"] = self.critic
         if self.rm_trainer is not None:
@@ -262,18 +264,20 @@ class Trainer:
 
     # ---- the run --------------------------------------------------------------------------------
     def evaluate(self) -> dict:
-        cfg = self.cfg
         # every process evaluates the same prompts (FSDP2 needs them all in each sharded forward)
-        # a reward model that is still learning is no judge of correctness: its verifier is
-        verifier = next(iter(self.rm_trainer.verifier.values())) if self.rm_trainer is not None \
-            else self.rewards.fns[cfg.reward_names[0]]
         # a signal ends the running batch at its next token (this process's flag) and the evaluation
         # at the next batch (every process's, as the loop's)
         # and inside one generate call (a prefill) by raising, where no other process waits on this one
         interrupt = Interrupt(requested=lambda: self.stop.signal is not None, agreed=self._should_stop,
                               abortable=None if self.world.distributed else self.stop.abortable)
-        result = evaluate(self.engines.eval, self.task.eval, verifier, self.eval_settings, agent=self.agent,
-                          interrupt=interrupt)
+        if self.sources.suites:  # several suites (a mixture's sources, eval_tasks), each under its name
+            result = evaluate_suites(self.engines.eval, self.sources.suites, self.eval_settings, interrupt=interrupt)
+        else:
+            # a reward model that is still learning is no judge of correctness: its verifier is
+            verifier = next(iter(self.rm_trainer.verifier.values())) if self.rm_trainer is not None \
+                else self.rewards.fns[self.rewards.names[0]]
+            result = evaluate(self.engines.eval, self.task.eval, verifier, self.eval_settings, agent=self.agent,
+                              interrupt=interrupt)
         for text in eval_notes(result, step=self.step):
             self.logger.note(text, "yellow")
         return result
@@ -286,15 +290,20 @@ class Trainer:
         """Every process gathers its part (a collective under FSDP2); rank 0 writes one checkpoint
         that resumes on any number of processes."""
         state = self.state()
-        weights = None
-        if self.sharded:  # tied weights (lm_head = embeddings) once, as save_pretrained writes them
-            names = {n for n, _ in self.policy.named_parameters()} | {n for n, _ in self.policy.named_buffers()}
-            weights = {k: v for k, v in dist_io.full_model_state(self.policy).items() if k in names}
+        weights = self._full_weights()
         if self.world.is_main:
             ckpt_io.save_checkpoint(self.run_dir, self.step, self.policy, self.tok, state,
                                     keep=self.cfg.save_total_limit, weights=weights)
         dist_io.barrier(self.world)
         return self.run_dir / "checkpoints" / f"step-{self.step}"
+
+    def _full_weights(self) -> dict | None:
+        """The gathered full weights of a policy sharded by FSDP2 (a collective), else None."""
+        if not self.sharded:
+            return None
+        # tied weights (lm_head = embeddings) once, as save_pretrained writes them
+        names = {n for n, _ in self.policy.named_parameters()} | {n for n, _ in self.policy.named_buffers()}
+        return {k: v for k, v in dist_io.full_model_state(self.policy).items() if k in names}
 
     def train(self) -> dict:
         cfg = self.cfg
@@ -386,6 +395,9 @@ class Trainer:
             with self.timer.stage("eval"):
                 self._last_eval = (self.step, self.evaluate())
                 out.update(periodic_eval(self._last_eval[1], step=self.step, logger=self.logger))
+            if self.best.offer(self.step, out):  # best_checkpoint_metric improved: these weights kept
+                self.best.write(self.run_dir, self.policy, self.tok, weights=self._full_weights(),
+                                is_main=self.world.is_main)
         if cfg.save_steps and self.step % cfg.save_steps == 0 and self.step < cfg.max_steps:
             with self.timer.stage("checkpoint"):
                 self.save()
@@ -403,6 +415,7 @@ class Trainer:
         if self.async_rollouts is not None:
             self.async_rollouts.join()
         self.rewards.close()
+        self.sources.close()
 
     def _should_stop(self) -> bool:
         """A signal stops every process at the same step (one that stopped alone would leave the
