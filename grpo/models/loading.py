@@ -190,9 +190,11 @@ def load_tokenizer(path: str):
 def load_models(name: str, *, dtype: str = "float32", need_reference: bool = True, lora_r: int = 0,
                 lora_alpha: int = 16, lora_dropout: float = 0.0,
                 lora_target_modules: str = "all-linear", load_in_4bit: bool = False,
-                device: torch.device | None = None) -> LoadedModels:
+                device: torch.device | None = None, reference_from: str = "") -> LoadedModels:
     """Load policy (optionally wrapped with LoRA), tokenizer and reference. ``load_in_4bit`` (QLoRA,
-    with LoRA): the base's linear layers in 4-bit NF4 on ``device`` (default CPU), checked first."""
+    with LoRA): the base's linear layers in 4-bit NF4 on ``device`` (default CPU), checked first.
+    ``reference_from``: the reference is that model (a distillation teacher, models/teacher.py), with
+    or without LoRA, instead of the initial policy."""
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(name)
@@ -207,13 +209,17 @@ def load_models(name: str, *, dtype: str = "float32", need_reference: bool = Tru
     policy.config.use_cache = True
     tokenizer = load_tokenizer(path)
     reference = None
+    if reference_from:
+        from grpo.models.teacher import load_teacher
+
+        reference = load_teacher(reference_from, dtype=dtype, student_tokenizer=tokenizer)
     if lora_r > 0:
         from peft import LoraConfig, get_peft_model
 
         targets = lora_target_modules if lora_target_modules == "all-linear" else lora_target_modules.split(",")
         policy = get_peft_model(policy, LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
                                                    target_modules=targets, task_type="CAUSAL_LM"))
-    elif need_reference:
+    elif need_reference and reference is None:
         reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
         freeze(reference)
     return LoadedModels(policy=policy, tokenizer=tokenizer, reference=reference, path=path)

@@ -27,7 +27,7 @@ class Batch:
     advantages: torch.Tensor  # [N, T]
     mask: torch.Tensor  # [N, T] loss tokens that count (rollout.loss_mask, failed and filtered rows out)
     old_logp: torch.Tensor | None  # [N, T] when mu > 1 or mini_batches > 1, else None (ratio uses detached current logp)
-    ref_logp: torch.Tensor | None  # [N, T] when beta > 0
+    ref_logp: torch.Tensor | None  # [N, T] when beta > 0 or with a teacher (its log-probs)
     kl_in_loss: bool = True  # GRPO: KL is its own loss term; PPO: it is already in the reward
     values: torch.Tensor | None = None  # [N, T] critic values at sampling time (PPO)
     returns: torch.Tensor | None = None  # [N, T] GAE returns, the critic's targets (PPO)
@@ -117,7 +117,7 @@ class BatchMaker:
         # the sampling policy's log-probs, once the policy can have moved: after the first epoch or mini-batch
         old_logp = self.old_logps(ro, temperature) \
             if cfg.num_iterations > 1 or cfg.mini_batches > 1 else None
-        ref_logp = self.reference_logps(ro, temperature) if cfg.beta > 0 else None
+        ref_logp = self.reference_logps(ro, temperature) if cfg.beta > 0 or cfg.teacher else None  # teacher: distill
         metrics = {"reward_mean": float(torch.nanmean(rewards)),
                    "reward_std": float(rewards[~failed].std(correction=0)) if (~failed).sum() > 1 else 0.0,
                    "zero_variance_share": float(core.zero_variance_share(filled)), **filter_metrics,

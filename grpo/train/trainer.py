@@ -98,7 +98,8 @@ class Trainer:
         self.rewards = RewardRunner(cfg.reward_names, cfg.reward_weights, timeout=cfg.reward_timeout,
                                     workers=cfg.reward_workers, reward_model=cfg.reward_model,
                                     retries=cfg.reward_retries, concurrency=cfg.reward_concurrency,
-                                    given=reward_fns)  # callables handed over by the Python API
+                                    given=reward_fns,  # callables handed over by the Python API
+                                    options=cfg.to_dict())  # the judge's judge_* settings
         if cfg.reward_model:  # seed 003 section 4.1
             set_reward_transform(cfg.reward_model_transform)
         step_reward = resolve_step_reward(cfg.step_reward) if cfg.supervision == "process" else None
@@ -110,7 +111,9 @@ class Trainer:
             make_run_dir(cfg.output_dir, cfg.resume_from_checkpoint) if world.is_main else None, world)
         if world.is_main:
             cfg.save(self.run_dir / "config.yaml")
-        self.models = models or load_models(model_path, dtype=cfg.dtype, need_reference=cfg.beta > 0,
+        self.models = models or load_models(model_path, dtype=cfg.dtype,
+                                            need_reference=cfg.beta > 0 or bool(cfg.teacher),
+                                            reference_from=cfg.teacher,  # distillation: the teacher is the reference
                                             lora_r=cfg.lora_r if cfg.use_peft else 0, lora_alpha=cfg.lora_alpha,
                                             lora_dropout=cfg.lora_dropout,
                                             lora_target_modules=cfg.lora_target_modules,

@@ -138,7 +138,8 @@ class Updater:
                     clip_delta=cfg.clip_delta, cispo_ratio_max=cfg.cispo_ratio_max,
                     sapo_tau_pos=cfg.sapo_temperature_pos, sapo_tau_neg=cfg.sapo_temperature_neg,
                     top_entropy_quantile=cfg.top_entropy_quantile,
-                    off_policy_mask_threshold=cfg.off_policy_mask_threshold)
+                    off_policy_mask_threshold=cfg.off_policy_mask_threshold,
+                    distill_grpo_weight=cfg.distill_grpo_weight)
 
     def _micro_loss(self, batch: Batch, idx: torch.Tensor, total, knobs) -> dict:
         """The policy loss on micro-batch rows ``idx``, through the (possibly wrapped) policy."""
