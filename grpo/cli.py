@@ -141,7 +141,7 @@ def _eval(argv: list[str]) -> int:
 
     import_from(cfg.working_dir, os.getcwd())  # the run's own folder first: its modules, as in training
     verifier = resolve_reward(cfg.reward_names[0], timeout=cfg.reward_timeout, retries=cfg.reward_retries,
-                              concurrency=cfg.reward_concurrency)
+                              concurrency=cfg.reward_concurrency, options=cfg.to_dict())
     samples, held_out = _eval_samples(cfg, run)
     models = load_models(cfg.model, dtype=cfg.dtype, need_reference=False)
     engine = make_engine("hf", models.policy, models.tokenizer)  # generate, as evaluation inside `train`

@@ -14,6 +14,7 @@ from grpo.rewards.code_style import code_style_reward
 from grpo.rewards.completeness import incompleteness
 from grpo.rewards.forms import is_batch_reward
 from grpo.rewards.generated_tests import code_generated_batch_reward
+from grpo.rewards.judge import JudgeReward, JudgeSettings
 from grpo.rewards.mathverify import candidates, gold_answer, math_reward, normalize_number_text
 from grpo.rewards.remote import DEFAULT_CONCURRENCY, AsyncReward, HttpReward, is_async, is_url
 from grpo.rewards.reward_model import reward_model_reward
@@ -89,7 +90,8 @@ def resolve_named(name: str, registry: dict, *, field: str):
     if name in registry:
         return registry[name]
     if ":" not in name:
-        raise ConfigError(f"{field}: unknown name {name!r}; built-ins: {sorted(registry)}, "
+        extra = ["judge"] if field == "rewards" else []  # built by resolve_reward from the judge_* settings
+        raise ConfigError(f"{field}: unknown name {name!r}; built-ins: {sorted([*registry, *extra])}, "
                          f"or give a module:function path")
     module, func = name.split(":", 1)
     try:
@@ -102,14 +104,18 @@ def resolve_named(name: str, registry: dict, *, field: str):
 
 
 def resolve_reward(name: str, *, timeout: float = 0.0, retries: int = 0,
-                   concurrency: int = DEFAULT_CONCURRENCY) -> RewardFn:
+                   concurrency: int = DEFAULT_CONCURRENCY, options: dict | None = None) -> RewardFn:
     """A built-in by name, ``package.module:function``, or an http(s):// URL (an HttpReward); errors
     list the built-ins. An ``async def`` function becomes an AsyncReward (its batch's calls concurrent).
     ``timeout`` (seconds, 0 = none), ``retries`` and ``concurrency`` set those two's deadline per call
     or request, HTTP's retries and the most async calls in flight (an ``async def`` reward of TRL's batch
     form is awaited once per batch, in the trainer's process). A reward with a ``startup_check``
     attribute (the sandboxed code rewards) runs it here, so a run that cannot grade stops before its
-    model loads."""
+    model loads. ``judge`` is a JudgeReward with the settings of ``options`` (the config's fields;
+    its ``judge_*`` ones)."""
+    if name == "judge":
+        return JudgeReward(JudgeSettings.from_options(options or {}), timeout=timeout, retries=retries,
+                           concurrency=concurrency)
     if is_url(name):
         return HttpReward(name, timeout=timeout, retries=retries)
     fn = resolve_named(name, REWARDS, field="rewards")

@@ -51,11 +51,12 @@ class _Replay:
 class RewardRunner:
     """Scores completions with named rewards, in-process (timeout 0) or in workers with a deadline.
     ``given``: name -> callable for rewards handed over as objects (the Python API), which are not
-    looked up by name and run in this process (a worker could not find them by name)."""
+    looked up by name and run in this process (a worker could not find them by name); ``options``: the
+    config's fields, which rewards built from settings read (the judge's ``judge_*``)."""
 
     def __init__(self, names: list[str], weights: list[float] | None, *, timeout: float = 0.0, workers: int = 1,
                  reward_model: str = "", retries: int = 0, concurrency: int = DEFAULT_CONCURRENCY,
-                 given: dict | None = None):
+                 given: dict | None = None, options: dict | None = None):
         self.names, self.weights, self.timeout, self.workers = names, weights, timeout, workers
         self.given = dict(given or {})
         if reward_model:
@@ -64,7 +65,8 @@ class RewardRunner:
             set_reward_model(reward_model)
         # fail early, in this process, on a bad name; async and URL rewards keep their own deadline here
         self.fns = {n: self._given(n, timeout, concurrency) if n in self.given else
-                    resolve_reward(n, timeout=timeout, retries=retries, concurrency=concurrency) for n in names}
+                    resolve_reward(n, timeout=timeout, retries=retries, concurrency=concurrency,
+                                   options=options) for n in names}
         self._remote = [f for f in self.fns.values() if isinstance(f, (AsyncReward, HttpReward))]
         self.logged: set = set()
         self.timeouts = 0
