@@ -11,6 +11,7 @@ USAGE = """usage: grpo <command> [options] [key=value ...]
 
 commands:
   train   fine-tune a model with GRPO (no arguments: SmolLM2-135M-Instruct on built-in arithmetic)
+  sft     supervised fine-tuning on chat or prompt/completion rows (grpo sft sft_data=FILE.jsonl)
   eval    greedy accuracy and pass@k of a model or run folder on a task's held-out prompts
   compare GRPO vs RLOO vs REINFORCE vs PPO with a critic: memory, step time, accuracy (own subprocesses)
   report  PNG plots and an HTML page of one or more run folders (grpo report RUN_DIR [RUN_DIR ...])
@@ -26,7 +27,7 @@ Any config key can be set as key=value; `grpo train --help` lists them."""
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"train": _train, "eval": _eval, "compare": _compare, "report": _report, "toy": _toy,
+    commands = {"train": _train, "sft": _sft, "eval": _eval, "compare": _compare, "report": _report, "toy": _toy,
                 "control": _control, "export": _serving("export_main"), "serve": _serving("serve_main"),
                 "serve-bench": _serving("bench_main"), "vllm-serve": _serving("vllm_serve_main")}
     if not argv or argv[0] in ("-h", "--help"):
@@ -94,6 +95,18 @@ def _train(argv: list[str]) -> int:
     if main:
         _print_summary(result, steps=trainer.step, cfg=trainer.cfg, run_dir=trainer.run_dir)
     return 130 if result.get("interrupted") == "SIGINT" else 143 if result.get("interrupted") else 0
+
+
+def _sft(argv: list[str]) -> int:
+    from grpo.config.io import load_config
+    from grpo.sft.command import run_sft
+
+    args = _config_parser("grpo sft", "Supervised fine-tuning on the assistant's tokens of chat or "
+                          "prompt/completion rows (sft_data=FILE).").parse_args(argv)
+    result = run_sft(load_config(args.config, list(args.overrides)))
+    print(json.dumps(result, indent=2))
+    print(f"start GRPO from it: grpo train model={result['final']}")
+    return 0
 
 
 def _print_summary(result: dict, *, steps: int, cfg, run_dir) -> None:

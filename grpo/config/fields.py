@@ -423,7 +423,7 @@ class Config:
     sft_batch_size: int = 8
     """`grpo sft`: rows per optimizer step (the loss is the mean over the batch's trained tokens); per_device_train_batch_size rows per forward when set."""
     sft_max_length: int = 1024
-    """`grpo sft`: tokens kept per row (longer rows are cut at the end and counted in sft/truncated_rows)."""
+    """`grpo sft`: tokens kept per row (longer rows are cut at the end and counted in the run's sft.json, truncated_rows)."""
     sft_eval_share: float = 0.0
     """`grpo sft`: share of sft_data's rows held out (a seeded draw) whose mean token loss is measured before and after training (0 = none)."""
 
