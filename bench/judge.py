@@ -66,7 +66,9 @@ def agreement(url: str, template: str, pairs: int) -> float:
             samples.append(s)
             completions.append(f"{a} + {b} = {value}")
             truth.append(right)
-    judge = JudgeReward(JudgeSettings(url=url, template=template), timeout=600, retries=1, concurrency=8)
+    judge = JudgeReward(JudgeSettings(url=url, model="grpo", template=template), timeout=600, retries=1, concurrency=8)
+    if "--show" in sys.argv:
+        print([str(v)[:80] for v in judge(completions[:2], samples[:2])])
     scores = judge(completions, samples)
     return sum(isinstance(v, float) and v == t for v, t in zip(scores, truth)) / len(truth)
 
@@ -80,6 +82,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--eval", type=int, default=50)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--show", action="store_true", help="print the judge's first two scores")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -92,10 +95,13 @@ def main() -> None:
         print(f"judge agreement with the verifier on {2 * a.pairs} completions: "
               + ", ".join(f"{k} {v:.0%}" for k, v in agree.items()) + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
         template = FEW_SHOT if agree["few_shot"] > agree["default"] else ""
+        if not a.steps:  # --steps 0: the agreement only
+            (out / "figures.json").write_text(json.dumps({"agreement": agree}, indent=2))
+            return
         run = out / "run"
         with (out / "train.log").open("w") as log:
             subprocess.run([sys.executable, "-m", "grpo.cli", "train", f"output_dir={run}", "rewards=numeric,judge",
-                            "reward_weights=[0,1]", f"judge_url={url}", f"judge_template={template}",
+                            "reward_weights=[0,1]", f"judge_url={url}", "judge_model=grpo", f"judge_template={template}",
                             "reward_timeout=600", f"max_steps={a.steps}", f"eval_prompts={a.eval}", "eval_pass_prompts=0",
                             f"num_threads={a.threads}", "progress=false", "report_to=none"],
                            stdout=log, stderr=subprocess.STDOUT, check=True)

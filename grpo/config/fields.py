@@ -399,7 +399,7 @@ class Config:
     judge_url: str = ""
     """rewards=judge: base URL of an OpenAI-compatible chat API (`grpo serve`, vLLM, ...), e.g. http://127.0.0.1:8000/v1; requests go to {judge_url}/chat/completions, each within reward_timeout, retried reward_retries times as URL rewards are."""
     judge_model: str = ""
-    """rewards=judge: the `model` named in each request ('' = the server's default)."""
+    """rewards=judge: the `model` named in each request ('' = none sent; `grpo serve` serves `grpo` and `base`)."""
     judge_api_key_env: str = "GRPO_JUDGE_API_KEY"
     """rewards=judge: environment variable holding the judge's key, sent as `Authorization: Bearer KEY` (unset or empty: no key sent)."""
     judge_template: str = ""
