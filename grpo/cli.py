@@ -1,4 +1,4 @@
-"""The `grpo` command: train, eval, compare, report, toy, control."""
+"""The `grpo` command: train, sft, eval, compare, report, toy, control, export, serve."""
 
 from __future__ import annotations
 
@@ -104,6 +104,54 @@ def _train(argv: list[str]) -> int:
     if main:
         _print_summary(result, steps=trainer.step, cfg=trainer.cfg, run_dir=trainer.run_dir)
     return 130 if result.get("interrupted") == "SIGINT" else 143 if result.get("interrupted") else 0
+
+
+@COMMANDS.register("sft", doc="supervised fine-tuning on chat or prompt/completion rows (grpo sft sft_data=FILE.jsonl)")
+def _sft(argv: list[str]) -> int:
+    from grpo.config.io import load_config
+    from grpo.errors import ConfigError
+    from grpo.infra.runtime import make_run_dir
+    from grpo.sft.command import run_sft
+
+    args = _config_parser("grpo sft", "Supervised fine-tuning on the assistant's tokens of chat or "
+                          "prompt/completion rows (sft_data=FILE).").parse_args(argv)
+    cfg = load_config(args.config, list(args.overrides))
+    if not cfg.sft_data:
+        raise ConfigError("sft_data: name the .jsonl / .json file of chat or prompt/completion rows to train on")
+    if cfg.num_threads:
+        import torch
+
+        torch.set_num_threads(cfg.num_threads)
+    run_dir = make_run_dir(cfg.output_dir, None)
+    cfg.save(run_dir / "config.yaml")  # the run's model: the base a LoRA checkpoint is merged into
+    result = run_sft(_sft_model_settings(cfg), _sft_settings(cfg, run_dir))
+    print(json.dumps(result, indent=2))
+    print(f"start GRPO from it: grpo train model={result['final']}")
+    return 0
+
+
+def _sft_model_settings(cfg):
+    """What ``grpo sft`` loads: the config's fields of the same names."""
+    from grpo.sft import SFTModelSettings
+
+    return SFTModelSettings(model=cfg.model, dtype=cfg.dtype, bf16=cfg.bf16, use_peft=cfg.use_peft, lora_r=cfg.lora_r,
+                            lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                            lora_target_modules=cfg.lora_target_modules, load_in_4bit=cfg.load_in_4bit,
+                            gradient_checkpointing=cfg.gradient_checkpointing)
+
+
+def _sft_settings(cfg, run_dir: Path):
+    """The supervised run: its sft_* fields, the optimizer's and schedule's, and the run folder's."""
+    from grpo.sft import SFTSettings
+
+    return SFTSettings(data=cfg.sft_data, run_dir=run_dir, epochs=cfg.sft_epochs, batch_size=cfg.sft_batch_size,
+                       micro_batch=cfg.per_device_train_batch_size, max_length=cfg.sft_max_length,
+                       eval_share=cfg.sft_eval_share, learning_rate=cfg.learning_rate,
+                       lr_scheduler_type=cfg.lr_scheduler_type, warmup_steps=cfg.warmup_steps,
+                       weight_decay=cfg.weight_decay, adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2,
+                       max_grad_norm=cfg.max_grad_norm, seed=cfg.seed, save_steps=cfg.save_steps,
+                       save_total_limit=cfg.save_total_limit, logging_steps=cfg.logging_steps,
+                       tensorboard=cfg.report_to == "tensorboard", progress=cfg.progress)
 
 
 def _print_summary(result: dict, *, steps: int, cfg, run_dir) -> None:

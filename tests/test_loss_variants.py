@@ -167,7 +167,9 @@ def test_every_loss_honours_the_token_masks(name):
     adv = torch.randn(4, 1, generator=gen, dtype=D).expand(4, 5)
     keep = (torch.rand(4, 5, generator=gen) > 0.5).to(D)
     keep[0] = 1.0
-    out = POLICY_LOSSES[name].fn(LossInputs(logp, old, adv, torch.ones(4, 5, dtype=D), keep=keep), LossSettings())
+    ref = logp.detach() - 0.3 if POLICY_LOSSES[name].needs_ref_logp(LossSettings()) else None  # distill: a teacher
+    out = POLICY_LOSSES[name].fn(LossInputs(logp, old, adv, torch.ones(4, 5, dtype=D), ref_logp=ref, keep=keep),
+                                 LossSettings())
     g = _grad(out, logp)
     assert (g[keep == 0] == 0).all() and (g[0] != 0).all()
 

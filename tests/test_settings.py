@@ -124,6 +124,20 @@ def test_knob_settings_from_a_config_match_its_fields():
     assert k.controllers["epsilon"].bounds == (cfg.clip_epsilon_min, cfg.clip_epsilon_max)
 
 
+def test_distillation_and_judge_fields_reach_their_settings():
+    """A teacher makes the batch compute the reference's (the teacher's) log-probs whatever beta is,
+    distill_grpo_weight reaches the loss, and every judge setting is the judge_* field of its name."""
+    cfg = Config(policy_loss="distill", teacher="some/teacher", beta=0.0, distill_grpo_weight=0.5)
+    assert build.batch_settings(cfg).reference and build.loss_settings(cfg).distill_grpo_weight == 0.5
+    assert not build.batch_settings(Config(beta=0.0)).reference
+    cfg = Config(rewards="judge", judge_url="http://127.0.0.1:9/v1", judge_model="m", judge_api_key_env="K",
+                 judge_template="{completions}", judge_score="number", judge_score_scale=10.0, judge_mode="group",
+                 judge_max_tokens=3, judge_temperature=0.5)
+    judge = build.reward_options(cfg).judge
+    assert {f.name: getattr(judge, f.name) for f in dataclasses.fields(judge)} \
+        == {f.name: getattr(cfg, f"judge_{f.name}") for f in dataclasses.fields(judge)}
+
+
 @pytest.mark.parametrize("name", sorted(ROLLOUT_ENGINES))
 def test_each_engine_option_is_the_config_field_of_its_name_with_its_default(name):
     """An engine's Options hold the defaults; the Config's <engine>_<option> fields repeat them, and the

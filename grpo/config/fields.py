@@ -135,7 +135,7 @@ class Config:
 
     # ---- Rewards ----
     rewards: str = ""
-    """Comma-separated reward functions ('': the task's own, recorded in the run's config.yaml: numeric for arithmetic, gsm8k, calculator and datasets, code for code and code_hard): built-ins (numeric, math, code, code_strict, code_generated, code_style, reward_model, format, length, incompleteness, incompleteness_zh, environment: an environment_factory's get_reward()), module:function paths (an `async def` one runs its batch's calls concurrently), or http(s):// URLs that score a JSON batch (README, Remote rewards)."""
+    """Comma-separated reward functions ('': the task's own, recorded in the run's config.yaml: numeric for arithmetic, gsm8k, calculator and datasets, code for code and code_hard): built-ins (numeric, math, code, code_strict, code_generated, code_style, reward_model, format, length, incompleteness, incompleteness_zh, environment: an environment_factory's get_reward(), judge: a judge model behind an OpenAI-compatible API, the judge_* settings), module:function paths (an `async def` one runs its batch's calls concurrently), or http(s):// URLs that score a JSON batch (README, Remote rewards)."""
     reward_weights: list[float] | None = None
     """Weight of each reward in `rewards` (default: all 1.0)."""
     reward_timeout: float = 10.0
@@ -169,7 +169,7 @@ class Config:
     token_weight_gamma: float = 1.0
     """Multiply the advantage of identifier and operator tokens (names, keywords, '=', '+', ...) by this (2.0 is a choice for code); 1.0 = off."""
     policy_loss: str = "clip"
-    """Policy loss, an entry of grpo.core.POLICY_LOSSES: clip (PPO's clipped surrogate as in GRPO, DeepSeekMath eq. 3, with the clip range, dual clip, token or sequence (GSPO) ratio, KL and entropy terms and cov_mode below), cispo (MiniMax-M1's clipped importance weight, gradient through every token), sapo (a soft temperature gate in place of the clip) or gmpo (geometric mean of the token ratios, clipped in log space by epsilon / epsilon_high; the paper uses 0.4)."""
+    """Policy loss, an entry of grpo.core.POLICY_LOSSES: clip (PPO's clipped surrogate as in GRPO, DeepSeekMath eq. 3, with the clip range, dual clip, token or sequence (GSPO) ratio, KL and entropy terms and cov_mode below), cispo (MiniMax-M1's clipped importance weight, gradient through every token), sapo (a soft temperature gate in place of the clip) or gmpo (geometric mean of the token ratios, clipped in log space by epsilon / epsilon_high; the paper uses 0.4), or distill (on-policy distillation: the per-token reverse KL to `teacher` on the student's own samples, plus distill_grpo_weight x the clipped surrogate; grpo/core/distill.py)."""
     epsilon: float = 0.2
     """Lower clip range: the ratio is clipped below at 1 - epsilon."""
     epsilon_high: float | None = None
@@ -368,6 +368,43 @@ class Config:
     """The user turn of that worked exchange ('': the called tool's description followed by the call's arguments)."""
     tool_timeout: float = 10.0
     """Deadline in seconds of one tool call (0 = none); a call past it answers the model with an error and counts in tools/timeouts."""
+
+    # ---- Distillation ----
+    teacher: str = ""
+    """On-policy distillation: the teacher (a hub id, a model folder, or a run folder: its newest checkpoint, LoRA adapters merged), loaded once as the run's frozen reference model, whose log-probs of the student's samples policy_loss=distill reads (beta > 0 then adds the KL term to the teacher). Needs the student's vocabulary; '' = no teacher (the reference is the initial policy)."""
+    distill_grpo_weight: float = 0.0
+    """policy_loss=distill: weight of GRPO's clipped surrogate on the step's advantages added to the per-token reverse KL to the teacher (0 = distillation alone)."""
+    # ---- Judge reward ----
+    judge_url: str = ""
+    """rewards=judge: base URL of an OpenAI-compatible chat API (`grpo serve`, vLLM, ...), e.g. http://127.0.0.1:8000/v1; requests go to {judge_url}/chat/completions, each within reward_timeout, retried reward_retries times as URL rewards are."""
+    judge_model: str = ""
+    """rewards=judge: the `model` named in each request ('' = none sent; `grpo serve` serves `grpo` and `base`)."""
+    judge_api_key_env: str = "GRPO_JUDGE_API_KEY"
+    """rewards=judge: environment variable holding the judge's key, sent as `Authorization: Bearer KEY` (unset or empty: no key sent)."""
+    judge_template: str = ""
+    """rewards=judge: the user message sent to the judge, a Python format string over the sample's fields ({prompt}, {answer}, any column of the task) and {completion}; judge_mode=group gets {completions} (the group's completions, numbered from 1) instead. '': a built-in template that asks whether the completion's final answer matches {answer} (judge_score=yes_no), or, in group mode, for one score 0-10 per numbered completion."""
+    judge_score: str = "yes_no"
+    """rewards=judge: how a score is read from the judge's reply: yes_no (1.0 when the reply's first word is yes, 0.0 when no), number (the first number in the reply), or a regular expression whose first group is the number; a reply it cannot read fails that sample (counted as any reward failure). Group mode reads one score per completion, in order (yes_no: each yes/no word; number and a regex: each match)."""
+    judge_score_scale: float = 1.0
+    """rewards=judge: the score read is divided by this (e.g. 10 for a 0-10 scale)."""
+    judge_mode: str = "pointwise"
+    """rewards=judge: pointwise (one request per completion, concurrently, at most reward_concurrency in flight) or group (one request per prompt's group of completions, the judge comparing them; ART's RULER-style group judging)."""
+    judge_max_tokens: int = 16
+    """rewards=judge: most tokens the judge may write per reply (group mode: per completion judged)."""
+    judge_temperature: float = 0.0
+    """rewards=judge: the judge's sampling temperature (0: greedy, reproducible scores)."""
+
+    # ---- Supervised fine-tuning ----
+    sft_data: str = ""
+    """`grpo sft`: a .jsonl or .json file of chat rows ({"messages": [{"role", "content"}, ...]}, tool turns included: the loss is on the assistant's turns only) or prompt/completion rows ({"prompt": text or messages, "completion": text or messages}: the loss is on the completion only)."""
+    sft_epochs: float = 3.0
+    """`grpo sft`: passes over sft_data (a fraction ends the last pass early); the run's optimizer steps are epochs x batches per pass (max_steps is GRPO's)."""
+    sft_batch_size: int = 8
+    """`grpo sft`: rows per optimizer step (the loss is the mean over the batch's trained tokens); per_device_train_batch_size rows per forward when set."""
+    sft_max_length: int = 1024
+    """`grpo sft`: tokens kept per row (longer rows are cut at the end and counted in the run's sft.json, truncated_rows)."""
+    sft_eval_share: float = 0.0
+    """`grpo sft`: share of sft_data's rows held out (a seeded draw) whose mean token loss is measured before and after training (0 = none)."""
 
     # ---- Evaluation ----
     eval_prompts: int | None = None

@@ -70,6 +70,13 @@ SECTIONS: tuple[Section, ...] = (
     Section("agent", "Agent: tools and environments", "multi-turn episodes (grpo/agent)", (
         "tools", "environment_factory", "environment_column", "max_turns", "tool_format", "tool_example_call",
         "tool_example_question", "tool_timeout")),
+    Section("distill", "Distillation", "on-policy distillation: the teacher as the reference (models/teacher.py), policy_loss=distill (core/distill.py)", (
+        "teacher", "distill_grpo_weight")),
+    Section("judge", "Judge reward", "rewards=judge: a chat model behind an OpenAI-compatible API scores completions (rewards/judge.py)", (
+        "judge_url", "judge_model", "judge_api_key_env", "judge_template", "judge_score", "judge_score_scale",
+        "judge_mode", "judge_max_tokens", "judge_temperature")),
+    Section("sft", "Supervised fine-tuning", "`grpo sft`: chat or prompt/completion rows, the loss on the assistant's tokens (grpo/sft)", (
+        "sft_data", "sft_epochs", "sft_batch_size", "sft_max_length", "sft_eval_share")),
     Section("evaluation", "Evaluation", "held-out accuracy and pass@k before, during and after training (grpo/eval)", (
         "eval_prompts", "eval_steps", "eval_max_new_tokens", "eval_batch_size", "eval_pass_k", "eval_pass_prompts",
         "eval_tasks", "best_checkpoint_metric", "best_checkpoint_mode")),

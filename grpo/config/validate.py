@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from grpo.config.validate_sft import validate_beside_grpo
 from grpo.core import (AGGREGATIONS, COV_MODES, ESTIMATORS, GROUP_ESTIMATORS, KL_ESTIMATORS,
                        MULTI_OBJECTIVE_AGGREGATIONS, PF_MODES, POLICY_LOSSES, RATIO_LEVELS)
 from grpo.core.stability import REWARD_TRANSFORMS
@@ -51,6 +52,7 @@ def validate(c) -> None:
     _validate_vllm(c)
     _validate_agent(c)
     _validate_async(c)
+    validate_beside_grpo(c)  # teacher, judge, sft (validate_sft.py)
 
 
 def _validate_choices(c) -> None:

@@ -60,7 +60,8 @@ class LossSettings:
     clip_delta: INTELLECT-2's upper bound on the ratio of negative-advantage tokens (clip loss);
     cispo_ratio_max: CISPO's cap on the importance weight; sapo_tau_pos, sapo_tau_neg: SAPO's gate
     temperatures; top_entropy_quantile, off_policy_mask_threshold: the token masks of
-    core.token_masks, applied by core.policy_loss.
+    core.token_masks, applied by core.policy_loss; distill_grpo_weight: the weight of GRPO's clipped
+    surrogate beside the reverse KL of the distill loss (core.distill).
     """
 
     eps_low: float = 0.2
@@ -83,6 +84,7 @@ class LossSettings:
     sapo_tau_neg: float = 1.05
     top_entropy_quantile: float = 1.0
     off_policy_mask_threshold: float | None = None
+    distill_grpo_weight: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from grpo.rewards.code_style import code_style_reward
 from grpo.rewards.completeness import incompleteness
 from grpo.rewards.forms import is_batch_reward
 from grpo.rewards.generated_tests import code_generated_batch_reward
+from grpo.rewards.judge import JudgeReward, no_judge
 from grpo.rewards.mathverify import candidates, gold_answer, math_reward, normalize_number_text
 from grpo.rewards.remote import AsyncReward, HttpReward, is_async, is_url
 from grpo.rewards.reward import Reward, RewardOptions
@@ -93,6 +94,10 @@ REWARDS.register(Reward("code_style", code_style_reward))  # type hints, docstri
 REWARDS.register(Reward("reward_model", no_reward_model, batch=True, doc=RewardModelReward.__doc__,
                         build=lambda o: RewardModelReward(o.reward_model, transform=o.reward_model_transform)))
 REWARDS.register(Reward("environment", environment_reward))  # an environment_factory episode's get_reward()
+# a chat model behind an OpenAI-compatible API; HttpReward's deadline, retries and timeout count
+REWARDS.register(Reward("judge", no_judge, batch=True, own_deadline=True, doc=JudgeReward.__doc__,
+                        build=lambda o: JudgeReward(o.judge, timeout=o.timeout, retries=o.retries,
+                                                    concurrency=o.concurrency)))
 
 
 def resolve_named(name: str, registry: Registry) -> Callable:

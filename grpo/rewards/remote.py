@@ -99,9 +99,10 @@ class _Retryable(Exception):
         self.timed_out = timed_out
 
 
-def _post(url: str, body: bytes, timeout: float) -> bytes:
-    """One POST, its whole exchange within ``timeout`` seconds (0 = a day), in this thread."""
-    headers = {"Content-Type": "application/json", "Accept": "application/json", **bearer(os.environ.get(KEY_ENV))}
+def _post(url: str, body: bytes, timeout: float, key_env: str = KEY_ENV) -> bytes:
+    """One POST, its whole exchange within ``timeout`` seconds (0 = a day), in this thread; the key in
+    the environment variable ``key_env``, when set, as a bearer token."""
+    headers = {"Content-Type": "application/json", "Accept": "application/json", **bearer(os.environ.get(key_env))}
     try:
         r = exchange(url, body=body, headers=headers, deadline_s=timeout or NO_DEADLINE,
                      max_reply_bytes=MAX_REPLY_BYTES)
@@ -126,20 +127,29 @@ class HttpReward:
     def __init__(self, url: str, *, timeout: float, retries: int = 2, backoff: float = BACKOFF):
         self.url, self.timeout, self.retries, self.backoff = url, timeout, retries, backoff
         self.timeouts = 0
+        self._count_lock = threading.Lock()  # requests may run in several threads (the judge's)
         self.__name__ = url
 
-    def _scores(self, body: bytes, n: int) -> list:
+    key_env = KEY_ENV  # the environment variable whose key each POST carries
+
+    def _post_retrying(self, url: str, body: bytes) -> bytes:
+        """POST ``body`` to ``url``, retried as the class docstring says; the answer's body, or
+        TimeoutError / ConnectionError after the last attempt (a timeout counted in ``timeouts``)."""
         for attempt in range(self.retries + 1):
             try:
-                raw = _post(self.url, body, self.timeout)
-                break
+                return _post(url, body, self.timeout, self.key_env)
             except _Retryable as e:
                 if attempt == self.retries:
                     if e.timed_out:
-                        self.timeouts += 1
+                        with self._count_lock:
+                            self.timeouts += 1
                         raise TimeoutError(f"{e} ({attempt + 1} attempts)") from None
                     raise ConnectionError(f"{e} ({attempt + 1} attempts)") from None
                 time.sleep(self.backoff * 2 ** attempt)
+        raise AssertionError("unreachable")
+
+    def _scores(self, body: bytes, n: int) -> list:
+        raw = self._post_retrying(self.url, body)
         try:
             scores = json.loads(raw)["scores"]
         except (ValueError, KeyError, TypeError):

@@ -14,20 +14,23 @@ from dataclasses import dataclass
 from typing import Callable
 
 from grpo.rewards.forms import is_batch_reward
+from grpo.rewards.judge import JudgeSettings
 from grpo.rewards.remote import DEFAULT_CONCURRENCY
 
 
 @dataclass(frozen=True)
 class RewardOptions:
     """What resolving a reward may take from the run's config: the deadline, retries and concurrency
-    of the rewards that keep their own deadline (``async def`` functions, URLs), and the settings of
-    the ``reward_model`` reward (its model and the transform of its raw scores)."""
+    of the rewards that keep their own deadline (``async def`` functions, URLs, the judge), the settings
+    of the ``reward_model`` reward (its model and the transform of its raw scores) and the ``judge``
+    reward's (its endpoint, template and score parser)."""
 
     timeout: float = 0.0  # reward_timeout (0: none)
     retries: int = 0  # reward_retries
     concurrency: int = DEFAULT_CONCURRENCY  # reward_concurrency
     reward_model: str = ""  # reward_model: a folder or hub id
     reward_model_transform: str = "none"  # reward_model_transform
+    judge: JudgeSettings = JudgeSettings()  # the judge_* fields
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ class Reward:
       deadline), so it runs in the trainer's process, never in a reward worker.
     reads_final_answer: it reads a final answer out of the text (``grpo serve`` then checks that an
       answer states one).
-    build: for a reward with settings of its own (the reward model's path and transform),
+    build: for a reward with settings of its own (the reward model's path and transform, the judge's endpoint),
       ``(RewardOptions) -> fn``, called once when the reward is resolved; ``fn`` is then a stand-in
       that says what is missing.
     doc: what it computes ('': the function's docstring).

@@ -52,7 +52,7 @@ class BatchSettings:
 
     group_size: int  # num_generations (G)
     old_logp: bool  # num_iterations > 1 or mini_batches > 1: the sampling policy's log-probs are computed
-    reference: bool  # beta > 0: the reference's log-probs are computed
+    reference: bool  # beta > 0 or a teacher (distillation): the reference's log-probs are computed
     micro_batch: int  # per_device_train_batch_size: sequences per inference forward
     shaping: RewardShaping  # overlong penalty and filter, PF-PPO
     process_supervision: bool  # supervision == "process" (per-step rewards: step_reward)

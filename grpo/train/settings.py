@@ -12,6 +12,7 @@ from grpo import core
 from grpo.agent import AgentSettings
 from grpo.config import Config
 from grpo.config.mixture_settings import eval_task_specs, source_specs
+from grpo.config.validate_sft import judge_settings
 from grpo.eval.evaluate import EvalSettings
 from grpo.rewards.reward import RewardOptions
 from grpo.rollout import SamplingSettings, engine_class
@@ -32,9 +33,11 @@ def _band(value) -> tuple[float, float] | None:
 
 
 def reward_options(cfg: Config) -> RewardOptions:
-    """What resolving a reward takes from the run's config (its fields of the same names)."""
+    """What resolving a reward takes from the run's config (its fields of the same names; the judge's,
+    its judge_* fields)."""
     return RewardOptions(timeout=cfg.reward_timeout, retries=cfg.reward_retries, concurrency=cfg.reward_concurrency,
-                         reward_model=cfg.reward_model, reward_model_transform=cfg.reward_model_transform)
+                         reward_model=cfg.reward_model, reward_model_transform=cfg.reward_model_transform,
+                         judge=judge_settings(cfg))
 
 
 def engine_options(cfg: Config, name: str):
@@ -66,7 +69,7 @@ def loss_settings(cfg: Config) -> core.LossSettings:
         cov_fraction=cfg.cov_fraction, kl_cov_coef=cfg.kl_cov_coef, clip_delta=cfg.clip_delta,
         cispo_ratio_max=cfg.cispo_ratio_max, sapo_tau_pos=cfg.sapo_temperature_pos,
         sapo_tau_neg=cfg.sapo_temperature_neg, top_entropy_quantile=cfg.top_entropy_quantile,
-        off_policy_mask_threshold=cfg.off_policy_mask_threshold)
+        off_policy_mask_threshold=cfg.off_policy_mask_threshold, distill_grpo_weight=cfg.distill_grpo_weight)
 
 
 def update_settings(cfg: Config) -> UpdateSettings:
@@ -83,7 +86,7 @@ def update_settings(cfg: Config) -> UpdateSettings:
 def batch_settings(cfg: Config) -> BatchSettings:
     return BatchSettings(
         group_size=cfg.num_generations, old_logp=cfg.num_iterations > 1 or cfg.mini_batches > 1,
-        reference=cfg.beta > 0, micro_batch=cfg.per_device_train_batch_size,
+        reference=cfg.beta > 0 or bool(cfg.teacher), micro_batch=cfg.per_device_train_batch_size,
         shaping=RewardShaping(overlong_buffer=cfg.overlong_buffer, overlong_penalty_coef=cfg.overlong_penalty_coef,
                               max_completion_length=cfg.max_completion_length, overlong_filter=cfg.overlong_filter,
                               policy_filter=cfg.policy_filter, policy_filter_min_std=cfg.policy_filter_min_std),
@@ -168,7 +171,7 @@ def sources_settings(cfg: Config) -> SourcesSettings:
                                 floor=cfg.difficulty_floor),
         runner=RunnerSettings(timeout=cfg.reward_timeout, workers=cfg.reward_workers, reward_model=cfg.reward_model,
                               reward_model_transform=cfg.reward_model_transform, retries=cfg.reward_retries,
-                              concurrency=cfg.reward_concurrency),
+                              concurrency=cfg.reward_concurrency, judge=judge_settings(cfg)),
         loading=TaskLoading(max_operand=cfg.arithmetic_max_operand, ops=cfg.arithmetic_ops,
                             prompt_field=cfg.prompt_field, answer_field=cfg.answer_field, split=cfg.task_split),
         agent=agent_settings(cfg))

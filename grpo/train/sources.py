@@ -28,6 +28,7 @@ from grpo.data.mixture import SOURCE_COLUMN, MixtureSampler, Source, SourceSpec,
 from grpo.data.tasks import rows_task
 from grpo.errors import ConfigError, DataError
 from grpo.eval.suites import Suite
+from grpo.rewards.judge import JudgeSettings
 from grpo.rewards.runner import RewardRunner
 from grpo.rewards.verdict import first_applicable
 from grpo.train.source_rewards import SourceRewards
@@ -58,11 +59,12 @@ class RunnerSettings:
     reward_model_transform: str = "none"  # reward_model_transform
     retries: int = 0  # reward_retries
     concurrency: int = 16  # reward_concurrency
+    judge: JudgeSettings | None = None  # judge_*: the judge reward's endpoint, template and parser
 
     def runner(self, names: list[str], weights: list[float] | None, *, given: dict | None) -> RewardRunner:
         return RewardRunner(names, weights, timeout=self.timeout, workers=self.workers, reward_model=self.reward_model,
                             reward_model_transform=self.reward_model_transform, retries=self.retries,
-                            concurrency=self.concurrency, given=given)
+                            concurrency=self.concurrency, given=given, judge=self.judge)
 
 
 @dataclass(frozen=True)

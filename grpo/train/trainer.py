@@ -38,6 +38,7 @@ from grpo.infra.timing import STAGES, StageTimer, stage_key
 from grpo.infra.runtime import import_from, keep_freed_memory, make_run_dir, seed_everything
 from grpo.infra.stop import StopFlag
 from grpo.models import load_models, reset_reference, resolve_model_path
+from grpo.models.teacher import load_teacher
 from grpo.rewards.steps import resolve_step_reward
 from grpo.rollout import Rollout
 from grpo.train import settings as build
@@ -75,11 +76,16 @@ def _start_process(cfg: Config) -> dist_io.World:
 
 
 def _load_models(cfg: Config, path: str, world: dist_io.World):
-    """The policy (LoRA adapters or 4-bit base as configured), the reference where beta > 0, the tokenizer."""
-    return load_models(path, dtype=cfg.dtype, need_reference=cfg.beta > 0, lora_r=cfg.lora_r if cfg.use_peft else 0,
-                       lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                       lora_target_modules=cfg.lora_target_modules, load_in_4bit=cfg.load_in_4bit,
-                       device=world.device)
+    """The policy (LoRA adapters or 4-bit base as configured), the reference where beta > 0, the
+    tokenizer. A distillation teacher, where one is named, is the reference whatever beta is: loaded
+    once, frozen, read by the same forward as the KL's reference (models/teacher.py)."""
+    models = load_models(path, dtype=cfg.dtype, need_reference=cfg.beta > 0 and not cfg.teacher,
+                         lora_r=cfg.lora_r if cfg.use_peft else 0, lora_alpha=cfg.lora_alpha,
+                         lora_dropout=cfg.lora_dropout, lora_target_modules=cfg.lora_target_modules,
+                         load_in_4bit=cfg.load_in_4bit, device=world.device)
+    if cfg.teacher:
+        models.reference = load_teacher(cfg.teacher, dtype=cfg.dtype, student_tokenizer=models.tokenizer)
+    return models
 
 
 class Trainer:

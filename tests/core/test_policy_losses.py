@@ -116,7 +116,9 @@ def test_every_entry_returns_0d_tensors_with_loss_and_policy_loss():
     """The trainer logs every key but loss and policy_loss as a scalar: each value must be 0-d."""
     logp = torch.zeros(2, 3)
     for name, entry in POLICY_LOSSES.items():
-        out = entry.fn(LossInputs(logp, logp, torch.ones(2, 3), torch.ones(2, 3), entropy=logp), LossSettings())
+        ref = logp - 0.5 if entry.needs_ref_logp(LossSettings()) else None  # distill reads a teacher's
+        out = entry.fn(LossInputs(logp, logp, torch.ones(2, 3), torch.ones(2, 3), ref_logp=ref, entropy=logp),
+                       LossSettings())
         assert {"loss", "policy_loss"} <= set(out), name
         assert all(v.dim() == 0 for v in out.values()), name
 

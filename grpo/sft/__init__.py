@@ -1,0 +1,7 @@
+"""Supervised fine-tuning (``grpo sft``): chat and prompt/completion data with the loss on the
+assistant's tokens, on grpo train's model loading, optimizer, checkpoints and run folder."""
+
+from grpo.sft.data import SFTExample, encode_row, load_examples, read_rows
+from grpo.sft.trainer import SFTModelSettings, SFTRun, SFTSettings
+
+__all__ = ["SFTExample", "SFTModelSettings", "SFTRun", "SFTSettings", "encode_row", "load_examples", "read_rows"]
