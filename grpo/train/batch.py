@@ -38,12 +38,13 @@ class BatchMaker:
     (``forwards``) are fixed for the run; the knobs (temperature, beta) are given per step."""
 
     def __init__(self, cfg, *, world: dist_io.World, forwards, policy, reference, critic, step_reward, tokenizer,
-                 timer: StageTimer | None = None):
+                 timer: StageTimer | None = None, consistency=None):
         self.cfg, self.world, self.forwards = cfg, world, forwards
         self.timer = timer or NullTimer()  # seconds of the old-policy and reference forwards
         self.policy, self.reference, self.critic = policy, reference, critic
         self.step_reward, self.tok = step_reward, tokenizer
         self._code_vocab: torch.Tensor | None = None  # [V] identifier/operator tokens (token_weight_gamma)
+        self.consistency = consistency  # train.consistency.LogicConsistency, or None
 
     def frozen_logps(self, model, ro: Rollout, temperature: float) -> torch.Tensor:
         """Log-probs [N, T] of the rollout under ``model`` (old policy or reference), no gradient."""
@@ -65,9 +66,15 @@ class BatchMaker:
              beta: float, per_reward: torch.Tensor | None = None) -> tuple[Batch, dict]:
         """This process's batch (``build``); with token_weight_gamma != 1 the advantages of identifier
         and operator tokens are multiplied by it (seed 003 section 5.1), and they are weighted by the
-        train/inference mismatch correction where one is configured (``correction_mode``)."""
+        train/inference mismatch correction where one is configured (``correction_mode``). With the
+        logic-consistency regulariser, each completion's advantage A_cons (core/consistency.py) is
+        added to its tokens' advantages first."""
         batch, metrics = self.build(ro, rewards, samples, temperature=temperature, beta=beta,
                                     per_reward=per_reward)
+        if self.consistency is not None:  # a score-function advantage per completion (core/consistency.py)
+            adv_cons, cons_metrics = self.consistency.advantages(ro.texts)  # [n]
+            batch.advantages = batch.advantages + adv_cons.to(batch.advantages)[:, None]  # [n, T]
+            metrics.update(cons_metrics)
         if self.cfg.token_weight_gamma != 1.0:
             if self._code_vocab is None:
                 self._code_vocab = code_token_vocab(self.tok, len(self.tok))

@@ -48,6 +48,7 @@ from grpo.rollout.engine import engine_options
 from grpo.train import state as run_state
 from grpo.train.batch import Batch, BatchMaker
 from grpo.train.collect import Collector
+from grpo.train.consistency import ConsistencySettings, LogicConsistency
 from grpo.train.critic import Critic
 from grpo.train.evals import eval_notes, periodic_eval
 from grpo.train.forwards import Forwards
@@ -79,6 +80,14 @@ def _check_world(cfg: Config, world: dist_io.World) -> None:
     if world.distributed and cfg.advantage_estimator == "gae" and cfg.critic_shared_trunk:
         raise ConfigError("critic_shared_trunk: runs on one process only (the value loss's gradients in the "
                           "policy's body would bypass the policy's DDP/FSDP2 wrapper)")
+
+
+def _consistency(cfg: Config) -> LogicConsistency | None:
+    """The logic-consistency regulariser (logic_consistency), or None."""
+    if not cfg.logic_consistency:
+        return None
+    return LogicConsistency(ConsistencySettings(coef=cfg.logic_consistency_coef, model=cfg.logic_consistency_model,
+                                                group_size=cfg.num_generations))
 
 
 class Trainer:
@@ -131,7 +140,7 @@ class Trainer:
         self.rm_trainer = make_reward_model_trainer(cfg) if cfg.reward_model_train_steps else None
         self.batches = BatchMaker(cfg, world=world, forwards=self.forwards, policy=self.policy,
                                   reference=self.models.reference, critic=self.critic, step_reward=step_reward,
-                                  tokenizer=self.tok, timer=self.timer)
+                                  tokenizer=self.tok, timer=self.timer, consistency=_consistency(cfg))
         self.updater = Updater(cfg, world=world, policy=self.policy, module=self.module, forwards=self.forwards,
                                critic=self.critic, checkpoint_dir=self.run_dir / "checkpoints")
         self.step = 0
