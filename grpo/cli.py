@@ -12,6 +12,7 @@ USAGE = """usage: grpo <command> [options] [key=value ...]
 commands:
   train   fine-tune a model with GRPO (no arguments: SmolLM2-135M-Instruct on built-in arithmetic)
   eval    greedy accuracy and pass@k of a model or run folder on a task's held-out prompts
+  data    `grpo data filter`: problems with >= 3 logical steps, anchor answers by pairwise win rate (JSONL)
   audit   reasoning-chain audit: four defect densities per 100 tokens, a run's trained and base model (grpo audit RUN)
   compare GRPO vs RLOO vs REINFORCE vs PPO with a critic: memory, step time, accuracy (own subprocesses)
   report  PNG plots and an HTML page of one or more run folders (grpo report RUN_DIR [RUN_DIR ...])
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = {"train": _train, "eval": _eval, "compare": _compare, "report": _report, "toy": _toy,
                 "control": _control, "export": _serving("export_main"), "serve": _serving("serve_main"),
                 "serve-bench": _serving("bench_main"), "vllm-serve": _serving("vllm_serve_main"),
-                "audit": _audit}
+                "audit": _audit, "data": _data}
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
@@ -201,6 +202,12 @@ def _audit(argv: list[str]) -> int:
     from grpo.audit.command import main as audit_main
 
     return audit_main(argv)
+
+
+def _data(argv: list[str]) -> int:
+    from grpo.tools.data_filter import main as data_main
+
+    return data_main(argv)
 
 
 def _compare(argv: list[str]) -> int:

@@ -52,11 +52,13 @@ def main(argv: list[str]) -> int:
     from grpo.rollout import make_engine
 
     args = _parser().parse_args(argv)
+    if args.run and "=" in args.run and not Path(args.run).exists():  # no RUN: the first key=value
+        args.overrides, args.run = [args.run, *args.overrides], None
     run = Path(args.run) if args.run else None
     if run is not None and not (run / "config.yaml").is_file():
-        raise ConfigError(f"grpo audit: {run} is not a run folder (no config.yaml); use --model M --out DIR")
+        raise ConfigError(f"{run} is not a run folder (no config.yaml); use --model M --out DIR")
     if run is None and not (args.model and args.out):
-        raise ConfigError("grpo audit: give a run folder, or --model M and --out DIR")
+        raise ConfigError("give a run folder, or --model M and --out DIR")
     overrides = list(args.overrides) + ([f"task={args.task}"] if args.task else [])
     cfg = load_config(run / "config.yaml" if run else None, overrides)
     import_from(cfg.working_dir, os.getcwd())

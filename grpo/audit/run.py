@@ -125,3 +125,17 @@ def format_table(audit: dict) -> str:
         lines.append(f"{k + ' / 100 tokens':<28}" + "".join(
             f"{audit['models'][m]['per_100_tokens'][k]:>14.3f}" for m in labels))
     return "\n".join(lines)
+
+
+AUDIT_HEADER = ["run", "model", "problems", "accuracy", "mean tokens", *[f"{k} / 100 tokens" for k in KINDS]]
+
+
+def audit_rows(runs: list[dict]) -> list[list]:
+    """`grpo report`'s audit table: one row per run and audited model (each run's "audit": its
+    audit.json, or {})."""
+    rows = []
+    for run in runs:
+        for label, s in (run.get("audit") or {}).get("models", {}).items():
+            rows.append([run["name"], label, s["problems"], s["accuracy"], s["mean_tokens"],
+                         *[s["per_100_tokens"][k] for k in KINDS]])
+    return rows

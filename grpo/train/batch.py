@@ -17,6 +17,7 @@ from grpo.infra.timing import NullTimer, StageTimer
 from grpo.rewards.steps import process_supervision
 from grpo.rollout import Rollout, engine_class
 from grpo.train.code_tokens import code_token_vocab
+from grpo.train.compiled import loss_and_advantage_functions
 
 
 @dataclass
@@ -45,6 +46,7 @@ class BatchMaker:
         self.step_reward, self.tok = step_reward, tokenizer
         self._code_vocab: torch.Tensor | None = None  # [V] identifier/operator tokens (token_weight_gamma)
         self.consistency = consistency  # train.consistency.LogicConsistency, or None
+        _, self._advantages_fn = loss_and_advantage_functions(cfg.torch_compile)  # core.compute_advantages
 
     def frozen_logps(self, model, ro: Rollout, temperature: float) -> torch.Tensor:
         """Log-probs [N, T] of the rollout under ``model`` (old policy or reference), no gradient."""
@@ -167,7 +169,7 @@ class BatchMaker:
         at their group's mean) or, with normalize_then_sum, from each reward function's scores (GDPO)."""
         cfg = self.cfg
         if cfg.multi_objective_aggregation == "sum_then_normalize":
-            return core.compute_advantages(filled, estimator=cfg.advantage_estimator, std_eps=cfg.std_eps,
+            return self._advantages_fn(filled, estimator=cfg.advantage_estimator, std_eps=cfg.std_eps,
                                            unbiased_std=cfg.scale_rewards_unbiased)  # [B, G]
         if per_reward is None:
             raise ValueError("multi_objective_aggregation=normalize_then_sum needs each reward's scores (per_reward)")

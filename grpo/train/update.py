@@ -18,6 +18,7 @@ from grpo.infra import distributed as dist_io
 from grpo.rollout.base import select_rollout
 from grpo.train import split
 from grpo.train.batch import Batch
+from grpo.train.compiled import loss_and_advantage_functions
 from grpo.train.optim import adamw, clipped_step, lr_lambda
 
 # handled apart from the loss's other outputs: weighted by 1 / the update's optimizer steps, not by tokens
@@ -34,6 +35,7 @@ class Updater:
         self.cfg, self.world, self.policy, self.module = cfg, world, policy, module
         self.forwards, self.critic, self.checkpoint_dir = forwards, critic, checkpoint_dir
         self.loss = core.get_policy_loss(cfg.policy_loss)
+        self._policy_loss, _ = loss_and_advantage_functions(cfg.torch_compile)  # core.policy_loss, maybe compiled
         params = [p for p in policy.parameters() if p.requires_grad]  # LoRA: adapters only
         self.optimizer = adamw(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                weight_decay=cfg.weight_decay)
@@ -148,7 +150,7 @@ class Updater:
                                      with_entropy=self.loss.needs_entropy(core.LossSettings(**settings)))
         logp = cur["logp"]  # [n, T]
         old = batch.old_logp[idx] if batch.old_logp is not None else logp.detach()
-        return core.policy_loss(
+        return self._policy_loss(
             logp, old, batch.advantages[idx], batch.mask[idx], name=self.cfg.policy_loss,
             ref_logp=batch.ref_logp[idx] if batch.ref_logp is not None else None,
             entropy=cur["entropy"], **settings)
