@@ -160,12 +160,8 @@ def find_equations(text: str, *, tol: float = 1e-6) -> list[Equation]:
 def logical_steps(text: str) -> int:
     """Derivations in ``text``: sentences (or lines) that hold a connective or an equation. The data
     filter keeps problems whose solution has at least three."""
-    count, pos = 0, 0
-    for piece in re.split(r"(?<=[.!?。！？；;\n])(?!\d)", text):
-        if piece.strip() and (find_connectives(piece) or find_equations(piece)):
-            count += 1
-        pos += len(piece)
-    return count
+    pieces = re.split(r"(?<=[.!?。！？；;\n])(?!\d)", text)
+    return sum(1 for p in pieces if p.strip() and (find_connectives(p) or find_equations(p)))
 
 
 def breakpoints(text: str) -> list[Breakpoint]:
