@@ -70,3 +70,19 @@ def test_cli_audit_writes_the_folder_and_refuses_a_non_run(tmp_path, tiny_model_
     assert rc == 0 and json.loads((out / "audit.json").read_text())["models"]["model"]["problems"] == 3
     assert main(["audit", str(tmp_path)]) == 2
     assert "is not a run folder" in capsys.readouterr().err
+
+
+def test_cli_audit_of_a_run_folder_puts_trained_and_base_side_by_side(tmp_path, tiny_model_dir, tiny_dataset, capsys):
+    from grpo.train.trainer import Trainer
+    from tests.test_trainer import make_cfg
+
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, max_steps=1, eval_pass_k=0)
+    Trainer(cfg).train()
+    run = tmp_path / "run"
+    assert main(["audit", str(run), "--problems", "3", "--max-new-tokens", "6"]) == 0
+    saved = json.loads((run / "audit.json").read_text())
+    assert list(saved["models"]) == ["trained", "base"] and saved["labels"]["base"] == str(tiny_model_dir)
+    rows = [json.loads(line) for line in (run / "audit_samples.jsonl").read_text().splitlines()]
+    assert [r["model"] for r in rows] == ["trained"] * 3 + ["base"] * 3
+    assert [r["prompt"] for r in rows[:3]] == [r["prompt"] for r in rows[3:]]  # the same problems
+    assert "completeness / 100 tokens" in capsys.readouterr().out
