@@ -216,7 +216,7 @@ def _data(argv: list[str]) -> int:
 
 @COMMANDS.register("audit", doc="reasoning-chain audit: four defect densities per 100 tokens, a run's trained and base model (grpo audit RUN)")
 def _audit(argv: list[str]) -> int:
-    from grpo.audit.command import main as audit_main
+    from grpo.tools.audit import main as audit_main
 
     return audit_main(argv)
 
