@@ -28,8 +28,8 @@ def _parser() -> argparse.ArgumentParser:
                     "reward_model with reward_model=PATH for a reward model)")
     ap.add_argument("--high", type=float, default=0.8, help="win rate above which an answer is a high anchor")
     ap.add_argument("--low", type=float, default=0.2, help="win rate below which an answer is a low anchor")
-    ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--max-new-tokens", type=int, default=256, help="token limit of each answer (default 256)")
+    ap.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of the answers (default 0.7)")
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="config keys (rewards, reward_model, ...)")
     return ap
 
@@ -69,9 +69,17 @@ def _score(cands: list[list[dict]], rows: list[dict], judge) -> None:
         c["score"] = None if math.isnan(v) else v  # None: the judge could not score it (it loses every comparison)
 
 
+USAGE = ("usage: grpo data filter --task T --out FILE.jsonl [options] [key=value ...]\n\n"
+         "  filter  keep problems with >= --min-steps logical steps; with --models, mark anchor answers by win rate")
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] != "filter":
-        raise ConfigError("grpo data: the command is `grpo data filter --task T --out FILE.jsonl [...]`")
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    if argv[0] != "filter":
+        raise ConfigError(f"grpo data: unknown command {argv[0]!r}; the command is "
+                          "`grpo data filter --task T --out FILE.jsonl [...]`")
     args = _parser().parse_args(argv[1:])
     from grpo.config.io import load_config
     from grpo.data import task_of
