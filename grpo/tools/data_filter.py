@@ -78,7 +78,7 @@ def main(argv: list[str]) -> int:
         print(USAGE)
         return 0
     if argv[0] != "filter":
-        raise ConfigError(f"grpo data: unknown command {argv[0]!r}; the command is "
+        raise ConfigError(f"unknown command {argv[0]!r}; the command is "
                           "`grpo data filter --task T --out FILE.jsonl [...]`")
     args = _parser().parse_args(argv[1:])
     from grpo.config.io import load_config
