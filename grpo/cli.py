@@ -1,4 +1,4 @@
-"""The `grpo` command: train, sft, eval, compare, report, toy, control, export, serve."""
+"""The `grpo` command: train, sft, eval, data, audit, compare, report, toy, control, and the serving commands."""
 
 from __future__ import annotations
 
@@ -270,6 +270,20 @@ def _evaluate_until_signal(engine, samples: list[dict], verifier, cfg, tokenizer
         for s, h in handlers.items():
             signal.signal(s, h)
     return res, stop.signal
+
+
+@COMMANDS.register("data", doc="`grpo data filter`: problems with >= 3 logical steps, anchor answers by pairwise win rate (JSONL)")
+def _data(argv: list[str]) -> int:
+    from grpo.tools.data_filter import main as data_main
+
+    return data_main(argv)
+
+
+@COMMANDS.register("audit", doc="reasoning-chain audit: four defect densities per 100 tokens, a run's trained and base model (grpo audit RUN)")
+def _audit(argv: list[str]) -> int:
+    from grpo.tools.audit import main as audit_main
+
+    return audit_main(argv)
 
 
 @COMMANDS.register("compare", doc="GRPO vs RLOO vs REINFORCE vs PPO with a critic: memory, step time, accuracy (own subprocesses)")

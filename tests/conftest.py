@@ -202,7 +202,8 @@ def tiny_dataset(tmp_path):
 
 # set by pytest and by libraries themselves (torch's inductor whenever it looks up its cache, pygame on
 # import): theirs to manage, not a test's leak
-_OWNED_ENV = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "PYGAME_HIDE_SUPPORT_PROMPT"}
+_OWNED_ENV = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",
+              "PYGAME_HIDE_SUPPORT_PROMPT"}
 
 
 def _state() -> dict:

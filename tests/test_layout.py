@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "grpo"
 # lowest first; a module may import from its own rank or any lower one, and the low layers only from
 # what docs/architecture.md's table lets them
 LAYERS = [("errors", "registry"), ("core",), ("infra",), ("models", "data", "control"), ("rewards",), ("rollout",), ("agent",), ("config",),
-          ("eval",), ("train",), ("tools", "serve", "api", "sft"), ("cli", "__main__", "__init__", "docs")]
+          ("eval", "audit"), ("train",), ("tools", "serve", "api", "sft"), ("cli", "__main__", "__init__", "docs")]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 ALLOWED = {"errors": set(), "registry": {"errors"}, "core": {"core", "registry"}, "infra": {"errors", "registry", "infra"},
            "models": {"errors", "registry", "core", "infra", "models"}, "data": {"errors", "registry", "data"},

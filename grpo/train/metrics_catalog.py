@@ -103,6 +103,17 @@ METRICS: tuple[Metric, ...] = tuple(
     + _m("advantages", "token_weight_gamma != 1", [
         ("weighted_token_share", "share", "counted tokens whose advantage `token_weight_gamma` multiplies"),
     ])
+    + _m("advantages", "logic_consistency=true", [
+        ("logic_consistency_penalty", "penalty", "the regulariser's penalty c per completion (the sum over its "
+         "connectives of 1 - cos(connective, the step after it)), mean"),
+        ("logic_consistency_loss", "loss", "logic_consistency_coef times logic_consistency_penalty"),
+        ("logic_connectives_mean", "connectives", "connectives per completion, mean"),
+        ("logic_consistency_advantage_abs", "advantage", "|A_cons|, the regulariser's advantage per completion, mean"),
+    ])
+    + _m("advantages", "logic_consistency=true, steps where a completion holds a connective", [
+        ("logic_consistency_cos_mean", "cosine", "mean cosine of a completion's (connective, step) pairs, mean over "
+         "the completions with a connective"),
+    ])
     + _m("loss", EVERY, [
         ("loss", "loss", "the optimised loss, mean over the step's optimizer steps"),
         ("policy_loss", "loss", "its policy-gradient part (without the KL and entropy terms)"),

@@ -20,6 +20,7 @@ from grpo.rollout.producer import EngineProcessSettings
 from grpo.train.async_rollouts import AsyncSettings
 from grpo.train.batch import BatchSettings, RewardShaping, correction_mode
 from grpo.train.collect import CollectSettings
+from grpo.train.consistency import ConsistencySettings
 from grpo.train.knobs import KnobSettings
 from grpo.train.optim import Schedule
 from grpo.train.placement import PlacementSettings
@@ -80,7 +81,8 @@ def update_settings(cfg: Config) -> UpdateSettings:
         learning_rate=cfg.learning_rate, adam_betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=cfg.weight_decay,
         schedule=Schedule(lr_scheduler_type=cfg.lr_scheduler_type, warmup_steps=cfg.warmup_steps,
                           max_steps=cfg.max_steps),
-        max_grad_norm=cfg.max_grad_norm, max_consecutive_skips=cfg.max_consecutive_skips)
+        max_grad_norm=cfg.max_grad_norm, max_consecutive_skips=cfg.max_consecutive_skips,
+        torch_compile=cfg.torch_compile)
 
 
 def batch_settings(cfg: Config) -> BatchSettings:
@@ -97,7 +99,15 @@ def batch_settings(cfg: Config) -> BatchSettings:
         gamma=cfg.gamma, lam=cfg.lam, correct_threshold=cfg.correct_threshold,
         token_weight_gamma=cfg.token_weight_gamma, correction=rollout_correction(cfg),
         correction_level=cfg.rollout_correction_level, correction_low=cfg.rollout_correction_low,
-        correction_high=cfg.rollout_correction_high)
+        correction_high=cfg.rollout_correction_high, torch_compile=cfg.torch_compile)
+
+
+def consistency_settings(cfg: Config) -> ConsistencySettings | None:
+    """The logic-consistency regulariser's settings, or None when logic_consistency is off."""
+    if not cfg.logic_consistency:
+        return None
+    return ConsistencySettings(coef=cfg.logic_consistency_coef, model=cfg.logic_consistency_model,
+                               group_size=cfg.num_generations)
 
 
 def collect_settings(cfg: Config) -> CollectSettings:

@@ -46,6 +46,7 @@ from grpo.train import state as run_state
 from grpo.train.async_rollouts import AsyncRollouts
 from grpo.train.batch import Batch, BatchMaker
 from grpo.train.collect import Collector
+from grpo.train.consistency import make_consistency
 from grpo.train.critic import Critic
 from grpo.train.engines import Engines
 from grpo.train.evals import eval_notes, periodic_eval
@@ -137,7 +138,8 @@ class Trainer:
                            if cfg.reward_model_train_steps else None)
         self.batches = BatchMaker(build.batch_settings(cfg), world=world, forwards=forwards, policy=self.policy,
                                   reference=self.models.reference, critic=self.critic, step_reward=step_reward,
-                                  tokenizer=self.tok, timer=self.timer)
+                                  tokenizer=self.tok, timer=self.timer,
+                                  consistency=make_consistency(build.consistency_settings(cfg)))
         self.updater = Updater(build.update_settings(cfg), world=world, policy=self.policy,
                                module=self.placement.module, forwards=forwards, critic=self.critic,
                                checkpoint_dir=self.run_dir / "checkpoints")

@@ -19,6 +19,7 @@ from grpo.infra import distributed as dist_io
 from grpo.rollout.base import select_rollout
 from grpo.train import split
 from grpo.train.batch import Batch
+from grpo.train.compiled import loss_and_advantage_functions
 from grpo.train.optim import Schedule, adamw, clipped_step, lr_lambda
 
 # handled apart from the loss's other outputs: weighted by 1 / the update's optimizer steps, not by tokens
@@ -43,6 +44,7 @@ class UpdateSettings:
     schedule: Schedule  # lr_scheduler_type, warmup_steps, max_steps
     max_grad_norm: float  # max_grad_norm (0: no clipping)
     max_consecutive_skips: int  # max_consecutive_skips
+    torch_compile: bool = False  # torch_compile: the policy loss computed by torch.compile (train/compiled.py)
 
 
 class Updater:
@@ -56,6 +58,7 @@ class Updater:
         self.settings, self.world, self.policy, self.module = settings, world, policy, module
         self.forwards, self.critic, self.checkpoint_dir = forwards, critic, checkpoint_dir
         self.loss = core.get_policy_loss(settings.policy_loss)
+        self._policy_loss, _ = loss_and_advantage_functions(settings.torch_compile)  # core.policy_loss, maybe compiled
         params = [p for p in policy.parameters() if p.requires_grad]  # LoRA: adapters only
         self.optimizer = adamw(params, lr=settings.learning_rate, betas=settings.adam_betas,
                                weight_decay=settings.weight_decay)
@@ -172,7 +175,7 @@ class Updater:
                                      with_entropy=self.loss.needs_entropy(loss))
         logp = cur["logp"]  # [n, T]
         old = batch.old_logp[idx] if batch.old_logp is not None else logp.detach()
-        return core.policy_loss(
+        return self._policy_loss(
             logp, old, batch.advantages[idx], batch.mask[idx], name=self.settings.policy_loss,
             ref_logp=batch.ref_logp[idx] if batch.ref_logp is not None else None,
             entropy=cur["entropy"], settings=loss)
