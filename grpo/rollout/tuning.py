@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from grpo.infra.cache_folder import cache_dir
 from grpo.infra.process_cache import ProcessCache
+from grpo.registry import Registry
 from grpo.rollout import native
 from grpo.rollout.kernels import head_chunks, onednn_available, packed_linear
 
@@ -58,13 +59,12 @@ def _panel(weight: torch.Tensor, bias: torch.Tensor | None):
     return native.panel_product(native.library(), weight, bias)
 
 
-PRODUCTS: dict[str, Product] = {
-    "panel": Product(_panel, native.unavailable_reason, "decode_ops.c's panel product: each weight read once "
-                     "for all rows, 8 at a time, with the vector width of the build"),
-    "onednn": Product(packed_linear, lambda: None if onednn_available() else "torch built without oneDNN",
-                      "oneDNN's inner product on the weight reordered once into its blocked layout"),
-    "mkl": Product(_mkl, lambda: None, "F.linear (MKL's sgemm on the [O, K] layout)"),
-}
+PRODUCTS: Registry[Product] = Registry("decode kernel", field="decode_kernels")
+PRODUCTS.register("panel", Product(_panel, native.unavailable_reason, "decode_ops.c's panel product: each weight "
+                                   "read once for all rows, 8 at a time, with the vector width of the build"))
+PRODUCTS.register("onednn", Product(packed_linear, lambda: None if onednn_available() else "torch built without oneDNN",
+                                    "oneDNN's inner product on the weight reordered once into its blocked layout"))
+PRODUCTS.register("mkl", Product(_mkl, lambda: None, "F.linear (MKL's sgemm on the [O, K] layout)"))
 
 
 def parse_override(text: str) -> dict[str, str]:
