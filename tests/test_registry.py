@@ -61,7 +61,7 @@ def test_a_name_is_taken_once_unless_replaced():
 
 REGISTRIES = {  # module -> the registries it defines: every extension point of the package
     "grpo.core.advantages": ["ESTIMATORS"], "grpo.core.policy_losses": ["POLICY_LOSSES"],
-    "grpo.rollout.engine": ["ROLLOUT_ENGINES"], "grpo.serve.engines": ["SERVE_ENGINES"],
+    "grpo.rollout.engine": ["ROLLOUT_ENGINES"], "grpo.rollout.tuning": ["PRODUCTS"], "grpo.serve.engines": ["SERVE_ENGINES"],
     "grpo.serve.scheme": ["COMPLETENESS_CHECKS"], "grpo.agent.tools": ["BUILTIN_TOOLS"],
     "grpo.agent.formats": ["CALL_FORMATS"], "grpo.rewards.builtin": ["REWARDS"], "grpo.rewards.steps": ["STEP_REWARDS"],
     "grpo.config.presets": ["MONITOR_PRESETS", "LR_PRESETS"], "grpo.data.tasks": ["TASKS"], "grpo.tools.compare": ["METHODS"],
