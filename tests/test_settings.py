@@ -180,3 +180,14 @@ def test_policy_loss_takes_built_settings_or_their_fields_not_both():
     assert float(built["loss"]) != float(core.policy_loss(logp, old, adv, mask)["loss"])  # the settings matter
     with pytest.raises(TypeError, match="given together"):
         core.policy_loss(logp, old, adv, mask, settings=s, eps_low=0.2)
+
+
+def test_the_async_engine_process_takes_half_the_cores_unless_told():
+    """An engine process on every core beside a trainer on every core oversubscribes the machine: by
+    default it takes half the trainer's threads (at least one); async_engine_threads overrides."""
+    def threads(cores: int, **kw) -> int:
+        return build.engine_process_settings(Config(async_rollouts=True, **kw), cores).threads
+
+    assert [threads(c) for c in (1, 2, 3, 16)] == [1, 1, 1, 8]
+    assert threads(16, async_engine_threads=3) == 3
+    assert build.engine_process_settings(Config(), 16) is None

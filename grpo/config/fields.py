@@ -124,7 +124,7 @@ class Config:
     async_correction: str = "truncate"
     """async_rollouts: importance correction of tokens drawn by older weights, pi_train / pi_version at rollout_correction_level within [rollout_correction_low, rollout_correction_high]: truncate (TIS) or mask (MIS). Tokens drawn by the trained weights keep weight 1; with rollout_correction on (vllm), that correction already weighs every token by its own version's log-probs."""
     async_engine_threads: int = 0
-    """async_rollouts: torch CPU threads of the engine process (0 = torch's default)."""
+    """async_rollouts: torch CPU threads of the engine process (0 = half the trainer's threads: an engine on every core beside the trainer on every core oversubscribes the machine)."""
     # ---- Mixtures and curriculum ----
     difficulty_sampling: bool = False
     """Draw prompts by their recent group pass rate p (weight difficulty_floor + (1 - difficulty_floor) * 4p(1-p); unseen prompts 1), so prompts always or never solved are drawn less; within each source of a mixture. Its state is in the checkpoint (grpo/data/difficulty.py)."""

@@ -119,7 +119,7 @@ class Trainer:
         # the training sampler runs in an engine process of its own
         self.engines = Engines(self.policy, self.tok, name=cfg.rollout_backend, kernels=cfg.decode_kernels,
                                options=build.engine_options(cfg, cfg.rollout_backend), synced=self.sharded,
-                               process=build.engine_process_settings(cfg))
+                               process=build.engine_process_settings(cfg, torch.get_num_threads()))
         self.engines.open()
         self.timer = StageTimer(next(self.policy.parameters()).device)  # seconds per stage, in every metrics line
         # tools / environment_factory (a row's own, where routed): multi-turn episodes
