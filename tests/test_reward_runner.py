@@ -2,6 +2,8 @@
 
 import time
 
+import pytest
+
 from grpo.rewards.runner import RewardRunner
 
 H = "tests.rewards_for_tests:"
@@ -61,6 +63,24 @@ def test_a_deadline_shorter_than_worker_start_up_still_grades():
         vals = res.per_reward[name].tolist()
         assert vals[0] == vals[1] == vals[3] == 1.0 and vals[2] != vals[2]  # NaN: the hung call
         assert r.timeouts == 1
+    finally:
+        r.close()
+
+
+def test_workers_that_cannot_start_are_a_reward_error_naming_the_rewards(monkeypatch):
+    """A pool whose workers do not finish importing the rewards within the start-up limit (an
+    overloaded or stopped machine; here the module sleeps 4 s and the limit is 1 s) stops with a
+    RewardError that names the rewards and the limit, and leaves no worker behind."""
+    import grpo.rewards.runner as runner
+    from grpo.errors import RewardError
+
+    monkeypatch.setattr(runner, "STARTUP_TIMEOUT", 1.0)
+    name = "tests.rewards_slow_import:hangs_on_hang"
+    r = RewardRunner([name], None, timeout=10.0)
+    try:
+        with pytest.raises(RewardError, match=r"did not import the rewards \(tests.rewards_slow_import:hangs_on_hang\) within 1 s"):
+            r.score(["ok 1"], [{"answer": "1"}])
+        assert r._pool is None
     finally:
         r.close()
 

@@ -14,6 +14,7 @@ import concurrent.futures as cf
 import multiprocessing as mp
 import os
 
+from grpo.errors import RewardError
 from grpo.infra.processes import die_with_parent
 from grpo.rewards.builtin import resolve_reward, user_reward
 from grpo.rewards.forms import BatchInputs
@@ -90,8 +91,16 @@ class RewardRunner:
         # a fresh worker imports the package (seconds on a busy host) before its first call: that
         # start-up is waited for here, outside every reward's deadline, or a deadline shorter than the
         # start-up would fail every call and kill every new pool, for ever
-        for fut in [pool.submit(_warm, self._worker_names) for _ in range(self.workers)]:
-            fut.result(timeout=STARTUP_TIMEOUT)
+        try:
+            for fut in [pool.submit(_warm, self._worker_names) for _ in range(self.workers)]:
+                fut.result(timeout=STARTUP_TIMEOUT)
+        except cf.TimeoutError:
+            self._pool = pool
+            self._kill_pool()
+            raise RewardError(f"reward_workers: {self.workers} worker process(es) did not import the rewards "
+                              f"({', '.join(self._worker_names)}) within {STARTUP_TIMEOUT:.0f} s; is the machine "
+                              f"overloaded or a reward module slow to import? (reward_timeout=0 scores in this "
+                              f"process)") from None
         return pool
 
     def _kill_pool(self) -> None:
