@@ -154,3 +154,23 @@ def test_tool_episodes_run_through_the_engine_process(tmp_path, tiny_model_dir):
     for line in lines:
         assert line["tools/call_rate"] > 0 and line["tools/turns"] > 1, line
         assert line["async/staleness_max"] <= 1
+
+
+@pytest.mark.parametrize("settings, field", [
+    (dict(task="arithmetic:0.5,calculator:0.5"), "task"),
+    (dict(environment_factory="a=tests.mixture_envs_for_tests:AdderEnv"), "task"),
+    (dict(teacher="some/teacher", max_staleness=1), "teacher"),
+    (dict(difficulty_sampling=True), "difficulty_sampling"),
+    (dict(dynamic_sampling=True), "dynamic_sampling"),
+])
+def test_what_async_rollouts_do_not_run_with_is_refused_before_anything_loads(settings, field):
+    """A mixture or a routed environment (per-source verdicts and metrics are the synchronous step's),
+    distillation with stale tokens (the correction weighs advantages, the teacher term reads none), the
+    difficulty sampler and dynamic sampling are refused with async_rollouts, naming the field."""
+    from grpo.config import Config
+    from grpo.config.validate import validate
+    from grpo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"^{field}: .*async_rollouts"):
+        validate(Config(async_rollouts=True, **settings))
+    validate(Config(async_rollouts=True, teacher="some/teacher", max_staleness=0))

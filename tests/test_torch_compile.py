@@ -81,3 +81,13 @@ def test_a_training_step_updates_the_same(tmp_path, tiny_model_dir, tiny_dataset
     assert g_max > 0 and max(float((a - b).abs().max()) for a, b in zip(*grads)) <= 1e-6 * g_max
     assert max(float((w0[k] - start[k]).abs().max()) for k in start) > 1e-5  # the step moved the weights
     assert max(float((w0[k] - w1[k]).abs().max()) for k in start) <= 1e-6
+
+
+def test_torch_compile_is_set_from_the_command_line_and_yaml(tmp_path):
+    """torch_compile is also a TRL name: the key sets grpo's option (it compiles the loss and the
+    advantages, not the model) wherever a config is read, instead of being refused as a TRL name."""
+    from grpo.config import load_config
+
+    assert load_config(overrides=["torch_compile=true"]).torch_compile is True
+    (tmp_path / "c.yaml").write_text("torch_compile: true\n")
+    assert load_config(str(tmp_path / "c.yaml")).torch_compile is True

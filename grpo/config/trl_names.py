@@ -144,7 +144,8 @@ TRL_NAMES: dict[str, TrlName] = {
     "data_seed": refused("data_seed: grpo's seed also draws the prompts", None),
     "label_smoothing_factor": refused("label_smoothing_factor: not a GRPO setting", 0.0),
     "neftune_noise_alpha": refused("neftune_noise_alpha: not offered", None),
-    "torch_compile": refused(f"torch_compile: {NO_COMPILE}", False),
+    "torch_compile": same("grpo compiles the policy loss and the advantages, not the model (its fast decode loop "
+                          "has kernels of its own)"),
     "torch_compile_backend": refused(f"torch_compile_backend: {NO_COMPILE}", None),
     "torch_compile_mode": refused(f"torch_compile_mode: {NO_COMPILE}", None),
     "use_liger_kernel": refused("use_liger_kernel: not offered", False),

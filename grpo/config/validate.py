@@ -351,6 +351,13 @@ def _validate_async(c) -> None:
                      ("load_in_4bit", "the engine process samples full weights")):
         if getattr(c, key):
             raise ConfigError(f"{key}: not supported with async_rollouts ({why}); turn one of them off")
+    if parse_mixture(c.task) is not None or "=" in str(c.environment_factory or ""):
+        raise ConfigError("task: a mixture of tasks or a routed environment_factory is not supported with "
+                          "async_rollouts (the per-source verdicts and metrics are made for the synchronous "
+                          "step); turn one of them off")
+    if c.teacher and c.max_staleness > 0:
+        raise ConfigError("teacher: distillation with async_rollouts needs max_staleness=0 (the stale-token "
+                          "correction weighs advantages, and the distill loss's teacher term reads none)")
 
 
 def validate_world(c, processes: int) -> None:

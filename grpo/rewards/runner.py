@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import multiprocessing as mp
 import os
+from concurrent.futures.process import BrokenProcessPool
 
 from grpo.errors import RewardError
 from grpo.infra.processes import die_with_parent
@@ -94,12 +95,17 @@ class RewardRunner:
         try:
             for fut in [pool.submit(_warm, self._worker_names) for _ in range(self.workers)]:
                 fut.result(timeout=STARTUP_TIMEOUT)
-        except cf.TimeoutError:
+        except BaseException as e:  # a worker that hangs, dies or fails while importing: the pool goes too
             self._pool = pool
             self._kill_pool()
-            raise RewardError(f"reward_workers: {self.workers} worker process(es) did not import the rewards "
-                              f"({', '.join(self._worker_names)}) within {STARTUP_TIMEOUT:.0f} s; is the machine "
-                              f"overloaded or a reward module slow to import? (reward_timeout=0 scores in this "
+            if isinstance(e, cf.TimeoutError):
+                why = f"did not import the rewards ({', '.join(self._worker_names)}) within {STARTUP_TIMEOUT:.0f} s"
+            elif isinstance(e, BrokenProcessPool):
+                why = f"died while importing the rewards ({', '.join(self._worker_names)})"
+            else:
+                raise
+            raise RewardError(f"reward_workers: {self.workers} worker process(es) {why}; is the machine overloaded "
+                              f"or a reward module slow or broken on import? (reward_timeout=0 scores in this "
                               f"process)") from None
         return pool
 

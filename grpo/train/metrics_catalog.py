@@ -131,6 +131,9 @@ METRICS: tuple[Metric, ...] = tuple(
     + _m("loss", "cov_mode set", [
         ("cov_token_share", "share", "tokens Clip-Cov detached or KL-Cov penalised"),
     ])
+    + _m("loss", "policy_loss=distill", [
+        ("distill_reverse_kl", "nats", "the mean sampled per-token reverse KL of the student to the teacher (detached)"),
+    ])
     + _m("loss", "policy_loss=sapo", [
         ("sapo_gate_mean", "weight", "mean of SAPO's soft gate weight (1 on-policy)"),
     ])
