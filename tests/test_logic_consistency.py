@@ -62,3 +62,15 @@ def test_a_training_step_adds_the_advantage_and_logs_it(tmp_path, tiny_model_dir
     assert torch.allclose(batch.advantages[:, 0], adv)  # equal rewards: the advantage is A_cons alone
     assert {"logic_consistency_penalty", "logic_consistency_loss", "logic_connectives_mean"} <= set(metrics)
     assert Config(logic_consistency=False).logic_consistency_coef == 0.05
+
+
+def test_the_regulariser_settings_are_refused_before_anything_loads():
+    """A negative coefficient or a group of one is a config error naming the field, from validation."""
+    from grpo.config import Config
+    from grpo.config.validate import validate
+    from grpo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="^logic_consistency_coef: must be >= 0"):
+        validate(Config(logic_consistency=True, logic_consistency_coef=-0.1))
+    with pytest.raises(ConfigError, match="num_generations >= 2"):
+        validate(Config(logic_consistency=True, num_generations=1))

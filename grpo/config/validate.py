@@ -52,6 +52,7 @@ def validate(c) -> None:
     _validate_vllm(c)
     _validate_agent(c)
     _validate_async(c)
+    _validate_consistency(c)
     validate_beside_grpo(c)  # teacher, judge, sft (validate_sft.py)
 
 
@@ -320,6 +321,18 @@ def _validate_vllm(c) -> None:
         raise ConfigError(f"vllm_server_request_timeout: must be > 0, got {c.vllm_server_request_timeout}")
     if c.vllm_server_weight_dir is not None and not os.path.isdir(c.vllm_server_weight_dir):
         raise ConfigError(f"vllm_server_weight_dir: {c.vllm_server_weight_dir!r} is not a folder")
+
+
+def _validate_consistency(c) -> None:
+    """The logic-consistency regulariser, checked before anything loads (its embedding model loads late)."""
+    if c.logic_consistency_coef < 0:
+        raise ConfigError(f"logic_consistency_coef: must be >= 0, got {c.logic_consistency_coef}")
+    if not c.logic_consistency:
+        return
+    if c.num_generations < 2:
+        raise ConfigError("logic_consistency: needs num_generations >= 2 (a leave-one-out baseline)")
+    if importlib.util.find_spec("sentence_transformers") is None:
+        raise ConfigError("logic_consistency: needs sentence-transformers (pip install -e '.[consistency]')")
 
 
 def _validate_agent(c) -> None:
