@@ -13,8 +13,8 @@ CPU. Tests whose check is exact to fp32 rounding (two processes against one, fp3
 ``bf16=False`` and say why.
 
 The suite does not depend on the machine's history: it runs with a cache folder of its own
-(``GRPO_CACHE``, a fresh folder per session: the native build, the timed kernel and backend choices),
-never the user's ``~/.cache/grpo``. After each test, ``_global_state`` puts back what a test may change
+(``GRPO_CACHE``, a fresh folder per session: the native build, the timed kernel and backend choices,
+and Inductor's compiled kernels), never the user's ``~/.cache/grpo`` or Inductor's folder in /tmp. After each test, ``_global_state`` puts back what a test may change
 for the tests after it (torch / numpy / random generator states, torch's threads and default dtype,
 the working folder, the environment); a test that left its threads, dtype or folder changed errors
 at teardown, naming what it changed, and one that left the environment changed gets a warning.
@@ -288,6 +288,8 @@ def pytest_configure(config):
     global SUITE_CACHE
     SUITE_CACHE = tempfile.mkdtemp(prefix="grpo-test-cache-")
     os.environ["GRPO_CACHE"] = SUITE_CACHE
+    # torch.compile's kernels too (torch_compile=true): not those another run compiled into /tmp
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(SUITE_CACHE, "inductor")
     random.seed(TEST_SEED)  # numpy's and Python's generators start from entropy otherwise; torch's from a constant
     np.random.seed(TEST_SEED)
 

@@ -91,3 +91,69 @@ def test_torch_compile_is_set_from_the_command_line_and_yaml(tmp_path):
     assert load_config(overrides=["torch_compile=true"]).torch_compile is True
     (tmp_path / "c.yaml").write_text("torch_compile: true\n")
     assert load_config(str(tmp_path / "c.yaml")).torch_compile is True
+
+
+_CROSS_ISA = r"""
+import json, sys
+import torch
+sys.path.insert(0, sys.argv[1])
+from torch._inductor.cpu_vec_isa import pick_vec_isa
+from grpo.train.compiled import loss_and_advantage_functions
+from tests.test_torch_compile import _batch
+
+eager, _ = loss_and_advantage_functions(False)
+fast, _ = loss_and_advantage_functions(True)
+worst = 0.0
+for n, t, seed in ((8, 12, 0), (16, 33, 1)):
+    outs = []
+    for fn in (eager, fast):
+        theta, old, ref, adv, mask = _batch(n, t, seed)
+        out = fn(-torch.nn.functional.softplus(theta), old, adv, mask, ref_logp=ref, kl_coef=0.04)
+        out["loss"].backward()
+        outs.append((out, theta.grad))
+    (a, ga), (b, gb) = outs
+    worst = max([worst, float((ga - gb).abs().max())] + [float((a[k].detach() - b[k].detach()).abs().max()) for k in a])
+print(json.dumps({"isa": str(pick_vec_isa()), "worst": worst}))
+"""
+
+
+def test_kernels_compiled_for_another_instruction_set_are_not_read_back(tmp_path):
+    """Two processes share one Inductor cache folder, the second with PyTorch capped at AVX2 (as
+    bench/as_avx2.sh does): on a CPU with AVX-512 the first compiles AVX-512 kernels, which the
+    second must not read back (they compute wrong results there); both equal eager to 1e-6. On a CPU
+    without AVX-512 both compile for AVX2 and share the kernels, rightly."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    runs = []
+    for cap in (env.get("ATEN_CPU_CAPABILITY"), "avx2"):
+        run_env = {k: v for k, v in env.items() if k != "ATEN_CPU_CAPABILITY"} | ({"ATEN_CPU_CAPABILITY": cap} if cap else {})
+        out = subprocess.run([sys.executable, "-c", _CROSS_ISA, root], env=run_env, capture_output=True, text=True,
+                             timeout=900)
+        assert out.returncode == 0, out.stderr[-2000:]
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert all(r["worst"] <= 1e-6 for r in runs), runs
+    folders = sorted(p.name for p in (tmp_path / "inductor").iterdir() if p.name.startswith("isa-"))
+    assert folders == sorted({"isa-" + "+".join(r["isa"].split()) for r in runs}), folders
+
+
+def test_the_kernel_cache_folder_is_named_by_the_instruction_set(tmp_path, monkeypatch):
+    """The mechanism, on any CPU: compiling narrows Inductor's cache folder to the instruction set it
+    compiles for, once (a second compile keeps the folder)."""
+    import os
+
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    from grpo.train.compiled import compiled
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    want = str(tmp_path / ("isa-" + "+".join(str(pick_vec_isa()).split())))
+    compiled(torch.neg)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == want
+    compiled(torch.abs)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == want
