@@ -53,20 +53,33 @@ def under_fire(t: Trainer) -> Trainer:
 
 
 def _descendants_and_sandbox_processes() -> set[int]:
-    """Live processes below this one, or of a sandbox uid."""
-    me, found, parent = os.getpid(), set(), {}
+    """Live processes below this one, and sandbox processes whose tree hangs from init (only sandbox
+    uids and bwrap between them and init: left behind by a sandbox); another process's live sandboxes,
+    as a second suite's on the same machine, are not counted."""
+    me, parent, uid, name = os.getpid(), {}, {}, {}
     for entry in os.listdir("/proc"):
         try:
             with open(f"/proc/{entry}/status") as f:
                 fields = dict(line.split(":", 1) for line in f if ":" in line)
             if fields["State"].strip().startswith("Z"):
                 continue
-            pid, uid = int(entry), int(fields["Uid"].split()[0])
-            parent[pid] = int(fields["PPid"])
-            if UID_BASE <= uid < UID_BASE + UID_COUNT:
-                found.add(pid)
+            pid = int(entry)
+            parent[pid], uid[pid], name[pid] = int(fields["PPid"]), int(fields["Uid"].split()[0]), fields["Name"].strip()
         except (OSError, ValueError, KeyError):
             continue
+
+    def sandboxed(pid: int) -> bool:
+        return UID_BASE <= uid.get(pid, -1) < UID_BASE + UID_COUNT
+
+    def orphaned(pid: int) -> bool:
+        p = pid
+        while parent.get(p) not in (None, 0, 1):
+            p = parent[p]
+            if not (sandboxed(p) or name.get(p) == "bwrap"):
+                return False
+        return True
+
+    found = {pid for pid in parent if sandboxed(pid) and orphaned(pid)}
     for pid in parent:
         p = pid
         while p in parent and p not in (0, 1):
