@@ -111,6 +111,8 @@ def test_staleness_bound_holds_and_a_resume_draws_every_prompt_once(tmp_path, ti
     assert all(l["async/staleness_max"] <= 1 and l["async/staleness_over"] == 0 for l in lines)
     assert lines[1]["async/staleness_1"] > 0, "step 1 trained nothing drawn while step 0 trained"
     assert lines[1]["async/stale_token_share"] > 0 and "async/mismatch_kl_k3" in lines[1]
+    # the correction read the update's own forward: no inference forward over the batch before it
+    assert all(l["time/old_logp_seconds"] == 0.0 for l in lines)
     stream = _prompts_per_step(first) + _prompts_per_step(again)
     assert len(stream) == 4
     for s, (a, b) in enumerate(zip(_prompts_per_step(sync), stream)):

@@ -15,12 +15,10 @@ Dimension letters: N sequences, T completion tokens, S samples (groups).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
-from grpo.core.rollout_correction import correction_weights
+from grpo.core.rollout_correction import Correction, correction_weights
 
 NO_TOKENS = torch.iinfo(torch.int64).max  # the oldest version of a row without tokens: never stale
 
@@ -54,20 +52,13 @@ def staleness_histogram(staleness: Tensor, *, max_staleness: int) -> Tensor:
     return torch.bincount(clipped, minlength=max_staleness + 2)
 
 
-@dataclass(frozen=True)
-class StaleCorrection:
-    """Weights [N, T] (1 on tokens drawn by the trained weights) and the metrics of the stale tokens."""
-
-    weights: Tensor  # [N, T]
-    metrics: dict[str, Tensor]
-
-
 def stale_correction(train_logp: Tensor, engine_logp: Tensor, mask: Tensor, stale: Tensor, *, level: str,
-                     mode: str, low: float | None, high: float | None) -> StaleCorrection:
+                     mode: str, low: float | None, high: float | None) -> Correction:
     """Importance weights pi_train / pi_engine of the ``stale`` tokens only (their engine log-probs are
     the log-probs of the version that drew them). ``level`` token: each stale token its own weight;
     sequence / geometric: the weight of a row's stale tokens covers the whole row (a masked row loses
-    all its tokens). Tokens of rows without a stale token weigh 1 exactly.
+    all its tokens). Tokens of rows without a stale token weigh 1 exactly; the metrics are those of the
+    stale tokens (core.correction_weights).
     train_logp, engine_logp, mask, stale: [N, T] -> weights [N, T] (0 off ``mask``)."""
     m = mask.to(train_logp.dtype)  # [N, T]
     corr = correction_weights(train_logp, engine_logp, stale, level=level, mode=mode, low=low, high=high)
@@ -77,4 +68,4 @@ def stale_correction(train_logp: Tensor, engine_logp: Tensor, mask: Tensor, stal
         row_has = stale.any(1, keepdim=True)  # [N, 1]
         row_w = corr.weights.amax(1, keepdim=True)  # [N, 1]: one weight per row, on its stale tokens
         w = torch.where(row_has, row_w, torch.ones_like(row_w)).expand_as(m)  # [N, T]
-    return StaleCorrection(weights=w * m, metrics=corr.metrics)
+    return Correction(weights=w * m, metrics=corr.metrics)

@@ -38,7 +38,7 @@ import torch
 
 from grpo.core import staleness as st
 from grpo.rollout.base import Rollout, concat_rollouts, select_rollout
-from grpo.train.batch import Batch
+from grpo.train.batch import Batch, LogpWeight, apply_logp_weight
 from grpo.train.collect import Collected, Collector
 
 WAIT = 0.2  # seconds between checks of the stop flag in a blocking wait
@@ -160,22 +160,24 @@ class AsyncRollouts:
         columns = {key: [v for x in kept for v in x.columns.get(key, [])] for key in kept[0].columns}
         return Collected([x.sample for x in kept], ro, rewards, metrics, per_reward=per, columns=columns)
 
-    def correct(self, batch: Batch, *, step: int, train_logps) -> tuple[Batch, dict]:
+    def correct(self, batch: Batch, *, step: int) -> tuple[Batch, dict]:
         """The batch with the advantages of tokens drawn by weights older than ``step``'s weighted by
-        pi_train / pi_version (``train_logps()``: the trainer's log-probs of the batch [n, T]), and
-        the metrics; the batch as it is when no token is stale (K = 0 stays exact) or the run's
-        rollout_correction already weighs them all."""
-        ro = batch.rollout
+        pi_train / pi_version (batch.LogpWeight: now from the old policy's log-probs where the batch has
+        them, else in the update's own forward), and the metrics; the batch as it is when no token is
+        stale (K = 0 stays exact) or the run's rollout_correction already weighs them all."""
+        ro, s = batch.rollout, self.s
         stale = st.stale_tokens(ro.versions, batch.mask, step=step)  # [n, T]
         out = {"async/stale_token_share": float(stale.sum() / batch.mask.sum().clamp(min=1))}
-        if self.s.run_corrects_all or not bool(stale.any()):
+        if s.run_corrects_all or not bool(stale.any()):
             return batch, out
-        train = train_logps()  # [n, T]
-        corr = st.stale_correction(train, ro.sampling_logp.to(train.dtype), batch.mask, stale,
-                                   level=self.s.correction_level, mode=self.s.correction,
-                                   low=self.s.correction_low, high=self.s.correction_high)
-        out.update({f"async/{k}": float(v) for k, v in corr.metrics.items()})
-        return dataclasses.replace(batch, advantages=batch.advantages * corr.weights), out  # [n, T]
+        engine, mask = ro.sampling_logp, batch.mask  # [n, T] each
+
+        def weigh(train_logp: torch.Tensor, rows: torch.Tensor):
+            return st.stale_correction(train_logp, engine[rows].to(train_logp.dtype), mask[rows], stale[rows],
+                                       level=s.correction_level, mode=s.correction,
+                                       low=s.correction_low, high=s.correction_high)
+        batch, corr_metrics = apply_logp_weight(batch, LogpWeight(prefix="async/", weigh=weigh), batch.old_logp)
+        return batch, {**out, **corr_metrics}
 
     def _take(self) -> Group:
         while True:

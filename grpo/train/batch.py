@@ -8,6 +8,7 @@ Dimension letters: B prompts, G group size, N = B*G sequences (n on this process
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import torch
 
@@ -32,6 +33,36 @@ class Batch:
     kl_in_loss: bool = True  # GRPO: KL is its own loss term; PPO: it is already in the reward
     values: torch.Tensor | None = None  # [N, T] critic values at sampling time (PPO)
     returns: torch.Tensor | None = None  # [N, T] GAE returns, the critic's targets (PPO)
+    # importance weights that read the trainer's log-probs, left to the update's own forward (LogpWeight)
+    deferred: tuple["LogpWeight", ...] = ()
+
+
+@dataclass(frozen=True)
+class LogpWeight:
+    """An importance weight of the advantages that reads the trainer's log-probs of the rollout
+    (pi_train / pi_engine: the engine mismatch correction, or the stale-token correction of
+    asynchronous rollouts). ``weigh(train_logp [n, T], rows [n])`` gives the weights [n, T] and the
+    metrics of those rows; every weight is per row (a token's, or its row's), so rows weighed apart
+    weigh as they do together. ``prefix`` goes before the metrics' names.
+
+    Where the old policy's log-probs are computed anyway (mu > 1 or several mini-batches) the weight
+    is applied when the batch is made; else the update weighs each micro-batch by its own forward's
+    detached log-probs, which are the same policy's (the weights move only at the mini-batch's
+    optimizer step), and saves the inference forward over the whole batch."""
+
+    prefix: str
+    weigh: Callable[[torch.Tensor, torch.Tensor], core.Correction]
+
+
+def apply_logp_weight(batch: Batch, weight: LogpWeight, train_logp: torch.Tensor | None) -> tuple[Batch, dict]:
+    """The batch with ``weight`` applied now, from ``train_logp`` [n, T] (the trainer's log-probs of
+    all its rows), or deferred to the update when there are none (``train_logp`` None); the metrics
+    of the weight applied now (deferred ones report theirs after the update)."""
+    if train_logp is None:
+        return replace(batch, deferred=batch.deferred + (weight,)), {}
+    corr = weight.weigh(train_logp, torch.arange(train_logp.shape[0]))
+    metrics = {weight.prefix + k: float(v) for k, v in corr.metrics.items()}
+    return replace(batch, advantages=batch.advantages * corr.weights), metrics  # [n, T]; w >= 0
 
 
 @dataclass(frozen=True)
@@ -126,25 +157,25 @@ class BatchMaker:
                                                                        gamma=s.token_weight_gamma))  # [n, T]
             marked = core.token_weights(ro.completion_ids, vocab, gamma=2.0) > 1  # [n, T]
             metrics["weighted_token_share"] = float(core.masked_mean(marked.float(), batch.mask))
-        if s.correction != "none":
-            weights, corr_metrics = self.correction(batch, temperature)
-            batch = replace(batch, advantages=batch.advantages * weights)  # [n, T]; w >= 0 scales the surrogate term only
+        if s.correction != "none":  # w >= 0 scales the surrogate term only
+            batch, corr_metrics = apply_logp_weight(batch, self.correction(batch), batch.old_logp)
             metrics.update(corr_metrics)
         return batch, metrics
 
-    def correction(self, batch: Batch, temperature: float) -> tuple[torch.Tensor, dict]:
-        """Each token's weight pi_train / pi_engine [n, T] (core.correction_weights, ``correction``
-        mode) and the correction's metrics: the trainer's log-probs of the rollout (the old policy's
-        where computed anyway, else one more inference forward) against the engine's sampling log-probs."""
+    def correction(self, batch: Batch) -> LogpWeight:
+        """Each token's weight pi_train / pi_engine (core.correction_weights, ``correction`` mode): the
+        trainer's log-probs of the rollout against the engine's sampling log-probs."""
         s, ro = self.settings, batch.rollout
         if ro.sampling_logp is None:
             raise ValueError(f"rollout_correction={s.correction}: the {ro.backend!r} rollout carries no "
                              "sampling log-probs")
-        train_logp = batch.old_logp if batch.old_logp is not None else self.frozen_logps(self.policy, ro, temperature)
-        corr = core.correction_weights(train_logp, ro.sampling_logp.to(train_logp.dtype), batch.mask,
-                                       level=s.correction_level, mode=s.correction,
-                                       low=s.correction_low, high=s.correction_high)
-        return corr.weights, {k: float(v) for k, v in corr.metrics.items()}
+        engine, mask = ro.sampling_logp, batch.mask  # [n, T] each
+
+        def weigh(train_logp: torch.Tensor, rows: torch.Tensor) -> core.Correction:
+            return core.correction_weights(train_logp, engine[rows].to(train_logp.dtype), mask[rows],
+                                           level=s.correction_level, mode=s.correction,
+                                           low=s.correction_low, high=s.correction_high)
+        return LogpWeight(prefix="", weigh=weigh)
 
     def build(self, ro: Rollout, rewards: torch.Tensor, samples: list[dict] | None, *, temperature: float,
               beta: float, per_reward: torch.Tensor | None = None) -> tuple[Batch, dict]:

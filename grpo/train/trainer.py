@@ -208,8 +208,7 @@ class Trainer:
         batch, batch_metrics = self.prepare(got.rollout, got.rewards, got.samples, per_reward=got.per_reward)
         metrics.update(batch_metrics)
         if self.async_rollouts is not None:  # tokens of older weights: pi_train / pi_version
-            batch, async_metrics = self.async_rollouts.correct(batch, step=self.step, train_logps=lambda: (
-                batch.old_logp if batch.old_logp is not None else self.batches.old_logps(got.rollout, k.temperature)))
+            batch, async_metrics = self.async_rollouts.correct(batch, step=self.step)
             metrics.update(async_metrics)
         metrics.update(self.update(batch))
         self.step += 1

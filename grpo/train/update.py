@@ -93,7 +93,12 @@ class Updater:
         # failed groups) has no loss and takes no optimizer step, though the schedule moves on
         counts = dist_io.all_sum(torch.stack([batch.mask[m].sum() for m in minis]).double(), world).tolist()
         steps = s.num_iterations * sum(c > 0 for c in counts)  # optimizer steps of this update
-        acc: dict = {"sums": {}, "tokens": 0.0, "grad_norms": [], "critic": []}
+        if batch.deferred and steps > 1:
+            raise ValueError("importance weights left to the update's forward need one optimizer step per "
+                             "training step; with num_iterations or mini_batches above 1 the batch carries "
+                             "the old policy's log-probs")
+        acc: dict = {"sums": {}, "tokens": 0.0, "grad_norms": [], "critic": [],
+                     "logps": torch.zeros_like(batch.advantages) if batch.deferred else None}  # [n, T]
         for _ in range(s.num_iterations):
             for mini, count in zip(minis, counts):
                 if count == 0:
@@ -113,7 +118,11 @@ class Updater:
                                                             batch.returns[mini], batch.mask[mini],
                                                             micro_batch=s.micro_batch))
                 acc["grad_norms"].append(self._optimizer_step(step))
-        return self._metrics(acc, n, len(rows))
+        metrics = self._metrics(acc, n, len(rows))
+        for weight in batch.deferred:  # over the rows that went through the forward
+            corr = weight.weigh(acc["logps"][rows], rows)
+            metrics.update({weight.prefix + k: float(v) for k, v in corr.metrics.items()})
+        return metrics
 
     def _metrics(self, acc: dict, n: int, n_trained: int) -> dict:
         """Token-weighted means and loss shares of every process (each loss share is world x its part)."""
@@ -143,7 +152,7 @@ class Updater:
                 for c in self.forwards.chunks(batch.rollout, rows_mb)]
         for i, idx in enumerate(todo):
             with dist_io.grad_sync(self.module, world, enabled=i == len(todo) - 1):
-                out = self._micro_loss(batch, idx, loss, temperature)
+                out = self._micro_loss(batch, idx, loss, temperature, seen=acc["logps"])
                 out["loss"].backward()
             w = float(batch.mask[idx].sum())  # token weight of this micro-batch's means
             acc["tokens"] += w
@@ -168,15 +177,23 @@ class Updater:
             return torch.arange(batch.mask.shape[0])
         return split.rows_with_gradient(batch.advantages, batch.mask, group_size=s.group_size)
 
-    def _micro_loss(self, batch: Batch, idx: torch.Tensor, loss: core.LossSettings, temperature: float) -> dict:
-        """The policy loss on micro-batch rows ``idx``, through the (possibly wrapped) policy."""
+    def _micro_loss(self, batch: Batch, idx: torch.Tensor, loss: core.LossSettings, temperature: float, *,
+                    seen: torch.Tensor | None = None) -> dict:
+        """The policy loss on micro-batch rows ``idx``, through the (possibly wrapped) policy; the
+        batch's deferred importance weights (batch.LogpWeight) from this forward's detached log-probs,
+        which are also written to ``seen`` [n, T] for their metrics."""
         ro = batch.rollout
         cur = self.forwards.logprobs(self.module, ro, idx, temperature=temperature,
                                      with_entropy=self.loss.needs_entropy(loss))
         logp = cur["logp"]  # [n, T]
         old = batch.old_logp[idx] if batch.old_logp is not None else logp.detach()
+        advantages = batch.advantages[idx]  # [n, T]
+        for weight in batch.deferred:  # w >= 0 scales the surrogate term only
+            advantages = advantages * weight.weigh(old, idx).weights  # [n, T]
+        if seen is not None:
+            seen[idx] = old
         return self._policy_loss(
-            logp, old, batch.advantages[idx], batch.mask[idx], name=self.settings.policy_loss,
+            logp, old, advantages, batch.mask[idx], name=self.settings.policy_loss,
             ref_logp=batch.ref_logp[idx] if batch.ref_logp is not None else None,
             entropy=cur["entropy"], settings=loss)
 
