@@ -15,8 +15,9 @@ concurrency 1, and throughput at concurrency 16 against vLLM's own OpenAI server
    after another to the trained run's server: P50 to the answer's last token (the whole response).
 5. c=16: the trained run's server against ``vllm serve`` on the run exported as a plain model
    folder (``grpo export``), the same held-out prompts, greedy, the GRPO model's token cap, in the
-   same serve-bench run: throughput (answered requests/s) and P99 of both. Needs vLLM's ``vllm``
-   (``--vllm``; default: .venv-vllm/bin/vllm of this checkout); without it the row says so.
+   same serve-bench run: throughput (answered requests/s) and P99 of both. Needs vLLM's environment
+   (``--vllm``: its Python or its ``vllm`` command; default: .venv-vllm/bin/vllm of this checkout, whose
+   Python starts the server); without it the row says so.
 6. Writes a markdown table per part with the CPU line (bench/machine.py), date, commit and the load
    average before and after each level, to RUN/serve_acceptance.md, and the raw JSON beside it.
 """
@@ -133,7 +134,7 @@ def main() -> int:
     ap.add_argument("run", type=Path, help="the trained run folder (trained here first if it has no checkpoint)")
     ap.add_argument("--requests", type=int, default=200, help="requests per level at c=4 and c=16")
     ap.add_argument("--c1-requests", type=int, default=50)
-    ap.add_argument("--vllm", type=Path, default=ROOT / ".venv-vllm" / "bin" / "vllm", help="vLLM's vllm command")
+    ap.add_argument("--vllm", type=Path, default=ROOT / ".venv-vllm" / "bin" / "vllm", help="vLLM's environment: its Python or its vllm command")
     ap.add_argument("--out", type=Path, help="markdown file (default: RUN/serve_acceptance.md)")
     args = ap.parse_args()
     run = args.run.resolve()

