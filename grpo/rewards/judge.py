@@ -9,7 +9,10 @@ with a score, as verl's generative reward model and ROLL's LLM judge do, for tas
   RULER does: GRPO only needs the scores' order within a group).
 
 The score is read from the reply by ``parse_score``: ``yes_no`` (the first word), ``number`` (the first
-number), or a regular expression whose first group is the number, divided by ``score_scale``. Every
+number), or a regular expression whose first group is the number, divided by ``score_scale``; or, with
+``yes_prob`` (pointwise), from the log-probs of the reply's one token: P(yes) / (P(yes) + P(no)), the
+probability-weighted judgement of G-Eval (Liu et al. 2023, "G-Eval: NLG evaluation using GPT-4 with
+better human alignment"), graded where the judge's words alone are nearly constant. Every
 request goes through ``HttpReward``'s deadline, retries and timeout count (grpo.rewards.remote), so
 ``reward_timeout``, ``reward_retries`` and the run's failure accounting apply as to any remote reward;
 a request that fails, or a reply that cannot be read, fails its completions (a group request: the
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import math
 import re
 import string
 from dataclasses import dataclass
@@ -28,7 +32,8 @@ from grpo.errors import ConfigError
 from grpo.rewards.remote import DEFAULT_CONCURRENCY, HttpReward, is_url
 
 JUDGE_MODES = ("pointwise", "group")
-SCORE_FORMS = ("yes_no", "number")  # or a regular expression with one group
+SCORE_FORMS = ("yes_no", "yes_prob", "number")  # or a regular expression with one group
+YES_PROB_TOP = 20  # alternatives asked for the one token yes_prob reads (OpenAI's chat maximum)
 POINTWISE_TEMPLATE = ("Question: {prompt}\nReference answer: {answer}\nStudent's reply: {completion}\n\n"
                       "Is the student's final answer equal to the reference answer? Answer yes or no.")
 GROUP_TEMPLATE = ("Question: {prompt}\nReference answer: {answer}\nReplies:\n{completions}\n\n"
@@ -76,6 +81,9 @@ class JudgeSettings:
             names = {f for _, f, _, _ in string.Formatter().parse(self.prompt_template) if f}
         except ValueError as e:
             raise ConfigError(f"judge_template: not a format string ({e})") from None
+        if self.score == "yes_prob" and self.mode != "pointwise":
+            raise ConfigError("judge_score: yes_prob reads one token's log-probs per completion; it needs "
+                              "judge_mode=pointwise")
         want, other = ("completions", "completion") if self.mode == "group" else ("completion", "completions")
         if want not in names or other in names:
             raise ConfigError(f"judge_template: judge_mode={self.mode} needs {{{want}}} in the template "
@@ -97,6 +105,23 @@ def parse_score(text: str, form: str) -> float:
         return float(m.group(0) if form == "number" else m.group(1))
     except ValueError:
         raise ValueError(f"the judge's score {m.group(0)!r} is not a number") from None
+
+
+def yes_probability(top: list[dict]) -> float:
+    """P(yes) / (P(yes) + P(no)) from a token's alternatives [{"token", "logprob"}] (OpenAI's
+    ``top_logprobs``): a token counts for yes (no) when its text, stripped and lower-cased, is a
+    non-empty beginning of "yes" ("no"). ValueError when none counts for either."""
+    mass = {"yes": 0.0, "no": 0.0}
+    for alt in top:
+        word = str(alt["token"]).strip().lower()
+        for key in mass:
+            if word and key.startswith(word):
+                mass[key] += math.exp(float(alt["logprob"]))
+    total = mass["yes"] + mass["no"]
+    if total <= 0:
+        shown = [a["token"] for a in top[:5]]
+        raise ValueError(f"neither yes nor no among the judge's {len(top)} likeliest first tokens ({shown})")
+    return mass["yes"] / total
 
 
 def parse_group_scores(text: str, form: str, n: int) -> list[float | Exception]:
@@ -165,14 +190,30 @@ class JudgeReward(HttpReward):
 
     def ask(self, content: str, max_tokens: int) -> str:
         """One chat request; the reply's text."""
+        choice = self._choice(content, max_tokens=max_tokens)
+        try:
+            return str(choice["message"]["content"])
+        except (KeyError, TypeError):
+            raise ValueError(f"{self.url} answered a choice without a message: {str(choice)[:200]}") from None
+
+    def ask_yes_prob(self, content: str) -> float:
+        """One chat request for one token with its log-probs; P(yes) / (P(yes) + P(no)) of it."""
+        choice = self._choice(content, max_tokens=1, logprobs=True, top_logprobs=YES_PROB_TOP)
+        try:
+            top = choice["logprobs"]["content"][0]["top_logprobs"]
+        except (KeyError, IndexError, TypeError):
+            raise ValueError(f"{self.url} answered without token log-probs (judge_score=yes_prob needs a server "
+                             f"that returns logprobs): {str(choice)[:200]}") from None
+        return yes_probability(top)
+
+    def _choice(self, content: str, **fields) -> dict:
         s = self.settings
-        body = {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-                "temperature": s.temperature}
+        body = {"messages": [{"role": "user", "content": content}], "temperature": s.temperature, **fields}
         if s.model:
             body["model"] = s.model
         raw = self._post_retrying(self.url, json.dumps(body).encode())
         try:
-            return str(json.loads(raw)["choices"][0]["message"]["content"])
+            return json.loads(raw)["choices"][0]
         except (ValueError, KeyError, IndexError, TypeError):
             raise ValueError(f"{self.url} answered {raw[:200]!r}, not a chat completion") from None
 
@@ -182,6 +223,8 @@ class JudgeReward(HttpReward):
 
         def one(content: str):
             try:
+                if s.score == "yes_prob":
+                    return self.ask_yes_prob(content) / s.score_scale
                 return parse_score(self.ask(content, s.max_tokens), s.score) / s.score_scale
             except Exception as e:  # this completion's failure
                 return e

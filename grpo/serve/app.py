@@ -30,6 +30,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from grpo.data.tasks import render_prompt
 from grpo.infra.http import HttpError, body_length, key_matches
 from grpo.serve.batcher import Lane, Overloaded
+from grpo.serve.logprobs import chat_logprobs, completion_logprobs
 from grpo.serve.protocol import ApiError, Limits, parse_json, parse_request
 from grpo.serve.scheme import Router, Scheme
 from grpo.serve.stream import stream_answer
@@ -207,20 +208,24 @@ async def _answer(state: ServerState, router: Router, p: Prepared):
     """The scheme's Answer (ApiError when refused)."""
     try:
         return await router.answer(p.prompt, p.sample, max_tokens=p.req.max_tokens, temperature=p.temperature,
-                                   top_p=p.req.top_p, direct_fallback=p.req.model == "base")
+                                   top_p=p.req.top_p, direct_fallback=p.req.model == "base",
+                                   top_logprobs=p.req.top_logprobs)
     except Overloaded as e:
         raise overloaded(state, e) from None
 
 
-def _response(req, n_prompt: int, ans, *, chat: bool) -> JSONResponse:
-    """OpenAI's response object, plus who answered and why (fields and headers)."""
+def _response(req, n_prompt: int, ans, *, chat: bool, tokenizer) -> JSONResponse:
+    """OpenAI's response object, plus who answered and why (fields and headers); ``tokenizer``: the
+    answering model's, for the log-probs' token texts."""
     usage = {"prompt_tokens": n_prompt, "completion_tokens": ans.completion_tokens,
              "total_tokens": n_prompt + ans.completion_tokens}
+    logprobs = None if ans.logprobs is None else \
+        chat_logprobs(ans.logprobs, tokenizer) if chat else completion_logprobs(ans.logprobs, tokenizer)
     if chat:
         choice = {"index": 0, "message": {"role": "assistant", "content": ans.text},
-                  "finish_reason": ans.finish_reason, "logprobs": None}
+                  "finish_reason": ans.finish_reason, "logprobs": logprobs}
     else:
-        choice = {"index": 0, "text": ans.text, "finish_reason": ans.finish_reason, "logprobs": None}
+        choice = {"index": 0, "text": ans.text, "finish_reason": ans.finish_reason, "logprobs": logprobs}
     body = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
             "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
             "model": req.model, "choices": [choice], "usage": usage,
@@ -260,7 +265,8 @@ def create_app(state: ServerState, *, on_shutdown=None) -> FastAPI:
         except Exception as e:  # a failing request is a 500 for it alone; the server keeps serving
             return error_response(ApiError(500, None, f"internal error: {type(e).__name__}: {e}", code="internal"), metrics)
         metrics.answered(ans.answered_by, ans.reason, time.monotonic() - start)
-        return _response(p.req, p.n_prompt, ans, chat=chat)
+        lane = state.grpo if ans.answered_by == "grpo" else state.fallback
+        return _response(p.req, p.n_prompt, ans, chat=chat, tokenizer=lane.engine.tokenizer)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):

@@ -48,9 +48,9 @@ class Lane:
         self.scheduler: Scheduler | None = None
 
     def submit(self, prompt: str | list[int], *, cap: int, deadline: float | None, temperature: float = 0.0,
-               top_p: float = 1.0, on_tokens=None) -> Future:
+               top_p: float = 1.0, on_tokens=None, top_logprobs: int | None = None) -> Future:
         job = Job(prompt, cap, deadline, temperature, top_p, self.entropy_threshold, self.entropy_run, on_tokens,
-                  lane=self)
+                  lane=self, top_logprobs=top_logprobs)
         sched = self.scheduler
         with sched.cond:
             if sched.stopping:

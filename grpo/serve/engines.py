@@ -36,15 +36,41 @@ from grpo.registry import Registry
 FINISH_REASONS = ("stop", "length", "entropy", "deadline")
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model's raw next-token distribution (before
+    temperature and top_p, as vLLM's default), and the ``top`` most likely tokens' (id, log-prob),
+    most likely first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprobs(scores: torch.Tensor, tokens: list[int], top: list[int]) -> list[TokenLogprob]:
+    """One TokenLogprob per row: scores [n, V] (raw logits), the token each row made, how many
+    alternatives each row asks for."""
+    logp = torch.log_softmax(scores.float(), -1)  # [n, V]
+    k = max(top, default=0)
+    best = logp.topk(k, -1) if k else None
+    out = []
+    for i, (tok, want) in enumerate(zip(tokens, top)):
+        alts = tuple(zip(best.indices[i, :want].tolist(), best.values[i, :want].tolist())) if want else ()
+        out.append(TokenLogprob(tok, float(logp[i, tok]), alts))
+    return out
+
+
 @dataclass
 class Generation:
     """One row's answer: its text, its completion tokens, and why it ended (FINISH_REASONS: EOS,
-    the token cap, the entropy early stop, the deadline)."""
+    the token cap, the entropy early stop, the deadline); ``logprobs``, when the request asked for
+    them, one per token of the text (the end-of-sequence token is not part of it)."""
 
     text: str
     tokens: int
     finish: str
     seconds: float
+    logprobs: list[TokenLogprob] | None = None
 
 
 def resolve(future: Future, result: Generation | None = None, error: BaseException | None = None) -> None:
@@ -62,7 +88,8 @@ def resolve(future: Future, result: Generation | None = None, error: BaseExcepti
 class Job:
     """One request to decode. ``deadline``: a time.monotonic() time (None: none); ``entropy_run`` <= 0
     turns the early stop off; ``on_tokens(ids)``, when given, is called from the engine's thread with
-    the row's tokens so far after each new one (streaming)."""
+    the row's tokens so far after each new one (streaming); ``top_logprobs`` (None: none asked) makes
+    each token carry its log-prob and that many alternatives (Generation.logprobs)."""
 
     prompt: str | list[int]
     cap: int
@@ -75,6 +102,7 @@ class Job:
     lane: object = None  # the lane that submitted it (grpo.serve.batcher)
     future: Future = field(default_factory=Future)
     ids: list[int] | None = None  # the prompt's token ids, once the engine encoded it
+    top_logprobs: int | None = None
 
 
 class Row:
@@ -84,6 +112,7 @@ class Row:
         self.job, self.ids = job, ids
         self.done = 0  # prompt tokens in the KV cache
         self.out: list[int] = []  # new tokens
+        self.logprobs: list[TokenLogprob] = []  # theirs, when the job asks for them
         self.run = 0  # consecutive tokens below the entropy threshold
         self.start, self.admitted_step = time.perf_counter(), step
         self.first_token_step: int | None = None  # the engine step that made its first token
@@ -179,6 +208,11 @@ class ServeEngine:
         tokens = self._pick(rows, scores)  # [n]
         want = [i for i, r in enumerate(rows) if r.job.entropy_run > 0]
         entropy = dict(zip(want, next_token_entropy(scores[want]).tolist())) if want else {}
+        asked = [i for i, r in enumerate(rows) if r.job.top_logprobs is not None]
+        if asked:
+            for i, lp in zip(asked, token_logprobs(scores[asked], tokens[asked].tolist(),
+                                                   [rows[i].job.top_logprobs for i in asked])):
+                rows[i].logprobs.append(lp)
         now = time.monotonic()
         for i, (row, tok) in enumerate(zip(rows, tokens.tolist())):
             row.out.append(tok)
@@ -223,7 +257,8 @@ class ServeEngine:
         lane = row.job.lane
         if lane is not None and reason in ("stop", "entropy"):
             lane.record_length(len(row.out))
-        resolve(row.job.future, Generation(text, len(row.out), reason, time.perf_counter() - row.start))
+        logprobs = row.logprobs[:len(keep)] if row.job.top_logprobs is not None and reason != "deadline" else None
+        resolve(row.job.future, Generation(text, len(row.out), reason, time.perf_counter() - row.start, logprobs))
 
     def _release(self, row: Row) -> None:
         """Give back what the row holds (cache pages)."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from grpo.infra.http import json_depth
 
 ROLES = ("system", "user", "assistant")
+MAX_TOP_LOGPROBS = 20  # alternatives per token a request may ask for (OpenAI's chat limit)
 
 
 class ApiError(Exception):
@@ -47,6 +48,7 @@ class Request:
     top_p: float
     stream: bool = False  # server-sent events
     include_usage: bool = False  # stream_options.include_usage: a last event with the usage
+    top_logprobs: int | None = None  # log-probs asked: that many alternatives per token (None: none asked)
 
 
 def parse_json(raw: bytes, max_depth: int = 32) -> dict:
@@ -145,9 +147,38 @@ def parse_request(body: dict, *, chat: bool, limits: Limits, models: list[str]) 
     top_p = _number(body, "top_p", 0.0, 1.0)
     if top_p == 0.0:
         raise ApiError(400, "top_p", "top_p: must be > 0")
+    top_logprobs = _logprobs(body, chat)
+    if top_logprobs is not None and stream:
+        raise ApiError(400, "logprobs", "logprobs: not served with stream=true; ask without streaming")
     return Request(model=model, messages=_messages(body) if chat else None, prompt=None if chat else _prompt(body),
                    max_tokens=_max_tokens(body, limits), temperature=_number(body, "temperature", 0.0, 2.0),
-                   top_p=1.0 if top_p is None else top_p, stream=stream, include_usage=include_usage)
+                   top_p=1.0 if top_p is None else top_p, stream=stream, include_usage=include_usage,
+                   top_logprobs=top_logprobs)
+
+
+def _count(body: dict, name: str) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ApiError(400, name, f"{name}: an integer expected, got {type(v).__name__}")
+    if not 0 <= v <= MAX_TOP_LOGPROBS:
+        raise ApiError(400, name, f"{name}: {v} is outside [0, {MAX_TOP_LOGPROBS}]")
+    return v
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """How many alternatives per token the request asks log-probs for (None: no log-probs). Chat:
+    ``logprobs`` true and ``top_logprobs`` (0 when absent); completions: ``logprobs`` the count."""
+    if not chat:
+        return _count(body, "logprobs")
+    asked = body.get("logprobs")
+    if asked is not None and not isinstance(asked, bool):
+        raise ApiError(400, "logprobs", f"logprobs: true or false expected, got {type(asked).__name__}")
+    top = _count(body, "top_logprobs")
+    if top is not None and not asked:
+        raise ApiError(400, "top_logprobs", "top_logprobs: only allowed with logprobs=true")
+    return (top or 0) if asked else None
 
 
 def _stream_options(body: dict, stream: bool) -> bool:

@@ -135,6 +135,7 @@ class Answer:
     finish_reason: str  # OpenAI's: "stop" or "length"
     completion_tokens: int
     seconds: float
+    logprobs: list | None = None  # engines.TokenLogprob per token of the model's text, when asked
 
 
 def openai_finish(gen: Generation) -> str:
@@ -150,13 +151,14 @@ class Router:
         self.grpo, self.fallback, self.scheme, self.noted = grpo, fallback, scheme, noted
 
     async def grpo_answer(self, prompt: str, sample: dict, *, max_tokens: int | None, temperature: float,
-                          top_p: float) -> tuple[Generation | None, str | None]:
+                          top_p: float, top_logprobs: int | None = None) -> tuple[Generation | None, str | None]:
         """The GRPO model's answer within the deadline, and why it is not accepted (None: accepted;
         the answer is None where the GRPO model failed)."""
         s, start = self.scheme, time.monotonic()
         cap = min(s.grpo_max_tokens, max_tokens or s.grpo_max_tokens)
         deadline = None if s.deadline_s is None else start + s.deadline_s
-        fut = self.grpo.submit(prompt, cap=cap, deadline=deadline, temperature=temperature, top_p=top_p)
+        fut = self.grpo.submit(prompt, cap=cap, deadline=deadline, temperature=temperature, top_p=top_p,
+                               top_logprobs=top_logprobs)
         wait = None if deadline is None else max(deadline - time.monotonic(), 0)
         try:  # the wait ends at the deadline even where a step runs past it
             gen = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), wait)
@@ -170,10 +172,10 @@ class Router:
         return gen, incomplete_reason(gen, sample, s)
 
     def submit_fallback(self, prompt: str, *, max_tokens: int | None, temperature: float, top_p: float,
-                        on_tokens=None) -> Future:
+                        on_tokens=None, top_logprobs: int | None = None) -> Future:
         cap = min(self.scheme.fallback_max_tokens, max_tokens or self.scheme.fallback_max_tokens)
         return self.fallback.submit(prompt, cap=cap, deadline=None, temperature=temperature, top_p=top_p,
-                                    on_tokens=on_tokens)
+                                    on_tokens=on_tokens, top_logprobs=top_logprobs)
 
     def note(self, text: str) -> str:
         """The note for a fallback answer ``text`` (its language's), '' when none is due."""
@@ -183,18 +185,22 @@ class Router:
         return notes.get(language_of(text)) or next(iter(notes.values()), "")
 
     async def answer(self, prompt: str, sample: dict, *, max_tokens: int | None, temperature: float, top_p: float,
-                     direct_fallback: bool = False) -> Answer:
+                     direct_fallback: bool = False, top_logprobs: int | None = None) -> Answer:
         """The GRPO model's answer when it is in time and complete, else the fallback's with its note.
-        ``direct_fallback``: the request named the base model; the scheme does not run."""
+        ``direct_fallback``: the request named the base model; the scheme does not run. The log-probs
+        (``top_logprobs`` alternatives per token; None: none) are those of the model that answered, for
+        its own tokens (a note has none)."""
         start = time.monotonic()
-        kw = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p)
+        kw = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_logprobs=top_logprobs)
         if direct_fallback:
             gen = await asyncio.wrap_future(self.submit_fallback(prompt, **kw))
-            return Answer(gen.text, "base", "requested", openai_finish(gen), gen.tokens, time.monotonic() - start)
+            return Answer(gen.text, "base", "requested", openai_finish(gen), gen.tokens, time.monotonic() - start,
+                          gen.logprobs)
         gen, reason = await self.grpo_answer(prompt, sample, **kw)
         if reason is None:
-            return Answer(gen.text, "grpo", "complete", openai_finish(gen), gen.tokens, time.monotonic() - start)
+            return Answer(gen.text, "grpo", "complete", openai_finish(gen), gen.tokens, time.monotonic() - start,
+                          gen.logprobs)
         fb = await asyncio.wrap_future(self.submit_fallback(prompt, **kw))
         note = self.note(fb.text)
         text = f"{fb.text}\n\n{note}" if note else fb.text
-        return Answer(text, "base", reason, openai_finish(fb), fb.tokens, time.monotonic() - start)
+        return Answer(text, "base", reason, openai_finish(fb), fb.tokens, time.monotonic() - start, fb.logprobs)

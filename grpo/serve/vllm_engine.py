@@ -37,7 +37,7 @@ from pathlib import Path
 
 from grpo.errors import ConfigError
 from grpo.serve.batcher import DEFAULT_EXPECTED_TOKENS, Overloaded
-from grpo.serve.engines import Generation, Job, resolve
+from grpo.serve.engines import Generation, Job, TokenLogprob, resolve
 
 TOP_LOGPROBS = 20  # vLLM's default max_logprobs
 
@@ -84,13 +84,13 @@ class VLLMLane:
         return s[min(len(s) - 1, int(0.9 * len(s)))]
 
     def submit(self, prompt: str | list[int], *, cap: int, deadline: float | None, temperature: float = 0.0,
-               top_p: float = 1.0, on_tokens=None) -> Future:
+               top_p: float = 1.0, on_tokens=None, top_logprobs: int | None = None) -> Future:
         if self.runner.stopping:
             raise Overloaded("the server is shutting down")
         if self.depth() >= self.max_queue + self.max_rows:
             raise Overloaded(f"{self.depth()} requests already wait or decode (--max-queue {self.max_queue})")
         job = Job(prompt, cap, deadline, temperature, top_p, self.entropy_threshold, self.entropy_run, on_tokens,
-                  lane=self)
+                  lane=self, top_logprobs=top_logprobs)
         with self.runner.lock:
             self.waiting += 1
         self.runner.loop.call_soon_threadsafe(self.runner.start_job, self, job)
@@ -104,14 +104,15 @@ class VLLMLane:
             self.tokenizer(job.prompt, add_special_tokens=False)["input_ids"]
         params = SamplingParams(n=1, max_tokens=job.cap, temperature=job.temperature, top_p=job.top_p,
                                 stop_token_ids=list(self.eos), detokenize=False,
-                                logprobs=TOP_LOGPROBS if job.entropy_run > 0 else None)
+                                logprobs=vllm_logprobs(job))
         rid, out, reason, start = f"{self.lane}-{uuid.uuid4().hex}", [], None, time.perf_counter()
+        lps: list[TokenLogprob] | None = [] if job.top_logprobs is not None else None
         self.live[rid] = (job, out)
         self.runner.policy()
         try:
             left = None if job.deadline is None else job.deadline - time.monotonic()
             async with asyncio.timeout(left):
-                reason = await self._follow(job, rid, ids, params, out)
+                reason = await self._follow(job, rid, ids, params, out, lps)
         except TimeoutError:
             reason = "deadline"
         except Exception as e:  # the engine failed this request: it fails alone
@@ -128,17 +129,22 @@ class VLLMLane:
             self.lengths.append(len(out))
         keep = out[:-1] if reason == "stop" else out
         text = "" if reason == "deadline" else self.tokenizer.decode(keep, skip_special_tokens=True)
-        resolve(job.future, Generation(text, len(out), reason, time.perf_counter() - start))
+        logprobs = lps[:len(keep)] if lps is not None and reason != "deadline" else None
+        resolve(job.future, Generation(text, len(out), reason, time.perf_counter() - start, logprobs))
 
-    async def _follow(self, job: Job, rid: str, ids: list[int], params, out: list[int]) -> str:
-        """Read the request's outputs into ``out``; returns 'done' (vLLM ended it: EOS or the cap),
-        'entropy' or 'deadline' (grpo stops it; a caller that gave up counts as its deadline)."""
+    async def _follow(self, job: Job, rid: str, ids: list[int], params, out: list[int],
+                      lps: list[TokenLogprob] | None) -> str:
+        """Read the request's outputs into ``out`` (and each token's log-probs into ``lps`` when asked);
+        returns 'done' (vLLM ended it: EOS or the cap), 'entropy' or 'deadline' (grpo stops it; a
+        caller that gave up counts as its deadline)."""
         run = 0
         async for res in self.llm.generate({"prompt_token_ids": ids}, params, rid, priority=self.priority):
             comp = res.outputs[0]
             new, logprobs = comp.token_ids[len(out):], (comp.logprobs or [])[len(out):]
             for k, tok in enumerate(new):
                 out.append(tok)
+                if lps is not None and k < len(logprobs):
+                    lps.append(from_vllm(tok, logprobs[k], job.top_logprobs))
                 if job.entropy_run > 0 and k < len(logprobs):
                     bound = entropy_upper_bound([lp.logprob for lp in logprobs[k].values()], self.vocab)
                     run = run + 1 if bound < job.entropy_threshold else 0
@@ -153,6 +159,21 @@ class VLLMLane:
             if res.finished:
                 return "done"
         return "done"
+
+
+def vllm_logprobs(job: Job) -> int | None:
+    """The alternatives vLLM returns per token: what the entropy stop reads and what the request asks."""
+    want = max(TOP_LOGPROBS if job.entropy_run > 0 else -1, -1 if job.top_logprobs is None else job.top_logprobs)
+    return None if want < 0 else want
+
+
+def from_vllm(token: int, alternatives: dict, top: int) -> TokenLogprob:
+    """A token's TokenLogprob from vLLM's {token id: Logprob} of its position (the sampled token is in
+    it beside the most likely ones; vLLM's default log-probs are the raw model's, as grpo's engines')."""
+    ranked = sorted(((i, lp) for i, lp in alternatives.items() if lp.rank is not None and lp.rank >= 1),
+                    key=lambda x: x[1].rank)
+    return TokenLogprob(token, float(alternatives[token].logprob),
+                        tuple((i, float(lp.logprob)) for i, lp in ranked[:top]))
 
 
 def _notify(job: Job, out: list[int]) -> None:
