@@ -78,15 +78,7 @@ def _train(argv: list[str]) -> int:
     ap.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR exactly from its latest checkpoint "
                     "(its config.yaml is the base; key=value may still override, e.g. max_steps)")
     args = ap.parse_args(argv)
-    config_path, overrides = args.config, list(args.overrides)
-    if args.resume:
-        run = Path(args.resume)
-        if config_path is None:
-            config_path = run / "config.yaml"
-            if not config_path.is_file():
-                raise FileNotFoundError(f"--resume {run}: no config.yaml there (is it a run folder?)")
-        overrides += [f"output_dir={run}", f"resume_from_checkpoint={run}"]
-    cfg = load_config(config_path, overrides)
+    cfg = load_config(*_resumed(args.config, list(args.overrides), args.resume))
     from grpo.train.trainer import Trainer
 
     from grpo.infra.distributed import close_world
@@ -110,24 +102,54 @@ def _train(argv: list[str]) -> int:
 def _sft(argv: list[str]) -> int:
     from grpo.config.io import load_config
     from grpo.errors import ConfigError
+    from grpo.infra import distributed as dist_io
     from grpo.infra.runtime import make_run_dir
     from grpo.sft.command import run_sft
 
-    args = _config_parser("grpo sft", "Supervised fine-tuning on the assistant's tokens of chat or "
-                          "prompt/completion rows (sft_data=FILE).").parse_args(argv)
-    cfg = load_config(args.config, list(args.overrides))
+    ap = _config_parser("grpo sft", "Supervised fine-tuning on the assistant's tokens of chat or "
+                        "prompt/completion rows (sft_data=FILE).")
+    ap.add_argument("--resume", metavar="RUN_DIR", help="continue RUN_DIR exactly from its latest checkpoint "
+                    "(its config.yaml is the base; key=value may still override, e.g. sft_epochs)")
+    args = ap.parse_args(argv)
+    cfg = load_config(*_resumed(args.config, list(args.overrides), args.resume))
     if not cfg.sft_data:
         raise ConfigError("sft_data: name the .jsonl / .json file of chat or prompt/completion rows to train on")
     if cfg.num_threads:
         import torch
 
         torch.set_num_threads(cfg.num_threads)
-    run_dir = make_run_dir(cfg.output_dir, None)
-    cfg.save(run_dir / "config.yaml")  # the run's model: the base a LoRA checkpoint is merged into
-    result = run_sft(_sft_model_settings(cfg), _sft_settings(cfg, run_dir))
-    print(json.dumps(result, indent=2))
-    print(f"start GRPO from it: grpo train model={result['final']}")
-    return 0
+    world = dist_io.init_world()  # torchrun's environment, or one process
+    if world.distributed and cfg.distributed_strategy != "ddp":
+        raise ConfigError(f"distributed_strategy: grpo sft runs on several processes with ddp only, "
+                          f"got {cfg.distributed_strategy!r}")
+    try:
+        run_dir = dist_io.broadcast_object(make_run_dir(cfg.output_dir, cfg.resume_from_checkpoint, command="grpo sft")
+                                           if world.is_main else None, world)
+        if world.is_main:
+            cfg.save(run_dir / "config.yaml")  # the run's model: the base a LoRA checkpoint is merged into
+        result = run_sft(_sft_model_settings(cfg), _sft_settings(cfg, run_dir), world=world)
+    finally:
+        dist_io.close_world(world)
+    if world.is_main:
+        print(json.dumps(result, indent=2))
+        if "final" in result:
+            print(f"start GRPO from it: grpo train model={result['final']}")
+        else:
+            print(f"{result['interrupted']}: saved {result['checkpoint']}; continue with grpo sft --resume {run_dir}")
+    return 130 if result.get("interrupted") == "SIGINT" else 143 if result.get("interrupted") else 0
+
+
+def _resumed(config_path: str | None, overrides: list[str], resume: str | None) -> tuple:
+    """The config file and overrides of a command with ``--resume RUN_DIR``: the run folder's
+    config.yaml as the base (unless --config names another), continued in that folder."""
+    if not resume:
+        return config_path, overrides
+    run = Path(resume)
+    if config_path is None:
+        config_path = run / "config.yaml"
+        if not config_path.is_file():
+            raise FileNotFoundError(f"--resume {run}: no config.yaml there (is it a run folder?)")
+    return config_path, overrides + [f"output_dir={run}", f"resume_from_checkpoint={run}"]
 
 
 def _sft_model_settings(cfg):
@@ -151,7 +173,8 @@ def _sft_settings(cfg, run_dir: Path):
                        weight_decay=cfg.weight_decay, adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2,
                        max_grad_norm=cfg.max_grad_norm, seed=cfg.seed, save_steps=cfg.save_steps,
                        save_total_limit=cfg.save_total_limit, logging_steps=cfg.logging_steps,
-                       tensorboard=cfg.report_to == "tensorboard", progress=cfg.progress)
+                       tensorboard=cfg.report_to == "tensorboard", progress=cfg.progress, packing=cfg.sft_packing,
+                       resume_from_checkpoint=cfg.resume_from_checkpoint)
 
 
 def _print_summary(result: dict, *, steps: int, cfg, run_dir) -> None:

@@ -10,7 +10,7 @@ import torch
 from grpo.config import Config
 from grpo.errors import DataError
 from grpo.sft.data import encode_row, read_rows
-from grpo.sft.trainer import pad_batch, summed_nll
+from grpo.sft.batches import pad_batch, summed_nll
 from tests.conftest import TEST_BF16, TEST_SEED, build_tokenizer
 
 TOOL_CHAT = {"messages": [

@@ -415,6 +415,8 @@ class Config:
     """`grpo sft`: rows per optimizer step (the loss is the mean over the batch's trained tokens); per_device_train_batch_size rows per forward when set."""
     sft_max_length: int = 1024
     """`grpo sft`: tokens kept per row (longer rows are cut at the end and counted in the run's sft.json, truncated_rows)."""
+    sft_packing: bool = False
+    """`grpo sft`: lay a step's rows end to end in rows of at most sft_max_length tokens (first fit, longest first), attention kept inside each row by position ids that restart at each one, so no padding is computed inside a row; the loss and its gradient are those of the rows unpacked. per_device_train_batch_size then counts packed rows per forward."""
     sft_eval_share: float = 0.0
     """`grpo sft`: share of sft_data's rows held out (a seeded draw) whose mean token loss is measured before and after training (0 = none)."""
 

@@ -78,7 +78,7 @@ SECTIONS: tuple[Section, ...] = (
         "judge_url", "judge_model", "judge_api_key_env", "judge_template", "judge_score", "judge_score_scale",
         "judge_mode", "judge_max_tokens", "judge_temperature")),
     Section("sft", "Supervised fine-tuning", "`grpo sft`: chat or prompt/completion rows, the loss on the assistant's tokens (grpo/sft)", (
-        "sft_data", "sft_epochs", "sft_batch_size", "sft_max_length", "sft_eval_share")),
+        "sft_data", "sft_epochs", "sft_batch_size", "sft_max_length", "sft_packing", "sft_eval_share")),
     Section("evaluation", "Evaluation", "held-out accuracy and pass@k before, during and after training (grpo/eval)", (
         "eval_prompts", "eval_steps", "eval_max_new_tokens", "eval_batch_size", "eval_pass_k", "eval_pass_prompts",
         "eval_tasks", "best_checkpoint_metric", "best_checkpoint_mode")),

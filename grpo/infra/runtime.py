@@ -23,9 +23,10 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def make_run_dir(output_dir: str, resume_from_checkpoint: str | None) -> Path:
+def make_run_dir(output_dir: str, resume_from_checkpoint: str | None, *, command: str = "grpo train") -> Path:
     """The run folder (``output_dir``, or runs/<date-time>). A fresh run never writes into another
-    run's folder: appending to its metrics or overwriting its checkpoints would lose what is already there."""
+    run's folder: appending to its metrics or overwriting its checkpoints would lose what is already there.
+    ``command`` is the one the error names to continue the run with."""
     run_dir = Path(output_dir or f"runs/{datetime.now():%Y%m%d-%H%M%S}")
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"output_dir: {run_dir} is a file, not a folder; choose another output_dir")
@@ -33,7 +34,7 @@ def make_run_dir(output_dir: str, resume_from_checkpoint: str | None) -> Path:
         resume_from_checkpoint == "auto" and not (run_dir / "checkpoints" / "latest").exists())
     if fresh and ((run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists()):
         raise ConfigError(f"output_dir: {run_dir} already holds a run; continue it with "
-                          f"grpo train --resume {run_dir}, or choose another output_dir")
+                          f"{command} --resume {run_dir}, or choose another output_dir")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # a file where a parent folder should be, no permission, a read-only disk

@@ -63,6 +63,29 @@ def _by_component(state: dict) -> dict:
     return out
 
 
+def load_policy_weights(policy, ckpt: Path, *, peft: bool, sharded: bool) -> None:
+    """The checkpoint's weights into ``policy``: its LoRA adapters (``peft``), each process's shard of
+    the full weights (``sharded``, FSDP2), or the whole model; weights that do not fit are an error
+    naming the checkpoint."""
+    files = sorted(ckpt.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{ckpt}: no *.safetensors weights")
+    weights = {}
+    for f in files:
+        weights.update(load_file(str(f)))
+    if peft:
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(policy, weights)
+    elif sharded:
+        dist_io.load_full_model_state(policy, weights)
+    else:
+        missing, unexpected = policy.load_state_dict(weights, strict=False)
+        if unexpected or [k for k in missing if "lm_head" not in k]:
+            raise CheckpointError(f"{ckpt}: weights do not match the model "
+                                  f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+
+
 def restore(t, ckpt: Path) -> None:
     """Load weights and state from a checkpoint so the next step is the one the uninterrupted
     run would have taken; log lines written after it (by a run that later died) are dropped
@@ -77,23 +100,7 @@ def restore(t, ckpt: Path) -> None:
             f"{ckpt}: was trained with {state['optimizer_steps_per_step']} optimizer steps per training step, "
             f"this config takes {per_step} (num_iterations x mini_batches); the learning-rate schedule counts "
             f"optimizer steps, so resume with the values the run started with")
-    files = sorted(ckpt.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{ckpt}: no *.safetensors weights")
-    weights = {}
-    for f in files:
-        weights.update(load_file(str(f)))
-    if t.cfg.use_peft:
-        from peft import set_peft_model_state_dict
-
-        set_peft_model_state_dict(t.policy, weights)
-    elif t.sharded:
-        dist_io.load_full_model_state(t.policy, weights)
-    else:
-        missing, unexpected = t.policy.load_state_dict(weights, strict=False)
-        if unexpected or [k for k in missing if "lm_head" not in k]:
-            raise CheckpointError(f"{ckpt}: weights do not match the model "
-                                  f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    load_policy_weights(t.policy, ckpt, peft=t.cfg.use_peft, sharded=t.sharded)
     if "reference" in state:
         if t.sharded:
             dist_io.load_full_model_state(t.models.reference, state["reference"])
