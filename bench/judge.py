@@ -5,10 +5,13 @@
    (a judge's "yes" is a complete answer).
 2. The judge's agreement with the arithmetic verifier on --pairs held-out problems, each with a right
    and a wrong completion ("a + b = c"), for the built-in yes/no template and the few-shot template
-   below; the one that agrees more is used next.
-3. A short `grpo train` whose reward is the judge alone (rewards=numeric,judge reward_weights=0,1: the
-   numeric verifier is logged and judges the held-out evaluation, with weight 0 in the reward), and its
-   held-out greedy accuracy before and after.
+   below: with judge_score=yes_no the share of completions scored as the verifier does; with
+   judge_score=yes_prob (P(yes) / (P(yes) + P(no)) of the judge's one token) the share of pairs whose
+   right completion scores above the wrong one, which is what a group-relative advantage reads.
+3. A short `grpo train` whose reward is the judge alone, scored --score (default yes_prob) with the
+   template that ranks better (rewards=numeric,judge reward_weights=0,1: the numeric verifier is logged
+   and judges the held-out evaluation, with weight 0 in the reward), and its held-out greedy accuracy
+   before and after.
 
     PYTHONPATH=. python bench/judge.py [--out /tmp/judge] [--steps 5] [--eval 50] [--pairs 20] [--port 8765]
 """
@@ -55,8 +58,15 @@ def start_server(model: str, port: int, log: Path) -> subprocess.Popen:
     raise SystemExit("grpo serve did not come up within 10 minutes")
 
 
-def agreement(url: str, template: str, pairs: int) -> float:
-    """Share of right/wrong completions the judge scores as the verifier does."""
+def judge_model(score: str) -> str:
+    """The served model's name: yes_prob asks one token, which the serving scheme would count as an
+    answer cut at its cap and send to the fallback (the same model here); "base" answers directly."""
+    return "base" if score == "yes_prob" else "grpo"
+
+
+def agreement(url: str, template: str, pairs: int, score: str = "yes_no") -> float:
+    """yes_no: the share of right/wrong completions the judge scores as the verifier does; yes_prob:
+    the share of pairs whose right completion the judge scores above the wrong one."""
     rng = random.Random(0)
     samples, completions, truth = [], [], []
     for s in arithmetic_task(max_operand=20, ops="+", eval_size=200, seed=0).eval[:pairs]:
@@ -66,10 +76,14 @@ def agreement(url: str, template: str, pairs: int) -> float:
             samples.append(s)
             completions.append(f"{a} + {b} = {value}")
             truth.append(right)
-    judge = JudgeReward(JudgeSettings(url=url, model="grpo", template=template), timeout=600, retries=1, concurrency=8)
+    judge = JudgeReward(JudgeSettings(url=url, model=judge_model(score), template=template, score=score), timeout=600,
+                        retries=1, concurrency=8)
     if "--show" in sys.argv:
         print([str(v)[:80] for v in judge(completions[:2], samples[:2])])
     scores = judge(completions, samples)
+    if score == "yes_prob":
+        ok = [isinstance(a, float) and isinstance(b, float) and a > b for a, b in zip(scores[::2], scores[1::2])]
+        return sum(ok) / len(ok)
     return sum(isinstance(v, float) and v == t for v, t in zip(scores, truth)) / len(truth)
 
 
@@ -82,6 +96,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--eval", type=int, default=50)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--score", default="yes_prob", choices=["yes_no", "yes_prob"], help="judge_score of the run")
+    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--show", action="store_true", help="print the judge's first two scores")
     a = ap.parse_args()
     out = Path(a.out)
@@ -91,17 +107,20 @@ def main() -> None:
     server = start_server(a.model, a.port, out / "serve.log")
     try:
         t0 = time.perf_counter()
-        agree = {"default": agreement(url, "", a.pairs), "few_shot": agreement(url, FEW_SHOT, a.pairs)}
-        print(f"judge agreement with the verifier on {2 * a.pairs} completions: "
+        agree = {f"{name}/{score}": agreement(url, tpl, a.pairs, score) for score in ("yes_no", "yes_prob")
+                 for name, tpl in (("default", ""), ("few_shot", FEW_SHOT))}
+        print(f"judge agreement with the verifier on {a.pairs} pairs (yes_no: completions scored as the verifier; "
+              "yes_prob: pairs ranked right over wrong): "
               + ", ".join(f"{k} {v:.0%}" for k, v in agree.items()) + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
-        template = FEW_SHOT if agree["few_shot"] > agree["default"] else ""
+        template = FEW_SHOT if agree[f"few_shot/{a.score}"] > agree[f"default/{a.score}"] else ""
         if not a.steps:  # --steps 0: the agreement only
             (out / "figures.json").write_text(json.dumps({"agreement": agree}, indent=2))
             return
         run = out / "run"
         with (out / "train.log").open("w") as log:
             subprocess.run([sys.executable, "-m", "grpo.cli", "train", f"output_dir={run}", "rewards=numeric,judge",
-                            "reward_weights=[0,1]", f"judge_url={url}", "judge_model=grpo", f"judge_template={template}",
+                            "reward_weights=[0,1]", f"judge_url={url}", f"judge_model={judge_model(a.score)}", f"judge_template={template}",
+                            f"judge_score={a.score}", f"seed={a.seed}",
                             "reward_timeout=600", f"max_steps={a.steps}", f"eval_prompts={a.eval}", "eval_pass_prompts=0",
                             f"num_threads={a.threads}", "progress=false", "report_to=none"],
                            stdout=log, stderr=subprocess.STDOUT, check=True)

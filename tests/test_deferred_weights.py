@@ -15,13 +15,16 @@ def _state(model) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-@pytest.mark.parametrize("level", ["token", "sequence"])
-def test_weights_from_the_update_forward_equal_a_separate_forward(tmp_path, tiny_model_dir, tiny_dataset, level):
+@pytest.mark.parametrize("level, skip", [("token", False), ("sequence", False), ("token", True)])
+def test_weights_from_the_update_forward_equal_a_separate_forward(tmp_path, tiny_model_dir, tiny_dataset, level, skip):
+    """Every sequence trained (skip_zero_advantage off): the same update and the same metrics; with
+    it on, the update trains only groups with a reward signal, and its weights still equal those of
+    the separate forward (the metrics then cover the sequences it trained)."""
     from grpo.train.trainer import Trainer
     from tests.test_trainer import make_cfg
 
     t = Trainer(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, max_steps=1, eval_prompts=0, learning_rate=1e-4,
-                         skip_zero_advantage=False, rollout_correction="truncate", rollout_correction_level=level,
+                         skip_zero_advantage=skip, rollout_correction="truncate", rollout_correction_level=level,
                          rollout_correction_low=0.9, rollout_correction_high=1.1))
     samples, ro = t.sample()
     # an engine whose log-probs differ from the trainer's, so that the weights differ from 1 and some clamp
@@ -48,8 +51,11 @@ def test_weights_from_the_update_forward_equal_a_separate_forward(tmp_path, tiny
     off = max(float((got["unweighted"][1][k] - got["separate"][1][k]).abs().max()) for k in start)
     assert moved > 0 and off > 100 * diff, (moved, off, diff)
     assert diff <= 1e-3 * moved
-    for key, value in now_metrics.items():  # every sequence trained: the same rows as the separate forward
-        assert got["deferred"][0][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    trained = got["deferred"][0]["rollout_is_sequences"]
+    assert trained == got["deferred"][0]["trained_sequence_share"] * now.advantages.shape[0]
+    if not skip:  # every sequence trained: the same rows as the separate forward
+        for key, value in now_metrics.items():
+            assert got["deferred"][0][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
 
 
 def test_a_deferred_weight_with_several_optimizer_steps_is_refused(tmp_path, tiny_model_dir, tiny_dataset):

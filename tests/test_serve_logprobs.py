@@ -185,3 +185,22 @@ def test_the_yes_prob_judge_scores_by_the_served_models_probabilities(servers):
         want = float(torch.softmax(ref[[y, n]], -1)[0])
         assert isinstance(score, float) and score == pytest.approx(want, abs=2e-3), (c, score, want)
     assert max(scores) - min(scores) > 1e-6, "the judge's scores do not depend on the completion"
+
+
+def test_vllm_alternatives_are_taken_by_rank():
+    """vLLM's {token id: Logprob} of a position holds the sampled token with its true rank beside the
+    most likely ones (ranks 1..k, in any order); the alternatives returned are the ``top`` likeliest
+    in rank order, and the sampled token keeps its own log-prob when it ranks below them."""
+    from types import SimpleNamespace as Lp
+
+    from grpo.serve.vllm_engine import from_vllm, vllm_logprobs
+    from grpo.serve.engines import Job
+
+    alts = {7: Lp(logprob=-4.0, rank=9), 3: Lp(logprob=-0.5, rank=2), 1: Lp(logprob=-0.2, rank=1),
+            5: Lp(logprob=-1.5, rank=3)}
+    got = from_vllm(7, alts, 2)
+    assert (got.token, got.logprob, got.top) == (7, -4.0, ((1, -0.2), (3, -0.5)))
+    assert from_vllm(1, alts, 0).top == ()
+    assert vllm_logprobs(Job("x", 4, entropy_run=3, top_logprobs=5)) == 20  # the entropy stop reads 20
+    assert vllm_logprobs(Job("x", 4, top_logprobs=5)) == 5
+    assert vllm_logprobs(Job("x", 4, top_logprobs=0)) == 0 and vllm_logprobs(Job("x", 4)) is None

@@ -26,6 +26,7 @@ from grpo.core import token_logprobs
 from grpo.errors import ConfigError, EngineError
 from grpo.rollout import SamplingSettings, make_engine
 from grpo.rollout import vllm as vllm_engine
+from grpo.data.tasks import render_prompt
 from grpo.rollout.keys import row_keys
 from tests.conftest import TEST_SEED, build_tokenizer
 
@@ -507,6 +508,36 @@ def test_the_vllm_engine_serves_the_scheme_to_the_openai_client_plain_and_stream
 
 
 @needs_vllm
+def test_the_vllm_engine_returns_the_answering_models_logprobs(vllm_live, vllm_root):
+    """logprobs / top_logprobs through --engine vllm, greedy: the base model's, directly and as the
+    fallback of a capped GRPO answer, equal to transformers' forward of that model (to 1e-3)."""
+    from transformers import LlamaForCausalLM
+
+    st, tok = vllm_live, build_tokenizer()
+    st.scheme.deadline_s = None
+    ref_model = LlamaForCausalLM.from_pretrained(vllm_root / "fallback").eval()
+    msgs = [{"role": "user", "content": "What is 2 + 3?"}]
+    for model in ("base", "grpo"):
+        r = st.http.post("/v1/chat/completions", json={"model": model, "messages": msgs, "max_tokens": 4,
+                                                       "temperature": 0, "logprobs": True, "top_logprobs": 5})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["answered_by"] == "base", body
+        got = body["choices"][0]["logprobs"]["content"]
+        assert 1 <= len(got) <= 4
+        ids = tok(render_prompt(tok, msgs, st.system_prompt), add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            for e in got:
+                logp = torch.log_softmax(ref_model(input_ids=torch.tensor([ids])).logits[0, -1].float(), -1)
+                top = logp.topk(5)
+                assert [a["token"] for a in e["top_logprobs"]] == [tok.decode([i]) for i in top.indices.tolist()]
+                assert [a["logprob"] for a in e["top_logprobs"]] == pytest.approx(top.values.tolist(), abs=1e-3)
+                assert e["token"] == tok.decode([int(top.indices[0])]) and e["logprob"] == pytest.approx(
+                    float(top.values[0]), abs=1e-3)
+                ids = ids + [int(top.indices[0])]
+
+
+@needs_vllm
 def test_the_vllm_engine_stops_at_the_deadline_and_the_entropy_stop_and_aborts_in_vllm(vllm_live):
     st = vllm_live
     st.scheme.deadline_s = 0.001  # over before vLLM's first token: the fallback answers, with the note
@@ -541,7 +572,7 @@ def test_serve_bench_starts_vllms_own_openai_server(vllm_root, tmp_path):
     from grpo.serve.bench import VLLMServer, vllm_python
 
     python = vllm_python(None)  # the vllm command beside this Python: this environment's Python
-    assert Path(python).parent == Path(sys.executable).parent and Path(python).name == "python"
+    assert Path(python).parent.resolve() == Path(sys.executable).parent.resolve()  # this environment's
     srv = VLLMServer(str(vllm_root / "model"), python=python, max_rows=2, max_len=256, log=tmp_path / "vllm.log",
                      timeout=600)
     try:

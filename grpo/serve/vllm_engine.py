@@ -143,7 +143,9 @@ class VLLMLane:
             new, logprobs = comp.token_ids[len(out):], (comp.logprobs or [])[len(out):]
             for k, tok in enumerate(new):
                 out.append(tok)
-                if lps is not None and k < len(logprobs):
+                if lps is not None:
+                    if k >= len(logprobs):
+                        raise RuntimeError(f"vLLM returned {len(logprobs)} log-prob entries for {len(new)} new tokens")
                     lps.append(from_vllm(tok, logprobs[k], job.top_logprobs))
                 if job.entropy_run > 0 and k < len(logprobs):
                     bound = entropy_upper_bound([lp.logprob for lp in logprobs[k].values()], self.vocab)

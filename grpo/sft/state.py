@@ -23,11 +23,12 @@ def data_digest(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def sft_state(run) -> dict:
-    """Everything besides the weights that the next step of ``run`` (an SFTRun) depends on."""
+def sft_state(run, rngs: list) -> dict:
+    """Everything besides the weights that the next step of ``run`` (an SFTRun) depends on; ``rngs``:
+    every process's RNG states, in rank order."""
     s = run.s
     return {"step": run.step, "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
-            "rng": ckpt_io.rng_state(), "model": run.model_name, "seed": s.seed, "sft_batch_size": s.batch_size,
+            "rng": rngs, "model": run.model_name, "seed": s.seed, "sft_batch_size": s.batch_size,
             "sft_data": data_digest(s.data), "sft_eval_share": s.eval_share, "sft_max_length": s.max_length}
 
 
@@ -61,7 +62,8 @@ def restore(run, ckpt: Path) -> None:
         raise CheckpointError(f"{ckpt}: the optimizer state does not fit this model ({type(e).__name__}: {e}); "
                               "resume with the settings the run started with") from None
     run.step = state["step"]
-    ckpt_io.set_rng_state(state["rng"])
+    rngs = state["rng"]  # one per process; resumed on another number of processes, each takes rank 0's
+    ckpt_io.set_rng_state(rngs[run.world.rank] if len(rngs) == run.world.size else rngs[0])
     if run.world.is_main:
         cut = trim_step_logs(run.s.run_dir, run.step)
         if cut:

@@ -26,7 +26,7 @@ import torch
 
 from grpo.errors import ConfigError
 from grpo.infra import distributed as dist_io
-from grpo.infra.checkpoint import save_checkpoint
+from grpo.infra.checkpoint import rng_state, save_checkpoint
 from grpo.infra.logger import NullLogger, RunLogger
 from grpo.infra.runtime import seed_everything
 from grpo.infra.stop import StopFlag
@@ -80,7 +80,8 @@ class SFTRun:
             keep_head_fp32(self.policy)
         if models.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if s.packing and not packing_isolated(self.policy, len(self.tok)):
+        vocab = min(len(self.tok), self.policy.get_input_embeddings().num_embeddings)
+        if s.packing and not packing_isolated(self.policy, vocab):
             raise ConfigError(f"sft_packing: this model's attention ({self.policy.config._attn_implementation}) does "
                               "not keep packed rows apart by their position ids; use sft_packing=false")
         self.module = dist_io.wrap_policy(self.policy, self.world, "ddp")  # the training forward's module
@@ -159,10 +160,12 @@ class SFTRun:
         return nll / tokens
 
     def save(self) -> Path | None:
-        """A checkpoint of this step (written by the main process; the others hold the same weights)."""
+        """A checkpoint of this step (written by the main process; the others hold the same weights, and
+        send it their RNG states: each process draws its own dropout masks)."""
+        rngs = dist_io.gather_objects(rng_state(), self.world)  # every process takes part
         if not self.world.is_main:
             return None
-        return save_checkpoint(self.s.run_dir, self.step, self.policy, self.tok, sft_state.sft_state(self),
+        return save_checkpoint(self.s.run_dir, self.step, self.policy, self.tok, sft_state.sft_state(self, rngs),
                                keep=self.s.save_total_limit)
 
     def _should_stop(self) -> bool:

@@ -62,6 +62,7 @@ def apply_logp_weight(batch: Batch, weight: LogpWeight, train_logp: torch.Tensor
         return replace(batch, deferred=batch.deferred + (weight,)), {}
     corr = weight.weigh(train_logp, torch.arange(train_logp.shape[0]))
     metrics = {weight.prefix + k: float(v) for k, v in corr.metrics.items()}
+    metrics[weight.prefix + "rollout_is_sequences"] = float(train_logp.shape[0])
     return replace(batch, advantages=batch.advantages * corr.weights), metrics  # [n, T]; w >= 0
 
 
@@ -141,7 +142,9 @@ class BatchMaker:
         and operator tokens are multiplied by it (seed 003 section 5.1), and they are weighted by the
         train/inference mismatch correction where one is configured (``correction_mode``). With the
         logic-consistency regulariser, each completion's advantage A_cons (core/consistency.py) is
-        added to its tokens' advantages first."""
+        added to its tokens' advantages first. Where the correction needs the trainer's log-probs and
+        the batch has none (one optimizer step per batch), it is left in ``Batch.deferred`` and the
+        update applies it in its own forward: the advantages returned are then not yet weighted."""
         s = self.settings
         batch, metrics = self.build(ro, rewards, samples, temperature=temperature, beta=beta,
                                     per_reward=per_reward)

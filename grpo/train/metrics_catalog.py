@@ -205,6 +205,9 @@ METRICS: tuple[Metric, ...] = tuple(
         ("rollout_is_weight_max", "ratio", "largest weight"),
         ("rollout_is_masked_share", "share", "tokens whose weight fell outside the band and was zeroed (mask)"),
         ("rollout_is_clipped_share", "share", "tokens whose weight was clamped into the band (truncate)"),
+        ("rollout_is_sequences", "sequences", "sequences the metrics above cover: all of the step's when the old "
+         "policy's log-probs are computed (num_iterations or mini_batches above 1), else those the update trained "
+         "(with skip_zero_advantage: groups with a reward signal, or one group when none has)"),
     ])
     + _m("asynchronous rollouts", "async_rollouts=true", [
         ("async/staleness_<k>", "groups", "groups taken this step at staleness k (the step minus the oldest policy "
@@ -230,6 +233,7 @@ METRICS: tuple[Metric, ...] = tuple(
          "(async_correction=mask)"),
         ("async/rollout_is_clipped_share", "share", "stale units whose weight was clamped into the band "
          "(async_correction=truncate)"),
+        ("async/rollout_is_sequences", "sequences", "sequences the stale-token metrics cover (as rollout_is_sequences)"),
     ])
     + _m("reward-model training", "reward_model_train_steps > 0", [
         ("rm_verifier_reward", "reward", "the verifier's mean on the policy's samples (what the learned reward achieves)"),

@@ -122,6 +122,7 @@ class Updater:
         for weight in batch.deferred:  # over the rows that went through the forward
             corr = weight.weigh(acc["logps"][rows], rows)
             metrics.update({weight.prefix + k: float(v) for k, v in corr.metrics.items()})
+            metrics[weight.prefix + "rollout_is_sequences"] = float(len(rows))
         return metrics
 
     def _metrics(self, acc: dict, n: int, n_trained: int) -> dict:
