@@ -26,9 +26,11 @@ RUNS = {
     "monitors": dict(monitor_preset="clip_gav_probe", num_iterations=2, consistency_steps=1, consistency_prompts=1,
                      consistency_group_size=2, top_entropy_quantile=0.5, off_policy_mask_threshold=0.5),
     "process_supervision": dict(task="arithmetic", rewards="numeric", supervision="process"),
+    # held-out ranking needs a group whose verifier scores differ: odd_length splits a random model's
+    # completions about half and half, and 3 held-out groups all tied is about 1 in 500 seeds
     "reward_model_training": dict(rewards="reward_model", reward_model_train_steps=1, ref_reset_steps=1,
-                                  reward_model_heldout=1, reward_model_verifier=DIGITS, reward_model_warmup_draws=1,
-                                  reward_model_transform="sigmoid", max_steps=2),
+                                  reward_model_heldout=3, reward_model_verifier="tests.rewards_for_tests:odd_length",
+                                  reward_model_warmup_draws=2, reward_model_transform="sigmoid", max_steps=2),
     "tools": dict(task="calculator", tools="builtin:calculator", max_turns=2, max_completion_length=12,
                   eval_prompts=1, eval_max_new_tokens=12, rollout_backend="hf", eval_steps=1),
     "mixture": dict(task="arithmetic:0.5,calculator:0.5", max_turns=2, eval_prompts=1, eval_steps=1,
