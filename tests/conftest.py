@@ -288,12 +288,8 @@ def pytest_configure(config):
     global SUITE_CACHE
     SUITE_CACHE = tempfile.mkdtemp(prefix="grpo-test-cache-")
     os.environ["GRPO_CACHE"] = SUITE_CACHE
-    # torch.compile's kernels too (torch_compile=true): not those another run compiled into /tmp; the
-    # folder of this process's instruction set, as grpo narrows it (so no test sees the variable change)
+    # torch.compile's kernels too (torch_compile=true): not those another run compiled into /tmp
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(SUITE_CACHE, "inductor")
-    from grpo.train.compiled import inductor_cache_folder
-
-    inductor_cache_folder()
     random.seed(TEST_SEED)  # numpy's and Python's generators start from entropy otherwise; torch's from a constant
     np.random.seed(TEST_SEED)
 

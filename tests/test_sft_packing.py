@@ -52,7 +52,9 @@ def _loss_and_grad(model, batches) -> tuple[torch.Tensor, torch.Tensor]:
     return total, torch.cat([p.grad.flatten() for p in model.parameters()])
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 2e-5)])
+# the loss is summed in float32 (summed_nll), so even an fp64 model agrees to float32 rounding (8e-8
+# relative measured at one seed); a leak across examples moves it by orders of magnitude more
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-6), (torch.float32, 2e-5)])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_packed_loss_and_gradient_equal_unpacked(tiny_model_dir, rows, dtype, tol, attn):
     from transformers import AutoModelForCausalLM

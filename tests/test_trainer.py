@@ -439,7 +439,7 @@ def test_token_budget_splits_passes_with_the_same_update(tmp_path, tiny_model_di
     from grpo.train.update import Updater
 
     own = Updater._micro_loss
-    monkeypatch.setattr(Updater, "_micro_loss", lambda self, batch, idx, total, knobs: calls.append(len(idx))
+    monkeypatch.setattr(Updater, "_micro_loss", lambda self, batch, idx, total, knobs, **kw: calls.append(len(idx))
                         or own(self, batch, idx, total, knobs))
     one = _one_update(make_cfg(tmp_path / "a", tiny_model_dir, tiny_dataset, max_tokens_per_forward=0, **kw),
                       perturb_reference=True)
