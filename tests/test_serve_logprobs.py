@@ -155,6 +155,8 @@ def test_bad_logprobs_requests_are_400_naming_the_field(servers, body, field):
     assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
     r = server.http.post("/v1/completions", json={"model": "grpo", "prompt": "x", "max_tokens": 2, "logprobs": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs", r.text
+    r = server.http.post("/v1/completions", json={"model": "base", "prompt": "x", "max_tokens": 2, "logprobs": 1})
+    assert r.status_code == 200 and len(r.json()["choices"][0]["logprobs"]["tokens"]) >= 1  # still serving
 
 
 def test_yes_probability_by_hand():

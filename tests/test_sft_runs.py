@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.test_distributed import _weights  # a checkpoint step's weights, as the grpo train runs read them
 from tests.test_sft_packing import CHATS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,14 +36,6 @@ def _args(model_dir, data_file, run_dir, extra=()) -> list[str]:
             "sft_batch_size=3", "per_device_train_batch_size=2", "learning_rate=3e-3", "lr_scheduler_type=linear",
             "warmup_steps=1", "weight_decay=0.01", "save_steps=2", "seed=5", "bf16=false", "progress=false",
             "report_to=none", *extra]
-
-
-def _weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
-    out = {}
-    for f in sorted((run_dir / "checkpoints" / f"step-{step}").glob("*.safetensors")):
-        out.update(load_file(str(f)))
-    assert out, f"no weights in {run_dir} step {step}"
-    return out
 
 
 def _metrics(run_dir: Path) -> list[dict]:
