@@ -4,16 +4,19 @@
    deadline long enough that the served model itself answers (no fallback), and no closing-marker check
    (a judge's "yes" is a complete answer).
 2. The judge's agreement with the arithmetic verifier on --pairs held-out problems, each with a right
-   and a wrong completion ("a + b = c"), for the built-in yes/no template and the few-shot template
-   below: with judge_score=yes_no the share of completions scored as the verifier does; with
+   and a wrong completion ("a + b = c"), for the built-in yes/no template and the two few-shot
+   templates below (one over the whole reply, one over its final answer alone, `{final_answer}`): with
+   judge_score=yes_no the share of completions scored as the verifier does; with
    judge_score=yes_prob (P(yes) / (P(yes) + P(no)) of the judge's one token) the share of pairs whose
    right completion scores above the wrong one, which is what a group-relative advantage reads.
-3. A short `grpo train` whose reward is the judge alone, scored --score (default yes_prob) with the
-   template that ranks better (rewards=numeric,judge reward_weights=0,1: the numeric verifier is logged
-   and judges the held-out evaluation, with weight 0 in the reward), and its held-out greedy accuracy
-   before and after.
+3. A short `grpo train` whose reward is the judge alone, scored --score (default yes_prob) with
+   --template (default final_answer: a judge that reads the whole reply is exploited by the policy's
+   wording; `best`: the template that ranks best), with rewards=numeric,judge reward_weights=0,1 (the
+   numeric verifier is logged and judges the held-out evaluation, with weight 0 in the reward), and its
+   held-out greedy accuracy before and after.
 
     PYTHONPATH=. python bench/judge.py [--out /tmp/judge] [--steps 5] [--eval 50] [--pairs 20] [--port 8765]
+                                 [--template final_answer|default|few_shot|best]
 """
 
 from __future__ import annotations
@@ -38,6 +41,15 @@ FEW_SHOT = ("Check if the reply's final number equals the reference.\n"
             "Reference: 15\nReply: The answer is 15.\nEqual: yes\n"
             "Reference: 8\nReply: 3 + 5 = 9\nEqual: no\n"
             "Reference: {answer}\nReply: {completion}\nEqual:")
+# the same check over the reply's final answer alone (judge_template's {final_answer}): the policy's
+# wording never reaches the judge, only the number it ends on
+FINAL = ("Check if the answer equals the reference.\n"
+         "Reference: 12\nAnswer: 12\nEqual: yes\n"
+         "Reference: 9\nAnswer: 10\nEqual: no\n"
+         "Reference: 15\nAnswer: 15\nEqual: yes\n"
+         "Reference: 8\nAnswer: 9\nEqual: no\n"
+         "Reference: {answer}\nAnswer: {final_answer}\nEqual:")
+TEMPLATES = {"default": "", "few_shot": FEW_SHOT, "final_answer": FINAL}
 
 
 def start_server(model: str, port: int, log: Path) -> subprocess.Popen:
@@ -96,6 +108,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--eval", type=int, default=50)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--template", default="final_answer", choices=[*TEMPLATES, "best"], help="the run's template")
     ap.add_argument("--score", default="yes_prob", choices=["yes_no", "yes_prob"], help="judge_score of the run")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--show", action="store_true", help="print the judge's first two scores")
@@ -108,11 +121,13 @@ def main() -> None:
     try:
         t0 = time.perf_counter()
         agree = {f"{name}/{score}": agreement(url, tpl, a.pairs, score) for score in ("yes_no", "yes_prob")
-                 for name, tpl in (("default", ""), ("few_shot", FEW_SHOT))}
+                 for name, tpl in TEMPLATES.items()}
         print(f"judge agreement with the verifier on {a.pairs} pairs (yes_no: completions scored as the verifier; "
               "yes_prob: pairs ranked right over wrong): "
               + ", ".join(f"{k} {v:.0%}" for k, v in agree.items()) + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
-        template = FEW_SHOT if agree[f"few_shot/{a.score}"] > agree[f"default/{a.score}"] else ""
+        name = max(TEMPLATES, key=lambda n: agree[f"{n}/{a.score}"]) if a.template == "best" else a.template
+        template = TEMPLATES[name]
+        print(f"the run's template: {name}", flush=True)
         if not a.steps:  # --steps 0: the agreement only
             (out / "figures.json").write_text(json.dumps({"agreement": agree}, indent=2))
             return

@@ -112,3 +112,22 @@ def test_settings_checked_with_the_config():
     assert judge_settings(Config(**base, judge_mode="group", judge_template="{completions}")).mode == "group"
     with pytest.raises(ConfigError, match="judge_url"):  # resolved without its settings: the same check
         RewardRunner(["judge"], None, timeout=1.0)
+
+
+def test_final_answer_field_shows_the_answer_alone(server):
+    """{final_answer}: the last boxed content, else the last number, else "none"; a template may read it
+    instead of {completion}, so the judge never sees the reasoning's words."""
+    template = "gold {answer} | final {final_answer}"
+    _runner(server.url("/ok"), judge_template=template, judge_score="number").score(
+        ["so 2 + 3 = 5, I think", "\\boxed{7} not 9", "no idea"], SAMPLES[:3])
+    sent = sorted(b["messages"][0]["content"] for _, b, _ in server.requests)
+    assert sent == ["gold 5 | final 5", "gold 5 | final 7", "gold 5 | final none"]
+    server.requests.clear()
+    _runner(server.url("/ok"), judge_mode="group", judge_template="{final_answers}", judge_score="number").score(
+        ["2 + 3 = 5", "It is 6"], SAMPLES[:2])
+    assert server.requests[0][1]["messages"][0]["content"] == "1: 5\n2: 6"
+    with pytest.raises(ConfigError, match="needs {completion} or {final_answer}"):
+        judge_settings(Config(rewards="judge", judge_url="http://x/v1", judge_template="{answer}")).check()
+    with pytest.raises(ConfigError, match="neither {completion} nor {final_answer}"):
+        judge_settings(Config(rewards="judge", judge_url="http://x/v1", judge_mode="group",
+                              judge_template="{completions} {final_answer}")).check()

@@ -3,10 +3,11 @@ serve``, vLLM, any such server) reads a prompt made from the sample and the comp
 with a score, as verl's generative reward model and ROLL's LLM judge do, for tasks without a verifier.
 
 - **pointwise**: one request per completion (at most ``concurrency`` in flight), the template's
-  ``{completion}`` the completion's text;
+  ``{completion}`` the completion's text and ``{final_answer}`` its final answer alone (``final_answer``);
 - **group**: one request per prompt's group of completions, ``{completions}`` the group numbered from
-  1, the reply one line ``i: score`` per completion (the judge compares the group's answers, as ART's
-  RULER does: GRPO only needs the scores' order within a group).
+  1 (``{final_answers}`` their final answers, numbered alike), the reply one line ``i: score`` per
+  completion (the judge compares the group's answers, as ART's RULER does: GRPO only needs the scores'
+  order within a group).
 
 The score is read from the reply by ``parse_score``: ``yes_no`` (the first word), ``number`` (the first
 number), or a regular expression whose first group is the number, divided by ``score_scale``; or, with
@@ -29,6 +30,7 @@ import string
 from dataclasses import dataclass
 
 from grpo.errors import ConfigError
+from grpo.rewards.answers import extract_answer
 from grpo.rewards.remote import DEFAULT_CONCURRENCY, HttpReward, is_url
 
 JUDGE_MODES = ("pointwise", "group")
@@ -84,10 +86,12 @@ class JudgeSettings:
         if self.score == "yes_prob" and self.mode != "pointwise":
             raise ConfigError("judge_score: yes_prob reads one token's log-probs per completion; it needs "
                               "judge_mode=pointwise")
-        want, other = ("completions", "completion") if self.mode == "group" else ("completion", "completions")
-        if want not in names or other in names:
-            raise ConfigError(f"judge_template: judge_mode={self.mode} needs {{{want}}} in the template "
-                              f"(and not {{{other}}})")
+        group = self.mode == "group"
+        want = ("completions", "final_answers") if group else ("completion", "final_answer")
+        other = ("completion", "final_answer") if group else ("completions", "final_answers")
+        if not names & set(want) or names & set(other):
+            raise ConfigError(f"judge_template: judge_mode={self.mode} needs {{{want[0]}}} or {{{want[1]}}} in the "
+                              f"template (and neither {{{other[0]}}} nor {{{other[1]}}})")
 
 
 def parse_score(text: str, form: str) -> float:
@@ -156,6 +160,18 @@ def _text(value) -> str:
     return str(value)
 
 
+def final_answer(completion: str) -> str:
+    """The completion's final answer as the template's ``{final_answer}`` shows it: the last \\boxed{}
+    content, else the last number (grpo.rewards.answers.extract_answer), else "none". A judge that reads
+    only this cannot be swayed by the reasoning's wording, which a small judge's probabilities are."""
+    found = extract_answer(completion)
+    return "none" if found is None else found
+
+
+def _numbered(items) -> str:
+    return "\n".join(f"{j + 1}: {x}" for j, x in enumerate(items))
+
+
 def _groups(samples: list[dict]) -> list[list[int]]:
     """Runs of consecutive rows of the same sample (a prompt's group of completions)."""
     out: list[list[int]] = []
@@ -222,7 +238,8 @@ class JudgeReward(HttpReward):
 
     def _pointwise(self, completions: list[str], samples: list[dict]) -> list:
         s = self.settings
-        contents = [self.render(sample, completion=c) for c, sample in zip(completions, samples)]
+        contents = [self.render(sample, completion=c, final_answer=final_answer(c))
+                    for c, sample in zip(completions, samples)]
 
         def one(content: str):
             try:
@@ -239,8 +256,8 @@ class JudgeReward(HttpReward):
         s = self.settings
         out: list = [None] * len(completions)
         groups = _groups(samples)
-        contents = [self.render(samples[g[0]], completions="\n".join(f"{j + 1}: {completions[i]}"
-                                                                      for j, i in enumerate(g))) for g in groups]
+        contents = [self.render(samples[g[0]], completions=_numbered(completions[i] for i in g),
+                                final_answers=_numbered(final_answer(completions[i]) for i in g)) for g in groups]
 
         def one(k: int) -> list:
             try:
