@@ -74,33 +74,34 @@ def product_reward(completions, answer, task, **kwargs):
     return [None if t != "calculator" else float(_last_number(c) == a) for c, a, t in zip(completions, answer, task)]
 
 
-args = GRPOConfig(
-    output_dir=os.environ.get("OUTPUT_DIR", "runs/trl-two-tasks"),
-    learning_rate=float(os.environ.get("LEARNING_RATE", "3e-5")),
-    num_generations=8,
-    per_device_train_batch_size=8,
-    gradient_accumulation_steps=4,
-    max_completion_length=64,
-    eval_max_new_tokens=64,  # grpo's name (TRL has no held-out greedy evaluation of its own)
-    temperature=0.8,
-    beta=0.04,
-    max_steps=int(os.environ.get("MAX_STEPS", "8")),
-    eval_strategy="no",
-    logging_steps=1,
-    report_to="none",
-    use_cpu=True,
-    bf16=False,
-    seed=0,
-)
+if __name__ == "__main__":  # importable: bench/trl_two_tasks.py writes warm-start transcripts from its classes
+    args = GRPOConfig(
+        output_dir=os.environ.get("OUTPUT_DIR", "runs/trl-two-tasks"),
+        learning_rate=float(os.environ.get("LEARNING_RATE", "3e-5")),
+        num_generations=8,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=4,
+        max_completion_length=64,
+        eval_max_new_tokens=64,  # grpo's name (TRL has no held-out greedy evaluation of its own)
+        temperature=0.8,
+        beta=0.04,
+        max_steps=int(os.environ.get("MAX_STEPS", "8")),
+        eval_strategy="no",
+        logging_steps=1,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+    )
 
-trainer = GRPOTrainer(
-    model=MODEL,
-    reward_funcs=[sum_reward, product_reward],
-    args=args,
-    train_dataset=train,
-    eval_dataset=test,
-    environment_factory={"arithmetic": SumEnv, "calculator": MultiplyEnv},
-)
-result = trainer.train()
-for when in ("before", "after"):
-    print(when, {name: round(r["accuracy"], 3) for name, r in result[when]["suites"].items()})
+    trainer = GRPOTrainer(
+        model=MODEL,
+        reward_funcs=[sum_reward, product_reward],
+        args=args,
+        train_dataset=train,
+        eval_dataset=test,
+        environment_factory={"arithmetic": SumEnv, "calculator": MultiplyEnv},
+    )
+    result = trainer.train()
+    for when in ("before", "after"):
+        print(when, {name: round(r["accuracy"], 3) for name, r in result[when]["suites"].items()})
