@@ -29,7 +29,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,14 +37,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.machine import commit, cpu_line  # noqa: E402
+from grpo.serve.bench import free_port, wait_healthy  # noqa: E402
 
 UNTRAINED = "embedded:SmolLM2-135M-Instruct"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def load() -> str:
@@ -60,19 +54,7 @@ class Served:
         self.log = open(log, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "grpo", "serve", model, "--port", str(port), *extra],
                                      stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-        import httpx
-
-        end = time.time() + 1800
-        while time.time() < end:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"grpo serve exited with {self.proc.returncode} before it was healthy (log: {log})")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        else:
+        if not wait_healthy(self.url, self.proc, timeout=1800, name="grpo serve", log=str(log)):
             self.stop()
             raise SystemExit(f"grpo serve not healthy within 30 min (log: {log})")
         text = log.read_text()

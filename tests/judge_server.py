@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from tests.loopback import LoopbackServer, QuietHandler
 
 
 def _last_number(text: str) -> str | None:
@@ -30,62 +30,30 @@ def judge_reply(content: str) -> str:
     return "\n".join(f"{i}: {10 if _last_number(text) == gold else 0}" for i, text in lines)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    def log_message(self, *args):  # quiet
-        pass
-
-    def _send(self, code: int, body: bytes) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
+class _Handler(QuietHandler):
     def do_POST(self):
-        srv = self.server
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        with srv.lock:
-            srv.requests.append((self.path, body, self.headers.get("Authorization")))
-            count = len(srv.requests)
+        body = self.json_body()
+        count = self.record((self.path, body, self.headers.get("Authorization")))
         route = self.path.removesuffix("/v1/chat/completions")
         if not self.path.endswith("/v1/chat/completions"):
-            return self._send(404, b'{"error": {"message": "no such route"}}')
+            return self.send(404, b'{"error": {"message": "no such route"}}')
         if route == "/flaky" and count % 2 == 1:
-            return self._send(503, b'{"error": {"message": "busy"}}')
+            return self.send(503, b'{"error": {"message": "busy"}}')
         if route == "/slow":
             time.sleep(3.0)
         if route == "/keyed" and self.headers.get("Authorization") != "Bearer test-judge-key":
-            return self._send(401, b'{"error": {"message": "no key"}}')
+            return self.send(401, b'{"error": {"message": "no key"}}')
         text = "maybe" if route == "/garbled" else judge_reply(body["messages"][-1]["content"])
         answer = {"id": "x", "object": "chat.completion", "model": body.get("model", "judge"),
                   "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                                "finish_reason": "stop"}]}
-        self._send(200, json.dumps(answer).encode())
+        self.send(200, json.dumps(answer).encode())
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request, client_address):  # a client that gave up (the deadline) is expected
-        pass
-
-
-class JudgeServer:
+class JudgeServer(LoopbackServer):
     """Serves on 127.0.0.1 at a free port until closed; ``requests`` holds (path, body, Authorization)."""
 
-    def __init__(self):
-        self.httpd = _Server(("127.0.0.1", 0), _Handler)
-        self.httpd.requests, self.httpd.lock = [], threading.Lock()
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def requests(self) -> list:
-        return self.httpd.requests
+    handler = _Handler
 
     def url(self, route: str) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}{route}/v1"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        return f"{self.base}{route}/v1"

@@ -108,10 +108,29 @@ async def run_level(url: str, prompts: list[str], *, concurrency: int, requests:
                        {k: round(tokens[k] / n, 1) for k, n in answered.items()})
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port free at the time of asking."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, *, timeout: float, name: str, log: str) -> bool:
+    """Polls ``url``/health until it answers 200 (True) or ``timeout`` seconds pass (False); a SystemExit
+    naming ``name`` and its ``log`` when the process exits first."""
+    import httpx
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise SystemExit(f"{name} exited with {proc.returncode} before it was healthy (log: {log})")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    return False
 
 
 def _script_python(script: Path) -> Path:
@@ -146,7 +165,7 @@ class VLLMServer:
     a file; ``python``: the Python of vLLM's environment (``vllm_python``)."""
 
     def __init__(self, folder: str, *, python: str, max_rows: int, max_len: int, log: Path, timeout: float):
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name",
                "grpo", "--dtype", "float32", "--max-num-seqs", str(max_rows), "--max-model-len", str(max_len),
@@ -157,23 +176,9 @@ class VLLMServer:
             cmd += ["--enforce-eager", "--kv-cache-memory-bytes", str(int(1.5 * kv_bytes(folder, max_rows * max_len)))]
         self.log = open(log, "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        self._wait(timeout)
-
-    def _wait(self, timeout: float) -> None:
-        import httpx
-
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"vllm serve exited with {self.proc.returncode} (log: {self.log.name})")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        self.stop()
-        raise SystemExit(f"vllm serve not healthy within {timeout:.0f} s (log: {self.log.name})")
+        if not wait_healthy(self.url, self.proc, timeout=timeout, name="vllm serve", log=self.log.name):
+            self.stop()
+            raise SystemExit(f"vllm serve not healthy within {timeout:.0f} s (log: {self.log.name})")
 
     def stop(self) -> None:
         if self.proc.poll() is None:

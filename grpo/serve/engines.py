@@ -32,32 +32,9 @@ from grpo.rollout.decoder import decoder_unsupported_reason
 from grpo.rollout.fast import cache_keyword, fast_unsupported_reason, step_products
 from grpo.rollout.paged import PAGE, PagedDecoder, PagePool, PrefixCache
 from grpo.registry import Registry
+from grpo.serve.logprobs import TokenLogprob, top_token_logprobs
 
 FINISH_REASONS = ("stop", "length", "entropy", "deadline")
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """A generated token's log-probability under the model's raw next-token distribution (before
-    temperature and top_p, as vLLM's default), and the ``top`` most likely tokens' (id, log-prob),
-    most likely first."""
-
-    token: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
-
-
-def token_logprobs(scores: torch.Tensor, tokens: list[int], top: list[int]) -> list[TokenLogprob]:
-    """One TokenLogprob per row: scores [n, V] (raw logits), the token each row made, how many
-    alternatives each row asks for."""
-    logp = torch.log_softmax(scores.float(), -1)  # [n, V]
-    k = max(top, default=0)
-    best = logp.topk(k, -1) if k else None
-    out = []
-    for i, (tok, want) in enumerate(zip(tokens, top)):
-        alts = tuple(zip(best.indices[i, :want].tolist(), best.values[i, :want].tolist())) if want else ()
-        out.append(TokenLogprob(tok, float(logp[i, tok]), alts))
-    return out
 
 
 @dataclass
@@ -210,7 +187,7 @@ class ServeEngine:
         entropy = dict(zip(want, next_token_entropy(scores[want]).tolist())) if want else {}
         asked = [i for i, r in enumerate(rows) if r.job.top_logprobs is not None]
         if asked:
-            for i, lp in zip(asked, token_logprobs(scores[asked], tokens[asked].tolist(),
+            for i, lp in zip(asked, top_token_logprobs(scores[asked], tokens[asked].tolist(),
                                                    [rows[i].job.top_logprobs for i in asked])):
                 rows[i].logprobs.append(lp)
         now = time.monotonic()

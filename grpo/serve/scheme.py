@@ -135,7 +135,7 @@ class Answer:
     finish_reason: str  # OpenAI's: "stop" or "length"
     completion_tokens: int
     seconds: float
-    logprobs: list | None = None  # engines.TokenLogprob per token of the model's text, when asked
+    logprobs: list | None = None  # logprobs.TokenLogprob per token of the model's text, when asked
 
 
 def openai_finish(gen: Generation) -> str:

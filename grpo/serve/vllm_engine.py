@@ -37,7 +37,8 @@ from pathlib import Path
 
 from grpo.errors import ConfigError
 from grpo.serve.batcher import DEFAULT_EXPECTED_TOKENS, Overloaded
-from grpo.serve.engines import Generation, Job, TokenLogprob, resolve
+from grpo.serve.engines import Generation, Job, resolve
+from grpo.serve.logprobs import TokenLogprob
 
 TOP_LOGPROBS = 20  # vLLM's default max_logprobs
 
