@@ -1,7 +1,7 @@
 """grpo sft runs that continue and spread: a run stopped at step k (killed after its checkpoint, its later
 metrics lines left behind; or stopped by a signal) and resumed equals the uninterrupted run, weights
-bit for bit and metrics line for line (on two processes too, with dropout); two processes under torchrun (DDP, gloo) give the weights and
-metrics of one process on the same global batches. Real `grpo sft` runs on the tiny random Llama."""
+bit for bit and metrics line for line (on two processes too, with dropout); two processes under
+torchrun (DDP, gloo) give the weights and metrics of one process on the same global batches. Real `grpo sft` runs on the tiny random Llama."""
 
 from __future__ import annotations
 
