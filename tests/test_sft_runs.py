@@ -1,7 +1,7 @@
 """grpo sft runs that continue and spread: a run stopped at step k (killed after its checkpoint, its later
 metrics lines left behind; or stopped by a signal) and resumed equals the uninterrupted run, weights
-bit for bit and metrics line for line; two processes under torchrun (DDP, gloo) give the weights and
-metrics of one process on the same global batches. Real `grpo sft` runs on the tiny random Llama."""
+bit for bit and metrics line for line (on two processes too, with dropout); two processes under
+torchrun (DDP, gloo) give the weights and metrics of one process on the same global batches. Real `grpo sft` runs on the tiny random Llama."""
 
 from __future__ import annotations
 
@@ -129,3 +129,22 @@ def test_two_processes_equal_one(tmp_path, tiny_model_dir, data_file, extra):
     worst = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
     assert moved > 1e-3 and worst <= 1e-5, (moved, worst)
     assert (two / "final" / "config.json").is_file() and (two / "sft.json").is_file()
+
+
+def test_two_process_resume_equals_the_uninterrupted_run(tmp_path, tiny_model_dir, data_file):
+    """Two processes with LoRA dropout: each process draws its own dropout masks, so a resumed run equals
+    the uninterrupted one only when every process gets its own random state back (rank 1 given rank
+    0's would draw rank 0's masks)."""
+    extra = ["use_peft=true", "lora_r=4", "lora_dropout=0.3", "sft_epochs=2"]
+    whole = _sft(tmp_path / "whole", tiny_model_dir, data_file, procs=2, extra=extra)
+    assert [m["step"] for m in _metrics(whole)] == list(range(1, 7))
+    died = tmp_path / "died"
+    shutil.copytree(whole, died)
+    for leftover in ("checkpoints/step-4", "checkpoints/step-6", "final", "sft.json"):
+        shutil.rmtree(died / leftover) if (died / leftover).is_dir() else (died / leftover).unlink()
+    (died / "checkpoints" / "latest").write_text("step-2\n")
+    lines = (died / "metrics.jsonl").read_text().splitlines()
+    (died / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    _sft(died, tiny_model_dir, data_file, procs=2, extra=[*extra, "resume_from_checkpoint=auto"])
+    assert _metrics(died) == _metrics(whole)
+    _assert_bit_equal(_weights(died, 6), _weights(whole, 6))
