@@ -11,7 +11,7 @@ import torch
 from grpo.config import Config
 from grpo.core import distillation_loss
 from grpo.rewards.reward_model import RewardModelScorer
-from grpo.train.reward_model import RewardModelTrainer, RewardModelTrainSettings, replay_count
+from grpo.train.reward_model import RewardModelTrainer, replay_count
 from grpo.train.settings import reward_model_settings
 from tests.conftest import TEST_SEED, build_tiny_reward_model, build_tokenizer
 from tests.test_trainer import make_cfg
