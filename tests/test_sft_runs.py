@@ -49,6 +49,17 @@ def _assert_bit_equal(a: dict, b: dict) -> None:
         assert torch.equal(a[k], b[k]), k
 
 
+def _died_after_step_2(whole: Path, died: Path, metrics) -> Path:
+    """A copy of the 6-step run ``whole`` as a run killed after step 2's checkpoint would leave it: later
+    checkpoints, final/ and sft.json gone, metrics.jsonl rewritten by ``metrics`` from its lines."""
+    shutil.copytree(whole, died)
+    for leftover in ("checkpoints/step-4", "checkpoints/step-6", "final", "sft.json"):
+        shutil.rmtree(died / leftover) if (died / leftover).is_dir() else (died / leftover).unlink()
+    (died / "checkpoints" / "latest").write_text("step-2\n")
+    (died / "metrics.jsonl").write_text(metrics((died / "metrics.jsonl").read_text().splitlines()))
+    return died
+
+
 @pytest.mark.parametrize("extra", [[], ["use_peft=true", "lora_r=4", "lora_dropout=0.2", "sft_packing=true"]],
                          ids=["full", "lora-dropout-packed"])
 def test_resume_equals_the_uninterrupted_run(tmp_path, tiny_model_dir, data_file, extra):
@@ -63,13 +74,7 @@ def test_resume_equals_the_uninterrupted_run(tmp_path, tiny_model_dir, data_file
     assert [m["step"] for m in _metrics(whole)] == list(range(1, steps + 1))
 
     # killed after step 4's metrics line was written and before its checkpoint: the latest is step 2
-    died = tmp_path / "died"
-    shutil.copytree(whole, died)
-    for leftover in ("checkpoints/step-4", "checkpoints/step-6", "final", "sft.json"):
-        shutil.rmtree(died / leftover) if (died / leftover).is_dir() else (died / leftover).unlink()
-    (died / "checkpoints" / "latest").write_text("step-2\n")
-    lines = (died / "metrics.jsonl").read_text().splitlines()
-    (died / "metrics.jsonl").write_text("\n".join(lines[:4]) + "\n" + lines[4][:20])  # and a line cut short
+    died = _died_after_step_2(whole, tmp_path / "died", lambda lines: "\n".join(lines[:4]) + "\n" + lines[4][:20])
     assert main(_args(tiny_model_dir, data_file, died, [*extra, "resume_from_checkpoint=auto"])) == 0
     assert _metrics(died) == _metrics(whole)
     _assert_bit_equal(_weights(died, steps), _weights(whole, steps))
@@ -138,13 +143,7 @@ def test_two_process_resume_equals_the_uninterrupted_run(tmp_path, tiny_model_di
     extra = ["use_peft=true", "lora_r=4", "lora_dropout=0.3", "sft_epochs=2"]
     whole = _sft(tmp_path / "whole", tiny_model_dir, data_file, procs=2, extra=extra)
     assert [m["step"] for m in _metrics(whole)] == list(range(1, 7))
-    died = tmp_path / "died"
-    shutil.copytree(whole, died)
-    for leftover in ("checkpoints/step-4", "checkpoints/step-6", "final", "sft.json"):
-        shutil.rmtree(died / leftover) if (died / leftover).is_dir() else (died / leftover).unlink()
-    (died / "checkpoints" / "latest").write_text("step-2\n")
-    lines = (died / "metrics.jsonl").read_text().splitlines()
-    (died / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    died = _died_after_step_2(whole, tmp_path / "died", lambda lines: "\n".join(lines[:2]) + "\n")
     _sft(died, tiny_model_dir, data_file, procs=2, extra=[*extra, "resume_from_checkpoint=auto"])
     assert _metrics(died) == _metrics(whole)
     _assert_bit_equal(_weights(died, 6), _weights(whole, 6))
