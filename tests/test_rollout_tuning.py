@@ -105,6 +105,32 @@ def test_auto_runs_the_backend_that_measured_faster(tiny):
     assert resolve_backend("auto", model) == "fast"  # no row count given: the architecture decides
 
 
+def test_a_burst_of_load_in_one_round_does_not_decide_the_backend(tiny, monkeypatch):
+    """Each backend is timed in alternating rounds and its fastest round counts: fast's first round
+    slowed 1000x by load (as a decision "fast 5452.7 ms -> hf" once cached) still gives fast, and the
+    order of the measurements alternates so that a change of load favours neither."""
+    from grpo.rollout import choice
+
+    model, _ = tiny
+    order: list[str] = []
+    fast_times = iter([5.0] + [0.004] * (choice.ROUNDS - 1))
+
+    def fast(*a, **k):
+        order.append("fast")
+        return next(fast_times)
+
+    def hf(*a, **k):
+        order.append("hf")
+        return 0.005
+
+    monkeypatch.setattr(choice, "fast_step_seconds", fast)
+    monkeypatch.setattr(choice, "hf_step_seconds", hf)
+    assert resolve_backend("auto", model, rows=4, group_size=2) == "fast"
+    assert order[:4] == ["fast", "hf", "hf", "fast"] and len(order) == 2 * choice.ROUNDS
+    decision = tuning.read_cached(tuning.plan_key(model, 4, kind="backend auto plain"))
+    assert decision == {"backend": "fast", "fast": 0.004, "hf": 0.005}
+
+
 def test_a_lora_policy_samples_on_the_fast_path_with_the_same_tokens(tiny):
     """LoRA adapters (made non-trivial) are merged into the fast step's weights: the fast backend
     draws exactly the tokens ``generate`` draws from the PEFT model."""

@@ -9,8 +9,11 @@ keys (tested), so choosing between them by speed changes no result. The probe pr
 prompts of P tokens (ids from a local generator: a run's random state is untouched), then times
 STEPS one-token steps of each: our loop (the decoder step and output layer, its kernels as the plan
 says) and HF's decoder forward on its own cache at the same N rows, the per-step work ``generate``
-does before its logits processors (which both share). The median step decides; the result is kept
-per (machine, model shapes, N, threads) in this process and in the cache folder, like the kernels.
+does before its logits processors (which both share). Each backend is timed in ROUNDS rounds, the
+two alternating, and its fastest round's median step decides: load from other processes only ever
+adds time, so a burst of it during one round (a decision "fast 5 s -> hf" where a step takes 30 ms)
+does not decide the choice. The result is kept per (machine, model shapes, N, threads) in this
+process and in the cache folder, like the kernels.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from grpo.rollout.engine import RolloutEngine, SamplingSettings, engine_class, r
 from grpo.rollout.fast import FastEngine, cache_keyword, decode_ids, fast_unsupported_reason
 from grpo.rollout.hf import HFEngine
 
-PROBE_PROMPT, PROBE_STEPS = 48, 6  # decisions are kept in tuning.MEASURED, under keys of their own kind
+PROBE_PROMPT, PROBE_STEPS, ROUNDS = 48, 6, 3  # decisions are kept in tuning.MEASURED, under keys of their own kind
 
 
 def _probe_ids(model, b: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,6 +71,17 @@ def hf_step_seconds(model, b: int, g: int) -> float:
     return statistics.median(times)
 
 
+def step_seconds(model, b: int, g: int, kernels: str) -> dict[str, float]:
+    """Per backend, the fastest of ROUNDS rounds' median step seconds, the rounds alternating which
+    backend runs first (so that a change of load between two measurements favours neither)."""
+    runs = {"fast": lambda: fast_step_seconds(model, b, g, kernels), "hf": lambda: hf_step_seconds(model, b, g)}
+    times: dict[str, list[float]] = {"fast": [], "hf": []}
+    for r in range(ROUNDS):
+        for name in (("fast", "hf") if r % 2 == 0 else ("hf", "fast")):
+            times[name].append(runs[name]())
+    return {name: min(t) for name, t in times.items()}
+
+
 def fast_or_hf(model, *, rows: int, group_size: int, kernels: str = "auto") -> str:
     """'fast' where our loop's step is at most HF's at ``rows`` rows, else 'hf' (measured once per key)."""
     base = base_model(model)
@@ -81,10 +95,10 @@ def fast_or_hf(model, *, rows: int, group_size: int, kernels: str = "auto") -> s
         was_training = model.training
         model.eval()
         try:
-            fast, hf = fast_step_seconds(model, b, group_size, kernels), hf_step_seconds(model, b, group_size)
+            t = step_seconds(model, b, group_size, kernels)
         finally:
             model.train(was_training)
-        decision = {"backend": "fast" if fast <= hf else "hf", "fast": fast, "hf": hf}
+        decision = {"backend": "fast" if t["fast"] <= t["hf"] else "hf", **t}
         tuning.write_cached(key, decision)
     tuning.note(f"rollout_backend auto ({source}, {rows} rows, {tuning.machine_summary()}): decode step fast "
                 f"{decision['fast'] * 1e3:.1f} ms, generate {decision['hf'] * 1e3:.1f} ms -> {decision['backend']}")
