@@ -15,7 +15,8 @@ task (its held-out accuracy stays at 0%). This script:
 
 Every stage is a subprocess, as a user would run it.
 
-    PYTHONPATH=. python bench/trl_two_tasks.py [--out /tmp/trl_two] [--transcripts 32] [--epochs 1] [--steps 8]
+    PYTHONPATH=. python bench/trl_two_tasks.py [--out /tmp/trl_two] [--transcripts 32] [--epochs 1] [--lr 5e-5]
+        [--steps 8] [--rl-lr 3e-5] [--prompts 4] [--held-out 20] [--sft SFT_MODEL]
 """
 
 from __future__ import annotations
@@ -76,18 +77,8 @@ def run(cmd: list[str], log: Path, env: dict | None = None) -> str:
     return out.stdout
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="/tmp/trl_two_tasks")
-    ap.add_argument("--model", default=os.path.expanduser("~/.cache/grpo/SmolLM2-135M-Instruct"))
-    ap.add_argument("--transcripts", type=int, default=32)
-    ap.add_argument("--epochs", type=float, default=1.0)
-    ap.add_argument("--lr", type=float, default=5e-5)
-    ap.add_argument("--steps", type=int, default=8, help="GRPO steps of the script (its MAX_STEPS)")
-    ap.add_argument("--threads", type=int, default=1)
-    a = ap.parse_args()
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+def warm_start(a, out: Path) -> dict:
+    """Stages 1 and 2: the transcripts and ``grpo sft`` on them; its summary (``final``: the model)."""
     data = out / "transcripts.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in transcripts(load_script(), a.model, a.transcripts)))
     t0 = time.perf_counter()
@@ -97,8 +88,30 @@ def main() -> None:
     sft = json.loads(stdout[stdout.index("{"):stdout.rindex("}") + 1])
     print(f"sft on {a.transcripts} transcripts: {sft['steps']} steps in {time.perf_counter() - t0:.0f} s, loss "
           f"{sft['train_loss_first']:.3f} -> {sft['train_loss_last']:.3f}", flush=True)
-    stdout = run([sys.executable, str(SCRIPT), sft["final"]], out / "script.log",
-                 env={"OUTPUT_DIR": str(out / "run"), "MAX_STEPS": str(a.steps), "OMP_NUM_THREADS": str(a.threads)})
+    return sft
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="/tmp/trl_two_tasks")
+    ap.add_argument("--model", default=os.path.expanduser("~/.cache/grpo/SmolLM2-135M-Instruct"))
+    ap.add_argument("--transcripts", type=int, default=32)
+    ap.add_argument("--epochs", type=float, default=1.0)
+    ap.add_argument("--lr", type=float, default=5e-5)
+    ap.add_argument("--steps", type=int, default=8, help="GRPO steps of the script (its MAX_STEPS)")
+    ap.add_argument("--rl-lr", type=float, default=3e-5, help="the script's LEARNING_RATE")
+    ap.add_argument("--prompts", type=int, default=4, help="prompts per GRPO step (the script's PROMPTS_PER_STEP)")
+    ap.add_argument("--held-out", type=int, default=20, help="held-out rows per task (the script's HELD_OUT)")
+    ap.add_argument("--sft", help="an SFT model folder to start from (skips stages 1 and 2)")
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    sft = {"final": a.sft} if a.sft else warm_start(a, out)
+    env = {"OUTPUT_DIR": str(out / "run"), "MAX_STEPS": str(a.steps), "OMP_NUM_THREADS": str(a.threads),
+           "LEARNING_RATE": str(a.rl_lr), "PROMPTS_PER_STEP": str(a.prompts), "HELD_OUT": str(a.held_out)}
+    print(f"script: {env}", flush=True)
+    stdout = run([sys.executable, str(SCRIPT), sft["final"]], out / "script.log", env=env)
     print(stdout.strip())
     (out / "figures.json").write_text(json.dumps({"sft": sft, "script_stdout": stdout}, indent=2))
 

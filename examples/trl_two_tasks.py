@@ -32,7 +32,7 @@ def make_rows(n, rng):
 
 
 rng = random.Random(7)
-train, test = make_rows(100, rng), make_rows(20, rng)
+train, test = make_rows(100, rng), make_rows(int(os.environ.get("HELD_OUT", "20")), rng)  # rows per task
 
 
 class SumEnv:
@@ -80,7 +80,7 @@ if __name__ == "__main__":  # importable: bench/trl_two_tasks.py writes warm-sta
         learning_rate=float(os.environ.get("LEARNING_RATE", "3e-5")),
         num_generations=8,
         per_device_train_batch_size=8,
-        gradient_accumulation_steps=4,
+        gradient_accumulation_steps=int(os.environ.get("PROMPTS_PER_STEP", "4")),  # 8 completions = 1 prompt
         max_completion_length=64,
         eval_max_new_tokens=64,  # grpo's name (TRL has no held-out greedy evaluation of its own)
         temperature=0.8,
