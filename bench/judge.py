@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from grpo.data.tasks import arithmetic_task
-from grpo.infra.http_client import exchange
+from grpo.serve.bench import wait_healthy
 from grpo.rewards.judge import JudgeReward, JudgeSettings
 
 KEY = "bench-judge-key"
@@ -56,18 +56,11 @@ def start_server(model: str, port: int, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "grpo.cli", "serve", model, "--port", str(port), "--api-key", KEY, "--deadline", "600",
            "--closing-markers", "none", "--entropy-run", "0", "--max-batch", "16"]
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    for _ in range(600):
-        try:
-            if exchange(f"http://127.0.0.1:{port}/health", method="GET", headers={"Authorization": f"Bearer {KEY}"},
-                        deadline_s=5).status == 200:
-                return proc
-        except OSError:
-            pass
-        if proc.poll() is not None:
-            raise SystemExit(f"grpo serve exited ({proc.returncode}); see {log}")
-        time.sleep(1)
+    if wait_healthy(f"http://127.0.0.1:{port}", proc, timeout=600, name="grpo serve", log=str(log),
+                    headers={"Authorization": f"Bearer {KEY}"}):
+        return proc
     proc.kill()
-    raise SystemExit("grpo serve did not come up within 10 minutes")
+    raise SystemExit(f"grpo serve did not come up within 10 minutes; see {log}")
 
 
 def judge_model(score: str) -> str:

@@ -31,8 +31,16 @@ def make_rows(n, rng):
     return rows
 
 
+def setting(name, default):
+    """A positive whole number from the environment variable ``name`` (bench/trl_two_tasks.py sets them)."""
+    value = os.environ.get(name, str(default))
+    if not value.isdigit() or int(value) < 1:
+        raise SystemExit(f"{name}={value!r}: a whole number >= 1")
+    return int(value)
+
+
 rng = random.Random(7)
-train, test = make_rows(100, rng), make_rows(int(os.environ.get("HELD_OUT", "20")), rng)  # rows per task
+train, test = make_rows(100, rng), make_rows(setting("HELD_OUT", 20), rng)  # rows per task
 
 
 class SumEnv:
@@ -80,18 +88,18 @@ if __name__ == "__main__":  # importable: bench/trl_two_tasks.py writes warm-sta
         learning_rate=float(os.environ.get("LEARNING_RATE", "3e-5")),
         num_generations=8,
         per_device_train_batch_size=8,
-        gradient_accumulation_steps=int(os.environ.get("PROMPTS_PER_STEP", "4")),  # 8 completions = 1 prompt
+        gradient_accumulation_steps=setting("PROMPTS_PER_STEP", 4),  # 8 completions = 1 prompt
         max_completion_length=64,
         eval_max_new_tokens=64,  # grpo's name (TRL has no held-out greedy evaluation of its own)
         temperature=0.8,
         beta=0.04,
-        max_steps=int(os.environ.get("MAX_STEPS", "8")),
+        max_steps=setting("MAX_STEPS", 8),
         eval_strategy="no",
         logging_steps=1,
         report_to="none",
         use_cpu=True,
         bf16=False,
-        seed=0,
+        seed=int(os.environ.get("SEED", "0")),
     )
 
     trainer = GRPOTrainer(

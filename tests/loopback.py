@@ -5,6 +5,7 @@ server's handler decides what a request gets. ``requests`` records what each POS
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -35,8 +36,14 @@ class QuietHandler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def handle_error(self, request, client_address):  # a client that gave up (the deadline) is expected
-        pass
+    def handle_error(self, request, client_address):
+        """A client that gave up (a deadline) is expected; any other error is a bug of the handler, printed
+        with its traceback (the failing test shows it) and kept in ``errors``."""
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionError, TimeoutError)):
+            return
+        self.errors.append(error)
+        super().handle_error(request, client_address)
 
 
 class LoopbackServer:
@@ -46,7 +53,7 @@ class LoopbackServer:
 
     def __init__(self):
         self.httpd = _Server(("127.0.0.1", 0), self.handler)
-        self.httpd.requests, self.httpd.lock = [], threading.Lock()
+        self.httpd.requests, self.httpd.lock, self.httpd.errors = [], threading.Lock(), []
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
 

@@ -7,7 +7,7 @@ import pytest
 from grpo.config import Config
 from grpo.config.validate_sft import judge_settings
 from grpo.errors import ConfigError
-from grpo.rewards.judge import parse_group_scores, parse_score
+from grpo.rewards.judge import JudgeReward, final_answer, parse_group_scores, parse_score
 from grpo.rewards.runner import RewardRunner
 from tests.judge_server import JudgeServer
 
@@ -122,6 +122,11 @@ def test_final_answer_field_shows_the_answer_alone(server):
         ["so 2 + 3 = 5, I think", "\\boxed{7} not 9", "no idea"], SAMPLES[:3])
     sent = sorted(b["messages"][0]["content"] for _, b, _ in server.requests)
     assert sent == ["gold 5 | final 5", "gold 5 | final 7", "gold 5 | final none"]
+    assert final_answer("\\boxed{}") == "none"
+    judge = JudgeReward(judge_settings(Config(rewards="judge", judge_url=server.url("/ok"), judge_template=template)),
+                        timeout=5.0)
+    with pytest.raises(ConfigError, match="column 'final_answer' has the name of a field the judge fills in"):
+        judge.render({**SAMPLES[0], "final_answer": "5"}, completion="5", final_answer="5")
     server.requests.clear()
     _runner(server.url("/ok"), judge_mode="group", judge_template="{final_answers}", judge_score="number").score(
         ["2 + 3 = 5", "It is 6"], SAMPLES[:2])

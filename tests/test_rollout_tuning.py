@@ -9,7 +9,7 @@ import torch
 from grpo.config import Config, ConfigError
 from grpo.infra.process_cache import ProcessCache
 from grpo.models import load_models
-from grpo.rollout import SamplingSettings, make_engine, native, resolve_backend, tuning
+from grpo.rollout import SamplingSettings, choice, make_engine, native, resolve_backend, tuning
 from grpo.rollout.keys import row_keys
 from tests.conftest import need_native
 
@@ -95,7 +95,7 @@ def test_auto_runs_the_backend_that_measured_faster(tiny):
     auto runs is that backend's; both draw the same tokens (test_rollout_fast), so only speed differs."""
     model, tok = tiny
     backend = resolve_backend("auto", model, rows=4, group_size=2)
-    key = tuning.plan_key(model, 4, kind="backend auto plain")
+    key = tuning.plan_key(model, 4, kind=choice.backend_kind("auto", peft=False))
     decision = tuning.read_cached(key)
     assert backend == ("fast" if decision["fast"] <= decision["hf"] else "hf")
     assert any(m.startswith("rollout_backend auto (measured, 4 rows") for m in tuning.take_messages())
@@ -107,10 +107,8 @@ def test_auto_runs_the_backend_that_measured_faster(tiny):
 
 def test_a_burst_of_load_in_one_round_does_not_decide_the_backend(tiny, monkeypatch):
     """Each backend is timed in alternating rounds and its fastest round counts: fast's first round
-    slowed 1000x by load (as a decision "fast 5452.7 ms -> hf" once cached) still gives fast, and the
-    order of the measurements alternates so that a change of load favours neither."""
-    from grpo.rollout import choice
-
+    slowed 1000x by load still gives fast, and the order of the measurements alternates so that a
+    change of load favours neither."""
     model, _ = tiny
     order: list[str] = []
     fast_times = iter([5.0] + [0.004] * (choice.ROUNDS - 1))
@@ -127,7 +125,7 @@ def test_a_burst_of_load_in_one_round_does_not_decide_the_backend(tiny, monkeypa
     monkeypatch.setattr(choice, "hf_step_seconds", hf)
     assert resolve_backend("auto", model, rows=4, group_size=2) == "fast"
     assert order[:4] == ["fast", "hf", "hf", "fast"] and len(order) == 2 * choice.ROUNDS
-    decision = tuning.read_cached(tuning.plan_key(model, 4, kind="backend auto plain"))
+    decision = tuning.read_cached(tuning.plan_key(model, 4, kind=choice.backend_kind("auto", peft=False)))
     assert decision == {"backend": "fast", "fast": 0.004, "hf": 0.005}
 
 

@@ -160,12 +160,15 @@ def _text(value) -> str:
     return str(value)
 
 
+FILLED = frozenset({"completion", "final_answer", "completions", "final_answers"})  # the judge's fields, not columns
+
+
 def final_answer(completion: str) -> str:
     """The completion's final answer as the template's ``{final_answer}`` shows it: the last \\boxed{}
     content, else the last number (grpo.rewards.answers.extract_answer), else "none". A judge that reads
     only this cannot be swayed by the reasoning's wording, which a small judge's probabilities are."""
     found = extract_answer(completion)
-    return "none" if found is None else found
+    return found or "none"  # an empty \boxed{} shows as none too
 
 
 def _numbered(items) -> str:
@@ -197,6 +200,10 @@ class JudgeReward(HttpReward):
         self.__name__ = "judge"
 
     def render(self, sample: dict, **extra) -> str:
+        clash = sorted(set(sample) & FILLED)
+        if clash:  # the judge's own field would silently replace the column's value
+            raise ConfigError(f"judge_template: the sample's column {clash[0]!r} has the name of a field the judge "
+                              f"fills in ({', '.join(f'{{{n}}}' for n in sorted(FILLED))}); rename the column")
         fields_ = {k: _text(v) for k, v in sample.items()} | extra
         try:
             return self.settings.prompt_template.format_map(fields_)

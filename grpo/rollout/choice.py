@@ -11,8 +11,7 @@ STEPS one-token steps of each: our loop (the decoder step and output layer, its 
 says) and HF's decoder forward on its own cache at the same N rows, the per-step work ``generate``
 does before its logits processors (which both share). Each backend is timed in ROUNDS rounds, the
 two alternating, and its fastest round's median step decides: load from other processes only ever
-adds time, so a burst of it during one round (a decision "fast 5 s -> hf" where a step takes 30 ms)
-does not decide the choice. The result is kept per (machine, model shapes, N, threads) in this
+adds time, so a burst of it during one round does not decide the choice. The result is kept per (machine, model shapes, N, threads) in this
 process and in the cache folder, like the kernels.
 """
 
@@ -82,11 +81,17 @@ def step_seconds(model, b: int, g: int, kernels: str) -> dict[str, float]:
     return {name: min(t) for name, t in times.items()}
 
 
+def backend_kind(kernels: str, *, peft: bool) -> str:
+    """The cache key's kind of a decision: it names the timing method, so that a decision timed by an
+    earlier method (one round, more exposed to load) is measured again, not read back."""
+    return f"backend min-of-{ROUNDS} {kernels} {'peft' if peft else 'plain'}"
+
+
 def fast_or_hf(model, *, rows: int, group_size: int, kernels: str = "auto") -> str:
     """'fast' where our loop's step is at most HF's at ``rows`` rows, else 'hf' (measured once per key)."""
     base = base_model(model)
     # generate's speed differs with a LoRA wrapper (its adapters run beside every linear); ours does not
-    key = tuning.plan_key(base, rows, kind=f"backend {kernels} {'peft' if base is not model else 'plain'}")
+    key = tuning.plan_key(base, rows, kind=backend_kind(kernels, peft=base is not model))
     if key in tuning.MEASURED:
         return tuning.MEASURED[key]["backend"]
     decision, source = tuning.read_cached(key), "cache"

@@ -115,9 +115,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, *, timeout: float, name: str, log: str) -> bool:
-    """Polls ``url``/health until it answers 200 (True) or ``timeout`` seconds pass (False); a SystemExit
-    naming ``name`` and its ``log`` when the process exits first."""
+def wait_healthy(url: str, proc: subprocess.Popen, *, timeout: float, name: str, log: str,
+                 headers: dict | None = None) -> bool:
+    """Polls ``url``/health (with ``headers``: a key) until it answers 200 (True) or ``timeout`` seconds
+    pass (False); a SystemExit naming ``name`` and its ``log`` when the process exits first."""
     import httpx
 
     end = time.monotonic() + timeout
@@ -125,7 +126,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, *, timeout: float, name: str,
         if proc.poll() is not None:
             raise SystemExit(f"{name} exited with {proc.returncode} before it was healthy (log: {log})")
         try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+            if httpx.get(f"{url}/health", headers=headers, timeout=2).status_code == 200:
                 return True
         except httpx.HTTPError:
             pass

@@ -188,7 +188,7 @@ class ServeEngine:
         asked = [i for i, r in enumerate(rows) if r.job.top_logprobs is not None]
         if asked:
             for i, lp in zip(asked, top_token_logprobs(scores[asked], tokens[asked].tolist(),
-                                                   [rows[i].job.top_logprobs for i in asked])):
+                                                       [rows[i].job.top_logprobs for i in asked])):
                 rows[i].logprobs.append(lp)
         now = time.monotonic()
         for i, (row, tok) in enumerate(zip(rows, tokens.tolist())):
