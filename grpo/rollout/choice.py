@@ -11,8 +11,8 @@ STEPS one-token steps of each: our loop (the decoder step and output layer, its 
 says) and HF's decoder forward on its own cache at the same N rows, the per-step work ``generate``
 does before its logits processors (which both share). Each backend is timed in ROUNDS rounds, the
 two alternating, and its fastest round's median step decides: load from other processes only ever
-adds time, so a burst of it during one round does not decide the choice. The result is kept per (machine, model shapes, N, threads) in this
-process and in the cache folder, like the kernels.
+adds time, so a burst of it during one round does not decide the choice. The result is kept per
+(machine, model shapes, N, threads) in this process and in the cache folder, like the kernels.
 """
 
 from __future__ import annotations
