@@ -84,17 +84,22 @@ def _train(argv: list[str]) -> int:
     from grpo.infra.distributed import close_world
 
     trainer = Trainer(cfg)
-    main = trainer.world.is_main  # under torchrun, rank 0 speaks for the run
+    world, run_dir = trainer.world, trainer.run_dir
+    main = world.is_main  # under torchrun, rank 0 speaks for the run
     if main:
-        print(f"run folder: {trainer.run_dir}", flush=True)
+        print(f"run folder: {run_dir}", flush=True)
     if main and trainer.resumed_from:
         print(f"resumed from {trainer.resumed_from} at step {trainer.step}", flush=True)
+    finished = False
     try:
         result = trainer.train()
+        finished = True
     finally:
-        close_world(trainer.world)
+        steps, cfg = trainer.step, trainer.cfg
+        del trainer  # the policy's FSDP2 state holds the process group: freed before the group closes
+        close_world(world, finished=finished)
     if main:
-        _print_summary(result, steps=trainer.step, cfg=trainer.cfg, run_dir=trainer.run_dir)
+        _print_summary(result, steps=steps, cfg=cfg, run_dir=run_dir)
     return 130 if result.get("interrupted") == "SIGINT" else 143 if result.get("interrupted") else 0
 
 
@@ -122,14 +127,16 @@ def _sft(argv: list[str]) -> int:
     if world.distributed and cfg.distributed_strategy != "ddp":
         raise ConfigError(f"distributed_strategy: grpo sft runs on several processes with ddp only, "
                           f"got {cfg.distributed_strategy!r}")
+    finished = False
     try:
         run_dir = dist_io.broadcast_object(make_run_dir(cfg.output_dir, cfg.resume_from_checkpoint, command="grpo sft")
                                            if world.is_main else None, world)
         if world.is_main:
             cfg.save(run_dir / "config.yaml")  # the run's model: the base a LoRA checkpoint is merged into
         result = run_sft(_sft_model_settings(cfg), _sft_settings(cfg, run_dir), world=world)
+        finished = True
     finally:
-        dist_io.close_world(world)
+        dist_io.close_world(world, finished=finished)
     if world.is_main:
         print(json.dumps(result, indent=2))
         if "final" in result:

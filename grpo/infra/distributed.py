@@ -14,6 +14,7 @@ Dimension letters: B prompts per step (global), b = B / world per rank, G group 
 
 from __future__ import annotations
 
+import gc
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -65,9 +66,18 @@ def gpu_index(local_rank: int, visible: int) -> int:
     return local_rank
 
 
-def close_world(world: World) -> None:
+def close_world(world: World, *, finished: bool) -> None:
+    """Leave the process group. After a run every rank finished, the ranks first meet at a barrier, so
+    none tears its connections down while another is still inside a collective; after an error there
+    is no barrier (the other ranks may never arrive). The group is then destroyed and collected while
+    the interpreter is fully alive: a gloo worker thread that frees its last tensors during interpreter
+    shutdown aborts the process ("terminate called without an active exception"). Callers drop what
+    holds the group first (FSDP2's modules keep a reference to it)."""
     if world.distributed and dist.is_initialized():
+        if finished:
+            dist.barrier()
         dist.destroy_process_group()
+        gc.collect()
 
 
 def wrap_policy(model: torch.nn.Module, world: World, strategy: str) -> torch.nn.Module:
