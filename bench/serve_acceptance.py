@@ -118,6 +118,8 @@ def main() -> int:
     ap.add_argument("--c1-requests", type=int, default=50)
     ap.add_argument("--vllm", type=Path, default=ROOT / ".venv-vllm" / "bin" / "vllm", help="vLLM's environment: its Python or its vllm command")
     ap.add_argument("--out", type=Path, help="markdown file (default: RUN/serve_acceptance.md)")
+    ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
+                    help="an argument for both grpo serve processes (repeatable), e.g. --serve-arg=--dtype=auto")
     args = ap.parse_args()
     run = args.run.resolve()
     logdir = run / "serve_acceptance"
@@ -132,7 +134,8 @@ def main() -> int:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     head = (f"Serving acceptance, {started}, commit {commit()}; CPU: {cpu_line()}; torch threads: the default; "
             f"load average at the start {load()}. Scheme: the seed's defaults (0.8 s deadline, 512 / 1024 token caps, "
-            "entropy stop 3 tokens below 0.01 nats), greedy.\n\n")
+            "entropy stop 3 tokens below 0.01 nats), greedy"
+            + (f"; grpo serve {' '.join(args.serve_arg)}" if args.serve_arg else "") + ".\n\n")
     out = args.out or run / "serve_acceptance.md"
     doc, raw = [head], {}
 
@@ -145,7 +148,7 @@ def main() -> int:
     prompts = held_out_prompts(str(run))
     # c=4 (and c=1, c=16 on the same trained server)
     c4 = []
-    trained = Served(str(run), ["--fallback", "base"], logdir / "serve_trained.log", env)
+    trained = Served(str(run), ["--fallback", "base", *args.serve_arg], logdir / "serve_trained.log", env)
     try:
         levels, b, a = bench(trained.url, logdir / "c4_trained.json", env, "--concurrency", "4", "--requests",
                              str(args.requests), "--prompts", str(run))
@@ -170,7 +173,7 @@ def main() -> int:
         write()
     finally:
         trained.stop()
-    untrained = Served(UNTRAINED, ["--fallback", "base", "--completeness", "final_answer"],
+    untrained = Served(UNTRAINED, ["--fallback", "base", "--completeness", "final_answer", *args.serve_arg],
                        logdir / "serve_untrained.log", env)
     try:
         levels, b, a = bench(untrained.url, logdir / "c4_untrained.json", env, "--concurrency", "4", "--requests",

@@ -11,6 +11,7 @@ its base model, greedy, as ``grpo serve`` runs them (one scheduler thread). Medi
 3. one request of the run's first held-out prompt through the scheduler: alone, and while the
    fallback decodes two long answers (the scheduler's slack rule at the seed's 0.8 s deadline).
 
+Each ``--dtype`` (the engines' weights: float32, bfloat16, auto) in turn, and their ratios at the end.
 Prints milliseconds and ratios, with the CPU line and the load average (a shared machine shows there).
 """
 
@@ -98,10 +99,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", default="embedded:SmolLM2-135M-Instruct", help="run folder or model (default: the embedded model)")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--dtype", default="float32,bfloat16", help="the engines' --dtype values to compare, in turn")
     args = ap.parse_args()
     import torch
 
     from grpo.data.tasks import render_prompt
+    from grpo.rollout.tuning import take_messages
     from grpo.serve.batcher import Lane, Scheduler
     from grpo.serve.bench import held_out_prompts
     from grpo.serve.engines import make_serve_engine
@@ -109,20 +112,31 @@ def main() -> None:
 
     src = source_of(args.run)
     (pol, tok), (base, btok) = load_policy(src), load_base(fallback_source(src, "base"))
-    grpo_e = make_serve_engine("fast", pol, tok, max_rows=16, max_len=1024 + 512)
-    fb_e = make_serve_engine("fast", base, btok, max_rows=16, max_len=1024 + 1024)
     texts = held_out_prompts("arithmetic")
     prompts = [render_prompt(tok, t, src.system_prompt) for t in texts[:8]]
     print(f"{args.run}; commit {commit()}; torch threads {torch.get_num_threads()}; {cpu_line()}; "
           f"{time.strftime('%Y-%m-%d %H:%M')}; load average at start {open('/proc/loadavg').read().split()[:3]}")
-    print("1. engine step:", step_times(grpo_e, prompts[0], args.rounds))
-    print("2. prefill of one chat prompt:", prefill(grpo_e, prompts, args.rounds))
-    grpo, fallback = Lane(grpo_e, entropy_threshold=0.01, entropy_run=3), Lane(fb_e, name="base")
-    sched = Scheduler([grpo, fallback])
-    try:
-        print("3. one request (c=1):", requests(grpo, fallback, prompts[0], args.rounds))
-    finally:
-        sched.stop()
+    firsts = {}
+    for dtype in args.dtype.split(","):
+        options = {"dtype": dtype}
+        grpo_e = make_serve_engine("fast", pol, tok, max_rows=16, max_len=1024 + 512, options=options)
+        fb_e = make_serve_engine("fast", base, btok, max_rows=16, max_len=1024 + 1024, options=options)
+        print(f"--dtype {dtype}:", *take_messages(), sep="\n  ")
+        steps = step_times(grpo_e, prompts[0], args.rounds)
+        print("1. engine step:", steps)
+        print("2. prefill of one chat prompt:", prefill(grpo_e, prompts, args.rounds))
+        grpo, fallback = Lane(grpo_e, entropy_threshold=0.01, entropy_run=3), Lane(fb_e, name="base")
+        sched = Scheduler([grpo, fallback])
+        try:
+            req = requests(grpo, fallback, prompts[0], args.rounds)
+            print("3. one request (c=1):", req)
+        finally:
+            sched.stop()
+        firsts[dtype] = (steps["decode_b1_ms"], req["alone_ms"])
+    if len(firsts) > 1:
+        (ref, (step0, req0)), *others = firsts.items()
+        for dtype, (step, req) in others:
+            print(f"{dtype} / {ref}: decode step at 1 row {step / step0:.2f}x, one request alone {req / req0:.2f}x")
     print("load average at end:", open("/proc/loadavg").read().split()[:3])
 
 

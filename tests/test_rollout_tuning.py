@@ -35,9 +35,33 @@ def test_every_product_computes_the_linear(name, rows):
     torch.manual_seed(rows)
     weight, bias = torch.randn(96, 40), torch.randn(96)
     fn = tuning.PRODUCTS[name].make(weight, bias)
+    # a bfloat16 product is the float32 product of x and the weight rounded to bfloat16
+    read = weight.to(torch.bfloat16).float() if tuning.PRODUCTS[name].precision == "bfloat16" else weight
     for n in (rows, max(1, rows - 2), rows):  # the row count changes as rows end (panel: padded blocks)
         x = torch.randn(n, 40)
-        torch.testing.assert_close(fn(x), torch.nn.functional.linear(x, weight, bias), atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(fn(x), torch.nn.functional.linear(x, read, bias), atol=1e-4, rtol=1e-5)
+
+
+def test_the_bfloat16_panel_reads_rounded_weights_and_plans_keep_their_precision(tiny):
+    """panel_bf16 differs from the float32 product by the weight's rounding, which a float32 plan
+    never chooses; a bfloat16 plan measures only bfloat16 products; a rollout cannot be given one."""
+    need_native()
+    weight, x = torch.randn(64, 24), torch.randn(3, 24)
+    got = tuning.PRODUCTS["panel_bf16"].make(weight, None)(x)
+    torch.testing.assert_close(got, x @ weight.to(torch.bfloat16).float().T, atol=1e-5, rtol=1e-5)
+    assert (got - x @ weight.T).abs().max() > 1e-4  # the rounding shows: not the float32 product
+    model, _ = tiny
+    exact = tuning.kernel_plan(model, 4)
+    assert all(tuning.PRODUCTS[p].precision == "float32" for p in exact.products.values())
+    assert all(tuning.PRODUCTS[n].precision == "float32" for s in exact.seconds.values() for n in s)
+    half = tuning.kernel_plan(model, 4, dtype="bfloat16")
+    assert set(half.products.values()) == {"panel_bf16"} and half is not exact
+    both = tuning.kernel_plan(model, 4, dtype="auto")
+    assert all("panel_bf16" in s and "panel" in s for s in both.seconds.values())
+    with pytest.raises(ValueError, match="panel_bf16 reads the weights in bfloat16; this decode runs float32"):
+        tuning.kernel_plan(model, 4, "panel_bf16")
+    with pytest.raises(ConfigError, match="decode_kernels: panel_bf16 reads the weights in bfloat16"):
+        Config(decode_kernels="head=panel_bf16")
 
 
 def test_the_avx2_build_computes_the_same_products():
@@ -58,6 +82,8 @@ def test_the_avx2_build_computes_the_same_products():
     for built in (lib, native.library()):
         got = native.panel_product(built, weight, None)(x)
         torch.testing.assert_close(got, x @ weight.T, atol=1e-4, rtol=1e-5)
+        half = native.panel_product(built, weight, None, bfloat16=True)(x)
+        torch.testing.assert_close(half, x @ weight.to(torch.bfloat16).float().T, atol=1e-4, rtol=1e-5)
 
 
 def test_the_plan_keeps_the_fastest_measured_kernel_and_reads_it_back(tiny):
@@ -66,7 +92,8 @@ def test_the_plan_keeps_the_fastest_measured_kernel_and_reads_it_back(tiny):
     assert plan.source == "measured" and set(plan.products) == set(tuning.ROLES)
     for role, seconds in plan.seconds.items():
         assert plan.products[role] == min(seconds, key=seconds.get)  # the argmin of what was timed
-        assert set(seconds) == {n for n, p in tuning.PRODUCTS.items() if p.unavailable() is None}
+        assert set(seconds) == {n for n, p in tuning.PRODUCTS.items() if p.unavailable() is None
+                                and p.precision == "float32"}
     messages = tuning.take_messages()
     assert len(messages) == 1 and messages[0].startswith("decode kernels (measured, 8 rows")
     assert tuning.kernel_plan(model, 8) is plan and tuning.take_messages() == []  # once per process
@@ -82,7 +109,7 @@ def test_the_config_overrides_roles(tiny):
     mixed = tuning.kernel_plan(model, 8, "head=onednn,qkv=mkl")
     assert mixed.products["head"] == "onednn" and mixed.products["qkv"] == "mkl"
     assert mixed.source == "config + measured" and "head" not in mixed.seconds
-    with pytest.raises(ValueError, match="unknown product 'fast'; valid: auto, panel, onednn, mkl"):
+    with pytest.raises(ValueError, match="unknown product 'fast'; valid: auto, panel, onednn, mkl, panel_bf16"):
         tuning.parse_override("fast")
     with pytest.raises(ValueError, match="unknown role 'lm'"):
         tuning.parse_override("lm=mkl")

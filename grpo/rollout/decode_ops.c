@@ -281,40 +281,79 @@ void decode_attention(const float *qkv, const float *cos, const float *sin, cons
 
 int64_t panel_width(void) { return PANEL; }
 
-/* y[n8, N] = x[n8, K] @ W^T for weights packed in panels of PANEL output columns, wp [N / PANEL, K, PANEL]
- * (each panel's K x PANEL block contiguous, read start to end), n8 a multiple of 8: for each panel and
- * block of 8 rows, 8 x PANEL_VECTORS accumulators in registers, each x value broadcast. Every weight
- * comes from memory once for all rows (the panel, 18-49 KiB, stays in L1/L2 while the row blocks pass
- * over it). The panels are split over the OpenMP threads (static schedule: a thread's panels are
- * consecutive, so its prefetches run into the panel it reads next). */
-void panel_linear(const float *x, int64_t n8, int64_t K, const float *wp, int64_t N, float *y) {
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < N / PANEL; p++) {
-        const float *w = wp + p * K * PANEL;
-        for (int64_t r0 = 0; r0 < n8; r0 += 8) {
-            const float *xb = x + r0 * K;
-            vec acc[8][PANEL_VECTORS];
-            for (int r = 0; r < 8; r++)
-                for (int v = 0; v < PANEL_VECTORS; v++) acc[r][v] = (vec){0};
-            for (int64_t k = 0; k < K; k++) {
-                /* one prefetch per 64-byte line, 4 KiB ahead, on the first pass: the hardware
-                 * prefetcher alone kept one AVX2 core at 13.6 GB/s on 30 layers' weights (past the
-                 * caches), this at 16.9 (2 cores: 21.6 -> 29.5) */
-                if (r0 == 0)
-                    for (int64_t c = 0; c < PANEL; c += 16)
-                        if ((k * PANEL + c) % 16 == 0) __builtin_prefetch(w + k * PANEL + c + 1024, 0, 0);
-                vec wv[PANEL_VECTORS];
-                for (int v = 0; v < PANEL_VECTORS; v++) wv[v] = *(const vec *)(w + k * PANEL + v * VL);
-                for (int r = 0; r < 8; r++) {
-                    float xr = xb[r * K + k];
-                    for (int v = 0; v < PANEL_VECTORS; v++) acc[r][v] += xr * wv[v];
-                }
+/* Weights as the panel products read them: float32, or bfloat16 (the top 16 bits of a float32, rounded
+ * by the caller) widened to float32 in registers, a zero-extend and a 16-bit shift: exact, on any AVX2
+ * or AVX-512 core. Why bfloat16: a decode step of few rows reads every weight once and is bound by
+ * memory bandwidth; half the bytes per weight is up to half the step (serving: the weights never change). */
+typedef uint16_t hvec __attribute__((vector_size(VL * 2), aligned(2)));
+typedef uint32_t uvec __attribute__((vector_size(VL * 4)));
+
+static inline vec widen(const uint16_t *w) {
+    uvec u = __builtin_convertvector(*(const hvec *)w, uvec) << 16;
+    vec f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* One panel (K x PANEL weights, wf float32 or wh bfloat16) times ROWS rows of x into y: ROWS x
+ * PANEL_VECTORS accumulators in registers, each x value broadcast. ROWS and the weight type are
+ * constants at every call, so each call site compiles to its own loop. ``fetch``: prefetch the panel
+ * (the pass that reads it from memory), one prefetch per 64-byte line, 4 KiB ahead: the hardware
+ * prefetcher alone kept one AVX2 core at 13.6 GB/s on 30 layers' weights (past the caches), this at
+ * 16.9 (2 cores: 21.6 -> 29.5). */
+static inline __attribute__((always_inline)) void panel_rows(const float *x, int64_t K, const float *wf,
+                                                             const uint16_t *wh, const int ROWS, int fetch,
+                                                             float *y, int64_t N) {
+    vec acc[8][PANEL_VECTORS];
+    for (int r = 0; r < ROWS; r++)
+        for (int v = 0; v < PANEL_VECTORS; v++) acc[r][v] = (vec){0};
+    for (int64_t k = 0; k < K; k++) {
+        if (fetch)
+            for (int64_t c = 0; c < PANEL; c += 16) {
+                if (wf && (k * PANEL + c) % 16 == 0) __builtin_prefetch(wf + k * PANEL + c + 1024, 0, 0);
+                if (wh && (k * PANEL + c) % 32 == 0) __builtin_prefetch(wh + k * PANEL + c + 2048, 0, 0);
             }
-            for (int r = 0; r < 8; r++)
-                for (int v = 0; v < PANEL_VECTORS; v++)
-                    *(vec *)(y + (r0 + r) * N + p * PANEL + v * VL) = acc[r][v];
+        vec wv[PANEL_VECTORS];
+        for (int v = 0; v < PANEL_VECTORS; v++)
+            wv[v] = wf ? *(const vec *)(wf + k * PANEL + v * VL) : widen(wh + k * PANEL + v * VL);
+        for (int r = 0; r < ROWS; r++) {
+            float xr = x[r * K + k];
+            for (int v = 0; v < PANEL_VECTORS; v++) acc[r][v] += xr * wv[v];
         }
     }
+    for (int r = 0; r < ROWS; r++)
+        for (int v = 0; v < PANEL_VECTORS; v++) *(vec *)(y + r * N + v * VL) = acc[r][v];
+}
+
+/* y[n, N] = x[n, K] @ W^T for weights packed in panels of PANEL output columns, wp [N / PANEL, K, PANEL]
+ * (each panel's K x PANEL block contiguous, read start to end): for each panel, blocks of 8 rows, then
+ * the rows left one at a time (a step of 1-7 rows computes only its own rows; the panel, 18-49 KiB,
+ * comes from memory once and from L1/L2 for the other passes). The panels are split over the OpenMP
+ * threads (static schedule: a thread's panels are consecutive, so its prefetches run into the panel
+ * it reads next). ``wh`` (bfloat16 panels) is read where ``wf`` is NULL. */
+static void panels(const float *x, int64_t n, int64_t K, const float *wf, const uint16_t *wh, int64_t N, float *y) {
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < N / PANEL; p++) {
+        const float *f = wf ? wf + p * K * PANEL : 0;
+        const uint16_t *h = wf ? 0 : wh + p * K * PANEL;
+        int64_t r0 = 0;
+        for (; r0 + 8 <= n; r0 += 8)
+            if (f) panel_rows(x + r0 * K, K, f, 0, 8, r0 == 0, y + r0 * N + p * PANEL, N);
+            else panel_rows(x + r0 * K, K, 0, h, 8, r0 == 0, y + r0 * N + p * PANEL, N);
+        for (; r0 < n; r0++)
+            if (f) panel_rows(x + r0 * K, K, f, 0, 1, r0 == 0, y + r0 * N + p * PANEL, N);
+            else panel_rows(x + r0 * K, K, 0, h, 1, r0 == 0, y + r0 * N + p * PANEL, N);
+    }
+}
+
+void panel_linear(const float *x, int64_t n, int64_t K, const float *wp, int64_t N, float *y) {
+    panels(x, n, K, wp, 0, N, y);
+}
+
+/* panel_linear with the weights rounded to bfloat16 (the sums stay float32): the product of x and the
+ * rounded weights. */
+void panel_linear_bf16(const float *x, int64_t n, int64_t K, const uint16_t *wp, int64_t N, float *y) {
+    panels(x, n, K, 0, wp, N, y);
 }
 
 /* Attention of m query tokens over a paged KV cache (serving: continuous batching).

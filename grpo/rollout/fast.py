@@ -32,7 +32,7 @@ from grpo.rollout.keys import KeyedSampler
 from grpo.rollout import native
 from grpo.rollout.decoder import TorchDecoder, RowCache, decoder_unsupported_reason
 from grpo.rollout.kernels import onednn_available, packed_linears
-from grpo.rollout.tuning import KernelPlan, kernel_plan, parse_override
+from grpo.rollout.tuning import KernelPlan, kernel_plan, needs_native, parse_override
 
 # Architectures whose forward and DynamicCache the loop below has been checked against.
 FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -137,7 +137,8 @@ def _stepper(model, *, plan: KernelPlan | None, use_native: bool):
     if plan is None:
         return HFStep(model)
     lib = native.library() if use_native else None
-    linears = {r: plan.factory(r) for r in ("qkv", "o", "gate_up", "down") if lib is not None or plan.products[r] != "panel"}
+    linears = {r: plan.factory(r) for r in ("qkv", "o", "gate_up", "down")
+               if lib is not None or not needs_native(plan.products[r])}
     if lib is None:
         return TorchDecoder(model, linears=linears)
     return native.NativeDecoder(model, lib, linears=linears)
@@ -147,18 +148,20 @@ def _head(model, plan: KernelPlan | None, use_native: bool):
     """The output layer's product: the plan's, on the layer's weight (its module's own forward where
     HF's decoder steps)."""
     head = model.get_output_embeddings()
-    if plan is None or type(head) is not torch.nn.Linear or (plan.products["head"] == "panel" and not use_native):
+    if plan is None or type(head) is not torch.nn.Linear or (needs_native(plan.products["head"]) and not use_native):
         return head
     return plan.factory("head")(head.weight.detach(), head.bias.detach() if head.bias is not None else None)
 
 
-def step_products(model, rows: int, kernels: str = "auto", *, use_native: bool = True) -> tuple[dict, object]:
+def step_products(model, rows: int, kernels: str = "auto", *, use_native: bool = True,
+                  dtype: str = "float32") -> tuple[dict, object]:
     """The four layer products (role -> factory, for TorchDecoder's ``linears``) and the output
     layer's product of a step of about ``rows`` rows, as ``kernels`` and the measured plan say: what a
-    decoder of one's own (grpo.rollout.paged) builds its step from."""
+    decoder of one's own (grpo.rollout.paged) builds its step from. ``dtype``: tuning.PRECISIONS."""
     base = base_model(model)
-    plan = kernel_plan(base, rows, kernels)
-    linears = {r: plan.factory(r) for r in ("qkv", "o", "gate_up", "down") if use_native or plan.products[r] != "panel"}
+    plan = kernel_plan(base, rows, kernels, dtype=dtype)
+    linears = {r: plan.factory(r) for r in ("qkv", "o", "gate_up", "down")
+               if use_native or not needs_native(plan.products[r])}
     return linears, _head(base, plan, use_native)
 
 

@@ -68,6 +68,7 @@ SIGNATURES = {
     "vector_lanes": [],
     "panel_width": [],
     "panel_linear": [_P, _I, _I, _P, _I, _P],
+    "panel_linear_bf16": [_P, _I, _I, _P, _I, _P],
     "paged_attention": [_P, _P, _P, _P, _P, _I, _P, _I, _P, _P, _I, _I, _I, _I, _F, _P, _P],
 }
 _COUNTS = ("attention_threads", "vector_lanes", "panel_width")  # functions returning an int64
@@ -163,12 +164,14 @@ def unavailable_reason() -> str | None:
     return load_library().reason
 
 
-def panel_product(lib: ctypes.CDLL, weight: torch.Tensor, bias: torch.Tensor | None):
+def panel_product(lib: ctypes.CDLL, weight: torch.Tensor, bias: torch.Tensor | None, *, bfloat16: bool = False):
     """x [n, in] -> x @ weight.T + bias [n, out] through decode_ops.c's panel_linear, the weight
     [out, in] repacked once into panels [out / W, in, W] of W = ``lib.panel_width()`` output columns
     (32 on AVX-512, 8 on AVX2; a copy; where out is no multiple of W, F.linear instead). The kernel
-    works on blocks of 8 rows: a row count that is no multiple of 8 goes through a padded copy of x.
-    The result is a view of a buffer the next call with as many rows (rounded up to 8) overwrites.
+    works on blocks of 8 rows, then on the rows left one at a time. The result is a buffer the next
+    call with as many rows overwrites.
+    ``bfloat16``: the panels hold the weight rounded to bfloat16 (half the bytes; panel_linear_bf16),
+    the sums stay float32: the product of x and the rounded weight.
 
     Why: at 8 rows oneDNN's inner product and MKL's sgemm read the weights below memory bandwidth
     (AVX-512 core: oneDNN ~15-20 GB/s of ~28; AVX2 core: MKL 10.5, oneDNN 13-16 of ~20); this kernel
@@ -177,21 +180,21 @@ def panel_product(lib: ctypes.CDLL, weight: torch.Tensor, bias: torch.Tensor | N
     n_out, k = weight.shape
     width = lib.panel_width()
     if n_out % width:
-        return functools.partial(torch.nn.functional.linear, weight=weight, bias=bias)
+        w = weight.to(torch.bfloat16).float() if bfloat16 else weight
+        return functools.partial(torch.nn.functional.linear, weight=w, bias=bias)
     panels = weight.view(n_out // width, width, k).transpose(1, 2).contiguous()  # [out / W, in, W]
-    buffers = {}  # rows -> (x [n8, in], y [n8, out]), made on first use
+    if bfloat16:
+        panels = panels.to(torch.bfloat16)  # round to nearest even; the kernel reads the 16-bit patterns
+    kernel = lib.panel_linear_bf16 if bfloat16 else lib.panel_linear
+    buffers = {}  # rows -> y [n, out], made on first use
 
     def forward(x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out]
         n = x.shape[0]
-        n8 = -(-n // 8) * 8
-        if n8 not in buffers:
-            buffers[n8] = (torch.zeros(n8, k), torch.empty(n8, n_out))
-        xb, yb = buffers[n8]
-        if n != n8 or not x.is_contiguous():
-            xb[:n] = x
-            x = xb
-        lib.panel_linear(x.data_ptr(), n8, k, panels.data_ptr(), n_out, yb.data_ptr())
-        y = yb[:n]
+        if n not in buffers:
+            buffers[n] = torch.empty(n, n_out)
+        y = buffers[n]
+        x = x.contiguous()
+        kernel(x.data_ptr(), n, k, panels.data_ptr(), n_out, y.data_ptr())
         return y + bias if bias is not None else y
     return forward
 

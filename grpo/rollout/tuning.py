@@ -45,6 +45,7 @@ class Product:
     make: Callable  # (weight [O, K], bias [O] or None) -> (x [n, K] -> [n, O])
     unavailable: Callable[[], str | None]  # why it cannot run here (None: it can)
     doc: str
+    precision: str = "float32"  # the weights' as the product reads them (PRECISIONS)
 
 
 def _mkl(weight: torch.Tensor, bias: torch.Tensor | None):
@@ -59,35 +60,54 @@ def _panel(weight: torch.Tensor, bias: torch.Tensor | None):
     return native.panel_product(native.library(), weight, bias)
 
 
+def _panel_bf16(weight: torch.Tensor, bias: torch.Tensor | None):
+    return native.panel_product(native.library(), weight, bias, bfloat16=True)
+
+
 PRODUCTS: Registry[Product] = Registry("decode kernel", field="decode_kernels")
 PRODUCTS.register("panel", Product(_panel, native.unavailable_reason, "decode_ops.c's panel product: each weight "
                                    "read once for all rows, 8 at a time, with the vector width of the build"))
 PRODUCTS.register("onednn", Product(packed_linear, lambda: None if onednn_available() else "torch built without oneDNN",
                                     "oneDNN's inner product on the weight reordered once into its blocked layout"))
 PRODUCTS.register("mkl", Product(_mkl, lambda: None, "F.linear (MKL's sgemm on the [O, K] layout)"))
+PRODUCTS.register("panel_bf16", Product(_panel_bf16, native.unavailable_reason, "the panel product on the weight "
+                                        "rounded to bfloat16 (half the bytes read; float32 sums)", "bfloat16"))
+# what a plan may choose from: exact float32 products (rollouts: the policy's own distribution), or also
+# products on weights rounded to bfloat16 (serving: --dtype)
+PRECISIONS = {"float32": ("float32",), "bfloat16": ("bfloat16",), "auto": ("float32", "bfloat16")}
 
 
-def parse_override(text: str) -> dict[str, str]:
+def needs_native(name: str) -> bool:
+    """Whether product ``name`` runs in decode_ops.c (unavailable where the native ops are off)."""
+    return PRODUCTS[name].unavailable is native.unavailable_reason
+
+
+def parse_override(text: str, *, dtype: str = "float32") -> dict[str, str]:
     """``decode_kernels`` as role -> product: 'auto' (every role measured), one product name for every
-    role, or 'role=name,...' (the roles not named are measured). Raises ValueError naming the bad part."""
+    role, or 'role=name,...' (the roles not named are measured), each product one whose precision
+    ``dtype`` allows (PRECISIONS). Raises ValueError naming the bad part."""
     text = (text or "auto").strip()
     if text == "auto":
         return {}
     if "=" not in text:
-        _check_product(text)
-        return dict.fromkeys(ROLES, text)
+        return dict.fromkeys(ROLES, _check_product(text, dtype))
     out = {}
     for part in text.split(","):
         role, _, name = (s.strip() for s in part.partition("="))
         if role not in ROLES:
             raise ValueError(f"decode_kernels: unknown role {role!r} in {text!r}; roles: {', '.join(ROLES)}")
-        out[role] = _check_product(name)
+        out[role] = _check_product(name, dtype)
     return out
 
 
-def _check_product(name: str) -> str:
+def _check_product(name: str, dtype: str) -> str:
     if name not in PRODUCTS:
         raise ValueError(f"decode_kernels: unknown product {name!r}; valid: auto, {', '.join(PRODUCTS)}")
+    allowed = PRECISIONS[dtype]
+    if PRODUCTS[name].precision not in allowed:
+        valid = ", ".join(n for n, p in PRODUCTS.items() if p.precision in allowed)
+        raise ValueError(f"decode_kernels: {name} reads the weights in {PRODUCTS[name].precision}; this decode runs "
+                         f"{dtype} (products: {valid}; serving rounds the weights with grpo serve --dtype)")
     return name
 
 
@@ -196,18 +216,23 @@ def write_cached(key: str, value: dict) -> None:
         pass
 
 
-def kernel_plan(model, rows: int, override: str = "auto") -> KernelPlan:
+def kernel_plan(model, rows: int, override: str = "auto", *, dtype: str = "float32") -> KernelPlan:
     """The products a decode step of ``rows`` rows runs for ``model``: ``override``'s roles as given,
-    the others measured once per key (this process, then the cache folder)."""
-    fixed = parse_override(override)
-    key = plan_key(model, rows)
+    the others measured once per key (this process, then the cache folder), among the products whose
+    precision ``dtype`` allows (PRECISIONS: rollouts keep float32; serving may round to bfloat16)."""
+    fixed = parse_override(override, dtype=dtype)
+    allowed = PRECISIONS[dtype]
+    key = plan_key(model, rows, "products" if dtype == "float32" else f"products {dtype}")
     measured = MEASURED.get(key)
     if measured is None and len(fixed) < len(ROLES):
         cached = read_cached(key)
         if cached is not None and set(cached.get("products", {})) == set(ROLES):
             measured = KernelPlan(cached["products"], cached.get("seconds", {}), source="cache")
         else:
-            names = [n for n, p in PRODUCTS.items() if p.unavailable() is None]
+            names = [n for n, p in PRODUCTS.items() if p.precision in allowed and p.unavailable() is None]
+            if not names:
+                reasons = "; ".join(f"{n}: {p.unavailable()}" for n, p in PRODUCTS.items() if p.precision in allowed)
+                raise ValueError(f"dtype {dtype}: no product can run here ({reasons})")
             seconds = {role: time_products(shapes, rows, names) for role, shapes in role_weights(model).items()}
             measured = KernelPlan({r: min(s, key=s.get) for r, s in seconds.items()}, seconds)
             write_cached(key, {"products": measured.products, "seconds": seconds})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -94,6 +95,9 @@ def serve_parser() -> argparse.ArgumentParser:
     ap.add_argument("--engine", default="auto", help="auto, fast (grpo's decode step, paged KV cache), hf "
                     "(transformers' forward, any causal LM) or vllm (vLLM's engine; run from vLLM's environment)")
     ap.add_argument("--kernels", default="auto", help="the fast engine's decode_kernels setting")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "auto"),
+                    help="the fast engine's weights: float32 (exactly the trained model), bfloat16 (rounded: half the "
+                    "bytes a decode step reads, sums in float32), auto (per product, whichever is faster here)")
     ap.add_argument("--max-batch", type=int, default=16, help="rows each model decodes at once (continuous batching: "
                     "a request joins at the next step)")
     ap.add_argument("--max-step-tokens", type=int, default=128, help="tokens one step feeds the model: a token of "
@@ -142,7 +146,8 @@ def build_state(args):
     policy, tok = load_policy(src)
     caps = (scheme.grpo_max_tokens, scheme.fallback_max_tokens)
     kw = dict(kernels=args.kernels, max_rows=args.max_batch * (2 if same else 1))
-    options = dict(max_step_tokens=args.max_step_tokens, prefix_pages=max(args.prefix_cache_tokens, 0) // 16)
+    options = dict(max_step_tokens=args.max_step_tokens, prefix_pages=max(args.prefix_cache_tokens, 0) // 16,
+                   dtype=args.dtype)
     engine = make_serve_engine(args.engine, policy, tok, max_len=limits.max_prompt_tokens + (max(caps) if same else
                                caps[0]), options=options, **kw)
     if same:
@@ -206,6 +211,10 @@ def serve_main(argv: list[str]) -> int:
     if args.body_timeout <= 0:
         raise ConfigError("--body-timeout: must be > 0")
     state = build_state(args)
+    from grpo.rollout.tuning import take_messages
+
+    for message in take_messages():  # the decode products the fast engine measured or read, with the CPU
+        print(f"grpo serve: {message}", file=sys.stderr, flush=True)
     server = make_server(state, host=args.host, port=args.port)
     print(f"grpo serve: {args.model} (fallback: {args.fallback}) on http://{args.host}:{args.port} "
           f"(engine {state.grpo.engine.name}; completeness check {state.scheme.completeness}; models: grpo, base"
