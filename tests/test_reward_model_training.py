@@ -199,7 +199,8 @@ def test_warm_up_trains_the_reward_model_before_its_first_use(tmp_path, tiny_mod
                                                 score(*a))[1]
         t.train()
         seen[name] = dict(prompts=[[s["prompt"] for s in c.samples] for c in got], texts=got[0].rollout.texts,
-                          lines=metric_lines(t.run_dir), initial=initial, scored=scored, heldout=len(t.rm_trainer.heldout))
+                          lines=metric_lines(t.run_dir), initial=initial, scored=scored, heldout=len(t.rm_trainer.heldout),
+                              heldout_pairs=len(t.rm_trainer._pairs(t.rm_trainer.heldout)))
     plain, warm = seen["plain"], seen["warm"]
     assert warm["prompts"] == plain["prompts"] and warm["texts"] == plain["texts"]
     assert plain["scored"][0] == plain["initial"]  # without it, step 1 is scored by the untrained head
@@ -207,7 +208,9 @@ def test_warm_up_trains_the_reward_model_before_its_first_use(tmp_path, tiny_mod
     first = warm["lines"][0]
     assert first["rm_warmup_completions"] == 3 * 2 * 4 and first["rm_iteration"] == 1
     assert warm["heldout"] == 2 * 4  # the held-out groups are the warm-up's first two
-    assert first["rm_buffer_size"] == (3 * 2 - 2) * 4 and "rm_heldout_accuracy_after" in first
+    assert first["rm_buffer_size"] == (3 * 2 - 2) * 4
+    # pairwise held-out accuracy exists where a held-out group mixes labels (the seed decides that)
+    assert ("rm_heldout_accuracy_after" in first) == (warm["heldout_pairs"] > 0)
     assert "rm_warmup_completions" not in plain["lines"][0] and "rm_iteration" not in plain["lines"][0]
     assert all(0.0 <= line["rm_verifier_reward"] <= 1.0 for line in warm["lines"] + plain["lines"])
 

@@ -132,7 +132,10 @@ def test_two_processes_equal_one(tmp_path, tiny_model_dir, data_file, extra):
     initial = load_file(str(next(Path(tiny_model_dir).glob("*.safetensors"))))
     moved = max(float((w1[k] - initial[k]).abs().max()) for k in w1 if k in initial)
     worst = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
-    assert moved > 1e-3 and worst <= 1e-5, (moved, worst)
+    # float sums in another order (shares all-reduced vs one sum), and Adam divides each gradient by its
+    # own scale, so a small element's rounding shows in its step: bound by the movement, as in
+    # test_distributed (a wrongly weighted share moves weights by the order of the movement itself)
+    assert moved > 1e-3 and worst <= 0.01 * moved, (moved, worst)
     assert (two / "final" / "config.json").is_file() and (two / "sft.json").is_file()
 
 

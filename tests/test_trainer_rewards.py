@@ -91,21 +91,22 @@ def _descendants_and_sandbox_processes() -> set[int]:
 
 
 @needs_bwrap
-def test_thirty_steps_on_the_code_task_with_hostile_completions(tmp_path, tiny_model_dir, monkeypatch):
+def test_fifteen_steps_on_the_code_task_with_hostile_completions(tmp_path, tiny_model_dir, monkeypatch):
     grader = CodeGrader(test_timeout=1.0, program_timeout=5.0, slots=4)
     grader.check()
     monkeypatch.setitem(code.GRADERS, "default", grader)  # short deadlines for the test; still bwrap
     before = _descendants_and_sandbox_processes()
-    cfg = make_cfg(tmp_path, tiny_model_dir, "code", task="code", rewards="code", max_steps=30,
+    cfg = make_cfg(tmp_path, tiny_model_dir, "code", task="code", rewards="code", max_steps=15,
                    eval_prompts=0, max_completion_length=8)
     t = under_fire(Trainer(cfg))
     result = t.train()
     lines = [json.loads(l) for l in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [l["step"] for l in lines] == list(range(1, 31))
-    # 240 completions: 24 hostile (k % 10 == 0) score 0; references (k % 3 == 0 and not k % 10 == 0:
-    # 80 - 8 = 72) score 1; the refusals score 0. Every step has 8, so the mean is 72 / 240.
-    mean = sum(l["rewards/code"] for l in lines) / 30
-    assert abs(mean - 72 / 240) < 1e-9
+    assert [l["step"] for l in lines] == list(range(1, 16))
+    # 120 completions: 12 hostile (k % 10 == 0: each of HOSTILE at least once) score 0; references
+    # (k % 3 == 0 and not k % 10 == 0: 40 - 4 = 36) score 1; the refusals score 0. Every step has 8, so
+    # the mean is 36 / 120.
+    mean = sum(l["rewards/code"] for l in lines) / 15
+    assert abs(mean - 36 / 120) < 1e-9
     assert all(l["reward_failures"] == 0 for l in lines)
     assert "checkpoint" in result
     assert _descendants_and_sandbox_processes() - before == set()
