@@ -15,7 +15,9 @@ concurrency 1, and throughput at concurrency 16 against vLLM's own OpenAI server
    after another to the trained run's server: P50 to the answer's last token (the whole response).
 5. c=16: the trained run's server against ``vllm serve`` on the run exported as a plain model
    folder (``grpo export``), the same held-out prompts, greedy, the GRPO model's token cap, in the
-   same serve-bench run: throughput (answered requests/s) and P99 of both. Needs vLLM's environment
+   same serve-bench run: throughput (answered requests/s) and P99 of both; then ``grpo serve`` on the
+   exported model alone as vLLM runs it (no deadline, no entropy stop, every answer accepted: no
+   fallback work), the engines like for like. Needs vLLM's environment
    (``--vllm``: its Python or its ``vllm`` command; default: .venv-vllm/bin/vllm of this checkout, whose
    Python starts the server); without it the row says so.
 6. Writes a markdown table per part with the CPU line (bench/machine.py), date, commit and the load
@@ -38,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.machine import commit, cpu_line  # noqa: E402
 from grpo.serve.bench import free_port, wait_healthy  # noqa: E402
+from grpo.serve.scheme import DEFAULT_ENTROPY_THRESHOLD  # noqa: E402
 
 UNTRAINED = "embedded:SmolLM2-135M-Instruct"
 
@@ -134,7 +137,7 @@ def main() -> int:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     head = (f"Serving acceptance, {started}, commit {commit()}; CPU: {cpu_line()}; torch threads: the default; "
             f"load average at the start {load()}. Scheme: the seed's defaults (0.8 s deadline, 512 / 1024 token caps, "
-            "entropy stop 3 tokens below 0.01 nats), greedy"
+            f"entropy stop 3 tokens below {DEFAULT_ENTROPY_THRESHOLD} nats), greedy"
             + (f"; grpo serve {' '.join(args.serve_arg)}" if args.serve_arg else "") + ".\n\n")
     out = args.out or run / "serve_acceptance.md"
     doc, raw = [head], {}
@@ -173,6 +176,17 @@ def main() -> int:
         write()
     finally:
         trained.stop()
+    # the engines like for like: the exported model alone, as vllm serve runs it (no deadline, no entropy
+    # stop, every answer accepted), so the fallback's work does not count against grpo's engine
+    alone = Served(str(export), ["--deadline", "60", "--entropy-run", "0", "--completeness", "markers",
+                                 "--closing-markers", "none", *args.serve_arg], logdir / "serve_alone.log", env)
+    try:
+        levels, b, a = bench(alone.url, logdir / "c16_alone.json", env, "--concurrency", "16", "--requests",
+                             str(args.requests), "--prompts", str(run))
+        raw["c16"]["levels"].append({**levels[0], "server": "grpo serve, the model alone", "load": f"{b} -> {a}"})
+        write()
+    finally:
+        alone.stop()
     untrained = Served(UNTRAINED, ["--fallback", "base", "--completeness", "final_answer", *args.serve_arg],
                        logdir / "serve_untrained.log", env)
     try:
