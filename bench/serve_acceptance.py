@@ -169,7 +169,9 @@ def main() -> int:
         if not (export / "config.json").is_file():
             subprocess.run([sys.executable, "-m", "grpo", "export", str(run), "--out", str(export)], check=True,
                            cwd=ROOT, env=env)
-        vllm_args = ["--vllm-model", str(export), "--vllm", str(args.vllm)] if args.vllm.is_file() else []
+        dtype = next((a.split("=", 1)[1] for a in args.serve_arg if a.startswith("--dtype=")), "float32")
+        vllm_args = ["--vllm-model", str(export), "--vllm", str(args.vllm),
+                     "--vllm-dtype", "bfloat16" if dtype == "bfloat16" else "float32"] if args.vllm.is_file() else []
         levels, b, a = bench(trained.url, logdir / "c16.json", env, "--concurrency", "16", "--requests",
                              str(args.requests), "--prompts", str(run), *vllm_args)
         raw["c16"] = {"load": f"{b} -> {a}", "levels": levels, "vllm": str(args.vllm) if vllm_args else None}

@@ -168,8 +168,8 @@ def test_two_processes_equal_one(tmp_path, tiny_model_dir, data_file, single, se
     assert len(_metrics(two)) == STEPS
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
-@pytest.mark.parametrize("setting", ["grpo", "ppo"])  # ppo: the critic's weights and optimizer are state too
+# DDP with the policy alone; FSDP2 with PPO, whose critic's sharded weights and optimizer are state too
+@pytest.mark.parametrize("setting,strategy", [("grpo", "ddp"), ("ppo", "fsdp2")], ids=["grpo-ddp", "ppo-fsdp2"])
 def test_two_process_resume_is_exact(tmp_path, tiny_model_dir, data_file, single, setting, strategy):
     """Stop a 2-process run after step 2, resume it on 2 processes and, separately, on 1: both end
     where the uninterrupted run ends."""

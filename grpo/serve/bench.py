@@ -165,11 +165,12 @@ class VLLMServer:
     """vLLM's OpenAI server (the one ``vllm serve`` runs) on a folder, on a free loopback port, its log in
     a file; ``python``: the Python of vLLM's environment (``vllm_python``)."""
 
-    def __init__(self, folder: str, *, python: str, max_rows: int, max_len: int, log: Path, timeout: float):
+    def __init__(self, folder: str, *, python: str, max_rows: int, max_len: int, log: Path, timeout: float,
+                 dtype: str = "float32"):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name",
-               "grpo", "--dtype", "float32", "--max-num-seqs", str(max_rows), "--max-model-len", str(max_len),
+               "grpo", "--dtype", dtype, "--max-num-seqs", str(max_rows), "--max-model-len", str(max_len),
                "--enable-prefix-caching", "--generation-config", "vllm", "--disable-uvicorn-access-log"]
         if not _cuda():
             from grpo.serve.vllm_engine import kv_bytes
@@ -226,6 +227,8 @@ def bench_main(argv: list[str]) -> int:
     ap.add_argument("--vllm", help="the Python of vLLM's environment, or its vllm command (default: the vllm "
                     "command beside this Python, else on PATH)")
     ap.add_argument("--vllm-max-len", type=int, default=2048, help="vllm serve --max-model-len")
+    ap.add_argument("--vllm-dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="vllm serve --dtype (the weights grpo serve --dtype serves, to compare like with like)")
     ap.add_argument("--vllm-timeout", type=float, default=900.0, help="seconds vllm serve may take to start")
     args = ap.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
@@ -240,7 +243,7 @@ def bench_main(argv: list[str]) -> int:
         log = (args.out.with_suffix(".vllm.log") if args.out else Path(f"vllm-serve-{os.getpid()}.log"))
         print(f"starting vllm serve {args.vllm_model} (log: {log})", flush=True)
         vllm = VLLMServer(args.vllm_model, python=vllm_python(args.vllm), max_rows=max(levels),
-                          max_len=args.vllm_max_len, log=log, timeout=args.vllm_timeout)
+                          max_len=args.vllm_max_len, log=log, timeout=args.vllm_timeout, dtype=args.vllm_dtype)
     results = []
     print(f"{'server':<11} {'conc':>4} {'ok':>5} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'req/s':>6} {'grpo':>6}  "
           "fallbacks / errors / mean tokens by model")
