@@ -265,11 +265,14 @@ def test_policy_filter_and_cov_modes_act_in_training(tmp_path, tiny_model_dir, t
 
 def test_consistency_metric_every_m_steps(tmp_path, tiny_model_dir, tiny_dataset):
     t = Trainer(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, eval_prompts=4, eval_pass_k=0, max_steps=4,
-                         consistency_steps=2, consistency_prompts=2))
+                         consistency_steps=2, consistency_prompts=4, consistency_group_size=8))
     t.train()
     lines = _lines(t)
     assert [("consistency_cv" in l) for l in lines] == [False, True, False, True]
-    assert all(l["consistency_cv"] > 0 for l in lines if "consistency_cv" in l)  # digit_share varies
+    cvs = [l["consistency_cv"] for l in lines if "consistency_cv" in l]
+    # the probe samples unkeyed, so one probe's 32 completions may all score 0 (cv 0) on the random
+    # tiny model; across two probes the digit share varies somewhere
+    assert all(math.isfinite(c) and c >= 0 for c in cvs) and max(cvs) > 0, cvs
 
 
 def test_resume_with_every_controller_is_exact(tmp_path, tiny_model_dir, tiny_dataset):
