@@ -16,7 +16,10 @@
    held-out greedy accuracy before and after.
 
     PYTHONPATH=. python bench/judge.py [--out /tmp/judge] [--steps 5] [--eval 50] [--pairs 20] [--port 8765]
-                                 [--template final_answer|default|few_shot|best]
+                                 [--template final_answer|default|few_shot|best] [--model JUDGE]
+
+A judge fine-tuned for the check (bench/judge_data.py writes its rows, `grpo sft` trains it) is served
+with --model JUDGE_RUN/final.
 """
 
 from __future__ import annotations
@@ -53,8 +56,11 @@ TEMPLATES = {"default": "", "few_shot": FEW_SHOT, "final_answer": FINAL}
 
 
 def start_server(model: str, port: int, log: Path) -> subprocess.Popen:
+    # the judge is its own fallback: the "base" lane (judge_model) must reach it, not the base model an
+    # exported judge folder records
     cmd = [sys.executable, "-m", "grpo.cli", "serve", model, "--port", str(port), "--api-key", KEY, "--deadline", "600",
-           "--closing-markers", "none", "--entropy-run", "0", "--max-batch", "16"]
+           "--closing-markers", "none", "--entropy-run", "0", "--max-batch", "16",
+           "--fallback", model]
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
     if wait_healthy(f"http://127.0.0.1:{port}", proc, timeout=600, name="grpo serve", log=str(log),
                     headers={"Authorization": f"Bearer {KEY}"}):
@@ -65,7 +71,8 @@ def start_server(model: str, port: int, log: Path) -> subprocess.Popen:
 
 def judge_model(score: str) -> str:
     """The served model's name: yes_prob asks one token, which the serving scheme would count as an
-    answer cut at its cap and send to the fallback (the same model here); "base" answers directly."""
+    answer cut at its cap and send to the fallback; "base" answers directly, with the fallback lane (the
+    judge itself, start_server)."""
     return "base" if score == "yes_prob" else "grpo"
 
 
