@@ -160,7 +160,10 @@ def test_two_processes_equal_one(tmp_path, tiny_model_dir, data_file, single, se
     if setting == "ppo":
         for ma, mb in zip(_metrics(one), _metrics(two)):
             for k in CRITIC:
-                assert ma[k] == pytest.approx(mb[k], rel=1e-5, abs=1e-6), (ma["step"], k, ma[k], mb[k])
+                # the critic's own Adam steps amplify the order of the gradient sums, as for the
+                # weights (_assert_same_weights): 5.5e-5 relative seen on value_mean at step 3; a
+                # process's share missed or doubled moves these by tens of percent
+                assert ma[k] == pytest.approx(mb[k], rel=1e-3, abs=1e-5), (ma["step"], k, ma[k], mb[k])
     if setting == "dynamic":  # groups were dropped and more rounds drawn, the same on 1 and 2 processes
         assert any(m["dynamic_sampling_dropped_share"] > 0 for m in _metrics(one))
         assert [[m[k] for k in DYNAMIC] for m in _metrics(one)] == [[m[k] for k in DYNAMIC] for m in _metrics(two)]

@@ -15,7 +15,7 @@ from grpo.config import Config, ConfigError
 from grpo.rollout.base import concat_rollouts, select_rollout
 from grpo.train.knobs import AdaptiveKL, BandController, Fuse
 from grpo.train.trainer import Trainer
-from tests.conftest import TEST_BF16, TEST_SEED
+from tests.conftest import TEST_BF16, TEST_SEED, first_seed
 from tests.test_checkpoint import metric_lines, weights_hash
 from tests.test_trainer import make_cfg, signal_seed
 
@@ -126,14 +126,26 @@ def test_wandb_asked_but_not_installed_is_a_clear_error():
 
 def test_dynamic_sampling_keeps_zero_variance_groups_out_of_the_loss(tmp_path, tiny_model_dir, tiny_dataset):
     kw = dict(rewards="tests.rewards_for_tests:has_digit", max_steps=5)
+
+    # has_digit on random completions: a group often all misses or all hits, though not with every
+    # seed's tiny model (5 steps of seed 6 drew no such group), so the seed is one whose first draw has one
+    def zero_variance_at_step_1(seed: int) -> bool:
+        t = Trainer(make_cfg(tmp_path / f"probe{seed}", tiny_model_dir, tiny_dataset, **kw, seed=seed))
+        samples, ro = t.sample()
+        rewards, _ = t.score(samples, ro)  # [B, G]
+        return bool((rewards.std(1) == 0).any())
+
+    kw["seed"] = first_seed(zero_variance_at_step_1, "a zero-variance group at step 1")
     _, off = _train(tmp_path, "off", tiny_model_dir, tiny_dataset, **kw)
-    # has_digit on random completions: often every completion of a group misses -> zero variance
     assert max(l["zero_variance_share"] for l in off) > 0
     _, on = _train(tmp_path, "on", tiny_model_dir, tiny_dataset, dynamic_sampling=True, **kw)
     assert all(l["dynamic_sampling_empty"] == 0 for l in on)
     assert all(l["zero_variance_share"] == 0 for l in on)  # the trained batch never holds one
     assert max(l["dynamic_sampling_dropped_share"] for l in on) > 0  # ... because some were dropped
-    assert all(l["trained_groups"] == 2 for l in on)
+    # a full batch of B = 2 groups, unless the step used all its rounds (then what was kept, at least one)
+    rounds = make_cfg(tmp_path / "x", tiny_model_dir, tiny_dataset).dynamic_sampling_rounds
+    assert all(l["trained_groups"] == 2 or l["dynamic_sampling_rounds"] == rounds for l in on), on
+    assert any(l["trained_groups"] == 2 and l["dynamic_sampling_rounds"] > 1 for l in on)  # refilled
 
 
 def _mean(xs):
@@ -161,14 +173,15 @@ def test_entropy_target_holds_entropy_in_its_band(tmp_path, tiny_model_dir, tiny
 def test_entropy_coef_knob_pulls_entropy_back_into_its_band(tmp_path, tiny_model_dir, tiny_dataset):
     """entropy_coef knob: the bonus acts through the weights, a step or two late, so entropy may dip
     below the band before the raised coefficient pulls it back; it never collapses as without control.
-    (Measured over seeds 0-8, fp32, 18 steps: controlled lowest 4.12-4.81, last step 0.54-1.28 above
-    the lowest; uncontrolled last step 0.01-1.6.)"""
+    (Measured over seeds 0-8 and 10, fp32, 18 steps: controlled lowest 4.12-4.81, last step 0.54-1.28
+    above the lowest; uncontrolled last step 0.01-2.89: how fast it collapses varies with the seed.)"""
     kw = dict(max_steps=18, learning_rate=0.03)
     _, off = _train(tmp_path, "off", tiny_model_dir, tiny_dataset, **kw)
     _, on = _train(tmp_path, "on", tiny_model_dir, tiny_dataset, entropy_target_band=[4.9, 5.6],
                    entropy_target_knob="entropy_coef", controller_factor=3.0, entropy_coef=0.05, **kw)
     ent = [round(l["entropy"], 3) for l in on]
-    assert min(ent) > off[-1]["entropy"] + 2.0, (ent, off[-1]["entropy"])
+    assert min(ent) > 3.5, ent  # never collapses ...
+    assert ent[-1] > off[-1]["entropy"] + 0.5, (ent, off[-1]["entropy"])  # ... as it does without control
     assert ent[-1] > min(ent) + 0.3, ent  # pulled back up after its lowest point
     coef = [l["entropy_coef"] for l in on]
     assert coef[-1] > coef[0]
