@@ -157,14 +157,14 @@ def test_tiny_run_logs_the_preset_state(tmp_path, tiny_model_dir, tiny_dataset):
 
     cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, monitor_preset="seed003", num_iterations=2,
                    max_steps=4, clip_step_patience=2, consistency_steps=2, consistency_prompts=2, eval_prompts=4,
-                   fuse_max=10.0)
+                   fuse_max=10.0, learning_rate=5e-3)
     Trainer(cfg).train()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     for key in ("gav", "all_correct_share", "all_wrong_share", "reward_group_std", "distinct_1", "distinct_2",
                 "loop_share", "clip_fraction_state", "clip_fraction_strikes", "fuse_strikes", "consistency_state"):
         assert all(key in r for r in rows), key
-    # a tiny model, two epochs at lr 1e-2: the clip fraction sits below 30%, so after 2 steps below
-    # epsilon narrows by 0.02, and again after 2 more
+    # a tiny model, two epochs at lr 5e-3: the clip fraction sits below 30% (0.16-0.21 at step 1 over
+    # five seeds; at lr 1e-2 one seed's was 0.32), so after 2 steps below epsilon narrows by 0.02
     assert all(r["clip_fraction"] < 0.30 and r["clip_fraction_state"] == "below" for r in rows), rows
     assert [r["epsilon"] for r in rows] == pytest.approx([0.20, 0.20, 0.18, 0.18])
     assert [r["clip_fraction_strikes"] for r in rows] == [1, 0, 1, 0]
