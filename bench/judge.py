@@ -1,7 +1,7 @@
 """A judge model as the only reward: `grpo serve` on loopback scores the arithmetic task's completions.
 
 1. Starts `grpo serve MODEL` (default: the embedded SmolLM2-135M-Instruct) on 127.0.0.1 with a key, a
-   deadline long enough that the served model itself answers (no fallback), and no closing-marker check
+   deadline long enough that the served model itself answers (its own fallback), and no closing-marker check
    (a judge's "yes" is a complete answer).
 2. The judge's agreement with the arithmetic verifier on --pairs held-out problems, each with a right
    and a wrong completion ("a + b = c"), for the built-in yes/no template and the two few-shot

@@ -6,7 +6,8 @@ exactly as the judge reward renders it for a completion (JudgeReward.render, wit
 ``{final_answer}``), the assistant turn is "yes" or "no", the arithmetic task's numeric verifier's
 verdict on that completion. Completions are drawn from the task's training problems only (the judge
 run evaluates on held-out ones) in the forms a policy writes: right results, near misses, decimals
-('5.33'), restated operands, numbers cut from the question, no number at all; half are right.
+('5.33'), restated operands, numbers cut from the question, a restatement without a result; half are right (no reply
+without any digit, whose final answer renders as "none").
 
     PYTHONPATH=. python bench/judge_data.py --out /tmp/judge-sft/rows.jsonl --seed 1 [--rows 2048]
     grpo sft sft_data=/tmp/judge-sft/rows.jsonl output_dir=/tmp/judge-sft/run learning_rate=2e-5 \
