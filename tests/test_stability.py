@@ -15,9 +15,9 @@ from grpo.config import Config, ConfigError
 from grpo.rollout.base import concat_rollouts, select_rollout
 from grpo.train.knobs import AdaptiveKL, BandController, Fuse
 from grpo.train.trainer import Trainer
-from tests.conftest import TEST_BF16, TEST_SEED, first_seed
+from tests.conftest import TEST_BF16, TEST_SEED
 from tests.test_checkpoint import metric_lines, weights_hash
-from tests.test_trainer import make_cfg, signal_seed
+from tests.test_trainer import draw_seed, make_cfg, signal_seed
 
 
 def _lines(t):
@@ -129,13 +129,8 @@ def test_dynamic_sampling_keeps_zero_variance_groups_out_of_the_loss(tmp_path, t
 
     # has_digit on random completions: a group often all misses or all hits, though not with every
     # seed's tiny model (5 steps of seed 6 drew no such group), so the seed is one whose first draw has one
-    def zero_variance_at_step_1(seed: int) -> bool:
-        t = Trainer(make_cfg(tmp_path / f"probe{seed}", tiny_model_dir, tiny_dataset, **kw, seed=seed))
-        samples, ro = t.sample()
-        rewards, _ = t.score(samples, ro)  # [B, G]
-        return bool((rewards.std(1) == 0).any())
-
-    kw["seed"] = first_seed(zero_variance_at_step_1, "a zero-variance group at step 1")
+    kw["seed"] = draw_seed(tmp_path, tiny_model_dir, tiny_dataset, lambda r: (r.std(1) == 0).any(),
+                           "a zero-variance group at step 1", **kw)
     _, off = _train(tmp_path, "off", tiny_model_dir, tiny_dataset, **kw)
     assert max(l["zero_variance_share"] for l in off) > 0
     _, on = _train(tmp_path, "on", tiny_model_dir, tiny_dataset, dynamic_sampling=True, **kw)

@@ -29,16 +29,21 @@ def make_cfg(tmp_path, model_dir, dataset, **kw) -> Config:
     return Config(**base)
 
 
-def signal_seed(tmp_path, model_dir, dataset, **kw) -> int:
-    """A seed (from GRPO_TEST_SEED on) whose step-1 draw has reward signal: a group whose rewards are
-    not all equal, so the first update moves the policy (a check that needs movement needs this)."""
-    def has_signal(seed: int) -> bool:
+def draw_seed(tmp_path, model_dir, dataset, holds, what: str, **kw) -> int:
+    """A seed (from GRPO_TEST_SEED on) whose step-1 rewards [B, G] satisfy ``holds``."""
+    def check(seed: int) -> bool:
         t = Trainer(make_cfg(tmp_path / f"probe{seed}", model_dir, dataset, **{**kw, "seed": seed}))
         samples, ro = t.sample()
-        rewards, _ = t.score(samples, ro)
-        return bool((rewards.std(1) > 0).any())
+        rewards, _ = t.score(samples, ro)  # [B, G]
+        return bool(holds(rewards))
 
-    return first_seed(has_signal, "reward signal at step 1")
+    return first_seed(check, what)
+
+
+def signal_seed(tmp_path, model_dir, dataset, **kw) -> int:
+    """A seed whose step-1 draw has reward signal: a group whose rewards are not all equal, so the
+    first update moves the policy (a check that needs movement needs this)."""
+    return draw_seed(tmp_path, model_dir, dataset, lambda r: (r.std(1) > 0).any(), "reward signal at step 1", **kw)
 
 
 def _params(model):
