@@ -5,7 +5,7 @@ import pytest
 from grpo.config import ConfigError
 from grpo.rewards import extract_answer, math_reward, numeric_reward, parse_number, resolve_reward
 from grpo.rewards import score_completions
-from grpo.rewards.builtin import REWARDS
+from grpo.rewards.builtin import REWARDS, stated_answer_reward
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -34,6 +34,26 @@ def test_parse_number(text, value):
 ])
 def test_numeric_reward(completion, gold, reward):
     assert numeric_reward(completion, {"answer": gold}) == reward
+
+
+@pytest.mark.parametrize("completion,reward", [
+    ("7 + 5 = 12", 1.0), ("7 + 5 = 13.", 1.0),  # stated, right or wrong
+    ("The sum is 12.", 1.0), ("12", 1.0), ("\\boxed{12}", 1.0), ("#### 12", 1.0),
+    ("8 + 1 = 1 + 2", 0.0), ("2 + 10 = 2 + 10", 0.0),  # an equation with no result
+    ("7 + 5", 0.0), ("It is 12 or 13.", 0.0), ("Let me think.", 0.0), ("", 0.0),
+])
+def test_stated_answer_reward_by_hand(completion, reward):
+    assert stated_answer_reward(completion, {"answer": "12"}) == reward
+
+
+def test_the_arithmetic_task_brings_both_rewards_with_their_weights():
+    from grpo.config import Config
+
+    c = Config()
+    assert (c.task, c.rewards, c.reward_weights) == ("arithmetic", "numeric,stated_answer", [1.0, 0.1])
+    assert Config(reward_weights=[1.0, 0.5]).reward_weights == [1.0, 0.5]  # an explicit setting wins
+    given = Config(rewards="numeric")
+    assert (given.rewards, given.reward_weights) == ("numeric", None)  # the task's weights go with its rewards
 
 
 def test_math_reward_equivalence():

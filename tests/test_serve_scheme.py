@@ -8,6 +8,7 @@ import argparse
 import pytest
 
 from grpo.errors import ConfigError
+from grpo.rewards.builtin import stated_answer_reward
 from grpo.serve.engines import Generation
 from grpo.serve.scheme import Scheme, default_completeness, incomplete_reason
 from grpo.serve.server import completeness_of
@@ -21,6 +22,7 @@ FINAL = [  # (answer, how it ended, the check's verdict)
     ("\\boxed{12}", "stop", None),
     ("12", "stop", None),
     ("7 + 5", "stop", "no_final_answer"),  # the sum, never its result
+    ("8 + 1 = 1 + 2", "stop", "no_final_answer"),  # an equation with no result (the default run, numeric alone)
     ("The sum is 12 or 13.", "stop", "no_final_answer"),  # hedged
     ("Let me think about it", "stop", "no_final_answer"),
     ("7 + 5 = 1", "entropy", "early_stop"),  # an early stop inside '12'
@@ -34,6 +36,13 @@ def test_final_answer_check(text, finish, want):
     scheme = Scheme(completeness="final_answer")
     assert incomplete_reason(Generation(text, 4, finish, 0.0), {"prompt": "What is 7 + 5?", "answer": None},
                              scheme) == want
+
+
+@pytest.mark.parametrize("text,finish,want", [f for f in FINAL if f[1] == "stop"])
+def test_the_check_and_the_stated_answer_reward_apply_one_rule(text, finish, want):
+    """What the default run is rewarded for stating is what serving accepts as stated."""
+    sample = {"prompt": "What is 7 + 5?", "answer": "12"}
+    assert stated_answer_reward(text, sample) == (0.0 if want == "no_final_answer" else 1.0)
 
 
 def test_the_default_arithmetic_answer_passes_the_run_derived_check_and_not_the_markers():
@@ -50,7 +59,7 @@ def test_completeness_default_follows_the_run_and_the_flags():
 
     assert default_completeness("numeric") == default_completeness("format,length") == "final_answer"
     assert default_completeness("code") == default_completeness(None) == "markers"
-    assert completeness_of(args(), "numeric") == "final_answer"  # the default run (rewards=numeric)
+    assert completeness_of(args(), "numeric,stated_answer") == "final_answer"  # the default run
     assert completeness_of(args(), None) == "markers"  # a plain model: the seed's concluding words
     assert completeness_of(args(closing_markers=["en=done"]), "numeric") == "markers"
     assert completeness_of(args(verifier="format"), "numeric") == "verifier"

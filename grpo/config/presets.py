@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from grpo.data.mixture import parse_mixture
-from grpo.data.tasks import TASKS, task_rewards
+from grpo.data.tasks import TASKS, task_reward_weights, task_rewards
 from grpo.registry import Registry
 
 MONITOR_PRESETS: Registry[dict] = Registry("monitor preset", field="monitor_preset")
@@ -45,13 +45,15 @@ def _fill_defaults(c, values: dict) -> None:
 
 def apply_task_preset(c) -> None:
     """Fill what the task needs where the config leaves it: a built-in task's presets (fields still at
-    their defaults; an explicit setting wins) and, when ``rewards`` is not set, the task's rewards, so
-    the saved config records the rewards the run is scored with. A mixture's ``rewards`` stay as given:
+    their defaults; an explicit setting wins) and, when ``rewards`` is not set, the task's rewards and
+    their weights (unless ``reward_weights`` is set), so the saved config records what the run is scored with. A mixture's ``rewards`` stay as given:
     unset, each source is scored with its own (grpo.config.mixture_settings)."""
     if c.task in TASKS:
         _fill_defaults(c, dict(TASKS[c.task].presets))
     if not c.rewards.strip() and parse_mixture(c.task) is None:
         c.rewards = task_rewards(c.task)
+        if c.reward_weights is None:
+            c.reward_weights = task_reward_weights(c.task)
 
 
 def apply_monitor_preset(c) -> None:

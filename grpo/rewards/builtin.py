@@ -48,6 +48,23 @@ def format_reward(completion: str, sample: dict) -> float:
     return float(bool(re.search(r"####\s*-?[\d,.]+|answer is:?\s*\$?-?[\d,.]+", completion, re.IGNORECASE)))
 
 
+# the last number of the text stated as a result: after '=', 'is', 'equals' or ':' with no digit after it
+_STATED = re.compile(r"(?:=|\bis\b|\bequals\b|:)\s*\$?\s*-?\d[\d,]*(?:\.\d+)?[^\d]*$", re.IGNORECASE)
+_BARE = re.compile(r"-?\d[\d,]*(?:\.\d+)?\.?")  # the answer is the number alone
+
+
+def stated_answer_reward(completion: str, sample: dict) -> float:
+    """1.0 when the completion states one final answer, right or wrong: a recognised form (\\boxed{},
+    '#### n', 'answer is n'), or its last number stated as a result ('7 + 5 = 12', 'the sum is 12') or
+    alone ('12'), not hedged ('12 or 13'); 0.0 for '8 + 1 = 1 + 2', which states no result. A format
+    reward beside the accuracy reward, as DeepSeek-R1 pairs them (arXiv:2501.12948, section 2.2.2);
+    ``grpo serve``'s ``final_answer`` completeness check applies the same rule."""
+    text = completion.strip()
+    if candidates(text, "0") is None:
+        return 0.0
+    return float(format_reward(text, sample) > 0 or bool(_STATED.search(text)) or bool(_BARE.fullmatch(text)))
+
+
 def length_reward(completion: str, sample: dict) -> float:
     """Brevity: 1.0 for an empty completion falling linearly to 0.0 at 400 characters."""
     return max(0.0, 1.0 - len(completion) / 400)
@@ -84,6 +101,7 @@ REWARDS.register(Reward("numeric", numeric_reward, reads_final_answer=True))
 # its worker pool kills a call at its deadline: no second pool needed
 REWARDS.register(Reward("math", math_reward, own_deadline=True, reads_final_answer=True))
 REWARDS.register(Reward("format", format_reward, reads_final_answer=True))
+REWARDS.register(Reward("stated_answer", stated_answer_reward, reads_final_answer=True))
 REWARDS.register(Reward("length", length_reward))
 REWARDS.register(Reward("incompleteness", incompleteness_reward))
 REWARDS.register(Reward("incompleteness_zh", incompleteness_zh_reward))

@@ -19,9 +19,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from grpo.registry import Registry
-from grpo.rewards.builtin import REWARDS, format_reward
+from grpo.rewards.builtin import REWARDS, stated_answer_reward
 from grpo.rewards.forms import BatchInputs, check_value
-from grpo.rewards.mathverify import candidates
 from grpo.rewards.reward import Reward
 from grpo.rewards.scoring import reward_outcomes
 from grpo.serve.batcher import Lane, Overloaded
@@ -62,9 +61,6 @@ class Scheme:
     notes: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_NOTES))
 
 
-# the last number of the text stated as a result: after '=', 'is', 'equals' or ':' with no digit after it
-_STATED = re.compile(r"(?:=|\bis\b|\bequals\b|:)\s*\$?\s*-?\d[\d,]*(?:\.\d+)?[^\d]*$", re.IGNORECASE)
-_BARE = re.compile(r"-?\d[\d,]*(?:\.\d+)?\.?")  # the answer is the number alone
 _SENTENCE_END = re.compile(r"[.!?。！？]\s*[$)*\s]*$|\n\s*$")
 # name -> (generation, sample, scheme) -> why the answer is not complete, or None
 COMPLETENESS_CHECKS: Registry = Registry("completeness check", field="--completeness")
@@ -83,16 +79,13 @@ def _markers_check(gen: Generation, sample: dict, scheme: "Scheme") -> str | Non
 
 @COMPLETENESS_CHECKS.register("final_answer")
 def _final_answer_check(gen: Generation, sample: dict, scheme: "Scheme") -> str | None:
-    """One final answer stated as such: a recognised form (\\boxed{}, '#### n', 'answer is n') or
-    the last number stated as a result ('7 + 5 = 12', 'the sum is 12') or alone ('12'), not hedged ('12 or 13'),
-    as the answer-reading rewards read it. An entropy-stopped answer must also end its sentence
+    """One final answer stated as such, by the ``stated_answer`` reward's rule: a recognised form
+    (\\boxed{}, '#### n', 'answer is n') or the last number stated as a result ('7 + 5 = 12', 'the sum
+    is 12') or alone ('12'), not hedged ('12 or 13'). An entropy-stopped answer must also end its sentence
     (a stop inside '= 1|2' would state a cut number)."""
-    text = gen.text.strip()
-    if candidates(text, "0") is None:
+    if not stated_answer_reward(gen.text, sample):
         return "no_final_answer"
-    if not (format_reward(text, sample) > 0 or _STATED.search(text) or _BARE.fullmatch(text)):
-        return "no_final_answer"
-    if gen.finish == "entropy" and not _SENTENCE_END.search(text):
+    if gen.finish == "entropy" and not _SENTENCE_END.search(gen.text.strip()):
         return "early_stop"
     return None
 
