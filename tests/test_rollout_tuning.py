@@ -42,6 +42,20 @@ def test_every_product_computes_the_linear(name, rows):
         torch.testing.assert_close(fn(x), torch.nn.functional.linear(x, read, bias), atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["panel", "panel_bf16"])
+def test_a_panel_products_row_is_bitwise_the_same_beside_any_rows(name):
+    """Passes of 8, 4, 2 and 1 rows sum each row in one order: a row's output does not depend on how
+    many rows share the step (continuous batching changes that count every step)."""
+    need_native()
+    torch.manual_seed(0)
+    weight = torch.randn(64, 40)  # two panels on AVX-512, eight on AVX2
+    fn = tuning.PRODUCTS[name].make(weight, None)
+    x = torch.randn(15, 40)
+    alone = torch.stack([fn(x[i:i + 1])[0].clone() for i in range(15)])
+    for n in range(1, 16):
+        assert torch.equal(fn(x[:n]), alone[:n]), n
+
+
 def test_the_bfloat16_panel_reads_rounded_weights_and_plans_keep_their_precision(tiny):
     """panel_bf16 differs from the float32 product by the weight's rounding, which a float32 plan
     never chooses; a bfloat16 plan measures only bfloat16 products; a rollout cannot be given one."""
