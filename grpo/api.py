@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from grpo.config import Config
+from grpo.config.presets import weights_follow_rewards
 from grpo.config.io import config_from
 from grpo.data.tasks import Task, rows_task
 from grpo.errors import ConfigError, DataError
@@ -154,8 +155,10 @@ class GRPOTrainer:
         if isinstance(train_dataset, (str, Path)):
             changes["task"] = str(train_dataset)
         cfg = args if args is not None else Config()
-        if cfg.reward_weights is not None and "rewards" in changes and len(cfg.reward_weights) != len(changes["rewards"].split(",")):
-            raise ConfigError(f"reward_weights: {len(cfg.reward_weights)} weights for {len(changes['rewards'].split(','))} "
+        changes = weights_follow_rewards(dataclasses.asdict(cfg), changes)  # the task's weights go with its rewards
+        weights = changes.get("reward_weights", cfg.reward_weights)
+        if weights is not None and "rewards" in changes and len(weights) != len(changes["rewards"].split(",")):
+            raise ConfigError(f"reward_weights: {len(weights)} weights for {len(changes['rewards'].split(','))} "
                               f"reward_funcs")
         cfg = Config(**{**dataclasses.asdict(cfg), **changes})  # validated again, with what was handed over
         self.task = None

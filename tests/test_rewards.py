@@ -56,6 +56,19 @@ def test_the_arithmetic_task_brings_both_rewards_with_their_weights():
     assert (given.rewards, given.reward_weights) == ("numeric", None)  # the task's weights go with its rewards
 
 
+def test_a_saved_runs_task_weights_follow_its_rewards_when_they_change(tmp_path):
+    from grpo.config import Config
+    from grpo.config.io import load_config
+
+    Config().save(tmp_path / "config.yaml")  # a default run's: rewards and weights written out
+    assert load_config(tmp_path / "config.yaml", ["rewards=numeric"]).reward_weights is None
+    assert load_config(tmp_path / "config.yaml", ["max_steps=3"]).reward_weights == [1.0, 0.1]
+    assert load_config(tmp_path / "config.yaml", ["rewards=numeric,length", "reward_weights=1,2"]).reward_weights == [1, 2]
+    Config(reward_weights=[1.0, 0.5]).save(tmp_path / "own.yaml")  # weights of the user's own are kept
+    with pytest.raises(ConfigError, match="reward_weights: 2 weights for 1 rewards"):
+        load_config(tmp_path / "own.yaml", ["rewards=numeric"])
+
+
 def test_math_reward_equivalence():
     assert math_reward("so the result is $\\frac{1}{2}$", {"answer": "0.5"}) == 1.0
     assert math_reward("so the result is $\\frac{1}{3}$", {"answer": "0.5"}) == 0.0

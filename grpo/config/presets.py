@@ -56,6 +56,20 @@ def apply_task_preset(c) -> None:
             c.reward_weights = task_reward_weights(c.task)
 
 
+def weights_follow_rewards(base: dict, changes: dict) -> dict:
+    """``changes`` to a config ``base`` (field -> value), with ``reward_weights`` reset where they
+    replace ``rewards`` but not the weights and ``base`` holds its task's own rewards and weights
+    (filled by ``apply_task_preset``, or saved by a run on the task): the weights go with the rewards
+    they weighed, so ``rewards=numeric`` on a saved arithmetic run is not refused for two weights."""
+    if "rewards" not in changes or "reward_weights" in changes:
+        return changes
+    task = base.get("task", "arithmetic")
+    if not isinstance(task, str) or task not in TASKS or base.get("reward_weights") is None:
+        return changes
+    own = (task_rewards(task), task_reward_weights(task))
+    return {**changes, "reward_weights": None} if (base.get("rewards"), base.get("reward_weights")) == own else changes
+
+
 def apply_monitor_preset(c) -> None:
     """Fill the fields of ``c.monitor_preset`` that are still at their defaults (an explicit setting
     wins); an unknown preset lists the valid ones."""
