@@ -25,9 +25,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from grpo.config import Config
-from grpo.config.presets import weights_follow_rewards
 from grpo.config.io import config_from
-from grpo.data.tasks import Task, rows_task
+from grpo.data.tasks import Task, rows_task, task_rewards
 from grpo.errors import ConfigError, DataError
 from grpo.infra.runtime import make_run_dir
 from grpo.rewards.builtin import REWARDS
@@ -54,6 +53,15 @@ def callable_name(fn: Callable) -> str | None:
     except (ImportError, AttributeError):
         return None
     return f"{module}:{qualname}" if obj is fn else None
+
+
+def _rewards_follow_task(cfg: Config, changes: dict) -> dict:
+    """``changes`` with ``rewards`` emptied where they replace the task and leave the rewards that
+    ``cfg``'s own task filled in (a GRPOConfig() holds the default arithmetic task's): the new task's
+    (a dataset's: numeric) then apply, as on the command line."""
+    if "task" not in changes or changes["task"] == cfg.task or "rewards" in changes or not isinstance(cfg.task, str):
+        return changes
+    return {**changes, "rewards": ""} if cfg.rewards == task_rewards(cfg.task) else changes
 
 
 def _reward_names(reward_funcs) -> tuple[list[str], dict[str, Callable], str]:
@@ -155,10 +163,9 @@ class GRPOTrainer:
         if isinstance(train_dataset, (str, Path)):
             changes["task"] = str(train_dataset)
         cfg = args if args is not None else Config()
-        changes = weights_follow_rewards(dataclasses.asdict(cfg), changes)  # the task's weights go with its rewards
-        weights = changes.get("reward_weights", cfg.reward_weights)
-        if weights is not None and "rewards" in changes and len(weights) != len(changes["rewards"].split(",")):
-            raise ConfigError(f"reward_weights: {len(weights)} weights for {len(changes['rewards'].split(','))} "
+        changes = _rewards_follow_task(cfg, changes)
+        if cfg.reward_weights is not None and "rewards" in changes and len(cfg.reward_weights) != len(changes["rewards"].split(",")):
+            raise ConfigError(f"reward_weights: {len(cfg.reward_weights)} weights for {len(changes['rewards'].split(','))} "
                               f"reward_funcs")
         cfg = Config(**{**dataclasses.asdict(cfg), **changes})  # validated again, with what was handed over
         self.task = None
@@ -197,7 +204,7 @@ class GRPOTrainer:
             if not path.exists():
                 path.write_text(lines)
             changes["task"] = str(path)
-        return Config(**{**dataclasses.asdict(cfg), **changes}), task
+        return Config(**{**dataclasses.asdict(cfg), **_rewards_follow_task(cfg, changes)}), task
 
     @property
     def run_dir(self) -> Path:

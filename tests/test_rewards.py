@@ -36,37 +36,31 @@ def test_numeric_reward(completion, gold, reward):
     assert numeric_reward(completion, {"answer": gold}) == reward
 
 
-@pytest.mark.parametrize("completion,reward", [
-    ("7 + 5 = 12", 1.0), ("7 + 5 = 13.", 1.0),  # stated, right or wrong
-    ("The sum is 12.", 1.0), ("12", 1.0), ("\\boxed{12}", 1.0), ("#### 12", 1.0),
-    ("8 + 1 = 1 + 2", 0.0), ("2 + 10 = 2 + 10", 0.0),  # an equation with no result
-    ("7 + 5", 0.0), ("It is 12 or 13.", 0.0), ("Let me think.", 0.0), ("", 0.0),
+@pytest.mark.parametrize("completion,stated", [
+    ("7 + 5 = 12", True), ("7 + 5 = 13.", True),  # stated, right or wrong
+    ("The sum is 12.", True), ("12", True), ("\\boxed{12}", True), ("#### 12", True),
+    ("8 + 1 = 1 + 2", False), ("2 + 10 = 2 + 10", False),  # an equation with no result
+    ("7 + 5", False), ("It is 12 or 13.", False), ("Let me think.", False), ("", False),
 ])
-def test_stated_answer_reward_by_hand(completion, reward):
-    assert stated_answer_reward(completion, {"answer": "12"}) == reward
+def test_stated_answer_reward_by_hand(completion, stated):
+    assert stated_answer_reward(completion, {"answer": "12"}) == (0.1 if stated else 0.0)
 
 
-def test_the_arithmetic_task_brings_both_rewards_with_their_weights():
+def test_the_arithmetic_task_is_scored_by_its_answer_and_a_tenth_for_stating_one(tmp_path):
+    from grpo.api import _rewards_follow_task
     from grpo.config import Config
+    from grpo.rewards import score_completions
 
     c = Config()
-    assert (c.task, c.rewards, c.reward_weights) == ("arithmetic", "numeric,stated_answer", [1.0, 0.1])
-    assert Config(reward_weights=[1.0, 0.5]).reward_weights == [1.0, 0.5]  # an explicit setting wins
-    given = Config(rewards="numeric")
-    assert (given.rewards, given.reward_weights) == ("numeric", None)  # the task's weights go with its rewards
-
-
-def test_a_saved_runs_task_weights_follow_its_rewards_when_they_change(tmp_path):
-    from grpo.config import Config
-    from grpo.config.io import load_config
-
-    Config().save(tmp_path / "config.yaml")  # a default run's: rewards and weights written out
-    assert load_config(tmp_path / "config.yaml", ["rewards=numeric"]).reward_weights is None
-    assert load_config(tmp_path / "config.yaml", ["max_steps=3"]).reward_weights == [1.0, 0.1]
-    assert load_config(tmp_path / "config.yaml", ["rewards=numeric,length", "reward_weights=1,2"]).reward_weights == [1, 2]
-    Config(reward_weights=[1.0, 0.5]).save(tmp_path / "own.yaml")  # weights of the user's own are kept
-    with pytest.raises(ConfigError, match="reward_weights: 2 weights for 1 rewards"):
-        load_config(tmp_path / "own.yaml", ["rewards=numeric"])
+    assert (c.task, c.rewards, c.reward_weights) == ("arithmetic", "numeric,stated_answer", None)
+    fns = {n: REWARDS[n] for n in c.reward_names}
+    res = score_completions(["7 + 5 = 12", "7 + 5 = 13", "7 + 5 = 5 + 7"], [{"answer": "12"}] * 3, fns, None)
+    assert res.total.tolist() == pytest.approx([1.1, 0.1, 0.0])  # right > stated but wrong > no result
+    # a dataset handed to the API is scored with a dataset's rewards, not the default task's it replaces
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n' * 4)
+    assert Config(**{**vars(c), **_rewards_follow_task(c, {"task": str(rows)})}).rewards == "numeric"
+    assert _rewards_follow_task(Config(rewards="length"), {"task": str(rows)}) == {"task": str(rows)}  # the user's
 
 
 def test_math_reward_equivalence():

@@ -44,8 +44,8 @@ def test_every_product_computes_the_linear(name, rows):
 
 @pytest.mark.parametrize("name", ["panel", "panel_bf16"])
 def test_a_panel_products_row_is_bitwise_the_same_beside_any_rows(name):
-    """Passes of 8, 4, 2 and 1 rows sum each row in one order: a row's output does not depend on how
-    many rows share the step (continuous batching changes that count every step)."""
+    """Passes of 8 rows and one of the 1-7 left sum each row in one order: a row's output does not
+    depend on how many rows share the step (continuous batching changes that count every step)."""
     need_native()
     torch.manual_seed(0)
     weight = torch.randn(64, 40)  # two panels on AVX-512, eight on AVX2

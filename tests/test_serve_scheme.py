@@ -42,7 +42,7 @@ def test_final_answer_check(text, finish, want):
 def test_the_check_and_the_stated_answer_reward_apply_one_rule(text, finish, want):
     """What the default run is rewarded for stating is what serving accepts as stated."""
     sample = {"prompt": "What is 7 + 5?", "answer": "12"}
-    assert stated_answer_reward(text, sample) == (0.0 if want == "no_final_answer" else 1.0)
+    assert (stated_answer_reward(text, sample) > 0) == (want != "no_final_answer")
 
 
 def test_the_default_arithmetic_answer_passes_the_run_derived_check_and_not_the_markers():

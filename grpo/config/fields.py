@@ -135,7 +135,7 @@ class Config:
 
     # ---- Rewards ----
     rewards: str = ""
-    """Comma-separated reward functions ('': the task's own, recorded in the run's config.yaml: numeric for arithmetic, gsm8k, calculator and datasets, code for code and code_hard): built-ins (numeric, math, code, code_strict, code_generated, code_style, reward_model, format, length, incompleteness, incompleteness_zh, environment: an environment_factory's get_reward(), judge: a judge model behind an OpenAI-compatible API, the judge_* settings), module:function paths (an `async def` one runs its batch's calls concurrently), or http(s):// URLs that score a JSON batch (README, Remote rewards)."""
+    """Comma-separated reward functions ('': the task's own, recorded in the run's config.yaml: numeric,stated_answer for arithmetic, numeric for gsm8k, calculator and datasets, code for code and code_hard): built-ins (numeric, math, code, code_strict, code_generated, code_style, reward_model, format, stated_answer, length, incompleteness, incompleteness_zh, environment: an environment_factory's get_reward(), judge: a judge model behind an OpenAI-compatible API, the judge_* settings), module:function paths (an `async def` one runs its batch's calls concurrently), or http(s):// URLs that score a JSON batch (README, Remote rewards)."""
     reward_weights: list[float] | None = None
     """Weight of each reward in `rewards` (default: all 1.0)."""
     reward_timeout: float = 10.0

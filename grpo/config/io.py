@@ -15,7 +15,6 @@ from typing import Any
 import yaml
 
 from grpo.config.fields import Config
-from grpo.config.presets import weights_follow_rewards
 from grpo.config.sections import SECTIONS, section
 from grpo.config.trl_names import TRL_NAMES, translate
 from grpo.errors import ConfigError
@@ -57,15 +56,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         loaded = {ALIASES.get(k, k): v for k, v in loaded.items()}
         _check_keys(loaded, str(p))
         values.update(loaded)
-    changes: dict[str, Any] = {}
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
         k, v = item.split("=", 1)
         k = ALIASES.get(k, k)
         _check_keys([k], "the command line")
-        changes[k] = v
-    return Config(**translate({**values, **weights_follow_rewards(values, changes)}))
+        values[k] = v
+    return Config(**translate(values))
 
 
 def field_docs() -> dict[str, str]:

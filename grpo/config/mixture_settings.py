@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from grpo.data.mixture import SourceSpec, Source, parse_mixture
-from grpo.data.tasks import TASKS, task_reward_weights, task_rewards
+from grpo.data.tasks import TASKS, task_rewards
 from grpo.errors import ConfigError
 
 # settings one batch shares, taken as the largest any source's preset asks for (a source's own
@@ -61,7 +61,7 @@ def source_spec(c, source: Source, *, run_rewards: bool = True) -> SourceSpec:
     elif run_rewards and c.rewards.strip():
         rewards, weights = c.rewards, c.reward_weights
     else:
-        rewards, weights = task_rewards(source.name), task_reward_weights(source.name)
+        rewards, weights = task_rewards(source.name), None
     names = [r for r in rewards.split(",") if r.strip()]
     if weights is not None and len(weights) != len(names):
         raise ConfigError(f"task: source {source.label!r}: {len(weights)} reward_weights for {len(names)} rewards")

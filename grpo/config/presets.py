@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from grpo.data.mixture import parse_mixture
-from grpo.data.tasks import TASKS, task_reward_weights, task_rewards
+from grpo.data.tasks import TASKS, task_rewards
 from grpo.registry import Registry
 
 MONITOR_PRESETS: Registry[dict] = Registry("monitor preset", field="monitor_preset")
@@ -45,29 +45,13 @@ def _fill_defaults(c, values: dict) -> None:
 
 def apply_task_preset(c) -> None:
     """Fill what the task needs where the config leaves it: a built-in task's presets (fields still at
-    their defaults; an explicit setting wins) and, when ``rewards`` is not set, the task's rewards and
-    their weights (unless ``reward_weights`` is set), so the saved config records what the run is scored with. A mixture's ``rewards`` stay as given:
+    their defaults; an explicit setting wins) and, when ``rewards`` is not set, the task's rewards, so
+    the saved config records the rewards the run is scored with. A mixture's ``rewards`` stay as given:
     unset, each source is scored with its own (grpo.config.mixture_settings)."""
     if c.task in TASKS:
         _fill_defaults(c, dict(TASKS[c.task].presets))
     if not c.rewards.strip() and parse_mixture(c.task) is None:
         c.rewards = task_rewards(c.task)
-        if c.reward_weights is None:
-            c.reward_weights = task_reward_weights(c.task)
-
-
-def weights_follow_rewards(base: dict, changes: dict) -> dict:
-    """``changes`` to a config ``base`` (field -> value), with ``reward_weights`` reset where they
-    replace ``rewards`` but not the weights and ``base`` holds its task's own rewards and weights
-    (filled by ``apply_task_preset``, or saved by a run on the task): the weights go with the rewards
-    they weighed, so ``rewards=numeric`` on a saved arithmetic run is not refused for two weights."""
-    if "rewards" not in changes or "reward_weights" in changes:
-        return changes
-    task = base.get("task", "arithmetic")
-    if not isinstance(task, str) or task not in TASKS or base.get("reward_weights") is None:
-        return changes
-    own = (task_rewards(task), task_reward_weights(task))
-    return {**changes, "reward_weights": None} if (base.get("rewards"), base.get("reward_weights")) == own else changes
 
 
 def apply_monitor_preset(c) -> None:

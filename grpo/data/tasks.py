@@ -290,7 +290,6 @@ class BuiltinTask:
 
     make: (TaskOptions) -> Task, its samples (the held-out split fixed by the task alone).
     rewards: the comma-separated rewards a run on it is scored with when ``rewards`` is not set.
-    reward_weights: their weights, set with them (None: each 1.0).
     presets: config values it needs, set where the config leaves them at their defaults (an explicit
       setting wins).
     doc: what it is (its function's docstring).
@@ -301,17 +300,16 @@ class BuiltinTask:
     rewards: str
     presets: Mapping[str, Any] = field(default_factory=dict)
     doc: str = ""
-    reward_weights: tuple[float, ...] | None = None
 
 
 TASKS: Registry[BuiltinTask] = Registry("built-in task", field="task")
-# arithmetic: correctness, and 0.1 for stating a result at all (a format reward, as DeepSeek-R1 pairs
-# one with its accuracy reward). With correctness alone, 9 of 200 greedy answers of the default run
-# stated none ('8 + 1 = 1 + 2', scored like any wrong answer) and were refused by grpo serve's
+# arithmetic: correctness (1.0), and 0.1 for stating a result at all (a format reward, as DeepSeek-R1
+# pairs one with its accuracy reward). With correctness alone, 9 of 200 greedy answers of the default
+# run stated none ('8 + 1 = 1 + 2', scored like any wrong answer) and were refused by grpo serve's
 # completeness check; with it, none (docs/benchmarks: the default run)
 TASKS.register(BuiltinTask(
     "arithmetic", lambda o: arithmetic_task(max_operand=o.max_operand, ops=o.ops, eval_size=o.eval_size, seed=0),
-    rewards="numeric,stated_answer", reward_weights=(1.0, 0.1), doc=arithmetic_task.__doc__))
+    rewards="numeric,stated_answer", doc=arithmetic_task.__doc__))
 TASKS.register(BuiltinTask("gsm8k", lambda o: gsm8k_task(eval_size=o.eval_size, seed=0), rewards="numeric",
                            doc=gsm8k_task.__doc__))
 TASKS.register(BuiltinTask("code", lambda o: code_task(eval_size=o.eval_size, seed=0), rewards="code",
@@ -333,12 +331,6 @@ def task_rewards(name: str) -> str:
     """The rewards a run on task ``name`` is scored with when ``rewards`` is not set: the built-in
     task's own, else DATASET_REWARDS."""
     return TASKS[name].rewards if name in TASKS else DATASET_REWARDS
-
-
-def task_reward_weights(name: str) -> list[float] | None:
-    """The weights of ``task_rewards(name)`` (None: each 1.0)."""
-    weights = TASKS[name].reward_weights if name in TASKS else None
-    return None if weights is None else list(weights)
 
 
 def task_of(cfg) -> Task:

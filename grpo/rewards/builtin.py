@@ -53,16 +53,21 @@ _STATED = re.compile(r"(?:=|\bis\b|\bequals\b|:)\s*\$?\s*-?\d[\d,]*(?:\.\d+)?[^\
 _BARE = re.compile(r"-?\d[\d,]*(?:\.\d+)?\.?")  # the answer is the number alone
 
 
+STATED_BONUS = 0.1  # a tenth of a right answer: stating a result never outweighs getting it right
+
+
 def stated_answer_reward(completion: str, sample: dict) -> float:
-    """1.0 when the completion states one final answer, right or wrong: a recognised form (\\boxed{},
+    """0.1 when the completion states one final answer, right or wrong: a recognised form (\\boxed{},
     '#### n', 'answer is n'), or its last number stated as a result ('7 + 5 = 12', 'the sum is 12') or
     alone ('12'), not hedged ('12 or 13'); 0.0 for '8 + 1 = 1 + 2', which states no result. A format
-    reward beside the accuracy reward, as DeepSeek-R1 pairs them (arXiv:2501.12948, section 2.2.2);
-    ``grpo serve``'s ``final_answer`` completeness check applies the same rule."""
+    reward beside an accuracy reward of 1.0, as DeepSeek-R1 pairs them (arXiv:2501.12948, section
+    2.2.2); ``reward_weights`` rescale it. ``grpo serve``'s ``final_answer`` completeness check applies
+    the same rule."""
     text = completion.strip()
     if candidates(text, "0") is None:
         return 0.0
-    return float(format_reward(text, sample) > 0 or bool(_STATED.search(text)) or bool(_BARE.fullmatch(text)))
+    stated = format_reward(text, sample) > 0 or bool(_STATED.search(text)) or bool(_BARE.fullmatch(text))
+    return STATED_BONUS if stated else 0.0
 
 
 def length_reward(completion: str, sample: dict) -> float:

@@ -83,7 +83,7 @@ def _final_answer_check(gen: Generation, sample: dict, scheme: "Scheme") -> str 
     (\\boxed{}, '#### n', 'answer is n') or the last number stated as a result ('7 + 5 = 12', 'the sum
     is 12') or alone ('12'), not hedged ('12 or 13'). An entropy-stopped answer must also end its sentence
     (a stop inside '= 1|2' would state a cut number)."""
-    if not stated_answer_reward(gen.text, sample):
+    if stated_answer_reward(gen.text, sample) <= 0:
         return "no_final_answer"
     if gen.finish == "entropy" and not _SENTENCE_END.search(gen.text.strip()):
         return "early_stop"
