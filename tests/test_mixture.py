@@ -74,6 +74,9 @@ def test_a_source_is_scored_with_its_own_rewards_else_the_runs_else_its_tasks(tm
     assert specs["code"].tools == ""
     # eval_tasks are judged by their own task's rewards, not the run's (those of its own task)
     assert [s.rewards for s in eval_task_specs(Config(task="arithmetic", eval_tasks="code"))] == ["code"]
+    weighted = {s.label: s for s in source_specs(Config(task=[{"task": "arithmetic", "reward_weights": [1, 0.5]},
+                                                                "code:1"]))}
+    assert weighted["arithmetic"].reward_weights == (1.0, 0.5)  # its weights, on its task's rewards
     with pytest.raises(ConfigError, match="source 'code': 1 reward_weights for 2 rewards"):
         source_specs(Config(task=[{"task": "code", "rewards": "numeric,length", "reward_weights": [1]}, "arithmetic"]))
 

@@ -45,7 +45,8 @@ def apply_mixture_presets(c) -> None:
 def source_spec(c, source: Source, *, run_rewards: bool = True) -> SourceSpec:
     """A source's settings: its own, else its built-in task's preset where the run's value is still
     the default, else the run's. Its rewards: its own, else the run's ``rewards`` where set (and
-    ``run_rewards``), else its task's (``task_rewards``); reward_weights go with the rewards they weigh."""
+    ``run_rewards``), else its task's (``task_rewards``); reward_weights go with the rewards they weigh,
+    and a source's own weigh whichever of these it is scored with."""
     defaults = {f.name: f.default for f in dataclasses.fields(c)}
     preset, own = _presets(source.name), source.settings
 
@@ -62,6 +63,8 @@ def source_spec(c, source: Source, *, run_rewards: bool = True) -> SourceSpec:
         rewards, weights = c.rewards, c.reward_weights
     else:
         rewards, weights = task_rewards(source.name), None
+    if "reward_weights" in own:  # a source's own weights, for its own rewards or those it is scored with
+        weights = own["reward_weights"]
     names = [r for r in rewards.split(",") if r.strip()]
     if weights is not None and len(weights) != len(names):
         raise ConfigError(f"task: source {source.label!r}: {len(weights)} reward_weights for {len(names)} rewards")
