@@ -267,10 +267,28 @@ def test_policy_filter_and_cov_modes_act_in_training(tmp_path, tiny_model_dir, t
         # same rollouts (keyed sampling), different gradient: the selected tokens changed the update
         assert cov[0]["reward_mean"] == plain[0]["reward_mean"]
         assert cov[0]["grad_norm"] != pytest.approx(plain[0]["grad_norm"], rel=1e-6)
-        # per micro-batch of 4 x 8 = 32 tokens: round(0.05 * 32) = 2 tokens -> at most 1/16 of them
-        # (none in a step whose groups all have zero advantage: no covariance to select by)
+        # a micro-batch of M <= 4 x 8 masked tokens selects max(1, round(0.05 M)) of them: 2 of 30-32
+        # (2/31 at seed 16, where a completion ended early), 1 of fewer, and each row has a token, so
+        # M >= 4 (the exact count: test_high_covariance_tokens_by_hand); none in a step whose groups all
+        # have zero advantage (no covariance to select by)
         shares = [l["cov_token_share"] for l in cov]
-        assert all(0 <= s <= 0.0625 + 1e-6 for s in shares) and max(shares) > 0, shares
+        assert all(0 <= s <= 0.25 for s in shares) and max(shares) > 0, shares
+
+
+def test_high_covariance_tokens_by_hand():
+    """k = max(1, round(fraction * M)) of the M masked tokens, largest centred products first, only
+    positive ones (arXiv 2505.22617's Clip-Cov / KL-Cov selection, here the deterministic top-k)."""
+    from grpo.core.stability import high_covariance_tokens, token_covariance
+
+    logp = torch.tensor([[3.0, 2, 1, 0, 0, 0, 0, 0, -1, 0]])  # [1, 10]
+    adv = torch.tensor([[1.0, 1, 1, 1, 1, -1, -1, -1, -1, 0]])  # [1, 10]
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1, 1, 1, 0]])  # M = 9; means: logp 5/9, advantage 1/9
+    want = [22 / 9 * 8 / 9, 13 / 9 * 8 / 9, 4 / 9 * 8 / 9, -5 / 9 * 8 / 9, -5 / 9 * 8 / 9, 50 / 81, 50 / 81,
+            50 / 81, 140 / 81, 0.0]
+    torch.testing.assert_close(token_covariance(logp, adv, mask)[0], torch.tensor(want))
+    for fraction, chosen in [(0.05, [0]), (0.25, [0, 8]), (0.5, [0, 1, 5, 8]), (1.0, [0, 1, 2, 5, 6, 7, 8])]:
+        got = high_covariance_tokens(logp, adv, mask, fraction=fraction)[0].nonzero().flatten().tolist()
+        assert got == chosen, (fraction, got)  # 0.05: round(0.45) = 0 -> 1; 0.5: round(4.5) = 4 (ties: first)
 
 
 def test_consistency_metric_every_m_steps(tmp_path, tiny_model_dir, tiny_dataset):
