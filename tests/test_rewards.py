@@ -49,7 +49,6 @@ def test_stated_answer_reward_by_hand(completion, stated):
 def test_the_arithmetic_task_is_scored_by_its_answer_and_a_tenth_for_stating_one(tmp_path):
     from grpo.api import _rewards_follow_task
     from grpo.config import Config
-    from grpo.rewards import score_completions
 
     c = Config()
     assert (c.task, c.rewards, c.reward_weights) == ("arithmetic", "numeric,stated_answer", None)
