@@ -15,5 +15,9 @@ def __getattr__(name: str):
     if name in _API:
         import importlib
 
+        from grpo.infra.quiet import quiet_dependencies
+
+        quiet_dependencies()  # before the API's imports bring in bitsandbytes (grpo.infra.quiet)
+
         return getattr(importlib.import_module(_API[name]), name)
     raise AttributeError(f"module 'grpo' has no attribute {name!r}")

@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{COMMANDS.unknown(argv[0])}\n\n{usage()}", file=sys.stderr)
         return 2
     from grpo.errors import GrpoError
+    from grpo.infra.quiet import quiet_dependencies
+
+    quiet_dependencies()  # before any command imports them
 
     try:
         return COMMANDS[argv[0]](argv[1:]) or 0
@@ -194,13 +197,27 @@ def _print_summary(result: dict, *, steps: int, cfg, run_dir) -> None:
               f"prompts scored{on}; marked in eval.json")
     if "before" in result and "after" in result and not partial:
         b, a = result["before"], result["after"]
-        k = b.get("k")
-        print(f"held-out greedy accuracy on {result['n_prompts']} prompts: {b['accuracy']:.1%} -> {a['accuracy']:.1%} "
+        print(f"held-out greedy accuracy on {b.get('n_prompts', result.get('n_prompts'))} prompts: {b['accuracy']:.1%} -> {a['accuracy']:.1%} "
               f"({(a['accuracy'] - b['accuracy']) * 100:+.1f} points)")
-        if b.get("pass@k") is not None:
-            print(f"pass@{k} on {b['pass_prompts']} prompts: {b['pass@k']:.1%} -> {a['pass@k']:.1%}")
+        if b.get("pass@k") is not None and a.get("pass@k") is not None:
+            print(f"pass@{b.get('k')} on {b.get('pass_prompts', '?')} prompts: {b['pass@k']:.1%} -> {a['pass@k']:.1%}")
+        _print_truncation(b, a, cfg.eval_max_new_tokens)
     print(f"run files: {run_dir}/ (config.yaml, metrics.jsonl, samples.jsonl, eval.json, "
           f"checkpoints/, tensorboard/); plots and an HTML page: grpo report {run_dir}")
+
+
+def _print_truncation(before: dict, after: dict, limit: int) -> None:
+    """The share of greedy answers cut at the evaluation's token limit, before and after: an accuracy
+    that rose while answers stopped being cut may only mean shorter answers, so the two go together."""
+    b, a = before.get("truncated_share"), after.get("truncated_share")
+    if b is None or a is None:
+        return
+    print(f"greedy answers cut at eval_max_new_tokens={limit}: {b:.1%} -> {a:.1%}; mean length "
+          f"{before.get('mean_length', 0):.1f} -> {after.get('mean_length', 0):.1f} tokens")
+    if max(a, b) >= 0.05:
+        print(f"note: {max(a, b):.0%} of the answers were cut before they ended, so part of the change in accuracy "
+              f"may be answers that now fit rather than better ones; raise max_completion_length (the evaluation "
+              f"follows it) to score whole answers")
 
 
 @COMMANDS.register("eval", doc="greedy accuracy and pass@k of a model or run folder on a task's held-out prompts")

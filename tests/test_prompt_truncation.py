@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo.data import render_prompt
+from grpo.errors import ConfigError
 from grpo.eval.evaluate import EvalSettings, evaluate
 from grpo.rollout import SamplingSettings, fast_rollout, generate_rollout, make_engine
 from grpo.rollout.base import encode_prompts
@@ -88,13 +89,10 @@ def test_evaluation_counts_the_prompts_it_cut(tiny):
         assert res["prompts_truncated"] == expected
 
 
-def test_training_counts_cut_prompts_per_step_and_warns_once(tmp_path, tiny_model_dir, tiny_dataset, capsys):
-    """Every training prompt (a long system prompt) is over the limit: each step counts its B
-    prompts, and the run says so once."""
+def test_a_system_prompt_that_leaves_no_room_is_refused_at_start_up(tmp_path, tiny_model_dir, tiny_dataset):
+    """A system prompt over the limit cannot be kept with its question (cut from the left it would be lost):
+    refused before the first step, naming the key (cutting and counting: tests/test_prompt_fit.py)."""
     cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, eval_prompts=0, max_steps=2,
                    system_prompt="Think step by step. " * 4, max_prompt_length=LIMIT)
-    t = Trainer(cfg)
-    t.train()
-    lines = [json.loads(line) for line in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [line["prompts_truncated"] for line in lines] == [cfg.prompts_per_step] * 2
-    assert capsys.readouterr().out.count("cut from the left") == 1
+    with pytest.raises(ConfigError, match=rf"^max_prompt_length: {LIMIT} tokens cannot hold the system message"):
+        Trainer(cfg)

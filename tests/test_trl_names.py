@@ -43,9 +43,17 @@ def test_the_names_the_issue_tried():
     assert (cfg.prompts_per_step, cfg.mini_batches) == (4, 1)  # 8 completions x 4 micro-batches / 8 per group
     assert cfg.aggregation == "seq_mean_token_sum_norm" and cfg.advantage_estimator == "dr_grpo"
     assert cfg.warmup_steps == 2  # ceil(0.1 x 20), transformers' rule
-    with pytest.raises(ConfigError, match=r"^num_train_epochs: grpo counts training steps .* set max_steps .* "
-                                          r"num_iterations is TRL's num_iterations \(mu"):
-        load_config(None, ["num_train_epochs=1"])
+    assert load_config(None, ["num_train_epochs=1"]).num_train_epochs == 1.0  # steps: once the task is loaded
+
+
+def test_num_train_epochs_follows_trls_rules_beside_max_steps():
+    assert load_config(None, ["num_train_epochs=2", "max_steps=7"]).num_train_epochs is None  # max_steps > 0 wins
+    cfg = load_config(None, ["num_train_epochs=2", "max_steps=-1"])  # TRL's "not set"
+    assert (cfg.num_train_epochs, cfg.max_steps) == (2.0, 25)
+    with pytest.raises(ConfigError, match=r"^warmup_ratio: a share of max_steps needs max_steps"):
+        load_config(None, ["num_train_epochs=1", "warmup_ratio=0.1"])
+    with pytest.raises(ConfigError, match=r"^num_train_epochs: must be > 0"):
+        load_config(None, ["num_train_epochs=0"])
 
 
 def test_the_saved_config_holds_grpos_names(tmp_path):

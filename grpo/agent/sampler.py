@@ -13,6 +13,7 @@ from grpo.agent.episodes import Episode, episode_metrics, episodes_rollout, run_
 from grpo.agent.examples import NO_EXAMPLE, worked_example
 from grpo.agent.formats import CallFormat, call_format, supports_tools
 from grpo.agent.tools import Tool, check_unique, resolve_tools
+from grpo.data.prompt_fit import cut_middle, system_head
 from grpo.errors import DataError
 from grpo.rollout.base import Rollout
 from grpo.rollout.engine import RolloutEngine, SamplingSettings
@@ -123,16 +124,38 @@ class AgentSampler:
     def _template_renders_tools(self) -> bool:
         return supports_tools(self.tok)
 
+    def _template_kw(self, tools: list[Tool]) -> dict:
+        """The tools as the chat template takes them, where it renders them (the native formats)."""
+        return {"tools": [t.schema for t in tools]} if tools and self.fmt.native and self._template_renders_tools() else {}
+
     def _render(self, messages: list[dict], tools: list[Tool]) -> str:
         if not getattr(self.tok, "chat_template", None):
             return "\n".join(str(m["content"]) for m in messages) + "\n"
-        kw = {"tools": [t.schema for t in tools]} if tools and self.fmt.native and self._template_renders_tools() else {}
-        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kw)
+        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                            **self._template_kw(tools))
+
+    def start_lengths(self, sample: dict, system_prompt: str) -> tuple[int, int]:
+        """The token counts of ``sample``'s episode start, its system head (grpo.data.prompt_fit) and
+        the whole, with its shared tools (an environment's own are not rendered: none is made here)."""
+        tools, _ = self.route(sample)
+        messages = self.start_messages(sample, tools, system_prompt, None)
+        ids = self.tok(self._render(messages, tools), add_special_tokens=False)["input_ids"]
+        return system_head(self.tok, messages, ids, **self._template_kw(tools)), len(ids)
+
+    def start_ids(self, sample: dict, tools: list[Tool], system_prompt: str, observation: str | None,
+                  max_prompt_length: int) -> tuple[list[dict], list[int], int]:
+        """An episode's start: its messages, their token ids fitted to ``max_prompt_length`` (cut from
+        the middle, the system message and the tools it holds kept: grpo.data.prompt_fit), and the
+        ids' length before the cut."""
+        messages = self.start_messages(sample, tools, system_prompt, observation)
+        ids = self.tok(self._render(messages, tools), add_special_tokens=False)["input_ids"]
+        head = system_head(self.tok, messages, ids, **self._template_kw(tools)) if len(ids) > max_prompt_length else 0
+        return messages, cut_middle(ids, head, max_prompt_length), len(ids)
 
     def episodes(self, samples: list[dict], *, group_size: int, system_prompt: str, max_prompt_length: int,
                  keys: list[int] | None) -> tuple[list[Episode], int]:
         """G fresh episodes per sample (an environment instance each), and how many of their start
-        contexts were cut to ``max_prompt_length`` (from the left, as single-turn prompts are)."""
+        contexts were cut to ``max_prompt_length`` (``start_ids``)."""
         out, cut = [], 0
         for i, sample in enumerate(samples):
             shared, factory = self.route(sample)
@@ -141,10 +164,9 @@ class AgentSampler:
                 observation = reset_environment(env, sample) if env is not None else None
                 tools = shared + (environment_tools(env) if env is not None else [])
                 check_unique(tools, "tools + environment_factory")
-                messages = self.start_messages(sample, tools, system_prompt, observation)
-                ids = self.tok(self._render(messages, tools), add_special_tokens=False)["input_ids"]
-                cut += len(ids) > max_prompt_length and j == 0
-                out.append(Episode(prompt=ids[-max_prompt_length:], tools={t.name: t for t in tools},
+                messages, ids, n = self.start_ids(sample, tools, system_prompt, observation, max_prompt_length)
+                cut += n > max_prompt_length and j == 0
+                out.append(Episode(prompt=ids, tools={t.name: t for t in tools},
                                    messages=messages, env=env,
                                    key=None if keys is None else keys[i * group_size + j]))
         return out, cut

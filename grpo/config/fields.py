@@ -71,8 +71,8 @@ class Config:
     """G: completions sampled per prompt (the group)."""
     prompts_per_step: int = 4
     """B: prompts per optimisation step; a step trains on B * G completions."""
-    max_prompt_length: int = 256
-    """Prompts longer than this many tokens are cut from the left, so the chat template's generation prompt at the end stays; each step counts them (`prompts_truncated`, with one warning the first time), as does evaluation."""
+    max_prompt_length: int = 512
+    """Prompts longer than this many tokens are cut so that the chat template's generation prompt at the end stays: from the middle, just after the system message where the prompt has one (it holds the system prompt and a tool schema: kept whole), else from the left; each step counts them (`prompts_truncated`, with one warning the first time), as does evaluation. A system message that leaves under a quarter of this for the rest is refused at start-up with the length needed. 512 holds a Hermes/Qwen tool schema with a question."""
     max_completion_length: int = 32
     """Most new tokens sampled per completion; longer ones are truncated (and flagged)."""
     temperature: float = 0.8
@@ -288,6 +288,8 @@ class Config:
     # ---- Optimisation and batching ----
     max_steps: int = 25
     """Training steps (each: sample, score, then mu passes of mini_batches optimizer steps)."""
+    num_train_epochs: float | None = None
+    """Passes over the training split instead of max_steps (TRL's name): max_steps becomes ceil(epochs x training prompts / prompts_per_step), set when the task is loaded and recorded in the run's config.yaml (null = max_steps as given). TRL's max_steps > 0 overrides it, as in TRL."""
     lr_preset: str = "none"
     """A named learning-rate schedule that fills learning_rate, warmup_steps and lr_scheduler_type where still at their defaults: none, or warmup100_cosine (linear warm-up over 100 steps to a peak of 1.2e-6, then cosine decay)."""
     learning_rate: float = 3e-5
@@ -425,8 +427,8 @@ class Config:
     """Held-out prompts for the before/after evaluation (never used for training; 0 disables it). None: 200 for a built-in task (calculator: 100); for a dataset, a tenth of its rows, at least 5 and at most 200, never more than half."""
     eval_steps: int = 0
     """Every this many steps, evaluate on the held-out set as before and after training (greedy accuracy, pass@k): eval/accuracy, eval/pass@k in that step's metrics line (always logged), a few completions with their rewards in eval_completions.jsonl (0 = off)."""
-    eval_max_new_tokens: int = 32
-    """Token limit for evaluation completions (greedy)."""
+    eval_max_new_tokens: int | None = None
+    """Token limit for evaluation completions (greedy and pass@k). None: max_completion_length, so the held-out answers get the room the trained ones get (recorded in the run's config.yaml)."""
     eval_batch_size: int = 200
     """Prompts decoded together during evaluation."""
     eval_pass_k: int = 4
@@ -481,6 +483,8 @@ class Config:
         apply_mixture_presets(self)
         apply_monitor_preset(self)
         apply_lr_preset(self)
+        if self.eval_max_new_tokens is None:  # after the presets: a task's completion length counts
+            self.eval_max_new_tokens = self.max_completion_length
         if self.per_device_train_batch_size is None:  # the one value that always fits (TRL issue #3061)
             self.per_device_train_batch_size = derived_micro_batch(self.prompts_per_step, self.num_generations)
         validate(self)

@@ -39,7 +39,7 @@ def apply_mixture_presets(c) -> None:
     for key in SHARED_BY_MAX:
         asked = [v for v in (_presets(s.name).get(key) for s in sources) if v is not None]
         if asked and getattr(c, key) == defaults[key]:
-            setattr(c, key, max([defaults[key], *asked]))
+            setattr(c, key, max([d for d in (defaults[key],) if d is not None] + asked))
 
 
 def source_spec(c, source: Source, *, run_rewards: bool = True) -> SourceSpec:

@@ -59,7 +59,7 @@ SECTIONS: tuple[Section, ...] = (
         "monitor_preset", "consistency_steps", "consistency_prompts", "consistency_random", "consistency_group_size",
         "consistency_converging", "consistency_guessing", "consistency_plateau", "correct_threshold")),
     Section("optimisation", "Optimisation and batching", "the updater: optimizer, schedule, passes, micro-batches (train/update.py)", (
-        "max_steps", "lr_preset", "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "adam_beta1", "adam_beta2",
+        "max_steps", "num_train_epochs", "lr_preset", "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "adam_beta1", "adam_beta2",
         "max_grad_norm", "num_iterations", "mini_batches", "per_device_train_batch_size", "max_tokens_per_forward",
         "shared_prefix", "gradient_checkpointing", "skip_zero_advantage", "max_consecutive_skips", "torch_compile")),
     Section("critic", "Critic (PPO)", "the value model of advantage_estimator=gae (train/critic.py)", (

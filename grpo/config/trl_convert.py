@@ -57,18 +57,43 @@ def _given(values: dict, key: str, default):
     return _load(values[key]) if key in values else default
 
 
+def _max_steps(values: dict, field: str) -> int:
+    """The max_steps a share of it is taken of; a ConfigError naming ``field`` where num_train_epochs
+    decides it (known only once the task is loaded)."""
+    steps = int(_number("max_steps", _given(values, "max_steps", 25)))
+    if steps <= 0 or ("num_train_epochs" in values and "max_steps" not in values):
+        raise ConfigError(f"{field}: a share of max_steps needs max_steps; with num_train_epochs give {field} in steps")
+    return steps
+
+
 def ratio_or_steps(field: str):
     """An int is steps; a float in (0, 1) a ratio of max_steps (transformers' rule: rounded up)."""
     def convert(raw, values):
         x = _number(field, raw)
         if 0 < x < 1:
-            return {field: math.ceil(x * int(_number("max_steps", _given(values, "max_steps", 25))))}
+            return {field: math.ceil(x * _max_steps(values, field))}
         return {field: raw}
     return convert
 
 
+def max_steps(raw, values):
+    """max_steps; TRL's -1 ("train for num_train_epochs") beside num_train_epochs leaves it to the epochs."""
+    if _number("max_steps", raw) <= 0 and "num_train_epochs" in values:
+        return {}
+    return {"max_steps": raw}
+
+
+def epochs(raw, values):
+    """num_train_epochs, unless a max_steps above 0 is given too, which overrides it (TRL's rule); TRL's
+    max_steps=-1 ("not set") is grpo's max_steps left to the epochs."""
+    steps = _given(values, "max_steps", None)
+    if steps is not None and _number("max_steps", steps) > 0:
+        return {"num_train_epochs": None}
+    return {"num_train_epochs": raw}
+
+
 def warmup_ratio(raw, values):
-    return {"warmup_steps": math.ceil(_number("warmup_ratio", raw) * int(_number("max_steps", _given(values, "max_steps", 25))))}
+    return {"warmup_steps": math.ceil(_number("warmup_ratio", raw) * _max_steps(values, "warmup_ratio"))}
 
 
 def batch(raw, values):

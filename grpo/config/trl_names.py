@@ -75,7 +75,8 @@ TRL_NAMES: dict[str, TrlName] = {
                            "weight_decay", "vllm_enable_sleep_mode", "vllm_server_host", "vllm_server_port",
                            "vllm_server_timeout", "vllm_gpu_memory_utilization", "max_prompt_length")},
     "max_steps": same(f"{STEPS}; TRL counts optimizer steps: the same when num_iterations = 1 and "
-                      "steps_per_generation = gradient_accumulation_steps"),
+                      "steps_per_generation = gradient_accumulation_steps; TRL's -1 beside num_train_epochs leaves "
+                      "the count to the epochs", cv.max_steps),
     "warmup_steps": same("a value in (0, 1) is a share of max_steps, as in transformers", cv.ratio_or_steps("warmup_steps")),
     "save_steps": same("a value in (0, 1) is a share of max_steps", cv.ratio_or_steps("save_steps")),
     "logging_steps": same("a value in (0, 1) is a share of max_steps", cv.ratio_or_steps("logging_steps")),
@@ -126,9 +127,10 @@ TRL_NAMES: dict[str, TrlName] = {
     "save_strategy": mapped("save_steps", cv.strategy("save_strategy", {"save_steps": 0}),
                             "no: only the final checkpoint; steps: save_steps; epoch, best refused"),
     # ---- refused: grpo's equivalent named ----
-    "num_train_epochs": refused(f"num_train_epochs: {STEPS}; set max_steps (one pass over N training prompts is "
-                                "N / prompts_per_step steps). grpo's num_iterations is TRL's num_iterations (mu, passes "
-                                "over each batch of rollouts), not epochs"),
+    "num_train_epochs": same("passes over the training split: max_steps = ceil(epochs x training prompts / "
+                             "prompts_per_step) once the task is loaded; a max_steps above 0 overrides it, as in TRL. "
+                             "grpo's num_iterations is TRL's num_iterations (mu, passes over each batch of rollouts), "
+                             "not epochs", cv.epochs),
     "adam_epsilon": refused("adam_epsilon: grpo's AdamW keeps torch's eps of 1e-8", 1e-8),
     "optim": refused("optim: grpo's optimizer is torch's AdamW (adam_beta1, adam_beta2, weight_decay)", "adamw_torch",
                      "adamw_torch_fused", "adamw_hf"),

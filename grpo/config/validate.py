@@ -95,6 +95,8 @@ def _validate_values(c) -> None:
                           f"scored; above 1: never), got {c.max_reward_failure_share}")
     if c.eval_prompts is not None and c.eval_prompts < 0:
         raise ConfigError(f"eval_prompts: must be >= 0 (or null: chosen by the dataset's size), got {c.eval_prompts}")
+    if c.num_train_epochs is not None and c.num_train_epochs <= 0:
+        raise ConfigError(f"num_train_epochs: must be > 0 (or null: max_steps decides), got {c.num_train_epochs}")
     if c.temperature <= 0:
         raise ConfigError(f"temperature: must be > 0, got {c.temperature}")
     if not 0 < c.top_p <= 1:

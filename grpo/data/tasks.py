@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from grpo.data.prompt_fit import chat_messages, fit_rendered
 from grpo.errors import DataError
 from grpo.registry import Registry
 
@@ -354,12 +355,18 @@ def load_task(name: str, *, eval_size: int | None, max_operand: int = 30, ops: s
                      eval_size=eval_size, seed=0)
 
 
+def fit_prompt(tokenizer, prompt, system_prompt: str, max_length: int) -> str | list[int]:
+    """``render_prompt``'s text, or where it is longer than ``max_length`` tokens and begins with a
+    system message, its token ids cut from the middle (grpo.data.prompt_fit): the engine then takes them
+    as they are."""
+    return fit_rendered(tokenizer, render_prompt(tokenizer, prompt, system_prompt), chat_messages(prompt, system_prompt),
+                        max_length)
+
+
 def render_prompt(tokenizer, prompt, system_prompt: str = "") -> str:
     """Text the model continues: the chat template with a generation prompt when the tokenizer has
     one, else the plain prompt. ``prompt`` may already be a list of chat messages."""
-    messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
-    if system_prompt and not any(m.get("role") == "system" for m in messages):
-        messages = [{"role": "system", "content": system_prompt}] + messages
+    messages = chat_messages(prompt, system_prompt)
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return "\n".join(m["content"] for m in messages) + "\n"

@@ -18,7 +18,7 @@ from typing import Callable, ContextManager
 import torch
 
 from grpo.agent import AgentSampler, episode_metrics
-from grpo.data import render_prompt
+from grpo.data import fit_prompt
 from grpo.errors import RewardError
 from grpo.infra.stop import StopRequested
 from grpo.rewards import score_completions
@@ -78,7 +78,8 @@ class _Batches:
                  agent: AgentSampler | None, interrupt: Interrupt | None):
         self.engine, self.samples, self.sampling, self.agent = engine, samples, sampling, agent
         self.system_prompt, self.interrupt = system_prompt, interrupt
-        self.prompts = [render_prompt(engine.tokenizer, s["prompt"], system_prompt) for s in samples]
+        self.prompts = [fit_prompt(engine.tokenizer, s["prompt"], system_prompt, sampling.max_prompt_length)
+                        for s in samples] if agent is None else []
         self.interrupted = False
 
     def stopped(self) -> bool:
@@ -112,6 +113,7 @@ class _Batches:
             ro = self._generate(lo, hi, group_size, greedy)
             if ro is None:
                 return None
+            ro.prompts_truncated += sum(isinstance(p, list) for p in self.prompts[lo:hi])  # cut by fit_prompt
         if self.interrupt is not None and self.interrupt.requested():
             self.interrupted = True
             return None

@@ -26,14 +26,16 @@ class Suite:
 
 def combine(results: dict[str, dict]) -> dict:
     """One result of several suites' (label -> evaluate's result): counts summed, accuracy, mean
-    length and truncated share over every prompt scored, pass@k over the suites that sampled it,
+    length and truncated share over every prompt scored, pass@k over every prompt of the suites that sampled it,
     the examples tagged with their suite, each suite's own result under "suites"."""
     out: dict = {k: sum(r.get(k) or 0 for r in results.values()) for k in SUMMED}
     scored = max(out["prompts_scored"], 1)
     for key in BY_PROMPT:
         out[key] = sum((r.get(key) or 0.0) * r["prompts_scored"] for r in results.values()) / scored
     sampled = [r for r in results.values() if r.get("pass@k") is not None]
-    out["pass@k"] = sum(r["pass@k"] for r in sampled) / len(sampled) if sampled else None
+    out["pass_prompts"] = sum(r.get("pass_prompts", 0) for r in sampled)
+    out["pass@k"] = (sum(r["pass@k"] * r.get("pass_prompts", 0) for r in sampled) / out["pass_prompts"]
+                     if out["pass_prompts"] else None)  # over every prompt sampled, as accuracy is
     out["k"] = next((r["k"] for r in results.values()), 0)
     out["seconds"] = sum(r.get("seconds", 0.0) for r in results.values())
     out["examples"] = [{**ex, "suite": label} for label, r in results.items() for ex in r.get("examples", [])]

@@ -6,6 +6,8 @@ import hashlib
 import json
 import math
 import os
+import sys
+import time
 from pathlib import Path
 
 from grpo.errors import CheckpointError
@@ -95,7 +97,10 @@ class RunLogger:
             self.wandb = wandb.init(project="grpo", name=run_dir.name, dir=str(run_dir), config=wandb_config,
                                     resume="allow", id=run_id)
         self.progress = None
-        if progress:
+        self.plain = None  # not a terminal: one whole line per step instead of a bar (a bar is cut to 80 columns)
+        if progress and not sys.stdout.isatty():
+            self.plain = _PlainProgress(total_steps, start_step)
+        elif progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
             from rich.progress import TimeRemainingColumn
 
@@ -114,10 +119,12 @@ class RunLogger:
                     self.tb.add_scalar(k, v, step)
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in line.items() if k != "step" and isinstance(v, (int, float))}, step=step)
+        desc = "  ".join(f"{k.replace('completion_length_mean', 'len')}={metrics[k]:.3g}" for k in HEADLINE
+                         if isinstance(metrics.get(k), (int, float)))
         if self.progress is not None:
-            desc = "  ".join(f"{k.replace('completion_length_mean', 'len')}={metrics[k]:.3g}" for k in HEADLINE
-                             if isinstance(metrics.get(k), (int, float)))
             self.progress.update(self.task, completed=step, description=desc)
+        if self.plain is not None:
+            self.plain.line(step, desc)
 
     def log_samples(self, step: int, rows: list[dict], file: str = "samples.jsonl") -> None:
         """Rows of one step into ``file`` of the run folder (samples.jsonl; eval_completions.jsonl)."""
@@ -128,8 +135,8 @@ class RunLogger:
     def note(self, text: str, style: str | None = None) -> None:
         """A line for the user, printed as given: never read as rich markup, since it can quote a
         completion (a stray closing tag would raise). ``style`` colours it on the progress console."""
-        if self.progress is not None:
-            self.progress.console.print(text, style=style, markup=False)
+        if self.progress is not None:  # soft wrap: a long line stays one line (the terminal folds it)
+            self.progress.console.print(text, style=style, markup=False, soft_wrap=True)
         else:
             print(text, flush=True)
 
@@ -142,6 +149,25 @@ class RunLogger:
         if self.wandb is not None:
             self.wandb.finish()
             self.wandb = None
+
+
+class _PlainProgress:
+    """The progress bar's content for a log file or a pipe: 'step 3/25  reward_mean=...  (1m02s, ~2m40s left)'."""
+
+    def __init__(self, total: int, start: int):
+        self.total, self.start, self.t0 = total, start, time.monotonic()
+
+    def line(self, step: int, desc: str) -> None:
+        elapsed = time.monotonic() - self.t0
+        done = step - self.start
+        left = elapsed / done * (self.total - step) if done > 0 else None
+        when = _clock(elapsed) + (f", ~{_clock(left)} left" if left is not None and step < self.total else "")
+        print(f"step {step}/{self.total}  {desc}  ({when})", flush=True)
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m}m{s:02d}s" if m else f"{s}s"
 
 
 class NullLogger:

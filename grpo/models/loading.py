@@ -19,6 +19,7 @@ from torch import nn
 from grpo.errors import ModelNotFoundError
 from grpo.infra.cache_folder import cache_dir  # where the dequantized embedded model lives
 from grpo.infra.checkpoint import newest_checkpoint
+from grpo.infra.quiet import no_weight_progress_bars
 from grpo.models.quantization import check_4bit, keep_trainable, quantization_config
 
 
@@ -92,6 +93,7 @@ def resolve_model_path(name: str) -> str:
     ``runs/x`` where ``runs/`` exists, or it is no hub id): ModelNotFoundError at once. Else it is a
     hub id, asked about once (``hub_model``).
     """
+    no_weight_progress_bars()  # converting, loading and saving weights: not worth a bar each
     if name == DEFAULT_MODEL:
         return str(materialize_embedded())
     p = Path(name).expanduser()

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from grpo.errors import ConfigError
+from grpo.infra.quiet import held_back
 
 QUANT_TYPE = "nf4"  # QLoRA's 4-bit NormalFloat
 DOUBLE_QUANT = False  # the block scales kept in fp32 (QLoRA's double quantization off), load and probe alike
@@ -118,6 +119,8 @@ def check_4bit(device: torch.device) -> None:
         import bitsandbytes  # noqa: F401
     except ImportError:
         raise ConfigError("load_in_4bit: needs the bitsandbytes package (pip install -e '.[qlora]')") from None
+    for message in held_back():  # what bitsandbytes said at import about its 4-bit kernels: this run's concern
+        print(f"bitsandbytes: {message}", file=sys.stderr, flush=True)
     try:
         err = _probe(device)
     except Exception as e:

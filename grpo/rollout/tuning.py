@@ -125,13 +125,10 @@ class KernelPlan:
 
     def describe(self, rows: int) -> str:
         parts = []
-        for role in ROLES:
-            times = self.seconds.get(role, {})
-            others = ", ".join(f"{k} {v * 1e3:.3f}" for k, v in times.items() if k != self.products[role])
-            t = times.get(self.products[role])
-            parts.append(f"{role} {self.products[role]}" + (f" {t * 1e3:.3f} ms" if t is not None else "")
-                         + (f" ({others})" if others else ""))
-        return f"decode kernels ({self.source}, {rows} rows, {machine_summary()}): " + "; ".join(parts)
+        for role in ROLES:  # the chosen product and its time (every candidate's: the cache file, ``seconds``)
+            t = self.seconds.get(role, {}).get(self.products[role])
+            parts.append(f"{role} {self.products[role]}" + (f" {t * 1e3:.2f} ms" if t is not None else ""))
+        return f"decode kernels ({self.source}, {rows} rows, {machine_summary()}): " + ", ".join(parts)
 
 
 def machine_summary() -> str:

@@ -15,7 +15,8 @@ import torch
 from transformers import TrainerState
 
 from grpo import core
-from grpo.data import PromptSampler, render_prompt
+from grpo.data import PromptSampler, fit_prompt, render_prompt
+from grpo.data.prompt_fit import chat_messages, check_prompt_room, prompt_lengths
 from grpo.errors import RewardError
 from grpo.agent import AgentSampler, episode_metrics
 from grpo.infra import distributed as dist_io
@@ -48,6 +49,8 @@ def failure_message(parts: list[dict], *, n: int, n_failed: int, share: float) -
     return (f"{n_failed} of the step's {n} completions could not be scored (max_reward_failure_share="
             f"{share:g}): {'; '.join(reasons)}")
 
+
+PROMPT_ROOM_ROWS = 32  # rows rendered at start-up to check max_prompt_length (the system head is the run's)
 
 @dataclass
 class Collected:
@@ -119,10 +122,24 @@ class Collector:
         self.sources = sources
         self.reward_failures = 0
         self.prompts_truncated = 0  # this run's sampled prompts cut to max_prompt_length (every process)
+        self.kernels_noted = False  # the kernel and engine choices shown (once a run)
         self.last_per_reward: torch.Tensor | None = None  # [B, G, K] of the last score()
         self.last_columns: dict = {}  # this process's rows' columns that TRL-form rewards logged (last score())
         self.checks = validity_checks(rewards.fns)  # rewards that declare which completions they can grade
         self.resample = {"resample_rounds": 0, "resampled_completions": 0, "invalid_after_resampling": 0}
+        self._check_prompt_room()
+
+    def _check_prompt_room(self) -> None:
+        """Refuse at start-up a max_prompt_length that cannot hold the system message (and the tools
+        it renders) with a question (grpo.data.prompt_fit), judged on the first PROMPT_ROOM_ROWS rows."""
+        s = self.settings
+        rows = self.train[:PROMPT_ROOM_ROWS]
+        if self.agent is not None:
+            lengths = [self.agent.start_lengths(x, s.system_prompt) for x in rows]
+        else:
+            lengths = [prompt_lengths(self.tok, render_prompt(self.tok, x["prompt"], s.system_prompt),
+                                      chat_messages(x["prompt"], s.system_prompt)) for x in rows]
+        check_prompt_room(lengths, s.sampling.max_prompt_length)
 
     def collect(self, *, step: int, temperature: float) -> Collected:
         """Sample and score this step (with dynamic sampling: several rounds). A step whose rewards
@@ -171,7 +188,7 @@ class Collector:
         b, g = s.prompts_per_step // world.size, s.group_size
         mine = (sampler or self.sampler).draw(s.prompts_per_step)[world.rank * b:(world.rank + 1) * b]
         samples = [self.train[i] for i in mine]
-        prompts = [render_prompt(self.tok, x["prompt"], s.system_prompt) for x in samples]
+        prompts = [fit_prompt(self.tok, x["prompt"], s.system_prompt, s.sampling.max_prompt_length) for x in samples]
         keys = row_keys(s.seed if seed is None else seed, step, (draw * world.size + world.rank) * b * g, b * g)
         sampling = dataclasses.replace(s.sampling, temperature=temperature)
         # no sampling log-probs (the loss recomputes them; keeping [N, T, V] logits costs memory), except
@@ -184,9 +201,12 @@ class Collector:
                                          system_prompt=s.system_prompt, with_logprobs=s.with_logprobs)
             else:
                 ro = engine.generate(prompts, group_size=g, sampling=sampling, keys=keys, with_logprobs=s.with_logprobs)
-        for msg in take_messages():  # what the rollout measured or read about this machine's kernels, once
-            self.note(msg)
-        self._count_truncated(int(dist_io.all_sum(torch.tensor(ro.prompts_truncated), world)))
+        measured = take_messages()  # what the rollout measured or read about this machine's kernels
+        if measured and not self.kernels_noted:  # one line, the first time (later row counts: in the cache folder)
+            self.note("; ".join(measured))
+            self.kernels_noted = True
+        middle = sum(isinstance(p, list) for p in prompts) if self.agent is None else 0  # cut by fit_prompt
+        self._count_truncated(int(dist_io.all_sum(torch.tensor(ro.prompts_truncated + middle), world)))
         if self.checks and s.resample_invalid_rounds:
             ro = self._resample_invalid(samples, prompts, ro, step=step, draw=draw, sampling=sampling)
         return samples, ro
@@ -196,7 +216,8 @@ class Collector:
         generation prompt, and lose their start, which may hold the question)."""
         if n and not self.prompts_truncated:
             self.note(f"{n} prompt(s) longer than max_prompt_length={self.settings.sampling.max_prompt_length} "
-                      "tokens were cut from the left (counted in metrics as prompts_truncated)", "yellow")
+                      "tokens were cut: from the left, or after the system message where there is one, which is kept "
+                      "(counted in metrics as prompts_truncated)", "yellow")
         self.prompts_truncated += n
 
     def score(self, samples: list[dict], ro: Rollout, *, step: int = 0) -> tuple[torch.Tensor, dict]:

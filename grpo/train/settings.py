@@ -7,6 +7,7 @@ once per run; values the knobs move (epsilon, beta, temperature, ...) are the co
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from grpo import core
 from grpo.agent import AgentSettings
@@ -31,6 +32,12 @@ from grpo.train.update import UpdateSettings
 
 def _band(value) -> tuple[float, float] | None:
     return None if value is None else (float(value[0]), float(value[1]))
+
+
+def epoch_steps(epochs: float, train_prompts: int, prompts_per_step: int) -> int:
+    """Steps of ``epochs`` passes over ``train_prompts`` prompts drawn ``prompts_per_step`` a step (the
+    last step of a pass may start the next: the prompt stream is an endless shuffled sequence)."""
+    return max(1, math.ceil(epochs * train_prompts / prompts_per_step))
 
 
 def reward_options(cfg: Config) -> RewardOptions:

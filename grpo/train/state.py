@@ -11,12 +11,36 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
 from safetensors.torch import load_file
 
-from grpo.errors import CheckpointError, DataError
+from grpo.errors import CheckpointError, ConfigError, DataError
 from grpo.infra import checkpoint as ckpt_io
 from grpo.infra import distributed as dist_io
 from grpo.infra.logger import trim_step_logs
+
+
+# the settings that decide the held-out split and so which prompts the sampler's saved position points
+# at: a resumed run keeps them
+SPLIT_KEYS = ("task", "task_split", "prompt_field", "answer_field", "eval_prompts", "arithmetic_max_operand",
+              "arithmetic_ops")
+
+
+def check_resumable(checkpoint: Path, cfg) -> None:
+    """A ConfigError naming each of SPLIT_KEYS that differs from the config.yaml of the run that wrote
+    ``checkpoint`` (its run folder: checkpoints/step-N's grandparent), with how to resume; nothing to
+    compare (a checkpoint outside a run folder) passes."""
+    saved_path = Path(checkpoint).parent.parent / "config.yaml"
+    try:
+        saved = yaml.safe_load(saved_path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return
+    changed = [(k, saved[k], getattr(cfg, k)) for k in SPLIT_KEYS if k in saved and saved[k] != getattr(cfg, k)]
+    if changed:
+        what = "; ".join(f"{k} was {old!r}, now {new!r}" for k, old, new in changed)
+        raise ConfigError(f"{', '.join(k for k, _, _ in changed)}: cannot change on resume ({what} against "
+                          f"{saved_path}): the held-out split and the prompt stream the checkpoint continues depend "
+                          f"on it. Resume without changing it, or start a new run in another output_dir")
 
 
 def trainer_state(t) -> dict:

@@ -101,10 +101,15 @@ class Trainer:
         step_reward = resolve_step_reward(cfg.step_reward) if cfg.supervision == "process" else None
         if not self.task.train:
             raise DataError(f"task {cfg.task!r} has no training prompts")
+        if cfg.num_train_epochs is not None:  # recorded in config.yaml as the run's max_steps
+            cfg.max_steps = build.epoch_steps(cfg.num_train_epochs, len(self.task.train), cfg.prompts_per_step)
         model_path = resolve_model_path(cfg.model) if models is None else None  # a bad path: before the run folder
         self.run_dir = dist_io.broadcast_object(
             make_run_dir(cfg.output_dir, cfg.resume_from_checkpoint) if world.is_main else None, world)
-        if world.is_main:
+        resume_from = run_state.resume_path(cfg.resume_from_checkpoint, self.run_dir)
+        if resume_from is not None:
+            run_state.check_resumable(resume_from, cfg)  # before anything is written or loaded
+        elif world.is_main:
             cfg.save(self.run_dir / "config.yaml")
         self.models = models or _load_models(cfg, model_path, world)
         self.policy, self.tok = self.models.policy, self.models.tokenizer
@@ -150,9 +155,10 @@ class Trainer:
         self.fuse_reason: str | None = None
         self._last_eval = None  # (step, result) of the latest evaluation during training
         self.resumed_from = None  # the checkpoint this run continues, set by state.restore
-        path = run_state.resume_path(cfg.resume_from_checkpoint, self.run_dir)
-        if path is not None:
-            self._resume(path)
+        if resume_from is not None:
+            self._resume(resume_from)
+            if world.is_main:  # a refused resume leaves the run's config.yaml as it was
+                cfg.save(self.run_dir / "config.yaml")
 
     def _resume(self, path: Path) -> None:
         """Every component's state from the checkpoint at ``path``; the engines then sample its weights."""
