@@ -138,3 +138,11 @@ def trl_returns_a_string(completions, **kwargs):
 def returns_a_list(completion: str, sample: dict):
     """A TRL-style body in grpo's per-completion form: the bug the shape check names."""
     return [0.0, 0.0, 0.0, 0.0]
+
+
+def last_number(completion: str, sample: dict) -> float:
+    """The README quickstart's reward: 1.0 when the last number in the completion is the row's answer."""
+    import re
+
+    numbers = re.findall(r"-?\d+", completion)
+    return float(bool(numbers) and numbers[-1] == sample["answer"])

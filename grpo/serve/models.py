@@ -25,6 +25,7 @@ class Source:
     system_prompt: str = ""
     max_prompt_length: int | None = None
     rewards: str | None = None  # the run's reward functions (the completeness check's default); None: not a run
+    probe_prompts: tuple = ()  # a few of the run's held-out prompts: --completeness auto measures on them
 
 
 EXPORT_FILE = "grpo_export.json"
@@ -43,7 +44,7 @@ def source_of(name: str) -> Source:
         if not isinstance(info, dict):
             raise ConfigError(f"{p / EXPORT_FILE}: a JSON object expected")
         return Source(name, name, info.get("base_model") or name, False, info.get("system_prompt") or "",
-                      info.get("max_prompt_length"), info.get("rewards"))
+                      info.get("max_prompt_length"), info.get("rewards"), tuple(info.get("probe_prompts") or ()))
     if p.is_dir() and (p / "config.yaml").is_file():
         from grpo.config.io import load_config
 
@@ -52,8 +53,26 @@ def source_of(name: str) -> Source:
         if ckpt is None:
             raise CheckpointError(f"{p}: a run folder without checkpoints (nothing trained to serve)")
         return Source(name, str(ckpt), cfg.model, (ckpt / "adapter_config.json").is_file(), cfg.system_prompt,
-                      cfg.max_prompt_length, cfg.rewards)
+                      cfg.max_prompt_length, cfg.rewards, held_out_prompts(cfg))
     return Source(name, name, name, False)
+
+
+PROBE_PROMPTS = 8  # held-out prompts --completeness auto answers at start-up
+
+
+def held_out_prompts(cfg) -> tuple:
+    """The first PROBE_PROMPTS held-out prompts of the run's task (none where it cannot be loaded here:
+    a dataset file that stayed on another machine, a mixture; the check is then chosen by rule)."""
+    from grpo.config.mixture_settings import mixture_of
+    from grpo.data import task_of
+    from grpo.errors import GrpoError
+
+    if mixture_of(cfg) is not None:
+        return ()
+    try:
+        return tuple(row["prompt"] for row in task_of(cfg).eval[:PROBE_PROMPTS])
+    except (GrpoError, OSError):
+        return ()
 
 
 def _load(path: str):
@@ -106,6 +125,7 @@ def export(name: str, out: Path) -> Path:
     tok.save_pretrained(out)
     (out / EXPORT_FILE).write_text(json.dumps(
         {"source": name, "checkpoint": src.weights, "base_model": src.base, "lora_merged": src.lora,
-         "system_prompt": src.system_prompt, "max_prompt_length": src.max_prompt_length, "rewards": src.rewards},
+         "system_prompt": src.system_prompt, "max_prompt_length": src.max_prompt_length, "rewards": src.rewards,
+         "probe_prompts": list(src.probe_prompts)},
         indent=2) + "\n")
     return out

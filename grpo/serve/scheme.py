@@ -105,6 +105,46 @@ def _verifier_check(gen: Generation, sample: dict, scheme: "Scheme") -> str | No
     return None if score is not None and score > 0 else "verifier_rejected"
 
 
+@COMPLETENESS_CHECKS.register("ended")
+def _ended_check(gen: Generation, sample: dict, scheme: "Scheme") -> str | None:
+    """No check of the content: an answer that ended on its own (EOS or the entropy stop) within the cap
+    and the deadline is complete. What auto picks where the run's own answers pass no content check."""
+    return None
+
+
+CONTENT_CHECKS = ("final_answer", "markers")  # what --completeness auto measures, before falling back to ended
+
+
+@dataclass(frozen=True)
+class CheckChoice:
+    """What ``choose_completeness`` picked and the counts it picked on."""
+
+    name: str
+    passed: dict  # check name -> how many of the answers passed it
+    answers: int
+
+    def describe(self) -> str:
+        counts = ", ".join(f"{k} {v}/{self.answers}" for k, v in self.passed.items())
+        why = ("the run's own answers pass no content check, so an answer that ended within the cap and deadline "
+               "is accepted" if self.name == "ended" else "the content check most of the run's own answers pass")
+        return f"completeness check {self.name} (auto, measured on {self.answers} held-out answers: {counts}; {why})"
+
+
+def choose_completeness(gens: list[Generation], samples: list[dict], scheme: "Scheme",
+                        preferred: str) -> CheckChoice:
+    """The check --completeness auto serves with: of CONTENT_CHECKS (``preferred`` first, the rule's
+    choice from the run's rewards), the one the most of the run's own answers ``gens`` pass (a tie: the
+    earlier), or 'ended' where none passes half of them (a check the model's answers never pass would
+    send every request to the fallback)."""
+    order = [preferred] + [c for c in CONTENT_CHECKS if c != preferred]
+    ended = [(g, x) for g, x in zip(gens, samples) if g.finish in ("stop", "entropy")]  # past the cap: none helps
+    passed = {name: sum(COMPLETENESS_CHECKS[name](g, x, scheme) is None for g, x in ended) for name in order}
+    passed["ended"] = len(ended)
+    best = max(order, key=lambda name: (passed[name], -order.index(name)))  # content checks only
+    name = best if passed[best] * 2 >= len(gens) and passed[best] else "ended"
+    return CheckChoice(name, passed, len(gens))
+
+
 def default_completeness(rewards: str | None) -> str:
     """The check for a run trained on ``rewards`` (its config's comma-separated names; None: not a
     run): 'final_answer' where one of them declares that it reads a final answer (the answer the run

@@ -36,8 +36,10 @@ def scheme_arguments(ap: argparse.ArgumentParser) -> None:
                    help="early stop: entropy (nats) below which a token counts as certain (the seed names no value)")
     g.add_argument("--entropy-run", type=int, default=3, help="early stop after this many consecutive certain tokens (0 = off)")
     g.add_argument("--deadline", type=float, default=0.8, help="seconds the GRPO model has before the fallback answers")
-    g.add_argument("--completeness", default="auto", help="the completeness check: auto (a run trained on a reward "
-                   "that reads a final answer, e.g. numeric: final_answer; otherwise markers; --closing-markers: markers, "
+    g.add_argument("--completeness", default="auto", help="the completeness check: auto (a run: the run's model "
+                   "answers a few of its held-out prompts at start-up and the content check most of its answers "
+                   "pass is used, final_answer or markers, else ended; without held-out prompts: final_answer for "
+                   "a run trained on a reward that reads a final answer, else markers; --closing-markers: markers, "
                    f"--verifier: verifier) or one of {', '.join(COMPLETENESS_CHECKS)}")
     g.add_argument("--closing-markers", action="append", metavar="LANG=a,b",
                    help="completeness: words one of which the answer must contain, per language (repeatable; 'none' = no marker check)")
@@ -168,6 +170,27 @@ def build_state(args):
                        scheduler=scheduler)
 
 
+def measure_completeness(state, args, src) -> str | None:
+    """``--completeness auto`` on a run with held-out prompts: the GRPO model answers them once (greedy,
+    the scheme's cap, no deadline) and the check its own answers pass is put on the scheme
+    (``choose_completeness``); returns the line saying which and why (None: nothing was measured, the
+    check stays the one the flags and the run's rewards give)."""
+    from grpo.data import render_prompt
+    from grpo.serve.scheme import choose_completeness
+
+    asked = getattr(args, "completeness", "auto") or "auto"
+    if asked != "auto" or args.verifier or args.closing_markers or not src.probe_prompts:
+        return None
+    tok = state.grpo.engine.tokenizer
+    futures = [state.grpo.submit(render_prompt(tok, p, src.system_prompt), cap=state.scheme.grpo_max_tokens,
+                                 deadline=None) for p in src.probe_prompts]
+    gens = [f.result() for f in futures]
+    samples = [{"prompt": p, "answer": None} for p in src.probe_prompts]
+    choice = choose_completeness(gens, samples, state.scheme, default_completeness(src.rewards))
+    state.scheme.completeness = choice.name
+    return choice.describe()
+
+
 def make_server(state, *, host: str, port: int, drain_s: float = 60.0):
     """A uvicorn server of the app whose SIGTERM/SIGINT first marks the state draining: it keeps
     listening, answers every new request (on a kept-alive connection too) with a 503, and once the
@@ -211,6 +234,11 @@ def serve_main(argv: list[str]) -> int:
     if args.body_timeout <= 0:
         raise ConfigError("--body-timeout: must be > 0")
     state = build_state(args)
+    from grpo.serve.models import source_of
+
+    measured = measure_completeness(state, args, source_of(args.model))
+    if measured:
+        print(f"grpo serve: {measured}", file=sys.stderr, flush=True)
     from grpo.rollout.tuning import take_messages
 
     for message in take_messages():  # the decode products the fast engine measured or read, with the CPU
