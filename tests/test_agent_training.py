@@ -3,9 +3,9 @@ multi-turn episodes, logs the tool metrics per step and in eval.json before and 
 
 A random tiny model never writes a call, so the test first teaches one to (a few dozen supervised
 steps): at the end of a prompt it writes ``calc(2 + 3)``, and after the tool's result it answers
-``5``. The run's prompts are cut to their last PROMPT_TOKENS tokens, the same for every problem
-(the end of the user turn and the assistant's header), so what it learned on one context is what
-it meets in the run; the run must then log episodes that call the tool."""
+``5``. The run's prompts are cut to their head (the system message with the tool's description) and their
+last PROMPT_TOKENS tokens (the end of the user turn and the assistant's header), the same for every
+problem, so what it learned on one context is what it meets in the run; the run must then log episodes that call the tool."""
 
 from __future__ import annotations
 
@@ -23,6 +23,19 @@ from grpo.train.trainer import Trainer
 from tests.conftest import TEST_BF16, TEST_SEED
 
 PROMPT_TOKENS = 14  # "?<|im_end|>\n<|im_start|>assistant\n" in the byte-level test tokenizer
+
+
+def calculator_prompt_limit(model_dir) -> int:
+    """A max_prompt_length that keeps of every calculator problem its head (the system message with the
+    tool's description, the user turn's header: the same for every problem, kept whole by the cut) and
+    its last PROMPT_TOKENS tokens, so every problem's context is the same."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    cfg = Config(task="calculator", tools="builtin:calculator")
+    sampler = AgentSampler.from_settings(agent_settings(cfg), tok)
+    head, _ = sampler.start_lengths(calculator_task(eval_size=0, seed=0).train[0], cfg.system_prompt)
+    return head + PROMPT_TOKENS
 CALL, RESULT, ANSWER = "calc(2 + 3)", "5", "5"
 
 
@@ -70,7 +83,8 @@ def _teach_to_call(model_dir, out, cfg: Config, *, max_steps: int = 400, target_
 
 def test_calculator_with_tools_trains_and_logs_tool_metrics(tmp_path, tiny_model_dir):
     cfg = Config(model=str(tmp_path / "caller"), task="calculator", tools="builtin:calculator", max_turns=3,
-                 max_prompt_length=PROMPT_TOKENS, output_dir=str(tmp_path / "run"), max_steps=2, num_generations=2,
+                 max_prompt_length=calculator_prompt_limit(tiny_model_dir), output_dir=str(tmp_path / "run"),
+                 max_steps=2, num_generations=2,
                  prompts_per_step=2, per_device_train_batch_size=4, max_completion_length=48, eval_prompts=2,
                  eval_max_new_tokens=48, eval_pass_k=0, learning_rate=1e-3, progress=False, report_to="none",
                  seed=TEST_SEED, reward_timeout=0.0, bf16=TEST_BF16, rollout_backend="hf")

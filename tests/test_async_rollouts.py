@@ -142,10 +142,11 @@ def test_tool_episodes_run_through_the_engine_process(tmp_path, tiny_model_dir):
     """Multi-turn episodes (the calculator) sample turn by turn through the engine process: the
     episodes call the tool, every turn's tokens carry a version, and the bound holds."""
     from grpo.config import Config
-    from tests.test_agent_training import PROMPT_TOKENS, _teach_to_call
+    from tests.test_agent_training import _teach_to_call, calculator_prompt_limit
 
     cfg = Config(model=str(tmp_path / "caller"), task="calculator", tools="builtin:calculator", max_turns=3,
-                 max_prompt_length=PROMPT_TOKENS, output_dir=str(tmp_path / "run"), max_steps=2, num_generations=2,
+                 max_prompt_length=calculator_prompt_limit(tiny_model_dir), output_dir=str(tmp_path / "run"),
+                 max_steps=2, num_generations=2,
                  prompts_per_step=2, per_device_train_batch_size=4, max_completion_length=48, eval_prompts=0,
                  learning_rate=1e-3, progress=False, report_to="none", seed=TEST_SEED, reward_timeout=0.0,
                  rollout_backend="hf", async_rollouts=True, max_staleness=1, async_engine_threads=1)

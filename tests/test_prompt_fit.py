@@ -39,11 +39,12 @@ LONG_QUESTION = "Add these up and say the total: " + " + ".join(str(i % 9 + 1) f
 
 
 def test_cut_middle_keeps_the_head_and_the_end():
-    ids = list(range(10))
-    assert cut_middle(ids, 3, 6) == [0, 1, 2, 7, 8, 9]
-    assert cut_middle(ids, 3, 10) == ids  # fits: unchanged
-    assert cut_middle(ids, 0, 4) == [6, 7, 8, 9]  # no head: the left cut
-    assert cut_middle(ids, 5, 6) == [4, 5, 6, 7, 8, 9]  # a head leaving under a quarter: the left cut
+    ids = list(range(40))
+    assert cut_middle(ids, 10, 20) == list(range(10)) + list(range(30, 40))
+    assert cut_middle(ids, 10, 40) == ids  # fits: unchanged
+    assert cut_middle(ids, 0, 4) == [36, 37, 38, 39]  # no head: the left cut
+    assert cut_middle(ids, 13, 20) == list(range(20, 40))  # a head leaving under MIN_TAIL (8): the left cut
+    assert cut_middle(ids, 12, 20) == list(range(12)) + list(range(32, 40))
 
 
 def test_the_head_is_everything_before_the_first_user_content(tiny_model_dir):
@@ -90,9 +91,10 @@ def test_a_hermes_tool_prompt_keeps_its_schema_when_cut(hermes_tokenizer):
     text = tok.decode(ids)
     assert text.startswith("<|im_start|>system\n") and '<tools>{"type": "function"' in text and "</tools>" in text
     assert '"name": "calc"' in text and text.endswith("?<|im_end|>\n<|im_start|>assistant\n")
-    with pytest.raises(ConfigError, match=r"^max_prompt_length: 256 tokens cannot hold the system message and tool "
-                                          r"schema \(\d+ tokens .*\).* Set max_prompt_length=\d+"):
-        check_prompt_room([agent.start_lengths(sample, "")], 256)
+    with pytest.raises(ConfigError, match=rf"^max_prompt_length: {head + 4} tokens cannot hold the system message and "
+                                          rf"tool schema \({head} tokens .* Set max_prompt_length=\d+"):
+        check_prompt_room([(head, whole)], head + 4)
+    check_prompt_room([(head, whole)], head + 8)  # room for the end of the question: cut, not refused
 
 
 def test_a_run_whose_tool_schema_leaves_no_room_is_refused_at_start_up(tmp_path, tiny_model_dir, tiny_dataset):

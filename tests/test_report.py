@@ -8,7 +8,7 @@ import json
 import pytest
 
 from grpo.cli import main as cli_main
-from grpo.tools.report import PLOTS, build_report, load_run
+from grpo.tools.report import build_report, load_run, logged_plots
 from grpo.train.trainer import Trainer
 from tests.conftest import headless_chromium
 from tests.test_trainer import make_cfg
@@ -34,12 +34,15 @@ def test_report_html_loads_in_headless_chromium(two_runs, tmp_path):
     out = tmp_path / "report"
     assert cli_main(["report", *map(str, two_runs), "--out", str(out)]) == 0
     pngs = sorted(p.name for p in out.glob("*.png"))
-    assert pngs == sorted(f"{stem}.png" for stem, _, _ in PLOTS)
+    drawn = logged_plots([load_run(r) for r in two_runs])
+    assert pngs == sorted(f"{stem}.png" for stem, _, _ in drawn)
+    assert "consistency.png" not in pngs and "eval_during_training.png" not in pngs  # not logged: no empty panel
+    assert {"reward.png", "kl.png", "lengths.png"} <= set(pngs)
     browser = headless_chromium()
     try:
         browser.get((out / "report.html").resolve().as_uri())
         imgs = browser.find_elements("tag name", "img")
-        assert len(imgs) == len(PLOTS)
+        assert len(imgs) == len(drawn)
         for img in imgs:
             assert browser.execute_script("return arguments[0].complete && arguments[0].naturalWidth", img) > 0, \
                 img.get_attribute("src")
@@ -63,7 +66,8 @@ def test_report_escapes_and_plots_one_run(two_runs, tmp_path):
     assert "&lt;b&gt;&amp;" in text and "<b>&" not in text
     run = load_run(two_runs[0])
     assert html.escape(str(run["config"]["learning_rate"])) in text
-    assert all((tmp_path / "one" / f"{stem}.png").stat().st_size > 1000 for stem, _, _ in PLOTS)
+    assert all((tmp_path / "one" / f"{stem}.png").stat().st_size > 1000 for stem, _, _ in logged_plots([run]))
+    assert not (tmp_path / "one" / "consistency.png").exists()
 
 
 def test_report_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):

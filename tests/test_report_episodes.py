@@ -12,7 +12,7 @@ from grpo.tools.episodes_html import transcript_html
 from grpo.tools.report import build_report
 from grpo.train.trainer import Trainer
 from tests.conftest import TEST_BF16, TEST_SEED
-from tests.test_agent_training import ANSWER, CALL, PROMPT_TOKENS, RESULT, _teach_to_call
+from tests.test_agent_training import ANSWER, CALL, RESULT, _teach_to_call, calculator_prompt_limit
 
 
 def test_transcript_html_shows_every_turn_escaped():
@@ -28,7 +28,8 @@ def test_transcript_html_shows_every_turn_escaped():
 
 def test_report_of_a_tool_run_shows_a_full_episode(tmp_path, tiny_model_dir):
     cfg = Config(model=str(tmp_path / "caller"), task="calculator", tools="builtin:calculator", max_turns=3,
-                 max_prompt_length=PROMPT_TOKENS, output_dir=str(tmp_path / "run"), max_steps=1, num_generations=2,
+                 max_prompt_length=calculator_prompt_limit(tiny_model_dir), output_dir=str(tmp_path / "run"),
+                 max_steps=1, num_generations=2,
                  prompts_per_step=2, per_device_train_batch_size=4, max_completion_length=48, eval_prompts=2,
                  eval_max_new_tokens=48, eval_pass_k=0, learning_rate=1e-4, progress=False, report_to="none",
                  seed=TEST_SEED, reward_timeout=0.0, bf16=TEST_BF16, rollout_backend="hf", eval_steps=1,

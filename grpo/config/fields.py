@@ -72,7 +72,7 @@ class Config:
     prompts_per_step: int = 4
     """B: prompts per optimisation step; a step trains on B * G completions."""
     max_prompt_length: int = 512
-    """Prompts longer than this many tokens are cut so that the chat template's generation prompt at the end stays: from the middle, just after the system message where the prompt has one (it holds the system prompt and a tool schema: kept whole), else from the left; each step counts them (`prompts_truncated`, with one warning the first time), as does evaluation. A system message that leaves under a quarter of this for the rest is refused at start-up with the length needed. 512 holds a Hermes/Qwen tool schema with a question."""
+    """Prompts longer than this many tokens are cut so that the chat template's generation prompt at the end stays: from the middle: everything before the first user content (the system message with the system prompt and a tool schema, the template's own default system text, the user turn's header) is kept whole; each step counts them (`prompts_truncated`, with one warning the first time), as does evaluation. A system message that leaves fewer than 8 tokens for the rest (the end of the question and the generation prompt) is refused at start-up with the length needed. 512 holds a Hermes/Qwen tool schema with a question."""
     max_completion_length: int = 32
     """Most new tokens sampled per completion; longer ones are truncated (and flagged)."""
     temperature: float = 0.8

@@ -5,17 +5,16 @@ would continue the user's text instead of answering). Cutting from the left alon
 message first, and with it the tool schema a Hermes/Qwen template renders there, so a prompt keeps
 whole everything before its first user content (its "head": the system message, the tools, the
 header of the user's turn) and loses tokens just after that.
-Where the head leaves less than ``MIN_TAIL_SHARE`` of the room, no cut can keep both it and the
-question: the run is refused at start-up with the length it needs (``check_prompt_room``).
+Where the head leaves fewer than ``MIN_TAIL`` tokens for the rest, no cut can keep both it and the end
+of the question with the generation prompt: the run is refused at start-up with the length it needs
+(``check_prompt_room``).
 """
 
 from __future__ import annotations
 
-import math
-
 from grpo.errors import ConfigError
 
-MIN_TAIL_SHARE = 0.25  # of max_prompt_length, left after the head for the question and the generation prompt
+MIN_TAIL = 8  # tokens left after the head: the end of the user's turn and the generation prompt
 
 
 def cut_middle(ids: list[int], head: int, max_length: int) -> list[int]:
@@ -23,7 +22,7 @@ def cut_middle(ids: list[int], head: int, max_length: int) -> list[int]:
     (``head`` 0: its last ``max_length``); unchanged when it fits."""
     if len(ids) <= max_length:
         return ids
-    head = head if 0 < head <= max_length * (1 - MIN_TAIL_SHARE) else 0
+    head = head if 0 < head <= max_length - MIN_TAIL else 0
     return ids[:head] + ids[len(ids) - (max_length - head):]
 
 
@@ -70,13 +69,12 @@ def prompt_lengths(tokenizer, text: str, messages: list[dict]) -> tuple[int, int
 
 def check_prompt_room(lengths: list[tuple[int, int]], max_length: int) -> None:
     """``lengths``: (head, whole) token counts of rendered prompts. A ConfigError naming max_prompt_length
-    when a head leaves less than MIN_TAIL_SHARE of the room, with the length the longest prompt needs."""
-    crowded = [(h, n) for h, n in lengths if h > max_length * (1 - MIN_TAIL_SHARE) and n > max_length]
+    when a head leaves fewer than MIN_TAIL tokens, with the length the longest prompt needs."""
+    crowded = [(h, n) for h, n in lengths if h > max_length - MIN_TAIL and n > max_length]
     if not crowded:
         return
     head = max(h for h, _ in crowded)
-    need = max(max(n for _, n in lengths), math.ceil(head / (1 - MIN_TAIL_SHARE)))
-    need = -(-need // 64) * 64
+    need = -(-max(max(n for _, n in lengths), head + MIN_TAIL) // 64) * 64
     raise ConfigError(f"max_prompt_length: {max_length} tokens cannot hold the system message and tool schema "
                       f"({head} tokens as the chat template renders them) with the question; cutting would lose "
                       f"one of them. Set max_prompt_length={need} (the longest prompt checked needs "

@@ -76,8 +76,14 @@ def _series(rows: list[dict], key: str) -> tuple[list, list]:
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
+def logged_plots(runs: list[dict]) -> list[tuple]:
+    """The entries of PLOTS with a finite value of one of their keys in some run's metrics."""
+    return [p for p in PLOTS if any(_series(run["metrics"], key)[0] for run in runs for key in p[2])]
+
+
 def plot_runs(runs: list[dict], out: Path) -> list[str]:
-    """One PNG per entry of PLOTS in ``out``; a metric no run logged gets a plot saying so."""
+    """One PNG per entry of PLOTS that some run logged, in ``out`` (a metric no run logged gets no
+    panel: an empty one reads as something broken); returns their names."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -85,7 +91,7 @@ def plot_runs(runs: list[dict], out: Path) -> list[str]:
     from matplotlib.ticker import MaxNLocator
 
     names = []
-    for stem, title, keys in PLOTS:
+    for stem, title, keys in logged_plots(runs):
         fig, ax = plt.subplots(figsize=(6, 3.5))
         drawn = False
         for i, run in enumerate(runs):
@@ -98,8 +104,6 @@ def plot_runs(runs: list[dict], out: Path) -> list[str]:
                     drawn = True
         if drawn:
             ax.legend(fontsize=8)
-        else:
-            ax.text(0.5, 0.5, f"{', '.join(keys)}: not logged", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -130,7 +134,8 @@ def _eval_rows(runs: list[dict]) -> list[list]:
         ev = run["eval"]
         b, a = ev.get("before") or {}, ev.get("after") or {}
         rows.append([run["name"], ev.get("n_prompts"), b.get("accuracy"), a.get("accuracy"),
-                     b.get("pass@k"), a.get("pass@k"), b.get("mean_length"), a.get("mean_length")])
+                     b.get("pass@k"), a.get("pass@k"), b.get("mean_length"), a.get("mean_length"),
+                     b.get("truncated_share"), a.get("truncated_share")])
     return rows
 
 
@@ -178,7 +183,8 @@ def render_html(runs: list[dict], images: list[str]) -> str:
         "<h2>Metrics</h2>", f'<div id="plots">{imgs}</div>',
         "<h2>Evaluation (held-out greedy accuracy)</h2>",
         _table("evaluation", ["run", "prompts", "accuracy before", "accuracy after", "pass@k before",
-                              "pass@k after", "length before", "length after"], _eval_rows(runs)),
+                              "pass@k after", "length before", "length after", "cut at the token limit before",
+                              "cut at the token limit after"], _eval_rows(runs)),
         *_training_sections(runs),
         "<h2>Reasoning-chain audit (grpo audit: defects per 100 tokens)</h2>",
         _table("audit", AUDIT_HEADER, audit_rows(runs)),
