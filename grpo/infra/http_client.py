@@ -6,6 +6,8 @@ socket on every way out, so an exchange that missed its deadline leaves nothing 
 from __future__ import annotations
 
 import http.client
+import socket
+import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -41,11 +43,14 @@ def exchange(url: str, *, method: str = "POST", body: bytes | None = None, heade
             raise TimeoutError(f"{url}: no complete answer within {deadline_s:g} s")
         return rest
 
-    sock = resp = None
+    sock = resp = watch = None
     try:
         try:
             conn.connect()
             sock = conn.sock  # kept: the connection hands its socket to a response that closes it
+            # the deadline for the whole exchange: a per-read timeout alone lets a server that trickles
+            # its head or body a byte at a time hold the call for as long as it likes
+            watch = _Cutoff(sock, left())
             sock.settimeout(left())
             conn.request(method, path, body=body, headers=headers or {})
             sock.settimeout(left())
@@ -67,13 +72,49 @@ def exchange(url: str, *, method: str = "POST", body: bytes | None = None, heade
             if "no complete answer" in str(e):
                 raise
             raise TimeoutError(f"{url}: no complete answer within {deadline_s:g} s") from None
+        except (OSError, http.client.HTTPException):
+            if watch is not None and watch.expired:  # the cut-off shut the socket under a read
+                raise TimeoutError(f"{url}: no complete answer within {deadline_s:g} s") from None
+            raise
+        if watch.expired:  # a read the cut-off ended looks like the end of the answer
+            raise TimeoutError(f"{url}: no complete answer within {deadline_s:g} s")
         return Reply(resp.status, b"".join(chunks), resp.getheader("content-type") or "")
     finally:
+        if watch is not None:
+            watch.cancel()
         if resp is not None:
             resp.close()
         conn.close()
         if sock is not None:
             sock.close()
+
+
+class _Cutoff:
+    """Shuts ``sock`` both ways ``seconds`` from now unless cancelled first: a read or write blocked on
+    it then returns at once; ``expired`` says it happened."""
+
+    def __init__(self, sock: socket.socket, seconds: float):
+        self.sock, self.expired = sock, False
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._cut)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _cut(self) -> None:
+        with self._lock:
+            if self._timer is None:
+                return
+            self.expired = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def cancel(self) -> None:
+        with self._lock:
+            timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
 
 
 def bearer(key: str | None) -> dict:

@@ -1,0 +1,142 @@
+"""Deadlines over whole messages, not single reads: a client that trickles its request head loses its
+connection slot at head_timeout_s (a 408), and exchange() returns at its deadline from a server that
+trickles its answer's head or body, however regularly each byte arrives."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from grpo.infra.http import GuardedServer, HttpLimits, Route
+from grpo.infra.http_client import exchange
+
+
+@pytest.fixture
+def guarded():
+    """A GuardedServer with 2 connection slots and a 1 s head deadline, one unkeyed route."""
+    routes = {("GET", "/ok"): Route(lambda body, kind: {"ok": True}, keyed=False)}
+    server = GuardedServer(("127.0.0.1", 0), routes, api_key=None,
+                           limits=HttpLimits(max_connections=2, head_timeout_s=1.0))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _trickle_head(port: int, out: dict, key: str, stop: threading.Event) -> None:
+    """Send a 1 KB request head at 2 bytes/s until the server answers or 10 s pass; record the answer's
+    first line and when it came."""
+    head = b"GET /ok HTTP/1.0\r\nX-Pad: " + b"a" * 1000 + b"\r\n\r\n"
+    start = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.settimeout(0.5)
+        for i in range(0, len(head), 1):
+            if stop.is_set() or time.monotonic() - start > 10:
+                break
+            try:
+                s.sendall(head[i:i + 1])
+            except OSError:
+                break
+            try:
+                got = s.recv(4096)
+            except TimeoutError:
+                continue  # 0.5 s between bytes: 2 bytes/s
+            except OSError:
+                break
+            out[key] = (got.split(b"\r\n", 1)[0].decode(errors="replace"), time.monotonic() - start)
+            return
+    out[key] = (None, time.monotonic() - start)
+
+
+def _get(port: int) -> tuple[int, bytes]:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"GET /ok HTTP/1.0\r\nHost: x\r\n\r\n")
+        data = b""
+        while chunk := s.recv(4096):
+            data += chunk
+    return int(data.split(b" ", 2)[1]), data
+
+
+def test_two_trickled_heads_lose_their_slots_and_an_honest_request_is_served(guarded):
+    port = guarded.server_address[1]
+    out, stop = {}, threading.Event()
+    clients = [threading.Thread(target=_trickle_head, args=(port, out, k, stop)) for k in ("a", "b")]
+    for c in clients:
+        c.start()
+    time.sleep(0.3)
+    assert guarded.active == 2  # both slots held by the trickling heads
+    for c in clients:
+        c.join(timeout=5)
+    stop.set()
+    for key in ("a", "b"):
+        first_line, seconds = out[key]
+        assert first_line == "HTTP/1.0 408 Request Timeout", out
+        assert seconds < 2.0, out  # a 1 KB head at 2 bytes/s would have taken 8 minutes
+    deadline = time.monotonic() + 2
+    while guarded.active and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert guarded.active == 0
+    status, body = _get(port)
+    assert status == 200 and b'"ok": true' in body
+
+
+def test_the_connection_cap_alone_refuses_the_third_connection(guarded):
+    """With both slots held (heads in progress, inside their deadline), a third connection gets the 429
+    of the connection cap, not of a route gate (this route has none)."""
+    port = guarded.server_address[1]
+    held = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+    try:
+        for s in held:
+            s.sendall(b"GET /ok HTTP/1.0\r\n")  # heads begun, not finished
+        time.sleep(0.2)
+        status, body = _get(port)
+        assert status == 429 and b"too many open connections" in body
+    finally:
+        for s in held:
+            s.close()
+
+
+def _server(at_once: bytes, trickled: bytes, stop: threading.Event) -> socket.socket:
+    """A loopback server that reads a request, sends ``at_once``, then ``trickled`` a byte every 0.2 s
+    (until ``stop``)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+
+    def serve():
+        conn, _ = srv.accept()
+        with conn:
+            conn.settimeout(5)
+            conn.recv(65536)
+            try:
+                conn.sendall(at_once)
+                for i in range(len(trickled)):
+                    if stop.is_set():
+                        return
+                    conn.sendall(trickled[i:i + 1])
+                    time.sleep(0.2)
+            except OSError:
+                return
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv
+
+
+@pytest.mark.parametrize("part", ["head", "body"])
+def test_exchange_returns_at_its_deadline_from_a_server_that_trickles(part):
+    head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Pad: " + b"a" * 200 +
+            b"\r\nContent-Length: 400\r\n\r\n")
+    stop = threading.Event()
+    srv = _server(b"", head, stop) if part == "head" else _server(head, b"x" * 400, stop)
+    try:
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match="no complete answer within 1 s"):
+            exchange(f"http://127.0.0.1:{srv.getsockname()[1]}/x", method="GET", deadline_s=1.0)
+        assert time.monotonic() - start < 1.5
+    finally:
+        stop.set()
+        srv.close()
