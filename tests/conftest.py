@@ -16,8 +16,13 @@ The suite does not depend on the machine's history: it runs with a cache folder 
 (``GRPO_CACHE``, a fresh folder per session: the native build, the timed kernel and backend choices,
 and Inductor's compiled kernels), never the user's ``~/.cache/grpo`` or Inductor's folder in /tmp. After each test, ``_global_state`` puts back what a test may change
 for the tests after it (torch / numpy / random generator states, torch's threads and default dtype,
-the working folder, the environment); a test that left its threads, dtype or folder changed errors
-at teardown, naming what it changed, and one that left the environment changed gets a warning.
+the working folder, the environment, the module search path, glibc's memory policy, the kernel plans
+measured in this process); a test that left its threads, dtype, folder or environment changed errors
+at teardown, naming what it changed (the module search path, the memory policy and the measured plans
+are put back without a word: the trainer changes them on purpose). The timed kernel and backend
+choices written to the session's cache folder stay: measuring them again for every test would cost
+the suite minutes, and every choice among them computes the same values (tests that compare tokens
+pin the products: ``runnable_kernels``).
 
 At the end, the skipped tests are summed up by the feature they lacked (tests/skip_groups.py), and
 written to ``GRPO_SKIP_REPORT`` when set (``make test`` merges the main and vLLM suites' reports)."""
@@ -29,8 +34,8 @@ import json
 import os
 import random
 import shutil
+import sys
 import tempfile
-import warnings
 
 import numpy as np
 import pytest
@@ -212,17 +217,28 @@ def _state() -> dict:
         cwd = os.getcwd()
     except OSError:  # the folder was removed
         cwd = None
+    from grpo.rollout import tuning
+
     return {"threads": torch.get_num_threads(), "dtype": torch.get_default_dtype(), "cwd": cwd,
             "env": dict(os.environ), "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(),
-            "random": random.getstate()}
+            "random": random.getstate(), "sys_path": list(sys.path), "measured": tuning.MEASURED,
+            "plans": dict(tuning.MEASURED), "plan_notes": list(tuning.MEASURED.notes)}
 
 
 def _put_back(before: dict) -> tuple[list[str], list[str]]:
     """Restore ``before``; return what had changed: (threads, dtype, folder), (environment variables).
     The generators are restored without a word: most tests draw from them."""
+    from grpo.infra.runtime import default_memory_policy
+
     torch.set_rng_state(before["torch_rng"])
     np.random.set_state(before["numpy_rng"])
     random.setstate(before["random"])
+    sys.path[:] = before["sys_path"]  # the trainer puts its working_dir first (import_from)
+    default_memory_policy()  # the trainer keeps freed memory (keep_freed_memory): the next test starts without
+    measured = before["measured"]  # the process's plan cache (a test may have swapped in its own)
+    measured.clear()
+    measured.update(before["plans"])
+    measured.notes[:] = before["plan_notes"]
     changed = []
     if torch.get_num_threads() != before["threads"]:
         changed.append(f"torch threads {before['threads']} -> {torch.get_num_threads()}")
@@ -256,9 +272,8 @@ def _global_state(request):
     before = _state()
     yield
     changed, env = _put_back(before)
-    if env:  # also set by some libraries on first import (peft, gymnasium): a warning, not an error
-        warnings.warn(f"{request.node.nodeid} changed the environment (restored): {'; '.join(env)}; "
-                      f"use monkeypatch.setenv", stacklevel=1)
+    if env:
+        changed.append(f"the environment ({'; '.join(env)}: use monkeypatch.setenv)")
     if changed:
         pytest.fail(f"{request.node.nodeid} left global state changed (restored for the next test): "
                     f"{'; '.join(changed)}. Use monkeypatch, or restore it in the test.", pytrace=False)

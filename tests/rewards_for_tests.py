@@ -146,3 +146,8 @@ def last_number(completion: str, sample: dict) -> float:
 
     numbers = re.findall(r"-?\d+", completion)
     return float(bool(numbers) and numbers[-1] == sample["answer"])
+
+
+def answer_is_odd(completion: str, sample: dict) -> float:
+    """1.0 on the rows whose answer is odd, whatever the completion: known pass rates per prompt."""
+    return float(int(sample["answer"]) % 2)

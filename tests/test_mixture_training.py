@@ -96,3 +96,18 @@ def test_eval_tasks_are_suites_and_the_best_checkpoint_is_the_best_evaluation(tm
     best = load_file(t.run_dir / "best" / "model.safetensors")
     at_step = load_file(t.run_dir / "checkpoints" / f"step-{best_step}" / "model.safetensors")
     assert best.keys() == at_step.keys() and all(torch.equal(best[k], at_step[k]) for k in best)
+
+
+def test_the_difficulty_sampler_hears_each_prompts_own_pass_rate(tmp_path, tiny_model_dir, tiny_dataset):
+    """The pass rates the trainer gives the sampler are the groups' own: with a reward that passes every
+    row whose answer is odd, each drawn prompt's history is all 1.0 or all 0.0 by its answer, and both
+    occur (a sampler fed zeros, or anything not the group's rate, fails here)."""
+    t = Trainer(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, eval_prompts=0, max_steps=3, difficulty_sampling=True,
+                         rewards="tests.rewards_for_tests:answer_is_odd"))
+    t.train()
+    history = t.collector.sampler.history
+    assert history, "no pass rate was observed"
+    expected = {i: float(int(t.task.train[i]["answer"]) % 2) for i in history}
+    assert {i: set(rates) for i, rates in history.items()} == {i: {expected[i]} for i in history}
+    assert set(expected.values()) == {0.0, 1.0}
+    t.close()

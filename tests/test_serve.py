@@ -6,6 +6,7 @@ and streaming), streaming on both routes, bad input answered 4xx while the serve
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import threading
 import time
@@ -262,6 +263,29 @@ def test_a_stream_is_server_sent_events_ending_in_done_and_a_client_gone_stops_i
         del engine._step
 
 
+def test_the_fallbacks_stream_arrives_as_it_is_decoded(live, scheme):
+    """Each of the fallback's tokens goes out as it is decoded: the first text arrives while its row
+    still decodes, and the text comes in several events (not held until the answer is complete)."""
+    engine = live.state.fallback.engine
+    step = engine._step
+    engine._step = lambda: (time.sleep(0.05), step())[1]  # 40 tokens take 2 s at least
+    try:
+        body = {"model": "base", "max_tokens": 40, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        decoding_at_first_text, texts = None, 0
+        with live.http.stream("POST", "/v1/chat/completions", json=body) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                choices = json.loads(line[6:]).get("choices") or [{}]
+                if choices[0].get("delta", {}).get("content"):
+                    texts += 1
+                    if decoding_at_first_text is None:
+                        decoding_at_first_text = bool(engine.rows)
+    finally:
+        del engine._step
+    assert decoding_at_first_text is True and texts >= 2, (decoding_at_first_text, texts)
+
+
 def _until(condition, limit_s: float = 120.0) -> None:
     """Wait for ``condition`` (a state the server reaches, however loaded the machine); the limit only
     ends a test that would otherwise hang."""
@@ -294,6 +318,9 @@ BAD = [  # (raw body or JSON, status, field named)
     ({"model": "grpo", "messages": [{"role": "user", "content": "x"}], "n": 3}, 400, "n"),
     ({"model": "grpo", "messages": [{"role": "user", "content": "x" * 300}]}, 400, "messages"),  # prompt tokens
     ({"model": "grpo", "messages": [{"role": "user", "content": "x" * 5000}]}, 413, "content-length"),  # request size
+    (b'{"model": "grpo", "messages": [{"role": "user", "content": "a\\ud800b"}]}', 400, "messages[0].content"),
+    ({"model": "grpo", "messages": [{"role": "user", "content": "x"}],
+      "logit_bias": {"15": 100, "16": -100}}, 400, "logit_bias"),  # nothing would be applied: refused
 ]
 
 
@@ -312,6 +339,11 @@ def test_bad_input_is_a_4xx_naming_the_field_and_the_server_keeps_serving(live, 
 def test_completions_prompt_type_checked(live, scheme):
     r = live.http.post("/v1/completions", json={"model": "grpo", "prompt": {"a": 1}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    r = live.http.post("/v1/completions", content=b'{"model": "grpo", "prompt": "\\udfff"}',
+                       headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "lone surrogate" in r.json()["error"]["message"]
+    live.scripted.script(eos_after=2)  # an empty logit_bias, as clients send by default, asks for nothing
+    assert live.chat(max_tokens=3, logit_bias={}).status_code == 200
 
 
 def test_overload_is_429_and_a_failure_of_both_models_is_a_500_for_that_request_only(live, scheme):

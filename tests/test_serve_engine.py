@@ -191,6 +191,25 @@ def test_the_fallback_takes_a_step_only_while_the_grpo_rows_that_can_meet_their_
     assert sched.fallback_fits(grpo, fallback, now=now)
 
 
+def test_the_scheduler_gives_the_fallback_no_step_that_would_make_a_grpo_row_miss_its_deadline(tiny):
+    """The scheduler's choice itself (its _pick, on rows admitted by hand, its rule not loosened): after
+    a GRPO step, the fallback's turn comes only where fallback_fits says the GRPO rows keep their room."""
+    grpo, fallback = _engine("fast", tiny), _engine("fast", tiny)
+    lane = Lane(grpo)
+    sched = Scheduler([lane, Lane(fallback, name="base")])
+    sched.stop()
+    grpo.step_seconds = fallback.step_seconds = 0.03
+    fallback.admit(Job(PROMPTS[0], cap=100, deadline=None))
+    sched.last = grpo  # the GRPO model took the last step: the fallback's turn, if the rule allows it
+    grpo.admit(Job(PROMPTS[1], cap=100, deadline=time.monotonic() + 3600))
+    assert sched._pick() is fallback  # an hour to go: the fallback takes its turn
+    grpo.rows.clear()
+    grpo.admit(Job(PROMPTS[1], cap=100, deadline=None))
+    need = grpo.rows[0].steps_left(lane.expected_tokens(), grpo.max_step_tokens)
+    grpo.rows[0].job.deadline = time.monotonic() + need * 0.045  # in time alone (x 0.03), not sharing (x 0.06)
+    assert sched._pick() is grpo
+
+
 def test_two_lanes_alternate_steps_while_the_grpo_rows_have_room(tiny):
     grpo, fallback = _engine("fast", tiny), _engine("fast", tiny)
     order = []

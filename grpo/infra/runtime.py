@@ -67,5 +67,20 @@ def keep_freed_memory() -> bool:
         libc.gnu_get_libc_version  # glibc only: musl and others have no such mallopt parameters
     except (OSError, AttributeError):
         return False
-    m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
-    return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
+    return bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # <malloc.h>
+
+
+def default_memory_policy() -> bool:
+    """glibc's malloc back to its defaults (mmap for large blocks, a 128 KiB trim threshold): undoes
+    ``keep_freed_memory`` (the test suite's isolation between tests); False off glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version
+    except (OSError, AttributeError):
+        return False
+    return bool(libc.mallopt(_M_MMAP_MAX, 65536)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 128 * 1024))

@@ -53,24 +53,25 @@ def source_of(name: str) -> Source:
         if ckpt is None:
             raise CheckpointError(f"{p}: a run folder without checkpoints (nothing trained to serve)")
         return Source(name, str(ckpt), cfg.model, (ckpt / "adapter_config.json").is_file(), cfg.system_prompt,
-                      cfg.max_prompt_length, cfg.rewards, held_out_prompts(cfg))
+                      cfg.max_prompt_length, cfg.rewards, held_out_prompts(p))
     return Source(name, name, name, False)
 
 
 PROBE_PROMPTS = 8  # held-out prompts --completeness auto answers at start-up
 
 
-def held_out_prompts(cfg) -> tuple:
-    """The first PROBE_PROMPTS held-out prompts of the run's task (none where it cannot be loaded here:
-    a dataset file that stayed on another machine, a mixture; the check is then chosen by rule)."""
+def held_out_prompts(run: Path) -> tuple:
+    """The first PROBE_PROMPTS held-out prompts of the run in folder ``run`` (none where its task cannot
+    be loaded here: a dataset file that stayed on another machine, a mixture; the check is then chosen
+    by rule)."""
+    from grpo.config.io import load_config
     from grpo.config.mixture_settings import mixture_of
     from grpo.data import task_of
     from grpo.errors import GrpoError
 
-    if mixture_of(cfg) is not None:
-        return ()
     try:
-        return tuple(row["prompt"] for row in task_of(cfg).eval[:PROBE_PROMPTS])
+        cfg = load_config(run / "config.yaml")
+        return () if mixture_of(cfg) is not None else tuple(row["prompt"] for row in task_of(cfg).eval[:PROBE_PROMPTS])
     except (GrpoError, OSError):
         return ()
 

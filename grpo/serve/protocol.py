@@ -88,13 +88,24 @@ def _max_tokens(body: dict, limits: Limits) -> int | None:
     return None
 
 
+def _text(value: str, name: str) -> str:
+    """``value`` where it is valid Unicode; JSON's escapes can spell a lone surrogate ("\\ud800"), which
+    no tokenizer can encode: a 400 naming the field instead of a failure deep in the model's lane."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = value[e.start:e.end].encode("utf-8", "backslashreplace").decode()
+        raise ApiError(400, name, f"{name}: not valid Unicode (a lone surrogate, {bad}, at character {e.start})") from None
+    return value
+
+
 def _content(m: dict, i: int) -> str:
     c = m.get("content")
     if isinstance(c, str):
-        return c
+        return _text(c, f"messages[{i}].content")
     if isinstance(c, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                                    for p in c):
-        return "".join(p["text"] for p in c)
+        return _text("".join(p["text"] for p in c), f"messages[{i}].content")
     raise ApiError(400, f"messages[{i}].content", f"messages[{i}].content: a string (or text parts) expected, "
                    f"got {type(c).__name__}")
 
@@ -121,7 +132,7 @@ def _prompt(body: dict) -> str:
         p = p[0]
     if not isinstance(p, str):
         raise ApiError(400, "prompt", f"prompt: a string expected, got {type(p).__name__}")
-    return p
+    return _text(p, "prompt")
 
 
 def parse_request(body: dict, *, chat: bool, limits: Limits, models: list[str]) -> Request:
@@ -144,6 +155,9 @@ def parse_request(body: dict, *, chat: bool, limits: Limits, models: list[str]) 
         raise ApiError(400, "n", f"n: only 1 completion per request is served, got {n!r}")
     if body.get("stop") is not None:
         raise ApiError(400, "stop", "stop: stop sequences are not supported")
+    if body.get("logit_bias"):  # null or {} (what clients send by default) ask for nothing
+        raise ApiError(400, "logit_bias", "logit_bias: not applied by this server (the GRPO model's answers are "
+                       "its own distribution); send none, null or {}")
     top_p = _number(body, "top_p", 0.0, 1.0)
     if top_p == 0.0:
         raise ApiError(400, "top_p", "top_p: must be > 0")

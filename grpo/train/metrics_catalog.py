@@ -55,7 +55,7 @@ METRICS: tuple[Metric, ...] = tuple(
         ("rollout_backend", "name", "the engine that sampled (hf, fast, vllm, vllm_server)"),
         ("time/<stage>_seconds", "s", "seconds spent in one stage of the step: sampling, rewards, old_logp, "
          "reference, update, sync, eval, checkpoint; 0.0 where the stage did not run"),
-        ("prompts_truncated", "count", "prompts of this step cut from the left to `max_prompt_length`"),
+        ("prompts_truncated", "count", "prompts of this step cut to `max_prompt_length` (from the middle: the system message and tools kept)"),
         ("nonfinite_count", "count", "metrics of this step that are NaN or infinite"),
     ])
     + _m("rewards", EVERY, [

@@ -26,16 +26,17 @@ SPLIT_KEYS = ("task", "task_split", "prompt_field", "answer_field", "eval_prompt
               "arithmetic_ops")
 
 
-def check_resumable(checkpoint: Path, cfg) -> None:
-    """A ConfigError naming each of SPLIT_KEYS that differs from the config.yaml of the run that wrote
-    ``checkpoint`` (its run folder: checkpoints/step-N's grandparent), with how to resume; nothing to
-    compare (a checkpoint outside a run folder) passes."""
+def check_resumable(checkpoint: Path, settings: dict) -> None:
+    """A ConfigError naming each of SPLIT_KEYS whose value in ``settings`` (the resumed run's config, as
+    a dict) differs from the config.yaml of the run that wrote ``checkpoint`` (its run folder:
+    checkpoints/step-N's grandparent), with how to resume; nothing to compare (a checkpoint outside a
+    run folder) passes."""
     saved_path = Path(checkpoint).parent.parent / "config.yaml"
     try:
         saved = yaml.safe_load(saved_path.read_text()) or {}
     except (OSError, yaml.YAMLError):
         return
-    changed = [(k, saved[k], getattr(cfg, k)) for k in SPLIT_KEYS if k in saved and saved[k] != getattr(cfg, k)]
+    changed = [(k, saved[k], settings.get(k)) for k in SPLIT_KEYS if k in saved and saved[k] != settings.get(k)]
     if changed:
         what = "; ".join(f"{k} was {old!r}, now {new!r}" for k, old, new in changed)
         raise ConfigError(f"{', '.join(k for k, _, _ in changed)}: cannot change on resume ({what} against "

@@ -108,7 +108,7 @@ class Trainer:
             make_run_dir(cfg.output_dir, cfg.resume_from_checkpoint) if world.is_main else None, world)
         resume_from = run_state.resume_path(cfg.resume_from_checkpoint, self.run_dir)
         if resume_from is not None:
-            run_state.check_resumable(resume_from, cfg)  # before anything is written or loaded
+            run_state.check_resumable(resume_from, cfg.to_dict())  # before anything is written or loaded
         elif world.is_main:
             cfg.save(self.run_dir / "config.yaml")
         self.models = models or _load_models(cfg, model_path, world)

@@ -1,0 +1,131 @@
+"""Mutation checks: each entry of MUTATIONS breaks one feature by a one-line change, and the tests it
+names must then fail. ``python tests/mutations/run.py`` (``make mutations``) applies each in a copy
+of the checkout (the working tree is never touched), runs the named tests there, and prints one line
+per mutation; it exits 1 when any mutation survives (its tests still pass) or no longer applies (the
+line it changes moved: update the entry). ``-k TEXT`` runs the entries whose name holds TEXT.
+
+A test is only trusted once breaking its feature makes it fail: these are the breaks kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str  # the file changed, relative to the checkout
+    old: str  # a line (or part of one) found exactly once in it
+    new: str
+    tests: tuple[str, ...]  # node ids that must fail with it
+
+
+MUTATIONS = (
+    Mutation("the scheduler ignores fallback_fits", "grpo/serve/batcher.py",
+             "self.last is first and self.fallback_fits(first, other)", "self.last is first and True",
+             ("tests/test_serve_engine.py::test_the_scheduler_gives_the_fallback_no_step_that_would_make_a_grpo_row_"
+              "miss_its_deadline",)),
+    Mutation("the fallback's stream is held until complete", "grpo/serve/stream.py",
+             "on_tokens=lambda ids: loop.call_soon_threadsafe(queue.put_nowait, ids), **kw)", "on_tokens=None, **kw)",
+             ("tests/test_serve.py::test_the_fallbacks_stream_arrives_as_it_is_decoded",)),
+    Mutation("the difficulty sampler is fed zeros", "grpo/train/collect.py",
+             "self.sampler.observe(correct.double().view(s.prompts_per_step, -1).mean(1).tolist())",
+             "self.sampler.observe([0.0] * s.prompts_per_step)",
+             ("tests/test_mixture_training.py::test_the_difficulty_sampler_hears_each_prompts_own_pass_rate",)),
+    Mutation("the connection cap is removed", "grpo/infra/http.py",
+             "full = self.active >= self.limits.max_connections", "full = False",
+             ("tests/test_http_deadlines.py::test_the_connection_cap_alone_refuses_the_third_connection",)),
+    Mutation("a request head has only a per-read timeout", "grpo/infra/http.py",
+             "watch = _HeadWatch(self.connection, self.server.limits.head_timeout_s)",
+             "watch = _HeadWatch(self.connection, 1e9)",
+             ("tests/test_http_deadlines.py::test_two_trickled_heads_lose_their_slots_and_an_honest_request_is_served",)),
+    Mutation("exchange() has only per-read timeouts", "grpo/infra/http_client.py",
+             "watch = _Cutoff(sock, left())", "watch = _Cutoff(sock, 1e9)",
+             ("tests/test_http_deadlines.py::test_exchange_returns_at_its_deadline_from_a_server_that_trickles[head]",)),
+    Mutation("bitsandbytes' kernel-fetch warning is let through", "grpo/infra/quiet.py",
+             "            self.messages.append(message)\n            return False",
+             "            self.messages.append(message)\n            return True",
+             ("tests/test_first_hour.py::test_bitsandbytes_kernel_fetch_warning_is_held_back_until_qlora_asks",)),
+    Mutation("serve's completeness check is not measured", "grpo/serve/server.py",
+             "    state.scheme.completeness = choice.name", "    pass",
+             ("tests/test_serve_completeness.py::test_serve_answers_a_user_reward_run_as_itself",)),
+    Mutation("a resume may change the split", "grpo/train/trainer.py",
+             "run_state.check_resumable(resume_from, cfg.to_dict())", "pass",
+             ("tests/test_first_hour.py::test_a_refused_resume_leaves_the_config_and_names_the_key",)),
+    Mutation("the evaluation keeps 32 tokens", "grpo/config/fields.py",
+             "self.eval_max_new_tokens = self.max_completion_length", "self.eval_max_new_tokens = 32",
+             ("tests/test_first_hour.py::test_the_evaluation_gets_the_room_training_gets",)),
+    Mutation("long prompts are cut from the left", "grpo/data/prompt_fit.py",
+             "return ids[:head] + ids[len(ids) - (max_length - head):]", "return ids[len(ids) - max_length:]",
+             ("tests/test_prompt_fit.py::test_a_long_single_turn_prompt_keeps_its_system_message",
+              "tests/test_prompt_fit.py::test_a_hermes_tool_prompt_keeps_its_schema_when_cut")),
+    Mutation("a lone surrogate reaches the tokenizer", "grpo/serve/protocol.py",
+             'value.encode("utf-8")', 'value.encode("utf-8", "surrogatepass")',
+             ("tests/test_serve.py::test_completions_prompt_type_checked",)),
+)
+
+
+def copy_checkout(dest: Path) -> None:
+    """The checkout's files (tracked, and untracked ones git does not ignore) copied to ``dest``."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.split(b"\0")
+    for name in filter(None, listed):
+        src = ROOT / name.decode()
+        if src.is_file():
+            target = dest / name.decode()
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target)
+
+
+def check(m: Mutation, copy: Path) -> tuple[str, str]:
+    """('killed' | 'SURVIVED' | 'STALE', detail) for one mutation, applied in ``copy`` and undone."""
+    path = copy / m.path
+    text = path.read_text()
+    if text.count(m.old) != 1:
+        return "STALE", f"{m.path}: the line to change occurs {text.count(m.old)} times, not once"
+    path.write_text(text.replace(m.old, m.new))
+    try:
+        env = {**os.environ, "PYTHONPATH": str(copy)}
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *m.tests], cwd=copy,
+                              env=env, capture_output=True, text=True)
+    finally:
+        path.write_text(text)
+    last = (done.stdout.strip().splitlines() or [""])[-1]
+    if done.returncode == 1:
+        return "killed", last
+    if done.returncode == 0:
+        return "SURVIVED", last
+    return "STALE", f"pytest exit {done.returncode}: {last}"  # not collected, an error: the entry is out of date
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-k", default="", help="only the mutations whose name holds this text")
+    args = ap.parse_args(argv)
+    chosen = [m for m in MUTATIONS if args.k in m.name]
+    bad = 0
+    with tempfile.TemporaryDirectory(prefix="grpo-mutations-") as tmp:
+        copy = Path(tmp)
+        copy_checkout(copy)
+        for m in chosen:
+            start = time.monotonic()
+            verdict, detail = check(m, copy)
+            bad += verdict != "killed"
+            print(f"{verdict:<8} {m.name} ({time.monotonic() - start:.0f} s): {detail}", flush=True)
+    print(f"{len(chosen) - bad} of {len(chosen)} mutations killed")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
