@@ -15,7 +15,7 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: train test test-vllm toy bench clean-venv sandbox docs-toolchain
+.PHONY: train test test-fast mutations test-vllm toy bench clean-venv sandbox docs-toolchain
 
 # The code reward runs programs under bubblewrap (docs/guides/rewards.md: "Code rewards"); the native decode ops
 # are built with a C compiler. As root, install each when missing; elsewhere say how. The suites still run without
@@ -102,6 +102,16 @@ test: $(STAMP) sandbox docs-toolchain
 	echo "make test: main suite $$([ $$main = 0 ] && echo passed || echo "FAILED (exit $$main)"); vLLM suite $$vs"; \
 	if [ $$skips != 0 ]; then echo "make test: FAILED: features skipped under CI=true (above)"; fi; \
 	rm -rf $$reports; [ $$main = 0 ] && [ $$vllm = 0 ] && [ $$skips = 0 ]
+
+# The pure and unit tests alone, about a minute: none that trains a model, starts a process or a server, or
+# loads the embedded model (tests/conftest.py: HEAVY, --fast). The whole suite is make test.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest tests --fast
+
+# Each kept mutation (a one-line break of a feature) applied in a copy of the checkout: its named tests must fail
+# (tests/mutations/run.py; a few minutes).
+mutations: $(STAMP)
+	$(BIN)/python tests/mutations/run.py
 
 toy: $(STAMP)
 	$(BIN)/grpo toy

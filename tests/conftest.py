@@ -30,6 +30,7 @@ written to ``GRPO_SKIP_REPORT`` when set (``make test`` merges the main and vLLM
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 import random
@@ -295,6 +296,56 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("skipped feature groups")
         for line in summary_lines([report])[1:]:
             terminalreporter.line(line.strip())
+
+
+# what makes a test part of the full suite only (`make test-fast` = pytest --fast leaves it out): it, or
+# a fixture it uses, trains a model, starts a process or a server, or loads the embedded model
+HEAVY = ("Trainer(", ".train()", "subprocess", "Popen", "main([", "_main([", "serve_forever", "make_server",
+         "run_sft", "multiprocessing", "mp.Process", "spawn", "torch.distributed", "DEFAULT_MODEL",
+         "GRPOTrainer(", "RewardRunner(", "EngineProcess(", "ProcessPool", "grading_service",
+         "loss_and_advantage_functions", "run_seed(", "math_reward")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fast", action="store_true", help="only the pure and unit tests: none that trains a model, "
+                     "starts a process or a server, or loads the embedded model (tests/conftest.py HEAVY)")
+
+
+def _heavy(item) -> bool:
+    """Whether the test's function, a fixture it uses (at any depth), or a function of the tests'
+    own that one of these calls (three calls deep) mentions one of HEAVY."""
+    todo = [(getattr(item, "function", None), 0)]
+    info = getattr(item, "_fixtureinfo", None)
+    if info is not None:
+        todo += [(d.func, 0) for defs in info.name2fixturedefs.values() for d in defs]
+    seen = set()
+    while todo:
+        f, depth = todo.pop()
+        f = inspect.unwrap(f) if callable(f) else f
+        if not inspect.isfunction(f) or f in seen:
+            continue
+        seen.add(f)
+        try:
+            src = inspect.getsource(f)
+        except (OSError, TypeError):
+            continue
+        if any(h in src for h in HEAVY):
+            return True
+        if depth < 3:  # the helpers it calls, where they are the tests' own (not grpo's or a library's)
+            for name in f.__code__.co_names:
+                g = f.__globals__.get(name)
+                if inspect.isfunction(g) and g.__module__.startswith("tests"):
+                    todo.append((g, depth + 1))
+    return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--fast"):
+        return
+    heavy = [item for item in items if _heavy(item)]
+    if heavy:
+        config.hook.pytest_deselected(items=heavy)
+        items[:] = [item for item in items if item not in set(heavy)]
 
 
 def pytest_configure(config):
