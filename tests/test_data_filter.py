@@ -48,7 +48,11 @@ def test_cli_filter_with_two_models_writes_rows_the_trainer_reads(tmp_path, tiny
     assert len(got) == 6 and all(r["logical_steps"] == 3 for r in got)
     for r in got:
         assert len(r["candidates"]) == 4  # 2 models x 2 samples
-        assert all(c["win_rate"] > 0.8 for c in r["anchor_high"]) and all(c["win_rate"] < 0.2 for c in r["anchor_low"])
+        scores = [c["score"] for c in r["candidates"]]
+        assert [c["win_rate"] for c in r["candidates"]] == win_rates(scores)  # each candidate's, from the scores
+        # the anchors are exactly the candidates past the bounds (a problem whose scores tie has none)
+        assert r["anchor_high"] == [c for c in r["candidates"] if c["win_rate"] > 0.8]
+        assert r["anchor_low"] == [c for c in r["candidates"] if c["win_rate"] < 0.2]
     task = load_task(str(out), eval_size=2)
     assert len(task.train) == 4 and {s["prompt"] for s in task.train + task.eval} == {r["prompt"] for r in got}
     assert main(["data", "nonsense"]) == 2

@@ -69,9 +69,10 @@ def test_rows_of_different_lengths_in_one_batch_give_the_tokens_each_gives_alone
     steps_together = engine.steps
     alone = [_run(engine, [Job(p, cap=c)])[0] for p, c in zip(PROMPTS, caps)]
     assert [g.text for g in together] == [a.text for a in alone] == [_greedy(tiny, p, c) for p, c in zip(PROMPTS, caps)]
-    assert [g.tokens for g in together] == caps  # each left at its own cap: none padded to the longest
+    tokens = [g.tokens for g in together]  # each at its own cap or its EOS (the random model may end early)
+    assert tokens == [a.tokens for a in alone] and all(t <= c for t, c in zip(tokens, caps))
     # the mechanism: the rows shared their steps (the longest row's count, not the sum)
-    assert steps_together <= max(caps) + 1 < engine.steps - steps_together
+    assert steps_together <= max(tokens) + 1 and engine.steps - steps_together >= sum(tokens)
 
 
 @pytest.mark.parametrize("kind", ["fast", "hf"])
@@ -82,10 +83,12 @@ def test_a_request_arriving_mid_batch_starts_decoding_in_the_next_step(tiny, kin
     for _ in range(3):
         engine.step()
     late = Job(PROMPTS[1], cap=6)
+    running = engine.rows[0] if engine.rows else None  # None: the first ended at an EOS already
     engine.admit(late)
     row = engine.rows[-1]
     engine.step()  # the very next step: its prefill (and first token) beside the running row's token
-    assert row.first_token_step == 3 and len(row.out) == 1 and len(engine.rows[0].out) == 4
+    assert row.first_token_step == 3 and len(row.out) == 1
+    assert running is None or first.future.done() or len(running.out) == 4
     while engine.rows:
         engine.step()
     assert late.future.result().text == _greedy(tiny, PROMPTS[1], 6)

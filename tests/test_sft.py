@@ -124,9 +124,12 @@ def test_sft_run_then_grpo_train_from_its_final_folder(tmp_path, tiny_model_dir,
     from safetensors.torch import load_file
 
     saved = load_file(str(run / "final" / "model.safetensors"))
+    compared = 0
     for name, p in trainer.policy.named_parameters():  # grpo train starts from the supervised weights
         if name in saved:
             torch.testing.assert_close(p.detach(), saved[name])
+            compared += 1
+    assert compared == len(saved) > 0  # every saved tensor, by its name
     trainer.train()
     assert (tmp_path / "rl" / "checkpoints" / "step-1").is_dir()
 
