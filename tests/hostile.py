@@ -81,10 +81,45 @@ def flood(port: int, method: str, path: str, body: bytes, *, key: str | None, cl
         return list(ex.map(lambda _: request(port, method, path, body, key=key, timeout=60).status, range(clients)))
 
 
-def battery(port: int, path: str, good: bytes, *, key: str, wrong_types: bytes, limit: int, slow_s: float) -> dict:
+def slow_head(port: int, path: str, *, head_s: float) -> Answer:
+    """A request head sent a byte every 0.25 s (each read well within any per-read timeout) until the
+    server answers or closes, or ``head_s`` + 5 s pass; the answer read back."""
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: {'a' * 400}\r\n\r\n".encode()
+    end = time.monotonic() + head_s + 5
+    with socket.create_connection(("127.0.0.1", port), timeout=head_s + 10) as s:
+        s.settimeout(0.25)
+        data = b""
+        for i in range(len(head)):
+            if time.monotonic() > end:
+                return Answer("timeout", None)
+            try:
+                s.sendall(head[i:i + 1])
+            except OSError:
+                break
+            try:
+                data = s.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            if data:
+                break
+        s.settimeout(5)
+        try:
+            while chunk := s.recv(65536):
+                data += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+    return _parse(data)
+
+
+def battery(port: int, path: str, good: bytes, *, key: str, wrong_types: bytes, limit: int, slow_s: float,
+            head_s: float | None = None) -> dict:
     """Every attack class on one keyed POST route; class -> Answer. ``limit``: the route's body limit;
-    ``slow_s``: the server's body deadline (the slow body trickles past it)."""
-    return {
+    ``slow_s``: the server's body deadline (the slow body trickles past it); ``head_s``: its head
+    deadline (given: a head trickled past it too)."""
+    slow = {} if head_s is None else {"slow head": slow_head(port, path, head_s=head_s)}
+    return {**slow,
         "no key": request(port, "POST", path, good),
         "wrong key": request(port, "POST", path, good, key=key + "x"),
         "missing Content-Length": request(port, "POST", path, good, key=key, length=None),

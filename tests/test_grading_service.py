@@ -32,7 +32,8 @@ def service():
     grader.check()
     server = grading_service.make_server(
         "127.0.0.1", 0, grader, api_key=KEY,
-        http=grading_service.HttpLimits(max_body_bytes=LIMIT, body_timeout_s=1.0, max_connections=32),
+        http=grading_service.HttpLimits(max_body_bytes=LIMIT, body_timeout_s=1.0, head_timeout_s=1.0,
+                                        max_connections=32),
         limits=grading_service.GradingLimits(max_completions=4, max_tests=16, max_concurrent=1))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -58,12 +59,12 @@ def _grades(service) -> list:
 
 
 def test_every_attack_class_gets_its_status_and_the_service_keeps_grading(service):
-    got = battery(service.port, "/grade", GOOD, key=KEY, limit=LIMIT, slow_s=1.0,
+    got = battery(service.port, "/grade", GOOD, key=KEY, limit=LIMIT, slow_s=1.0, head_s=1.0,
                   wrong_types=json.dumps({"completions": [1, 2], "samples": SAMPLES}).encode())
     assert {k: a.status for k, a in got.items()} == {
         "no key": 401, "wrong key": 401, "missing Content-Length": 411, "negative Content-Length": 400,
         "non-numeric Content-Length": 400, "absurd Content-Length": 413, "lying Content-Length": 400,
-        "oversized body": 413, "deep JSON": 400, "wrong types": 400, "slow body": 408}
+        "oversized body": 413, "deep JSON": 400, "wrong types": 400, "slow body": 408, "slow head": 408}
     assert got["wrong types"].field == "completions" and all(a.field for a in got.values())
     assert request(service.port, "GET", "/health").status == 401 and request(service.port, "GET", "/health", key=KEY).status == 200
     assert _idle(service) and _grades(service) == [1.0, 0.5]

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from grpo.infra.http import GuardedServer, HttpLimits, Route
+from grpo.infra.http import Gate, GuardedServer, HttpLimits, Route
 from grpo.infra.http_client import exchange
 
 
@@ -98,6 +98,35 @@ def test_the_connection_cap_alone_refuses_the_third_connection(guarded):
     finally:
         for s in held:
             s.close()
+
+
+def test_the_request_gate_alone_refuses_work_past_its_bound():
+    """A route's gate (one grading at a time) with connections to spare: while the one place is taken
+    the next request gets the gate's 429, and once it is free the same request is served."""
+    gate = Gate(1, "gradings")
+    routes = {("GET", "/work"): Route(lambda body, kind: {"ok": True}, keyed=False, gate=gate)}
+    server = GuardedServer(("127.0.0.1", 0), routes, api_key=None, limits=HttpLimits(max_connections=64))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+
+    def get() -> tuple[int, bytes]:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"GET /work HTTP/1.0\r\n\r\n")
+            data = b""
+            while chunk := s.recv(4096):
+                data += chunk
+        return int(data.split(b" ", 2)[1]), data
+
+    try:
+        gate.__enter__()
+        status, body = get()
+        assert status == 429 and b"busy: 1 gradings already at work" in body
+        gate.__exit__(None, None, None)
+        status, body = get()
+        assert status == 200 and b'"ok": true' in body
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def _server(at_once: bytes, trickled: bytes, stop: threading.Event) -> socket.socket:

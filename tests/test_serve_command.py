@@ -64,7 +64,8 @@ def served(run_folder):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GRPO_SERVE_API_KEY": KEY}
     proc = subprocess.Popen([sys.executable, "-m", "grpo", "serve", str(run_folder), "--port", str(port),
                              "--fallback", "base", "--max-batch", "2", "--deadline", "30", "--max-request-bytes",
-                             str(LIMIT), "--body-timeout", "1", "--max-connections", "16", "--max-queue", "8"],
+                             str(LIMIT), "--body-timeout", "1", "--head-timeout", "1", "--max-connections", "16",
+                             "--max-queue", "8"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     proc.port = port
     deadline = time.monotonic() + 300
@@ -97,11 +98,12 @@ def test_default_bind_is_loopback_and_every_route_needs_the_env_key(served):
 
 def test_every_attack_class_gets_its_status_and_the_server_keeps_serving(served):
     got = battery(served.port, "/v1/chat/completions", json.dumps(CHAT).encode(), key=KEY, limit=LIMIT, slow_s=1.0,
+                  head_s=1.0,
                   wrong_types=json.dumps({**CHAT, "max_tokens": "ten"}).encode())
     assert {k: a.status for k, a in got.items()} == {
         "no key": 401, "wrong key": 401, "missing Content-Length": 411, "negative Content-Length": 400,
         "non-numeric Content-Length": 400, "absurd Content-Length": 413, "lying Content-Length": 400,
-        "oversized body": 413, "deep JSON": 400, "wrong types": 400, "slow body": 408}
+        "oversized body": 413, "deep JSON": 400, "wrong types": 400, "slow body": 408, "slow head": 408}
     assert all(a.body and "error" in a.body for a in got.values()), {k: a.body for k, a in got.items()}
     assert got["wrong types"].field == "max_tokens" and got["deep JSON"].field == "body"
     assert served.poll() is None and _chat(served.port).status == 200

@@ -69,7 +69,8 @@ def stop(proc: subprocess.Popen) -> None:
 @pytest.fixture(scope="module")
 def served(tiny_model_dir, tmp_path_factory):
     weights = tmp_path_factory.mktemp("weight-dir")
-    proc = start_standin(tiny_model_dir, "--weight-dir", str(weights), "--body-timeout", "1", "--max-request-bytes",
+    proc = start_standin(tiny_model_dir, "--weight-dir", str(weights), "--body-timeout", "1", "--head-timeout", "1",
+                         "--max-request-bytes",
                          str(LIMIT), "--max-pending", "2", "--max-connections", "32", "--max-tokens", "16")
     proc.weight_dir, proc.model = weights, tiny_model_dir
     yield proc
@@ -92,8 +93,8 @@ def test_every_attack_class_gets_its_status_and_the_server_keeps_its_weights(ser
     before = scores(served.port)
     good = GOOD if path != "/update_weights" else json.dumps({"path": str(served.weight_dir / "none")}).encode()
     got = battery(served.port, path, good, key=KEY, wrong_types=json.dumps(WRONG[path]).encode(), limit=LIMIT,
-                  slow_s=1.0)
-    want = {"no key": 401, "wrong key": 401, "missing Content-Length": 411, "negative Content-Length": 400,
+                  slow_s=1.0, head_s=1.0)
+    want = {"slow head": 408, "no key": 401, "wrong key": 401, "missing Content-Length": 411, "negative Content-Length": 400,
             "non-numeric Content-Length": 400, "absurd Content-Length": 413, "lying Content-Length": 400,
             "oversized body": 413, "deep JSON": 400, "wrong types": 400, "slow body": 408}
     assert {k: a.status for k, a in got.items()} == want

@@ -390,6 +390,8 @@ def add_server_flags(ap: argparse.ArgumentParser, *, port: int, env: str, max_bo
     g.add_argument("--max-request-bytes", type=int, default=max_body_bytes, help="largest request body")
     g.add_argument("--max-connections", type=int, default=64, help="open connections before 429")
     g.add_argument("--body-timeout", type=float, default=30.0, help="seconds a request's whole body may take")
+    g.add_argument("--head-timeout", type=float, default=10.0, help="seconds a request's whole head may take, "
+                   "however it trickles in (408 past it)")
 
 
 def limits_of(args, *, env: str) -> HttpLimits:
@@ -398,7 +400,8 @@ def limits_of(args, *, env: str) -> HttpLimits:
     for name in ("max_request_bytes", "max_connections", "port"):
         if getattr(args, name) < (0 if name == "port" else 1):
             raise ConfigError(f"--{name.replace('_', '-')}: {getattr(args, name)} is out of range")
-    if args.body_timeout <= 0:
-        raise ConfigError(f"--body-timeout: must be > 0, got {args.body_timeout}")
+    for name in ("body_timeout", "head_timeout"):
+        if getattr(args, name) <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')}: must be > 0, got {getattr(args, name)}")
     return HttpLimits(max_body_bytes=args.max_request_bytes, max_connections=args.max_connections,
-                      body_timeout_s=args.body_timeout)
+                      body_timeout_s=args.body_timeout, head_timeout_s=args.head_timeout)

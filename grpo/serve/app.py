@@ -124,7 +124,47 @@ def _check_key(request: Request, key: str | None) -> None:
 class JsonErrorH11(H11Protocol):
     """uvicorn's HTTP/1.1 protocol whose refusal of a malformed request (a bad Content-Length, a broken
     head) is a JSON body like every other error of the server, as is a body cut short by the client
-    (uvicorn would close without a word)."""
+    (uvicorn would close without a word); and a request head has ``head_timeout_s`` for all of it
+    (uvicorn reads a head a byte at a time for as long as it trickles): past it a 408 and the
+    connection is closed. The timer runs from the connection's start, and again after each answer on a
+    kept-alive connection, until the head is whole."""
+
+    head_timeout_s: float = 10.0
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_expired)
+
+    def data_received(self, data: bytes) -> None:
+        import h11
+
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE and self._head_timer is not None:  # the head is whole
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_expired)
+
+    def connection_lost(self, exc) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().connection_lost(exc)
+
+    def _head_expired(self) -> None:
+        import h11
+
+        self._head_timer = None
+        if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
+            return
+        body = json.dumps(ApiError(408, "head", f"head: the request line and headers took over "
+                                   f"{self.head_timeout_s:g} s").body()).encode()
+        self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                             b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
+        self.transport.close()
 
     def send_400_response(self, msg: str, field: str | None = None) -> None:
         import h11

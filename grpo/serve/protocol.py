@@ -34,6 +34,7 @@ class Limits:
     max_json_depth: int = 32
     max_requests: int = 256  # requests at once (any route) before 429
     body_timeout_s: float = 30.0  # seconds a request's whole body may take (408 past it)
+    head_timeout_s: float = 10.0  # seconds a request's whole head may take, however it trickles (408 past it)
 
 
 @dataclass

@@ -110,6 +110,8 @@ def serve_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-request-bytes", type=int, default=1 << 20)
     ap.add_argument("--max-connections", type=int, default=256, help="requests at once, any route, before 429")
     ap.add_argument("--body-timeout", type=float, default=30.0, help="seconds a request's whole body may take")
+    ap.add_argument("--head-timeout", type=float, default=10.0, help="seconds a request's whole head (request line "
+                    "and headers) may take, however it trickles in; past it a 408 and the connection is closed")
     ap.add_argument("--max-prompt-tokens", type=int, help="default: the run's max_prompt_length, else 1024")
     ap.add_argument("--max-tokens-limit", type=int, default=1024, help="largest max_tokens a request may ask")
     ap.add_argument("--temperature", type=float, default=0.0, help="when a request gives none (0 = greedy)")
@@ -125,7 +127,8 @@ def limits_of(args, src) -> "Limits":
 
     return Limits(max_body_bytes=args.max_request_bytes, max_tokens=args.max_tokens_limit,
                   max_prompt_tokens=args.max_prompt_tokens or src.max_prompt_length or 1024,
-                  max_requests=args.max_connections, body_timeout_s=args.body_timeout)
+                  max_requests=args.max_connections, body_timeout_s=args.body_timeout,
+                  head_timeout_s=args.head_timeout)
 
 
 def build_state(args):
@@ -221,7 +224,8 @@ def make_server(state, *, host: str, port: int, drain_s: float = 60.0):
             self.should_exit = True
 
     config = uvicorn.Config(create_app(state, on_shutdown=stop_batchers), host=host, port=port, log_level="warning",
-                            timeout_graceful_shutdown=drain_s, access_log=False, http=JsonErrorH11)
+                            timeout_graceful_shutdown=drain_s, access_log=False,
+                            http=type("JsonErrorH11", (JsonErrorH11,), {"head_timeout_s": state.limits.head_timeout_s}))
     return DrainingServer(config)
 
 
@@ -231,8 +235,8 @@ def serve_main(argv: list[str]) -> int:
     for name in ("max_connections", "max_request_bytes", "max_batch", "max_step_tokens"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')}: must be >= 1")
-    if args.body_timeout <= 0:
-        raise ConfigError("--body-timeout: must be > 0")
+    if args.body_timeout <= 0 or args.head_timeout <= 0:
+        raise ConfigError("--body-timeout, --head-timeout: must be > 0")
     state = build_state(args)
     from grpo.serve.models import source_of
 
