@@ -98,7 +98,7 @@ def test_batch_arithmetic_matches_trls_own(kw):
     ({"eval_strategy": "no"}, {"eval_steps": 0}),
     ({"eval_strategy": "steps", "logging_steps": 2}, {"eval_steps": 2}),
     ({"vllm_server_base_url": "http://10.0.0.2:8123"}, {"vllm_server_host": "10.0.0.2", "vllm_server_port": 8123}),
-    ({"adam_epsilon": 1e-8, "optim": "adamw_torch", "fp16": False, "push_to_hub": True}, {}),
+    ({"adam_epsilon": 1e-8, "optim": "adamw_torch", "fp16": False, "push_to_hub": False}, {}),
 ], ids=lambda x: ",".join(x) if isinstance(x, dict) else None)
 def test_mapped_and_accepted_values(given, want):
     cfg = config_from(dict(given), "test")
@@ -117,6 +117,7 @@ def test_mapped_and_accepted_values(given, want):
     ({"generation_batch_size": 12}, r"generation batch of 12 completions must be a multiple of num_generations=8"),
     ({"eval_strategy": "epoch"}, r"^eval_strategy: grpo counts steps, not epochs"),
     ({"scale_rewards": "maybe"}, r"^scale_rewards: 'maybe' is not valid"),
+    ({"push_to_hub": True, "hub_model_id": "me/run"}, r"^push_to_hub: grpo does not upload; .*grpo export RUN --out DIR"),
 ])
 def test_refused_values_name_grpos_equivalent(given, message):
     with pytest.raises(ConfigError, match=message):

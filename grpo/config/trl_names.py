@@ -186,7 +186,10 @@ TRL_NAMES: dict[str, TrlName] = {
     "vespo_k_neg": refused(f"vespo_k_neg: {VESPO}", 3.0),
     "vespo_lambda_neg": refused(f"vespo_lambda_neg: {VESPO}", 2.0),
     # ---- ignored: TRL's and transformers' machinery ----
-    **{k: HUB for k in ("push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo",
+    # asked to upload, a run that silently does not would be found out only on the Hub: refused by name
+    "push_to_hub": refused("push_to_hub: grpo does not upload; after the run, `grpo export RUN --out DIR` writes a plain "
+                           "transformers folder (LoRA merged) and `hf upload REPO_ID DIR` pushes it", False),
+    **{k: HUB for k in ("hub_model_id", "hub_strategy", "hub_token", "hub_private_repo",
                         "hub_always_push", "hub_revision", "log_completions_hub_repo")},
     **{k: LOADER for k in ("dataloader_drop_last", "dataloader_num_workers", "dataloader_pin_memory",
                            "dataloader_persistent_workers", "dataloader_prefetch_factor", "dataloader_in_order",
