@@ -177,3 +177,16 @@ def test_what_async_rollouts_do_not_run_with_is_refused_before_anything_loads(se
     with pytest.raises(ConfigError, match=rf"^{field}: .*async_rollouts"):
         validate(Config(async_rollouts=True, **settings))
     validate(Config(async_rollouts=True, teacher="some/teacher", max_staleness=0))
+
+
+def test_partial_rollouts_reach_the_engine_process(tmp_path, tiny_model_dir, tiny_dataset):
+    """partial_rollouts is wired through the trainer to the engine process: its segment length is
+    partial_rollout_tokens with it, 0 (each call finishes under its weights) without."""
+    for partial, want in ((True, 3), (False, 0)):
+        t = Trainer(make_cfg(tmp_path / str(partial), tiny_model_dir, tiny_dataset, eval_prompts=0, max_steps=1,
+                             async_rollouts=True, partial_rollouts=partial, partial_rollout_tokens=3,
+                             rollout_backend="hf", async_engine_threads=1))
+        try:
+            assert t.engines.process.segment_tokens == want
+        finally:
+            t.close()

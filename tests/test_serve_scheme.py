@@ -68,3 +68,27 @@ def test_completeness_default_follows_the_run_and_the_flags():
         completeness_of(args(completeness="vibes"), "numeric")
     with pytest.raises(ConfigError, match="--verifier"):
         completeness_of(args(completeness="verifier"), None)
+
+
+def _raises(completion: str, sample: dict) -> float:
+    raise RuntimeError("the verifier broke")
+
+
+def test_a_raising_verifier_rejects_the_answer_and_the_fallback_answers():
+    """--completeness verifier with a reward that raises: the answer is not accepted ("verifier_error"),
+    so the fallback answers; one that scores 0 rejects it, one that scores above 0 accepts it."""
+    gen = Generation("7 + 5 = 12", 6, "stop", 0.0)
+    sample = {"prompt": "What is 7 + 5?", "answer": None}
+    assert incomplete_reason(gen, sample, Scheme(completeness="verifier", verifier=_raises)) == "verifier_error"
+    assert incomplete_reason(gen, sample, Scheme(completeness="verifier", verifier=lambda c, s: 0.0)) == \
+        "verifier_rejected"
+    assert incomplete_reason(gen, sample, Scheme(completeness="verifier", verifier=lambda c, s: 1.0)) is None
+
+
+def test_the_fallbacks_note_is_in_the_answers_language():
+    from grpo.serve.scheme import DEFAULT_NOTES, Router
+
+    router = Router(None, None, Scheme())
+    assert router.note("因此，答案是 12。") == DEFAULT_NOTES["zh"] == "本回答由基础模型生成，未经强化学习优化。"
+    assert router.note("So the answer is 12.") == DEFAULT_NOTES["en"]
+    assert Router(None, None, Scheme(), noted=False).note("因此，答案是 12。") == ""  # the model is its own fallback
