@@ -165,6 +165,10 @@ def test_tool_episodes_run_through_the_engine_process(tmp_path, tiny_model_dir):
     (dict(teacher="some/teacher", max_staleness=1), "teacher"),
     (dict(difficulty_sampling=True), "difficulty_sampling"),
     (dict(dynamic_sampling=True), "dynamic_sampling"),
+    (dict(reward_model_train_steps=2, ref_reset_steps=2, rewards="reward_model", reward_model="some/rm"),
+     "reward_model_train_steps"),
+    (dict(use_peft=True), "use_peft"),
+    (dict(use_peft=True, load_in_4bit=True), "load_in_4bit"),
 ])
 def test_what_async_rollouts_do_not_run_with_is_refused_before_anything_loads(settings, field):
     """A mixture or a routed environment (per-source verdicts and metrics are the synchronous step's),
@@ -177,6 +181,17 @@ def test_what_async_rollouts_do_not_run_with_is_refused_before_anything_loads(se
     with pytest.raises(ConfigError, match=rf"^{field}: .*async_rollouts"):
         validate(Config(async_rollouts=True, **settings))
     validate(Config(async_rollouts=True, teacher="some/teacher", max_staleness=0))
+
+
+def test_async_rollouts_on_two_processes_is_refused_before_anything_loads():
+    from grpo.config import Config
+    from grpo.config.validate import validate_world
+    from grpo.errors import ConfigError
+
+    cfg = Config(async_rollouts=True)
+    validate_world(cfg, 1)
+    with pytest.raises(ConfigError, match=r"^async_rollouts: runs on one process only"):
+        validate_world(cfg, 2)
 
 
 def test_partial_rollouts_reach_the_engine_process(tmp_path, tiny_model_dir, tiny_dataset):

@@ -362,8 +362,8 @@ def _validate_async(c) -> None:
     for key, why in (("dynamic_sampling", "its rounds wait on their own scores"),
                      ("reward_model_train_steps", "the reward model learns between draws"),
                      ("difficulty_sampling", "the producer draws before the pass rates it would weigh by are scored"),
-                     ("use_peft", "the engine process samples full weights"),
-                     ("load_in_4bit", "the engine process samples full weights")):
+                     ("load_in_4bit", "the engine process samples full weights"),  # before use_peft, which it needs
+                     ("use_peft", "the engine process samples full weights")):
         if getattr(c, key):
             raise ConfigError(f"{key}: not supported with async_rollouts ({why}); turn one of them off")
     if parse_mixture(c.task) is not None or "=" in str(c.environment_factory or ""):
