@@ -63,6 +63,29 @@ def test_teacher_is_the_reference_and_its_logps_reach_the_loss(tmp_path, tiny_mo
     assert abs(same["distill_reverse_kl"]) < 1e-5 and abs(same["loss"]) < 1e-5
 
 
+def test_distillation_trains_the_lora_adapters_against_the_teacher(tmp_path, tiny_model_dir, tiny_dataset):
+    """use_peft with a teacher: the reference is the teacher (not the base with adapters off), its
+    log-probs reach the loss, and only the adapters move."""
+    teacher = _other_model(tmp_path / "teacher", seed=TEST_SEED + 1)
+    cfg = make_cfg(tmp_path / "run", tiny_model_dir, tiny_dataset, policy_loss="distill", teacher=str(teacher),
+                   beta=0.0, max_steps=1, eval_prompts=0, use_peft=True, lora_r=4, learning_rate=0.05)
+    t = Trainer(cfg)
+    t.logger = _Quiet()
+    try:
+        before = {n: p.detach().clone() for n, p in t.policy.named_parameters()}
+        metrics = t.train_step()
+        moved = [n for n, p in t.policy.named_parameters() if not torch.equal(p.detach(), before[n])]
+        from transformers import AutoModelForCausalLM
+
+        own = AutoModelForCausalLM.from_pretrained(str(teacher)).state_dict()
+        ref = t.models.reference.state_dict()
+        assert all(torch.equal(ref[k], own[k]) for k in own)  # the teacher, untouched by the student's adapters
+    finally:
+        t.close()
+    assert abs(metrics["distill_reverse_kl"]) > 1e-3 and metrics["trained_sequence_share"] == 1.0
+    assert moved and all("lora_" in n for n in moved)
+
+
 def test_lora_run_folder_teacher_has_its_adapters_merged(tmp_path, tiny_model_dir, tiny_dataset):
     from grpo.serve.models import load_policy, source_of
 
