@@ -8,7 +8,7 @@ Compares one decode step of the model at a batch with three figures of this mach
   - the bandwidth reference: every weight read once at the streaming rate measured here (a sum over
     512 MiB): a reference, not a bound (the machine's peak bandwidth is higher);
   - the GEMM reference: the FLOPs at the rate of a measured 2048^3 fp32 product: a reference, not a
-    bound (a step of well-blocked small products can beat it: the fast step did, at batch 32);
+    bound (a step of well-blocked small products can beat it);
 then measures
   - the per-token decode step of HF ``generate`` (generate_rollout with keys) and of our fast backend
     (fast_rollout) at that batch, as (time(64 tokens) - time(1 token)) / 63 with EOS switched off so
@@ -83,8 +83,10 @@ def peak_flops() -> dict:
     if stated:
         mhz, clock = float(stated.group(1)), "lscpu's max MHz"
     else:
-        mhz = 1.5 * max(float(m) for m in re.findall(r"cpu MHz\s*:\s*([\d.]+)", info))
-        clock = "cpu MHz x 1.5 (the machine states no maximum)"
+        stated_now = [float(m) for m in re.findall(r"cpu MHz\s*:\s*([\d.]+)", info)]
+        if not stated_now:
+            raise SystemExit("this machine states no clock (lscpu max MHz, /proc/cpuinfo cpu MHz): no peak bound")
+        mhz, clock = 1.5 * max(stated_now), "cpu MHz x 1.5 (the machine states no maximum)"
     flops = cores * FMA_UNITS * (bits / 32) * 2 * mhz * 1e6
     return {"flops": flops, "about": f"{cores} cores x {FMA_UNITS} FMA units x {bits // 32} fp32 lanes x 2 x "
                                        f"{mhz:.0f} MHz ({clock})"}

@@ -122,6 +122,9 @@ def _sft(argv: list[str]) -> int:
     cfg = load_config(*_resumed(args.config, list(args.overrides), args.resume))
     if not cfg.sft_data:
         raise ConfigError("sft_data: name the .jsonl / .json file of chat or prompt/completion rows to train on")
+    if cfg.num_train_epochs is not None:
+        raise ConfigError(f"num_train_epochs: grpo sft counts its passes in sft_epochs; give sft_epochs="
+                          f"{cfg.num_train_epochs:g} instead")
     if cfg.num_threads:
         import torch
 

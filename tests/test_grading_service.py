@@ -97,7 +97,7 @@ def test_the_client_sends_the_key_and_retries_429_within_its_deadline(service, m
     gate = service.routes[("POST", "/grade")].gate
     gate.__enter__()  # the one grading place taken for a second: the client's first tries get 429
     released = threading.Event()
-    threading.Timer(1.0, lambda: (gate.__exit__(None, None, None), released.set())).start()
+    threading.Timer(1.0, lambda: (released.set(), gate.__exit__(None, None, None))).start()
     assert request(service.port, "POST", "/grade", GOOD, key=KEY).status == 429
     assert code_rewards.code_batch_reward(COMPLETIONS, SAMPLES) == [1.0, 0.5]
     assert released.is_set()  # graded only once the place was free: the client retried its 429s

@@ -50,6 +50,7 @@ def test_num_train_epochs_follows_trls_rules_beside_max_steps():
     assert load_config(None, ["num_train_epochs=2", "max_steps=7"]).num_train_epochs is None  # max_steps > 0 wins
     cfg = load_config(None, ["num_train_epochs=2", "max_steps=-1"])  # TRL's "not set"
     assert (cfg.num_train_epochs, cfg.max_steps) == (2.0, 25)
+    assert load_config(None, ["max_steps=-1"]).num_train_epochs == 3.0  # alone: TRL's default of 3 epochs
     with pytest.raises(ConfigError, match=r"^warmup_ratio: a share of max_steps needs max_steps"):
         load_config(None, ["num_train_epochs=1", "warmup_ratio=0.1"])
     with pytest.raises(ConfigError, match=r"^num_train_epochs: must be > 0"):

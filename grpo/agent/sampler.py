@@ -13,7 +13,7 @@ from grpo.agent.episodes import Episode, episode_metrics, episodes_rollout, run_
 from grpo.agent.examples import NO_EXAMPLE, worked_example
 from grpo.agent.formats import CallFormat, call_format, supports_tools
 from grpo.agent.tools import Tool, check_unique, resolve_tools
-from grpo.data.prompt_fit import cut_middle, system_head
+from grpo.data.prompt_fit import fit_ids, system_head
 from grpo.errors import DataError
 from grpo.rollout.base import Rollout
 from grpo.rollout.engine import RolloutEngine, SamplingSettings
@@ -150,7 +150,7 @@ class AgentSampler:
         messages = self.start_messages(sample, tools, system_prompt, observation)
         ids = self.tok(self._render(messages, tools), add_special_tokens=False)["input_ids"]
         head = system_head(self.tok, messages, ids, **self._template_kw(tools)) if len(ids) > max_prompt_length else 0
-        return messages, cut_middle(ids, head, max_prompt_length), len(ids)
+        return messages, fit_ids(ids, head, max_prompt_length), len(ids)
 
     def episodes(self, samples: list[dict], *, group_size: int, system_prompt: str, max_prompt_length: int,
                  keys: list[int] | None) -> tuple[list[Episode], int]:

@@ -289,7 +289,7 @@ class Config:
     max_steps: int = 25
     """Training steps (each: sample, score, then mu passes of mini_batches optimizer steps)."""
     num_train_epochs: float | None = None
-    """Passes over the training split instead of max_steps (TRL's name): max_steps becomes ceil(epochs x training prompts / prompts_per_step), set when the task is loaded and recorded in the run's config.yaml (null = max_steps as given). TRL's max_steps > 0 overrides it, as in TRL."""
+    """Passes over the training split instead of max_steps (TRL's name): max_steps becomes ceil(epochs x training prompts / prompts_per_step), set when the task is loaded and recorded in the run's config.yaml as max_steps (this then null, so a resume's max_steps=N continues it). A max_steps given beside it wins, as in TRL; TRL's max_steps=-1 alone means its default of 3 epochs."""
     lr_preset: str = "none"
     """A named learning-rate schedule that fills learning_rate, warmup_steps and lr_scheduler_type where still at their defaults: none, or warmup100_cosine (linear warm-up over 100 steps to a peak of 1.2e-6, then cosine decay)."""
     learning_rate: float = 3e-5

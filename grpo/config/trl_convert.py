@@ -76,10 +76,14 @@ def ratio_or_steps(field: str):
     return convert
 
 
+TRL_EPOCHS = 3.0  # TRL's (transformers') num_train_epochs default, what its max_steps=-1 trains for
+
+
 def max_steps(raw, values):
-    """max_steps; TRL's -1 ("train for num_train_epochs") beside num_train_epochs leaves it to the epochs."""
-    if _number("max_steps", raw) <= 0 and "num_train_epochs" in values:
-        return {}
+    """max_steps; TRL's -1 ("train for num_train_epochs") leaves the count to the epochs: those given,
+    else TRL's default of TRL_EPOCHS."""
+    if _number("max_steps", raw) <= 0:
+        return {} if "num_train_epochs" in values else {"num_train_epochs": TRL_EPOCHS}
     return {"max_steps": raw}
 
 

@@ -19,7 +19,8 @@ MIN_TAIL = 8  # tokens left after the head: the end of the user's turn and the g
 
 def cut_middle(ids: list[int], head: int, max_length: int) -> list[int]:
     """``ids`` cut to ``max_length`` tokens: its first ``head`` and its last ``max_length - head``
-    (``head`` 0: its last ``max_length``); unchanged when it fits."""
+    (``head`` 0: its last ``max_length``); unchanged when it fits. A head that leaves fewer than
+    MIN_TAIL tokens gives the left cut here; the callers refuse that case first (``fit_ids``)."""
     if len(ids) <= max_length:
         return ids
     head = head if 0 < head <= max_length - MIN_TAIL else 0
@@ -42,6 +43,14 @@ def system_head(tokenizer, messages: list[dict], ids: list[int], **template_kw) 
     return next((i for i, (a, b) in enumerate(zip(ids, alt)) if a != b), min(len(ids), len(alt)))
 
 
+def fit_ids(ids: list[int], head: int, max_length: int) -> list[int]:
+    """``ids`` fitted to ``max_length`` (``cut_middle``), or the ConfigError of ``check_prompt_room``
+    where its head leaves no room: a prompt past the rows checked at start-up is refused, never cut from
+    the left without a word."""
+    check_prompt_room([(head, len(ids))], max_length)
+    return cut_middle(ids, head, max_length)
+
+
 def chat_messages(prompt, system_prompt: str = "") -> list[dict]:
     """A row's prompt as chat messages, the run's system prompt first unless the row has its own."""
     messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
@@ -52,13 +61,13 @@ def chat_messages(prompt, system_prompt: str = "") -> list[dict]:
 
 def fit_rendered(tokenizer, text: str, messages: list[dict], max_length: int) -> str | list[int]:
     """``text`` (the rendering of ``messages``) as it goes to the engine: unchanged when it fits in
-    ``max_length`` tokens or has no head to keep (the engine then cuts it from the left), else its
-    token ids cut from the middle (``cut_middle``), the system message and the header kept."""
+    ``max_length`` tokens or has no head to keep (no chat template: the engine cuts it from the left),
+    else its token ids cut from the middle (``fit_ids``), everything before the first user content kept."""
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(ids) <= max_length:
         return text
     head = system_head(tokenizer, messages, ids)
-    return cut_middle(ids, head, max_length) if head else text
+    return fit_ids(ids, head, max_length) if head else text
 
 
 def prompt_lengths(tokenizer, text: str, messages: list[dict]) -> tuple[int, int]:

@@ -356,9 +356,9 @@ def load_task(name: str, *, eval_size: int | None, max_operand: int = 30, ops: s
 
 
 def fit_prompt(tokenizer, prompt, system_prompt: str, max_length: int) -> str | list[int]:
-    """``render_prompt``'s text, or where it is longer than ``max_length`` tokens and begins with a
-    system message, its token ids cut from the middle (grpo.data.prompt_fit): the engine then takes them
-    as they are."""
+    """``render_prompt``'s text, or where it is longer than ``max_length`` tokens, its token ids cut from
+    the middle, what comes before the first user content kept (grpo.data.prompt_fit): the engine then
+    takes them as they are."""
     return fit_rendered(tokenizer, render_prompt(tokenizer, prompt, system_prompt), chat_messages(prompt, system_prompt),
                         max_length)
 

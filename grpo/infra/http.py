@@ -28,6 +28,7 @@ from typing import Callable
 import numpy as np
 
 from grpo.errors import ConfigError
+from grpo.infra.http_guards import HeadWatch, send_raw
 
 BODY_MIN_RATE = 10e6  # bytes/s: a large body (weights) gets body_timeout_s plus its size at this rate
 _STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)  # JSON strings: brackets inside them do not nest
@@ -161,7 +162,7 @@ class GuardedHandler(BaseHTTPRequestHandler):
     server: "GuardedServer"
     protocol_version = "HTTP/1.0"  # one request per connection: an idle client holds no thread
 
-    _head: "_HeadWatch"
+    _head: "HeadWatch"
 
     def setup(self):
         super().setup()
@@ -172,7 +173,7 @@ class GuardedHandler(BaseHTTPRequestHandler):
         trickles in: past that the reading side is shut (a blocked read returns at once), the client
         gets a 408 and its connection slot is freed. A per-read timeout alone would let a client that
         sends a byte every half second hold the slot for as long as its head lasts."""
-        watch = _HeadWatch(self.connection, self.server.limits.head_timeout_s)
+        watch = HeadWatch(self.connection, self.server.limits.head_timeout_s)
         self._head = watch
         try:
             super().handle_one_request()
@@ -181,7 +182,7 @@ class GuardedHandler(BaseHTTPRequestHandler):
         if watch.expired:
             self.close_connection = True
             try:
-                _send_raw(self.connection, 408, "Request Timeout",
+                send_raw(self.connection, 408, "Request Timeout",
                           HttpError(408, "head", f"head: the request line and headers took over "
                                     f"{self.server.limits.head_timeout_s:g} s; too slow").body())
             except OSError:  # the client is gone already
@@ -202,7 +203,7 @@ class GuardedHandler(BaseHTTPRequestHandler):
 
     def send_error(self, code, message=None, explain=None):  # the parser's own refusals, as JSON too
         self.close_connection = True
-        if self._head.expired:  # a head cut at its deadline: the 408 is the answer
+        if not self._head.done():  # a head cut at its deadline: the 408 is the answer (done() stops the watch)
             return
         try:
             self.send_json(code, HttpError(code, None, message or self.responses.get(code, ("",))[0]).body())
@@ -320,54 +321,11 @@ class GuardedServer(ThreadingHTTPServer):
                 self.active -= 1
 
 
-class _HeadWatch:
-    """A deadline for a request's whole head: at ``seconds`` after it starts, unless ``done()`` came
-    first, it shuts the socket's reading side (the handler's blocked read returns, as at the end of the
-    stream) and marks itself ``expired``; ``done()`` says whether the head arrived in time."""
-
-    def __init__(self, sock: socket.socket, seconds: float):
-        self.sock, self.expired, self._finished = sock, False, False
-        self._lock = threading.Lock()
-        self._timer = threading.Timer(seconds, self._expire)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def _expire(self) -> None:
-        with self._lock:
-            if self._finished:
-                return
-            self.expired = True
-        try:
-            self.sock.shutdown(socket.SHUT_RD)
-        except OSError:
-            pass
-
-    def done(self) -> bool:
-        """The head is complete: stop the watch; False where it had already expired."""
-        self._timer.cancel()
-        with self._lock:
-            self._finished = True
-            return not self.expired
-
-    def cancel(self) -> None:
-        self._timer.cancel()
-
-
-def _send_raw(sock: socket.socket, status: int, reason: str, payload: dict, extra: bytes = b"") -> None:
-    """A JSON answer written straight to the socket, then closed for writing (outside the handler's own
-    response machinery: a connection over the limit, a head past its deadline)."""
-    body = json.dumps(payload).encode()
-    sock.settimeout(1.0)
-    sock.sendall(f"HTTP/1.0 {status} {reason}\r\nContent-Type: application/json\r\n".encode() + extra +
-                 b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
-    sock.shutdown(socket.SHUT_WR)
-
-
 def _refuse(sock: socket.socket) -> None:
     """Answer a connection over the limit with a 429 and close it (reading what it sent first, briefly,
     so that the close does not reset the answer away)."""
     try:
-        _send_raw(sock, 429, "Too Many Requests", HttpError(429, None, "busy: too many open connections; retry "
+        send_raw(sock, 429, "Too Many Requests", HttpError(429, None, "busy: too many open connections; retry "
                                                                       "later").body(), b"Retry-After: 1\r\n")
         for _ in range(16):
             if not sock.recv(65536):

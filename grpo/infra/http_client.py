@@ -76,7 +76,7 @@ def exchange(url: str, *, method: str = "POST", body: bytes | None = None, heade
             if watch is not None and watch.expired:  # the cut-off shut the socket under a read
                 raise TimeoutError(f"{url}: no complete answer within {deadline_s:g} s") from None
             raise
-        if watch.expired:  # a read the cut-off ended looks like the end of the answer
+        if watch.cancel():  # a read the cut-off ended looks like the end of the answer
             raise TimeoutError(f"{url}: no complete answer within {deadline_s:g} s")
         return Reply(resp.status, b"".join(chunks), resp.getheader("content-type") or "")
     finally:
@@ -110,11 +110,14 @@ class _Cutoff:
         except OSError:
             pass
 
-    def cancel(self) -> None:
+    def cancel(self) -> bool:
+        """Stop the cut-off (if it has not come); whether it came."""
         with self._lock:
             timer, self._timer = self._timer, None
+            expired = self.expired
         if timer is not None:
             timer.cancel()
+        return expired
 
 
 def bearer(key: str | None) -> dict:

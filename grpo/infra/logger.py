@@ -155,11 +155,14 @@ class _PlainProgress:
     """The progress bar's content for a log file or a pipe: 'step 3/25  reward_mean=...  (1m02s, ~2m40s left)'."""
 
     def __init__(self, total: int, start: int):
-        self.total, self.start, self.t0 = total, start, time.monotonic()
+        self.total, self.start, self.t0 = total, start, None  # the clock starts at the first step's line
 
     def line(self, step: int, desc: str) -> None:
-        elapsed = time.monotonic() - self.t0
-        done = step - self.start
+        now = time.monotonic()
+        if self.t0 is None:  # the evaluation before training is not a step: not in the rate
+            self.t0, self.first = now, step
+        elapsed = now - self.t0
+        done = step - self.first
         left = elapsed / done * (self.total - step) if done > 0 else None
         when = _clock(elapsed) + (f", ~{_clock(left)} left" if left is not None and step < self.total else "")
         print(f"step {step}/{self.total}  {desc}  ({when})", flush=True)

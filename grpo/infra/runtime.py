@@ -74,8 +74,9 @@ _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # <malloc.h>
 
 
 def default_memory_policy() -> bool:
-    """glibc's malloc back to its defaults (mmap for large blocks, a 128 KiB trim threshold): undoes
-    ``keep_freed_memory`` (the test suite's isolation between tests); False off glibc."""
+    """glibc's malloc back to its default values (mmap for large blocks, a 128 KiB trim threshold), set
+    explicitly, which also fixes the mmap threshold glibc would otherwise adjust as it runs: undoes
+    ``keep_freed_memory`` for the test suite's isolation between tests; False off glibc."""
     if not sys.platform.startswith("linux"):
         return False
     try:

@@ -144,8 +144,13 @@ class JsonErrorH11(H11Protocol):
             self._head_timer = None
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing():
+        import h11
+
+        super().on_response_complete()  # may already have read a pipelined request's whole head
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
             self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_expired)
 
     def connection_lost(self, exc) -> None:

@@ -25,7 +25,8 @@ class Source:
     system_prompt: str = ""
     max_prompt_length: int | None = None
     rewards: str | None = None  # the run's reward functions (the completeness check's default); None: not a run
-    probe_prompts: tuple = ()  # a few of the run's held-out prompts: --completeness auto measures on them
+    probe_prompts: tuple = ()  # an exported folder's recorded held-out prompts (--completeness auto measures on them)
+    run: str | None = None  # the run folder it came from (its held-out prompts: probe_prompts_of)
 
 
 EXPORT_FILE = "grpo_export.json"
@@ -53,26 +54,27 @@ def source_of(name: str) -> Source:
         if ckpt is None:
             raise CheckpointError(f"{p}: a run folder without checkpoints (nothing trained to serve)")
         return Source(name, str(ckpt), cfg.model, (ckpt / "adapter_config.json").is_file(), cfg.system_prompt,
-                      cfg.max_prompt_length, cfg.rewards, held_out_prompts(p))
+                      cfg.max_prompt_length, cfg.rewards, run=str(p))
     return Source(name, name, name, False)
 
 
 PROBE_PROMPTS = 8  # held-out prompts --completeness auto answers at start-up
 
 
-def held_out_prompts(run: Path) -> tuple:
-    """The first PROBE_PROMPTS held-out prompts of the run in folder ``run`` (none where its task cannot
-    be loaded here: a dataset file that stayed on another machine, a mixture; the check is then chosen
-    by rule)."""
+def probe_prompts_of(src: Source) -> tuple:
+    """The held-out prompts --completeness auto measures on: an exported folder's recorded ones, or the
+    first PROBE_PROMPTS of its run's task, loaded here (none where that cannot be: a dataset that stayed
+    on another machine or the hub, a mixture; the check is then chosen by rule)."""
+    if src.probe_prompts or src.run is None:
+        return tuple(src.probe_prompts)
     from grpo.config.io import load_config
     from grpo.config.mixture_settings import mixture_of
     from grpo.data import task_of
-    from grpo.errors import GrpoError
 
     try:
-        cfg = load_config(run / "config.yaml")
+        cfg = load_config(Path(src.run) / "config.yaml")
         return () if mixture_of(cfg) is not None else tuple(row["prompt"] for row in task_of(cfg).eval[:PROBE_PROMPTS])
-    except (GrpoError, OSError):
+    except Exception:  # any reason the task cannot be loaded here: the measurement is skipped, not the server
         return ()
 
 
@@ -127,6 +129,6 @@ def export(name: str, out: Path) -> Path:
     (out / EXPORT_FILE).write_text(json.dumps(
         {"source": name, "checkpoint": src.weights, "base_model": src.base, "lora_merged": src.lora,
          "system_prompt": src.system_prompt, "max_prompt_length": src.max_prompt_length, "rewards": src.rewards,
-         "probe_prompts": list(src.probe_prompts)},
+         "probe_prompts": list(probe_prompts_of(src))},
         indent=2) + "\n")
     return out

@@ -179,16 +179,20 @@ def measure_completeness(state, args, src) -> str | None:
     (``choose_completeness``); returns the line saying which and why (None: nothing was measured, the
     check stays the one the flags and the run's rewards give)."""
     from grpo.data import render_prompt
+    from grpo.serve.models import probe_prompts_of
     from grpo.serve.scheme import choose_completeness
 
     asked = getattr(args, "completeness", "auto") or "auto"
-    if asked != "auto" or args.verifier or args.closing_markers or not src.probe_prompts:
+    if asked != "auto" or args.verifier or args.closing_markers:
+        return None
+    prompts = probe_prompts_of(src)
+    if not prompts:
         return None
     tok = state.grpo.engine.tokenizer
     futures = [state.grpo.submit(render_prompt(tok, p, src.system_prompt), cap=state.scheme.grpo_max_tokens,
-                                 deadline=None) for p in src.probe_prompts]
+                                 deadline=None) for p in prompts]
     gens = [f.result() for f in futures]
-    samples = [{"prompt": p, "answer": None} for p in src.probe_prompts]
+    samples = [{"prompt": p, "answer": None} for p in prompts]
     choice = choose_completeness(gens, samples, state.scheme, default_completeness(src.rewards))
     state.scheme.completeness = choice.name
     return choice.describe()

@@ -216,8 +216,8 @@ class Collector:
         generation prompt, and lose their start, which may hold the question)."""
         if n and not self.prompts_truncated:
             self.note(f"{n} prompt(s) longer than max_prompt_length={self.settings.sampling.max_prompt_length} "
-                      "tokens were cut: from the left, or after the system message where there is one, which is kept "
-                      "(counted in metrics as prompts_truncated)", "yellow")
+                      "tokens were cut from the middle: what comes before the first user content (the system message, "
+                      "the tools) and the end are kept (counted in metrics as prompts_truncated)", "yellow")
         self.prompts_truncated += n
 
     def score(self, samples: list[dict], ro: Rollout, *, step: int = 0) -> tuple[torch.Tensor, dict]:

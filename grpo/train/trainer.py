@@ -101,8 +101,9 @@ class Trainer:
         step_reward = resolve_step_reward(cfg.step_reward) if cfg.supervision == "process" else None
         if not self.task.train:
             raise DataError(f"task {cfg.task!r} has no training prompts")
-        if cfg.num_train_epochs is not None:  # recorded in config.yaml as the run's max_steps
+        if cfg.num_train_epochs is not None:  # recorded in config.yaml as the run's max_steps alone: a resume's
             cfg.max_steps = build.epoch_steps(cfg.num_train_epochs, len(self.task.train), cfg.prompts_per_step)
+            cfg.num_train_epochs = None  # max_steps=N then continues it, as for any run
         model_path = resolve_model_path(cfg.model) if models is None else None  # a bad path: before the run folder
         self.run_dir = dist_io.broadcast_object(
             make_run_dir(cfg.output_dir, cfg.resume_from_checkpoint) if world.is_main else None, world)

@@ -56,8 +56,8 @@ MUTATIONS = (
              "        if not self._sem.acquire(blocking=False):", "        if False:",
              ("tests/test_http_deadlines.py::test_the_request_gate_alone_refuses_work_past_its_bound",)),
     Mutation("a request head has only a per-read timeout", "grpo/infra/http.py",
-             "watch = _HeadWatch(self.connection, self.server.limits.head_timeout_s)",
-             "watch = _HeadWatch(self.connection, 1e9)",
+             "watch = HeadWatch(self.connection, self.server.limits.head_timeout_s)",
+             "watch = HeadWatch(self.connection, 1e9)",
              ("tests/test_http_deadlines.py::test_two_trickled_heads_lose_their_slots_and_an_honest_request_is_served",)),
     Mutation("grpo serve reads a trickled head for as long as it lasts", "grpo/serve/app.py",
              "        super().connection_made(transport)\n        self._head_timer = self.loop.call_later(",
@@ -101,17 +101,25 @@ def copy_checkout(dest: Path) -> None:
             shutil.copy2(src, target)
 
 
+def _pytest(tests: tuple[str, ...], copy: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(copy)}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=copy, env=env,
+                          capture_output=True, text=True)
+
+
 def check(m: Mutation, copy: Path) -> tuple[str, str]:
-    """('killed' | 'SURVIVED' | 'STALE', detail) for one mutation, applied in ``copy`` and undone."""
+    """('killed' | 'SURVIVED' | 'STALE' | 'BROKEN', detail) for one mutation, applied in ``copy`` and
+    undone. Its tests run once unmutated first: a test that fails anyway (BROKEN) proves nothing."""
     path = copy / m.path
     text = path.read_text()
     if text.count(m.old) != 1:
         return "STALE", f"{m.path}: the line to change occurs {text.count(m.old)} times, not once"
+    base = _pytest(m.tests, copy)
+    if base.returncode != 0:
+        return "BROKEN", f"the tests fail without the mutation: {(base.stdout.strip().splitlines() or [''])[-1]}"
     path.write_text(text.replace(m.old, m.new))
     try:
-        env = {**os.environ, "PYTHONPATH": str(copy)}
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *m.tests], cwd=copy,
-                              env=env, capture_output=True, text=True)
+        done = _pytest(m.tests, copy)
     finally:
         path.write_text(text)
     last = (done.stdout.strip().splitlines() or [""])[-1]
