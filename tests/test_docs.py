@@ -79,7 +79,7 @@ def test_every_benchmark_figure_names_cpu_date_and_commit():
     sections += [sec for sec in tools if _DATE.search(sec)]
     for sec in sections:
         title = sec.splitlines()[0]
-        assert re.search(r"EPYC|H200", sec), f"{title}: no CPU named"
+        assert re.search(r"EPYC|Xeon|H200", sec), f"{title}: no CPU named"
         assert _DATE.search(sec), f"{title}: no date"
         assert re.search(r"\b[0-9a-f]{7}\b", sec), f"{title}: no commit"
 
