@@ -34,7 +34,14 @@ def _rows(path: Path, n: int, offset: int = 0) -> Path:
     return path
 
 
-def test_the_evaluation_gets_the_room_training_gets():
+def test_the_evaluation_gets_the_room_training_gets(tmp_path):
+    """A tool task on the user's own data with max_completion_length=64 and no eval_max_new_tokens: its
+    held-out episodes get 64 tokens, as its training episodes do (not 32, cut after the tool's result)."""
+    from grpo.train.settings import eval_settings
+
+    data = _rows(tmp_path / "mine.jsonl", 20)
+    tool_run = Config(task=str(data), tools="builtin:calculator", max_completion_length=64)
+    assert eval_settings(tool_run).sampling.max_new_tokens == 64
     assert Config(max_completion_length=64).eval_max_new_tokens == 64
     assert Config(max_completion_length=64, eval_max_new_tokens=16).eval_max_new_tokens == 16
     assert Config().eval_max_new_tokens == Config().max_completion_length
