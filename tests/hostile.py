@@ -81,13 +81,13 @@ def flood(port: int, method: str, path: str, body: bytes, *, key: str | None, cl
         return list(ex.map(lambda _: request(port, method, path, body, key=key, timeout=60).status, range(clients)))
 
 
-def slow_head(port: int, path: str, *, head_s: float) -> Answer:
-    """A request head sent a byte every 0.25 s (each read well within any per-read timeout) until the
-    server answers or closes, or ``head_s`` + 5 s pass; the answer read back."""
-    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: {'a' * 400}\r\n\r\n".encode()
+def slow_head(port: int, path: str, *, head_s: float, pad: int = 400, every: float = 0.25) -> Answer:
+    """A request head (``pad`` bytes of header on top) sent a byte every ``every`` seconds (each read
+    well within any per-read timeout) until the server answers or closes, or ``head_s`` + 5 s pass."""
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: {'a' * pad}\r\n\r\n".encode()
     end = time.monotonic() + head_s + 5
     with socket.create_connection(("127.0.0.1", port), timeout=head_s + 10) as s:
-        s.settimeout(0.25)
+        s.settimeout(every)
         data = b""
         for i in range(len(head)):
             if time.monotonic() > end:

@@ -12,6 +12,7 @@ import pytest
 
 from grpo.infra.http import Gate, GuardedServer, HttpLimits, Route
 from grpo.infra.http_client import exchange
+from tests.hostile import slow_head
 
 
 HEAD_S = 1.0  # the guarded server's head deadline
@@ -38,34 +39,15 @@ def guarded():
     server.server_close()
 
 
-def _trickle_head(port: int, out: dict, key: str, stop: threading.Event) -> None:
-    """Send a 1 KB request head at 2 bytes/s until the server answers or 10 s pass; record the answer's
-    first line and when it came."""
-    head = b"GET /ok HTTP/1.0\r\nX-Pad: " + b"a" * 1000 + b"\r\n\r\n"
+def _trickle_head(port: int, out: dict, key: str) -> None:
+    """A 1 KB request head trickled at 2 bytes/s (tests/hostile.py: slow_head): its answer and when it came."""
     start = time.monotonic()
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.settimeout(0.5)
-        for i in range(0, len(head), 1):
-            if stop.is_set() or time.monotonic() - start > 10:
-                break
-            try:
-                s.sendall(head[i:i + 1])
-            except OSError:
-                break
-            try:
-                got = s.recv(4096)
-            except TimeoutError:
-                continue  # 0.5 s between bytes: 2 bytes/s
-            except OSError:
-                break
-            out[key] = (got.split(b"\r\n", 1)[0].decode(errors="replace"), time.monotonic() - start)
-            return
-    out[key] = (None, time.monotonic() - start)
+    out[key] = (slow_head(port, "/ok", head_s=HEAD_S, pad=1000, every=0.5), time.monotonic() - start)
 
 
-def _get(port: int) -> tuple[int, bytes]:
+def _get(port: int, path: str = "/ok") -> tuple[int, bytes]:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        s.sendall(b"GET /ok HTTP/1.0\r\nHost: x\r\n\r\n")
+        s.sendall(f"GET {path} HTTP/1.0\r\nHost: x\r\n\r\n".encode())
         data = b""
         while chunk := s.recv(4096):
             data += chunk
@@ -74,17 +56,16 @@ def _get(port: int) -> tuple[int, bytes]:
 
 def test_two_trickled_heads_lose_their_slots_and_an_honest_request_is_served(guarded):
     port = guarded.server_address[1]
-    out, stop = {}, threading.Event()
-    clients = [threading.Thread(target=_trickle_head, args=(port, out, k, stop)) for k in ("a", "b")]
+    out = {}
+    clients = [threading.Thread(target=_trickle_head, args=(port, out, k)) for k in ("a", "b")]
     for c in clients:
         c.start()
     _until(lambda: guarded.active == 2)  # both slots held by the trickling heads
     for c in clients:
-        c.join(timeout=5)
-    stop.set()
+        c.join(timeout=30)
     for key in ("a", "b"):
-        first_line, seconds = out[key]
-        assert first_line == "HTTP/1.0 408 Request Timeout", out
+        answer, seconds = out[key]
+        assert answer.status == 408 and answer.field == "head", out
         assert seconds < 2 * HEAD_S, out  # the deadline's time, twice over: a 1 KB head at 2 bytes/s takes 8 minutes
     _until(lambda: guarded.active == 0)
     status, body = _get(port)
@@ -115,21 +96,12 @@ def test_the_request_gate_alone_refuses_work_past_its_bound():
     server = GuardedServer(("127.0.0.1", 0), routes, api_key=None, limits=HttpLimits(max_connections=64))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
-
-    def get() -> tuple[int, bytes]:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-            s.sendall(b"GET /work HTTP/1.0\r\n\r\n")
-            data = b""
-            while chunk := s.recv(4096):
-                data += chunk
-        return int(data.split(b" ", 2)[1]), data
-
     try:
         gate.__enter__()
-        status, body = get()
+        status, body = _get(port, "/work")
         assert status == 429 and b"busy: 1 gradings already at work" in body
         gate.__exit__(None, None, None)
-        status, body = get()
+        status, body = _get(port, "/work")
         assert status == 200 and b'"ok": true' in body
     finally:
         server.shutdown()

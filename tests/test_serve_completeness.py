@@ -7,13 +7,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from grpo.cli import main
+from grpo.serve.bench import free_port, wait_healthy
 from grpo.serve.engines import Generation
 from grpo.serve.scheme import Scheme, choose_completeness
 from tests.conftest import TEST_SEED, build_tokenizer
@@ -90,13 +90,14 @@ def last_number_run(tmp_path_factory):
 
 
 def test_serve_answers_a_user_reward_run_as_itself(last_number_run):
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "grpo", "serve", str(last_number_run), "--port", str(port),
                              "--fallback", "base", "--deadline", "30", "--max-batch", "2"],
                             env={**os.environ, "PYTHONPATH": str(ROOT), "GRPO_SERVE_API_KEY": KEY},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_healthy(proc, port)
+        assert wait_healthy(f"http://127.0.0.1:{port}", proc, timeout=300, name="grpo serve", log="its stderr",
+                            headers={"Authorization": f"Bearer {KEY}"})
         from grpo.config.io import load_config
         from grpo.data import task_of
 
@@ -114,24 +115,3 @@ def test_serve_answers_a_user_reward_run_as_itself(last_number_run):
         out, err = proc.communicate(timeout=60)
     assert "completeness check final_answer (auto, measured on 8 held-out answers: markers 0/8, final_answer 8/8" in err
     assert "completeness check final_answer;" in out
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(proc, port: int) -> None:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read()
-        try:
-            if request(port, "GET", "/health", key=KEY).status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise AssertionError("grpo serve did not become healthy")

@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 
 from grpo.errors import ConfigError
-from grpo.infra.http_guards import HeadWatch, send_raw
+from grpo.infra.http_guards import Cutoff, send_raw
 
 BODY_MIN_RATE = 10e6  # bytes/s: a large body (weights) gets body_timeout_s plus its size at this rate
 _STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)  # JSON strings: brackets inside them do not nest
@@ -162,7 +162,7 @@ class GuardedHandler(BaseHTTPRequestHandler):
     server: "GuardedServer"
     protocol_version = "HTTP/1.0"  # one request per connection: an idle client holds no thread
 
-    _head: "HeadWatch"
+    _head: Cutoff
 
     def setup(self):
         super().setup()
@@ -173,18 +173,18 @@ class GuardedHandler(BaseHTTPRequestHandler):
         trickles in: past that the reading side is shut (a blocked read returns at once), the client
         gets a 408 and its connection slot is freed. A per-read timeout alone would let a client that
         sends a byte every half second hold the slot for as long as its head lasts."""
-        watch = HeadWatch(self.connection, self.server.limits.head_timeout_s)
+        watch = Cutoff(self.connection, self.server.limits.head_timeout_s, socket.SHUT_RD)
         self._head = watch
         try:
             super().handle_one_request()
         finally:
-            watch.cancel()
-        if watch.expired:
+            expired = watch.stop()
+        if expired:
             self.close_connection = True
             try:
                 send_raw(self.connection, 408, "Request Timeout",
-                          HttpError(408, "head", f"head: the request line and headers took over "
-                                    f"{self.server.limits.head_timeout_s:g} s; too slow").body())
+                         HttpError(408, "head", f"head: the request line and headers took over "
+                                   f"{self.server.limits.head_timeout_s:g} s; too slow").body())
             except OSError:  # the client is gone already
                 pass
 
@@ -203,7 +203,7 @@ class GuardedHandler(BaseHTTPRequestHandler):
 
     def send_error(self, code, message=None, explain=None):  # the parser's own refusals, as JSON too
         self.close_connection = True
-        if not self._head.done():  # a head cut at its deadline: the 408 is the answer (done() stops the watch)
+        if self._head.stop():  # a head cut at its deadline: the 408 is the answer (stop() ends the watch)
             return
         try:
             self.send_json(code, HttpError(code, None, message or self.responses.get(code, ("",))[0]).body())
@@ -238,7 +238,7 @@ class GuardedHandler(BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         server, read = self.server, False
-        if not self._head.done():  # the deadline passed as the head ended: handle_one_request answers 408
+        if self._head.stop():  # the deadline passed as the head ended: handle_one_request answers 408
             self.close_connection = True
             return
         try:

@@ -6,11 +6,11 @@ socket on every way out, so an exchange that missed its deadline leaves nothing 
 from __future__ import annotations
 
 import http.client
-import socket
-import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
+
+from grpo.infra.http_guards import Cutoff
 
 
 @dataclass
@@ -50,7 +50,7 @@ def exchange(url: str, *, method: str = "POST", body: bytes | None = None, heade
             sock = conn.sock  # kept: the connection hands its socket to a response that closes it
             # the deadline for the whole exchange: a per-read timeout alone lets a server that trickles
             # its head or body a byte at a time hold the call for as long as it likes
-            watch = _Cutoff(sock, left())
+            watch = Cutoff(sock, left())
             sock.settimeout(left())
             conn.request(method, path, body=body, headers=headers or {})
             sock.settimeout(left())
@@ -76,48 +76,17 @@ def exchange(url: str, *, method: str = "POST", body: bytes | None = None, heade
             if watch is not None and watch.expired:  # the cut-off shut the socket under a read
                 raise TimeoutError(f"{url}: no complete answer within {deadline_s:g} s") from None
             raise
-        if watch.cancel():  # a read the cut-off ended looks like the end of the answer
+        if watch.stop():  # a read the cut-off ended looks like the end of the answer
             raise TimeoutError(f"{url}: no complete answer within {deadline_s:g} s")
         return Reply(resp.status, b"".join(chunks), resp.getheader("content-type") or "")
     finally:
         if watch is not None:
-            watch.cancel()
+            watch.stop()
         if resp is not None:
             resp.close()
         conn.close()
         if sock is not None:
             sock.close()
-
-
-class _Cutoff:
-    """Shuts ``sock`` both ways ``seconds`` from now unless cancelled first: a read or write blocked on
-    it then returns at once; ``expired`` says it happened."""
-
-    def __init__(self, sock: socket.socket, seconds: float):
-        self.sock, self.expired = sock, False
-        self._lock = threading.Lock()
-        self._timer = threading.Timer(seconds, self._cut)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def _cut(self) -> None:
-        with self._lock:
-            if self._timer is None:
-                return
-            self.expired = True
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    def cancel(self) -> bool:
-        """Stop the cut-off (if it has not come); whether it came."""
-        with self._lock:
-            timer, self._timer = self._timer, None
-            expired = self.expired
-        if timer is not None:
-            timer.cancel()
-        return expired
 
 
 def bearer(key: str | None) -> dict:

@@ -10,37 +10,35 @@ import socket
 import threading
 
 
-class HeadWatch:
-    """A deadline for a request's whole head: at ``seconds`` after it starts, unless ``done()`` came
-    first, it shuts the socket's reading side (the handler's blocked read returns, as at the end of the
-    stream) and marks itself ``expired``; ``done()`` says whether the head arrived in time."""
+class Cutoff:
+    """A deadline on a socket: ``seconds`` from now, unless ``stop()`` came first, it shuts the socket
+    (``how``: both ways, or only reading) so that a read or write blocked on it returns at once, and
+    marks itself ``expired``. A server's whole-head deadline (``SHUT_RD``: its answer can still be
+    written) and a client's whole-exchange deadline (``SHUT_RDWR``)."""
 
-    def __init__(self, sock: socket.socket, seconds: float):
-        self.sock, self.expired, self._finished = sock, False, False
+    def __init__(self, sock: socket.socket, seconds: float, how: int = socket.SHUT_RDWR):
+        self.sock, self.how, self.expired, self._stopped = sock, how, False, False
         self._lock = threading.Lock()
-        self._timer = threading.Timer(seconds, self._expire)
+        self._timer = threading.Timer(seconds, self._cut)
         self._timer.daemon = True
         self._timer.start()
 
-    def _expire(self) -> None:
+    def _cut(self) -> None:
         with self._lock:
-            if self._finished:
+            if self._stopped:
                 return
             self.expired = True
         try:
-            self.sock.shutdown(socket.SHUT_RD)
+            self.sock.shutdown(self.how)
         except OSError:
             pass
 
-    def done(self) -> bool:
-        """The head is complete: stop the watch; False where it had already expired."""
+    def stop(self) -> bool:
+        """Stop the cut-off if it has not come; whether it came (under the lock: no race with it)."""
         self._timer.cancel()
         with self._lock:
-            self._finished = True
-            return not self.expired
-
-    def cancel(self) -> None:
-        self._timer.cancel()
+            self._stopped = True
+            return self.expired
 
 
 def send_raw(sock: socket.socket, status: int, reason: str, payload: dict, extra: bytes = b"") -> None:
