@@ -34,11 +34,15 @@ class Cutoff:
             pass
 
     def stop(self) -> bool:
-        """Stop the cut-off if it has not come; whether it came (under the lock: no race with it)."""
+        """Stop the cut-off if it has not come, its thread gone when this returns (an exchange leaves no
+        thread behind); whether it came (under the lock: no race with it)."""
         self._timer.cancel()
         with self._lock:
             self._stopped = True
-            return self.expired
+            expired = self.expired
+        if self._timer is not threading.current_thread():
+            self._timer.join()  # cancelled: it ends at once (or after a cut already under way)
+        return expired
 
 
 def send_raw(sock: socket.socket, status: int, reason: str, payload: dict, extra: bytes = b"") -> None:
