@@ -215,7 +215,9 @@ def test_the_vllm_engine_runs_in_the_engine_process_and_hears_of_new_weights(tmp
     model.save_pretrained(tmp_path / "model")
     tok.save_pretrained(tmp_path / "model")
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
-    proc = EngineProcess(model, tok, EngineProcessSettings(backend="vllm", options={"gpu_memory_utilization": 0.05},
+    from grpo.rollout.vllm_rows import VLLMOptions
+
+    proc = EngineProcess(model, tok, EngineProcessSettings(backend="vllm", options=VLLMOptions(gpu_memory_utilization=0.05),
                                                            threads=1, segment_tokens=2), version=0)
     try:
         keys = row_keys(1, 0, 0, 4)
