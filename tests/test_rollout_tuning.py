@@ -78,18 +78,14 @@ def test_the_bfloat16_panel_reads_rounded_weights_and_plans_keep_their_precision
         Config(decode_kernels="head=panel_bf16")
 
 
-def test_the_avx2_build_computes_the_same_products():
+def test_the_avx2_build_computes_the_same_products(monkeypatch):
     """decode_ops.c built for x86-64-v3 (AVX2 + FMA, no AVX-512: bench/as_avx2.sh) has 8 lanes and
     8-column panels, and its panel product equals F.linear, like the native build's."""
     need_native()
-    import os
-
-    os.environ["GRPO_NATIVE_MARCH"] = "x86-64-v3"
-    try:
+    with monkeypatch.context() as m:  # the variable as it was after (bench/as_avx2.sh sets it already)
+        m.setenv("GRPO_NATIVE_MARCH", "x86-64-v3")
         assert "-march=x86-64-v3" in native.flags()
         lib = native.load(native.built(native.compiler(), native.flags()))
-    finally:
-        del os.environ["GRPO_NATIVE_MARCH"]
     assert lib.vector_lanes() == 8 and lib.panel_width() == 8
     assert native.library().panel_width() in (8, 32)  # this machine's own build: AVX2 or AVX-512
     weight, x = torch.randn(64, 24), torch.randn(5, 24)

@@ -96,6 +96,25 @@ def test_default_bind_is_loopback_and_every_route_needs_the_env_key(served):
     assert a.status == 200 and a.body["answered_by"] in ("grpo", "base")
 
 
+def test_the_runs_prompt_limit_is_the_servers(served, run_folder):
+    """Without --max-prompt-tokens the command serves the run's own max_prompt_length (its
+    config.yaml's): a prompt one token over it is a 400 naming the limit, one at it is answered."""
+    import yaml
+
+    from tests.conftest import build_tokenizer
+
+    limit = yaml.safe_load((run_folder / "config.yaml").read_text())["max_prompt_length"]
+    tok = build_tokenizer()  # a token per ASCII character: the template's tokens and the content's add up
+    text = tok.apply_chat_template([{"role": "user", "content": ""}], tokenize=False, add_generation_prompt=True)
+    template = len(tok(text, add_special_tokens=False)["input_ids"])
+    over = {**CHAT, "messages": [{"role": "user", "content": "x" * (limit - template + 1)}]}
+    a = request(served.port, "POST", "/v1/chat/completions", json.dumps(over).encode(), key=KEY, timeout=60)
+    assert a.status == 400 and f"over the limit of {limit} (--max-prompt-tokens)" in a.body["error"]["message"]
+    at = {**CHAT, "messages": [{"role": "user", "content": "x" * (limit - template)}]}
+    assert request(served.port, "POST", "/v1/chat/completions", json.dumps(at).encode(), key=KEY,
+                   timeout=60).status == 200
+
+
 def test_every_attack_class_gets_its_status_and_the_server_keeps_serving(served):
     got = battery(served.port, "/v1/chat/completions", json.dumps(CHAT).encode(), key=KEY, limit=LIMIT, slow_s=1.0,
                   head_s=1.0,
