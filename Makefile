@@ -103,7 +103,7 @@ test: $(STAMP) sandbox docs-toolchain
 	if [ $$skips != 0 ]; then echo "make test: FAILED: features skipped under CI=true (above)"; fi; \
 	rm -rf $$reports; [ $$main = 0 ] && [ $$vllm = 0 ] && [ $$skips = 0 ]
 
-# The pure and unit tests alone, about a minute: none that trains a model, starts a process or a server, or
+# The pure and unit tests alone, under two minutes: none that trains a model, starts a process or a server, or
 # loads the embedded model (tests/conftest.py: HEAVY, --fast). The whole suite is make test.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest tests --fast
