@@ -2,6 +2,8 @@
 LoRA run folder with its adapters merged), its log-probs reach the loss, and a teacher of another
 vocabulary or a distill run without a teacher is refused."""
 
+import math
+
 import pytest
 import torch
 
@@ -57,10 +59,13 @@ def test_teacher_is_the_reference_and_its_logps_reach_the_loss(tmp_path, tiny_mo
     assert all(torch.equal(ref[k], own[k]) for k in own)  # the reference is the teacher, not the student
     assert not all(torch.equal(ref[k], student[k]) for k in student)
     assert not any(p.requires_grad for p in t.models.reference.parameters())
-    assert abs(metrics["distill_reverse_kl"]) > 1e-3 and metrics["trained_sequence_share"] == 1.0
+    # another model's log-probs reach the loss: the sampled reverse KL is not 0 (two random tiny models are
+    # near-uniform, so its sample mean can be as small as 5e-6: GRPO_TEST_SEED=23), where the student as its
+    # own teacher gives exactly 0 (below)
+    assert metrics["distill_reverse_kl"] != 0.0 and metrics["trained_sequence_share"] == 1.0
     # the student as its own teacher: log pi_theta - log pi_teacher is 0 on every sampled token
     _, same = _step(tmp_path, tiny_model_dir, tiny_dataset, tiny_model_dir, "b")
-    assert abs(same["distill_reverse_kl"]) < 1e-5 and abs(same["loss"]) < 1e-5
+    assert same["distill_reverse_kl"] == 0.0 and abs(same["loss"]) < 1e-5
 
 
 def test_distillation_trains_the_lora_adapters_against_the_teacher(tmp_path, tiny_model_dir, tiny_dataset):
@@ -82,7 +87,9 @@ def test_distillation_trains_the_lora_adapters_against_the_teacher(tmp_path, tin
         assert all(torch.equal(ref[k], own[k]) for k in own)  # the teacher, untouched by the student's adapters
     finally:
         t.close()
-    assert abs(metrics["distill_reverse_kl"]) > 1e-3 and metrics["trained_sequence_share"] == 1.0
+    # the teacher's log-probs reach the loss: the adapters (B zero at the start: the student is its base)
+    # get a gradient, which a teacher equal to the student would not give
+    assert math.isfinite(metrics["distill_reverse_kl"]) and metrics["trained_sequence_share"] == 1.0
     assert moved and all("lora_" in n for n in moved)
 
 
