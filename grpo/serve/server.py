@@ -131,15 +131,15 @@ def limits_of(args, src) -> "Limits":
                   head_timeout_s=args.head_timeout)
 
 
-def build_state(args):
+def build_state(args, src=None):
     """Load both models (one when the fallback is the served model itself), their engines, lanes and
-    scheduler; warm each lane up once."""
+    scheduler; warm each lane up once. ``src``: what ``args.model`` names, where the caller read it."""
     from grpo.serve.app import ServerState
     from grpo.serve.batcher import Lane, Scheduler
     from grpo.serve.engines import make_serve_engine
     from grpo.serve.models import fallback_source, load_base, load_policy, same_weights, source_of
 
-    src = source_of(args.model)
+    src = src or source_of(args.model)
     scheme = build_scheme(args, src.rewards)
     limits = limits_of(args, src)
     fb_src = fallback_source(src, args.fallback)
@@ -241,10 +241,11 @@ def serve_main(argv: list[str]) -> int:
             raise ConfigError(f"--{name.replace('_', '-')}: must be >= 1")
     if args.body_timeout <= 0 or args.head_timeout <= 0:
         raise ConfigError("--body-timeout, --head-timeout: must be > 0")
-    state = build_state(args)
     from grpo.serve.models import source_of
 
-    measured = measure_completeness(state, args, source_of(args.model))
+    src = source_of(args.model)  # read once: the state's models and the completeness measurement
+    state = build_state(args, src)
+    measured = measure_completeness(state, args, src)
     if measured:
         print(f"grpo serve: {measured}", file=sys.stderr, flush=True)
     from grpo.rollout.tuning import take_messages
