@@ -16,8 +16,10 @@ rewards (the calculator's numeric reward over tool episodes; the sandboxed tests
     PYTHONPATH=. python bench/async_reward_wait.py [--seeds 0 1 2] [--steps 25] [--wait 5] [--staleness 1]
         [--task arithmetic] [--own-rewards] [--eval-prompts 200] [--set key=value ...] [--out results.json]
 
-Prints one row per run and the ratio of mean steps per hour, with the CPU, the load average and the
-commit (the bench machine is shared: figures are contended; the ratio comes from the same session).
+Prints one row per run, the ratio of mean steps per hour and the bytes each step's weights move to
+the engine process against a copy of every weight (``--set use_peft=true``: the adapters only), with
+the CPU, the load average and the commit (figures from a shared machine are contended; the ratio
+comes from the same session).
 """
 
 from __future__ import annotations
@@ -90,7 +92,9 @@ def run(args, seed: int, mode: str, url: str | None, out: Path) -> dict:
     if mode != "sync":
         row.update(staleness_mean=sum(x["async/staleness_mean"] for x in lines) / len(lines),
                    dropped_groups=sum(x["async/dropped_groups"] for x in lines),
-                   mismatch_kl_k3_mean=sum(x.get("async/mismatch_kl_k3", 0.0) for x in lines) / len(lines))
+                   mismatch_kl_k3_mean=sum(x.get("async/mismatch_kl_k3", 0.0) for x in lines) / len(lines),
+                   publish_bytes=max(x["async/publish_bytes"] for x in lines),
+                   full_publish_bytes=lines[0]["async/full_publish_bytes"])
     return row
 
 
@@ -136,6 +140,10 @@ def main() -> None:
         ratio = (sum(r["steps_per_hour"] for r in by_mode["async"]) / len(by_mode["async"])) / \
                 (sum(r["steps_per_hour"] for r in by_mode["sync"]) / len(by_mode["sync"]))
         print(f"\nasync / sync steps per hour: {ratio:.2f}")
+        moved = max(r["publish_bytes"] for r in by_mode["async"])
+        full = by_mode["async"][0]["full_publish_bytes"]
+        print(f"weights moved to the engine process per step: {moved} bytes, {moved / full:.2%} of all weights "
+              f"({full} bytes)")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2))
 

@@ -2,7 +2,7 @@
 colocated), on the same machine in the same run.
 
 For each engine a Trainer on the default config (SmolLM2-135M-Instruct fp32, the arithmetic task,
-``rollout_backend`` set to the engine) samples groups of 8 from the task's prompts at 8, 32 and 128
+``rollout_engine`` set to the engine) samples groups of 8 from the task's prompts at 8, 32 and 128
 rows (1, 4 and 16 groups), ``--tokens`` new tokens at most (EOS on: the engines draw different tokens,
 so tokens/s counts the tokens each drew), timed after one warm-up call; then one full training step
 (``train_step``: rollout, rewards, reference and inference forwards, the update, the weight sync).
@@ -37,13 +37,13 @@ def measure(engine_name: str, tokens: int, out_dir: str, vllm_memory: float) -> 
     from grpo.rollout.keys import row_keys
     from grpo.train.trainer import Trainer
 
-    cfg = Config(rollout_backend=engine_name, max_steps=1, eval_prompts=0, progress=False, report_to="none",
+    cfg = Config(rollout_engine=engine_name, max_steps=1, eval_prompts=0, progress=False, report_to="none",
                  output_dir=os.path.join(out_dir, engine_name), max_completion_length=tokens,
                  vllm_gpu_memory_utilization=vllm_memory)
     t = Trainer(cfg)
     try:
         prompts = [render_prompt(t.tok, s["prompt"], cfg.system_prompt) for s in t.task.train[:max(BATCHES) // GROUP]]
-        sampling = SamplingSettings(max_new_tokens=tokens, temperature=cfg.temperature)
+        sampling = SamplingSettings(max_new_tokens=tokens, temperature=cfg.temperature, max_prompt_length=1024)
         out: dict = {}
 
         def sample(rows: int) -> tuple[float, int]:

@@ -37,7 +37,8 @@ def _prompts(a, policy, tok) -> list[dict]:
     nearest 1/2: a prompt the model always fails (or always solves) gives zero-variance groups and no
     gradient at any G, which would measure nothing."""
     from grpo.config import Config
-    from grpo.data import render_prompt, task_of
+    from grpo.data import render_prompt
+    from grpo.train.settings import task_of
     from grpo.rewards import numeric_reward
     from grpo.rollout import SamplingSettings, make_engine
 
@@ -45,7 +46,7 @@ def _prompts(a, policy, tok) -> list[dict]:
                           arithmetic_max_operand=a.max_operand)).train[:a.probe]
     engine = make_engine("hf", policy, tok)
     ro = engine.generate([render_prompt(tok, s["prompt"]) for s in pool], group_size=8,
-                         sampling=SamplingSettings(max_new_tokens=a.tokens, temperature=1.0))
+                         sampling=SamplingSettings(max_new_tokens=a.tokens, temperature=1.0, max_prompt_length=1024))
     engine.close()
     acc = torch.tensor([numeric_reward(t, pool[i // 8]) for i, t in enumerate(ro.texts)]).view(-1, 8).mean(1)
     order = sorted(range(len(pool)), key=lambda i: -float(acc[i] * (1 - acc[i])))
@@ -63,7 +64,7 @@ def gradient_variance(a, g: int, policy, tok, samples: list[dict]) -> dict:
     engine = make_engine("hf", policy, tok)
     params = [p for p in policy.model.layers[-1].parameters()]
     texts = [render_prompt(tok, s["prompt"]) for s in samples]
-    sampling = SamplingSettings(max_new_tokens=a.tokens, temperature=1.0)
+    sampling = SamplingSettings(max_new_tokens=a.tokens, temperature=1.0, max_prompt_length=1024)
     grads, zero_share = [], []
     for _ in range(a.resamples):
         ro = engine.generate(texts, group_size=g, sampling=sampling)

@@ -27,7 +27,7 @@ def population(town: str) -> str:
     return "unknown town" if value is None else str(value)
 '''
 RUN = ("grpo train task=towns.jsonl prompt_field=question tools=town_tools:population rewards=numeric "
-       "max_completion_length=64 rollout_backend=fast progress=false")
+       "max_completion_length=64 rollout_engine=fast progress=false")
 
 
 def main(folder: Path) -> None:

@@ -1,6 +1,6 @@
 """A LoRA policy on vLLM: merged weights vs a vLLM LoRA adapter, seconds per weight sync + rollout.
 
-merged (what rollout_backend=vllm does): after each step the adapters are merged into a copy of the
+merged (what rollout_engine=vllm does): after each step the adapters are merged into a copy of the
 base weights (W + scaling B A), the full weights written to /dev/shm and reloaded in place.
 adapter: the engine is started with ``enable_lora`` and, after each step, the adapter alone is saved
 (peft's save_pretrained) and sampled with a new ``LoRARequest`` (vLLM loads it; the base weights
@@ -57,7 +57,7 @@ def _params(rows: int, tokens: int) -> list[dict]:
 
 def merged(m, prompts, rows, tokens, rounds) -> tuple[list[float], list[float]]:
     from grpo.rollout import make_engine
-    from grpo.rollout.vllm_rows import VLLMOptions, llm_sample
+    from grpo.rollout.vllm.rows import VLLMOptions, llm_sample
 
     engine = make_engine("vllm", m.policy, m.tokenizer, options=VLLMOptions(gpu_memory_utilization=0.2))
     sync, roll = [], []

@@ -40,7 +40,8 @@ def _drawn_samples(a) -> list[dict]:
     """The samples grpo's trainer draws for every step, in its order (its PromptSampler, same seed and
     task settings): TRL is given exactly these, unshuffled, so both train on the same prompts."""
     from grpo.config import Config
-    from grpo.data import PromptSampler, task_of
+    from grpo.data import PromptSampler
+    from grpo.train.settings import task_of
 
     cfg = Config(task="arithmetic", eval_prompts=0, seed=a.seed)
     task = task_of(cfg)
@@ -57,13 +58,13 @@ def run_grpo(a, out: Path) -> dict:
                  max_completion_length=a.tokens, max_steps=a.warmup + a.steps, eval_prompts=0, seed=a.seed,
                  output_dir=str(out / "grpo-run"), progress=False, report_to="none", bf16=False, dtype="float32",
                  num_iterations=1, lr_scheduler_type="constant", save_steps=0, log_completions_steps=0,
-                 rollout_backend=a.backend, **SETTINGS)
+                 rollout_engine=a.backend, **SETTINGS)
     Trainer(cfg).train()
     lines = [json.loads(line) for line in (out / "grpo-run" / "metrics.jsonl").read_text().splitlines()]
     lines = [line for line in lines if "step_seconds" in line][a.warmup:]
     return {"step": [x["step_seconds"] for x in lines], "gen": [x["generation_seconds"] for x in lines],
             "tokens": [x["completion_length_mean"] * a.prompts * a.group for x in lines],
-            "reward": [x["reward_mean"] for x in lines], "backend": lines[0]["rollout_backend"]}
+            "reward": [x["reward_mean"] for x in lines], "backend": lines[0]["rollout_engine"]}
 
 
 def run_trl(a, out: Path) -> dict:
@@ -155,7 +156,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3, help="measured steps")
     ap.add_argument("--warmup", type=int, default=1, help="steps excluded at the start")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--backend", default="auto", help="grpo's rollout_backend")
+    ap.add_argument("--backend", default="auto", help="grpo's rollout_engine")
     ap.add_argument("--out", default="bench/out")
     ap.add_argument("--run", choices=("trl", "grpo"), help=argparse.SUPPRESS)
     a = ap.parse_args()

@@ -1,12 +1,13 @@
 """grpo: Group Relative Policy Optimization for language models.
 
-The Python API (grpo.api), shaped as TRL's: ``from grpo import GRPOConfig, GRPOTrainer`` (or grpo's
-names, ``Config`` and ``Trainer``); the command line: ``grpo train``.
+The Python API (grpo.api), shaped as TRL's: ``from grpo import GRPOConfig, GRPOTrainer`` (``Config`` is
+grpo's own name of the config); the command line: ``grpo train``. The loop itself is
+``grpo.train.Trainer``.
 """
 
 __version__ = "0.1.0"
 
-_API = {"GRPOConfig": "grpo.api", "GRPOTrainer": "grpo.api", "Trainer": "grpo.api", "Config": "grpo.config"}
+_API = {"GRPOConfig": "grpo.api", "GRPOTrainer": "grpo.api", "Config": "grpo.config"}
 __all__ = list(_API)
 
 
@@ -20,4 +21,5 @@ def __getattr__(name: str):
         quiet_dependencies()  # before the API's imports bring in bitsandbytes (grpo.infra.quiet)
 
         return getattr(importlib.import_module(_API[name]), name)
-    raise AttributeError(f"module 'grpo' has no attribute {name!r}")
+    hint = "; the TRL-shaped trainer is grpo.GRPOTrainer, the loop grpo.train.Trainer" if name == "Trainer" else ""
+    raise AttributeError(f"module 'grpo' has no attribute {name!r}{hint}")

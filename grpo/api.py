@@ -1,6 +1,6 @@
 """The Python API, shaped as TRL's: a TRL GRPO script runs with its import line changed.
 
-    from grpo import GRPOConfig, GRPOTrainer      # or: from grpo import Config, Trainer
+    from grpo import GRPOConfig, GRPOTrainer
 
     args = GRPOConfig(output_dir="runs/mine", max_steps=20, gradient_accumulation_steps=2)
     trainer = GRPOTrainer(model="HuggingFaceTB/SmolLM2-135M-Instruct", reward_funcs=[my_reward], args=args,
@@ -174,10 +174,16 @@ class GRPOTrainer:
                                                 None if eval_dataset is None else _rows(eval_dataset, "eval_dataset"))
         elif eval_dataset is not None:
             raise ConfigError("eval_dataset: give it with a train_dataset object (a task by name holds out its own)")
-        self.args, self.reward_funcs = cfg, given
+        self.reward_funcs = given
         from grpo.train.trainer import Trainer  # the loop, as `grpo train` runs it
 
         self.trainer = Trainer(cfg, task=self.task, reward_fns=given)
+
+    @property
+    def args(self) -> Config:
+        """The run's config as the loop holds it (working_dir and an epochs' max_steps resolved): a
+        max_steps raised here before train() trains further, as in TRL."""
+        return self.trainer.cfg
 
     @staticmethod
     def _dataset_task(cfg: Config, rows: list[dict], eval_rows: list[dict] | None) -> tuple[Config, Task]:
@@ -236,4 +242,3 @@ class GRPOTrainer:
         return export(str(self.run_dir), out)
 
 
-Trainer = GRPOTrainer  # grpo's name for the same thing

@@ -73,7 +73,6 @@ def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return ap
 
 
-@COMMANDS.register("train", doc="fine-tune a model with GRPO (no arguments: SmolLM2-135M-Instruct on built-in arithmetic)")
 def _train(argv: list[str]) -> int:
     from grpo.config.io import load_config
 
@@ -106,11 +105,13 @@ def _train(argv: list[str]) -> int:
     return 130 if result.get("interrupted") == "SIGINT" else 143 if result.get("interrupted") else 0
 
 
-@COMMANDS.register("sft", doc="supervised fine-tuning on chat or prompt/completion rows (grpo sft sft_data=FILE.jsonl)")
+COMMANDS.register("train", _train, doc="fine-tune a model with GRPO (no arguments: SmolLM2-135M-Instruct on built-in arithmetic)")
+
+
 def _sft(argv: list[str]) -> int:
     from grpo.config.io import load_config
     from grpo.errors import ConfigError
-    from grpo.infra import distributed as dist_io
+    from grpo.infra import distributed
     from grpo.infra.runtime import make_run_dir
     from grpo.sft.command import run_sft
 
@@ -129,20 +130,20 @@ def _sft(argv: list[str]) -> int:
         import torch
 
         torch.set_num_threads(cfg.num_threads)
-    world = dist_io.init_world()  # torchrun's environment, or one process
+    world = distributed.init_world()  # torchrun's environment, or one process
     if world.distributed and cfg.distributed_strategy != "ddp":
         raise ConfigError(f"distributed_strategy: grpo sft runs on several processes with ddp only, "
                           f"got {cfg.distributed_strategy!r}")
     finished = False
     try:
-        run_dir = dist_io.broadcast_object(make_run_dir(cfg.output_dir, cfg.resume_from_checkpoint, command="grpo sft")
+        run_dir = distributed.broadcast_object(make_run_dir(cfg.output_dir, cfg.resume_from_checkpoint, command="grpo sft")
                                            if world.is_main else None, world)
         if world.is_main:
             cfg.save(run_dir / "config.yaml")  # the run's model: the base a LoRA checkpoint is merged into
         result = run_sft(_sft_model_settings(cfg), _sft_settings(cfg, run_dir), world=world)
         finished = True
     finally:
-        dist_io.close_world(world, finished=finished)
+        distributed.close_world(world, finished=finished)
     if world.is_main:
         print(json.dumps(result, indent=2))
         if "final" in result:
@@ -150,6 +151,9 @@ def _sft(argv: list[str]) -> int:
         else:
             print(f"{result['interrupted']}: saved {result['checkpoint']}; continue with grpo sft --resume {run_dir}")
     return 130 if result.get("interrupted") == "SIGINT" else 143 if result.get("interrupted") else 0
+
+
+COMMANDS.register("sft", _sft, doc="supervised fine-tuning on chat or prompt/completion rows (grpo sft sft_data=FILE.jsonl)")
 
 
 def _resumed(config_path: str | None, overrides: list[str], resume: str | None) -> tuple:
@@ -223,7 +227,6 @@ def _print_truncation(before: dict, after: dict, limit: int) -> None:
               f"follows it) to score whole answers")
 
 
-@COMMANDS.register("eval", doc="greedy accuracy and pass@k of a model or run folder on a task's held-out prompts")
 def _eval(argv: list[str]) -> int:
     from grpo.config.io import load_config
 
@@ -251,14 +254,19 @@ def _eval(argv: list[str]) -> int:
     from grpo.infra.runtime import import_from
     from grpo.models import load_models
     from grpo.rewards import resolve_reward
-    from grpo.rollout import make_engine
-    from grpo.train.settings import reward_options
+    from grpo.rollout import engine_class, make_engine
+    from grpo.train.settings import engine_options, reward_options
 
     import_from(cfg.working_dir, os.getcwd())  # the run's own folder first: its modules, as in training
     verifier = resolve_reward(cfg.reward_names[0], reward_options(cfg))
     samples, held_out = _eval_samples(cfg, run)
     models = load_models(cfg.model, dtype=cfg.dtype, need_reference=False)
-    engine = make_engine("hf", models.policy, models.tokenizer)  # generate, as evaluation inside `train`
+    # the engine evaluation inside `train` samples with: the run's where it serves evaluation (vLLM; a shared
+    # server's engine in this process), else generate
+    run_engine = engine_class(cfg.rollout_engine)
+    name = (run_engine.standalone or cfg.rollout_engine) if run_engine.serves_evaluation else "hf"
+    engine = make_engine(name, models.policy, models.tokenizer, kernels=cfg.decode_kernels,
+                         options=engine_options(cfg, name))
     try:
         res, stopped = _evaluate_until_signal(engine, samples, verifier, cfg, models.tokenizer)
     finally:
@@ -268,9 +276,12 @@ def _eval(argv: list[str]) -> int:
     return {None: 0, "SIGINT": 130}.get(stopped, 143)
 
 
+COMMANDS.register("eval", _eval, doc="greedy accuracy and pass@k of a model or run folder on a task's held-out prompts")
+
+
 def _trained_rows(cfg) -> list[dict]:
     """The rows a run trained on: its task's, or every source's of a mixture."""
-    from grpo.data import task_of
+    from grpo.train.settings import task_of
     from grpo.train.settings import sources_settings
     from grpo.train.sources import source_task
 
@@ -285,7 +296,7 @@ def _eval_samples(cfg, run: Path | None) -> tuple[list[dict], dict]:
     eval_prompts above the run's own reaches into its training split): those are not scored, and
     the output says how many were asked for and left out."""
     from grpo.config.io import load_config
-    from grpo.data import task_of
+    from grpo.train.settings import task_of
     from grpo.data.tasks import unseen
 
     samples = task_of(cfg).eval
@@ -322,46 +333,55 @@ def _evaluate_until_signal(engine, samples: list[dict], verifier, cfg, tokenizer
     return res, stop.signal
 
 
-@COMMANDS.register("data", doc="`grpo data filter`: problems with >= 3 logical steps, anchor answers by pairwise win rate (JSONL)")
 def _data(argv: list[str]) -> int:
-    from grpo.tools.data_filter import main as data_main
+    from grpo.commands.data_filter import main as data_main
 
     return data_main(argv)
 
 
-@COMMANDS.register("audit", doc="reasoning-chain audit: four defect densities per 100 tokens, a run's trained and base model (grpo audit RUN)")
+COMMANDS.register("data", _data, doc="`grpo data filter`: problems with >= 3 logical steps, anchor answers by pairwise win rate (JSONL)")
+
+
 def _audit(argv: list[str]) -> int:
-    from grpo.tools.audit import main as audit_main
+    from grpo.commands.audit import main as audit_main
 
     return audit_main(argv)
 
 
-@COMMANDS.register("compare", doc="GRPO vs RLOO vs REINFORCE vs PPO with a critic: memory, step time, accuracy (own subprocesses)")
+COMMANDS.register("audit", _audit, doc="reasoning-chain audit: four defect densities per 100 tokens, a run's trained and base model (grpo audit RUN)")
+
+
 def _compare(argv: list[str]) -> int:
-    from grpo.tools.compare import main as compare_main
+    from grpo.commands.compare import main as compare_main
 
     return compare_main(argv)
 
 
-@COMMANDS.register("report", doc="PNG plots and an HTML page of one or more run folders (grpo report RUN_DIR [RUN_DIR ...])")
+COMMANDS.register("compare", _compare, doc="GRPO vs RLOO vs REINFORCE vs PPO with a critic: memory, step time, accuracy (own subprocesses)")
+
+
 def _report(argv: list[str]) -> int:
-    from grpo.tools.report import main as report_main
+    from grpo.commands.report import main as report_main
 
     return report_main(argv)
 
 
-@COMMANDS.register("toy", doc="GRPO vs REINFORCE on the seeds' target-matching toy (no language model)")
+COMMANDS.register("report", _report, doc="PNG plots and an HTML page of one or more run folders (grpo report RUN_DIR [RUN_DIR ...])")
+
+
 def _toy(argv: list[str]) -> int:
-    from grpo.tools.toy import main as toy_main
+    from grpo.commands.toy import main as toy_main
 
     toy_main(argv)
     return 0
 
 
-@COMMANDS.register("control", doc="vehicle path tracking: `grpo control train --algo grpo|ppo|trpo`, `grpo control compare`")
+COMMANDS.register("toy", _toy, doc="GRPO vs REINFORCE on the seeds' target-matching toy (no language model)")
+
+
 def _control(argv: list[str]) -> int:
     try:
-        from grpo.control.commands import main as control_main
+        from grpo.pathtracking.commands import main as control_main
     except ModuleNotFoundError as e:  # gymnasium / SB3 come with the optional extra
         from grpo.errors import ConfigError
 
@@ -369,11 +389,14 @@ def _control(argv: list[str]) -> int:
     return control_main(argv)
 
 
+COMMANDS.register("control", _control, doc="vehicle path tracking: `grpo control train --algo grpo|ppo|trpo`, `grpo control compare`")
+
+
 def _serving(name: str):
     def run(argv: list[str]) -> int:
         import importlib
 
-        module = {"bench_main": "grpo.serve.bench", "vllm_serve_main": "grpo.serve.vllm_serve"}.get(name, "grpo.serve.server")
+        module = {"bench_main": "grpo.serve.bench", "vllm_serve_main": "grpo.rollout.vllm.server"}.get(name, "grpo.serve.server")
         return getattr(importlib.import_module(module), name)(argv)
 
     return run
@@ -381,10 +404,16 @@ def _serving(name: str):
 
 COMMANDS.register("export", _serving("export_main"),
                   doc="a run's newest checkpoint as a plain transformers folder, LoRA merged (grpo export RUN --out DIR)")
+
+
 COMMANDS.register("serve", _serving("serve_main"),
                   doc="an OpenAI-compatible API: the GRPO model first, a fallback model past a deadline (grpo serve RUN)")
+
+
 COMMANDS.register("vllm-serve", _serving("vllm_serve_main"),
-                  doc="a vLLM engine for rollout_backend=vllm_server (grpo vllm-serve MODEL --port 8000)")
+                  doc="a vLLM engine for rollout_engine=vllm_server (grpo vllm-serve MODEL --port 8000)")
+
+
 COMMANDS.register("serve-bench", _serving("bench_main"),
                   doc="load test of a running `grpo serve` (grpo serve-bench --url URL --concurrency 1,4,16)")
 

@@ -38,7 +38,6 @@ NOTES = {
     "TASKS": "else a file, a hub dataset id or a dataset folder",
     "REWARDS": "several, comma-separated; else `module:function` or a URL",
     "STEP_REWARDS": "with `supervision=process`",
-    "ESTIMATORS": "and `gae`: PPO's learned critic",
     "CALL_FORMATS": "or auto",
     "BUILTIN_TOOLS": "as `builtin:NAME`; else `module:function`",
     "SERVE_ENGINES": "of `grpo serve`, or auto",
@@ -259,6 +258,12 @@ def trl_page() -> str:
     return text[:text.index("| TRL name | grpo | note |")] + markdown_table() + "\n"
 
 
+def _composition_page() -> str:
+    from grpo.config.composition import composition_page
+
+    return composition_page()
+
+
 def index_page() -> str:
     """The site's home: README.md with its links into docs/ made relative to docs/."""
     text = (ROOT / "README.md").read_text()
@@ -272,6 +277,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "docs/reference/metrics.md": metrics_page,
     "docs/reference/registries.md": registries_page,
     "docs/guides/trl.md": trl_page,
+    "docs/guides/composition.md": _composition_page,
 }
 
 

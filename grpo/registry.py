@@ -2,12 +2,12 @@
 
 Estimators, policy losses, rollout and serving engines, completeness checks, tools, call formats,
 rewards, step rewards, presets, tasks and the compared methods are each a ``Registry``. An entry is
-added where it is defined, as a decorator or a call::
+added by one call, below its definition in the module that defines it::
 
     ESTIMATORS = Registry("advantage estimator", field="advantage_estimator")
 
-    @ESTIMATORS.register("rloo")
     def rloo_advantages(rewards, **kw): ...
+    ESTIMATORS.register("rloo", Estimator(rloo_advantages, group=True))
 
     ROLLOUT_ENGINES.register(MyEngine)          # named by its ``name`` attribute
     MONITOR_PRESETS.register("none", {}, doc="No monitor settings.")
@@ -71,18 +71,15 @@ class Registry(Mapping[str, T]):
         self._entries: dict[str, Entry[T]] = {}
 
     # ---- adding entries -------------------------------------------------------------------------
-    def register(self, name: str | T | None = None, value: T | None = None, *, doc: str | None = None,
-                 replace: bool = False):
-        """Add an entry; returns the value, so it works as a decorator.
-
-        ``register(name, value)`` and ``register(value)`` add at once; ``@register(name)``,
-        ``@register()`` and bare ``@register`` decorate. A name already taken raises ValueError
-        unless ``replace`` (a test or a user swapping a built-in on purpose)."""
-        if value is not None:
-            return self._add(name, value, doc, replace)
-        if name is None or isinstance(name, str):
-            return lambda v: self._add(name, v, doc, replace)
-        return self._add(None, name, doc, replace)  # register(value) / bare @register
+    def register(self, name: str | T, value: T | None = None, *, doc: str | None = None, replace: bool = False) -> T:
+        """Add an entry and return its value: ``register(name, value)``, or ``register(value)`` named by
+        ``name_of`` (its ``name`` attribute). A name already taken raises ValueError unless ``replace``
+        (a test or a user swapping a built-in on purpose)."""
+        if value is None:
+            if isinstance(name, str):
+                raise TypeError(f"{self.kind}: register({name!r}) needs the value: register(name, value)")
+            return self._add(None, name, doc, replace)
+        return self._add(name, value, doc, replace)
 
     def _add(self, name: str | None, value: T, doc: str | None, replace: bool) -> T:
         name = name if name is not None else self._default_name(value)

@@ -74,6 +74,26 @@ def sigterm_on_rank1_step2(completion: str, sample: dict) -> float:
     return digit_share(completion, sample)
 
 
+def kill_engine_on_rank1_step2(completion: str, sample: dict) -> float:
+    """digit_share; on torchrun rank 1 only, while scoring its second draw (its 9th completion), the
+    process kills its own children (its asynchronous rollouts' engine process) with SIGKILL, as the
+    kernel's out-of-memory killer might: one process fails where the others do not."""
+    import signal
+
+    if os.environ.get("RANK") == "1":
+        _calls["n"] += 1
+        if _calls["n"] == 9:
+            me = str(os.getpid())
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    parent = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]
+                except OSError:
+                    continue
+                if parent == me:
+                    os.kill(int(pid), signal.SIGKILL)
+    return digit_share(completion, sample)
+
+
 def odd_length(completion: str, sample: dict) -> float:
     """1.0 for a completion of odd length: a verifier a random model passes about half the time."""
     return float(len(completion) % 2)

@@ -17,7 +17,7 @@ from grpo.agent import AgentSampler, call_format, make_tool, resolve_tools
 from grpo.agent.execute import run_calls
 from grpo.agent.formats import Call
 from grpo.errors import ConfigError
-from grpo.rollout.base import encode_prompts, finish_rollout, eos_token_ids
+from grpo.rollout.types import encode_prompts, finish_rollout, eos_token_ids
 from grpo.rollout.engine import RolloutEngine, SamplingSettings
 from tests.conftest import build_tiny_model, build_tokenizer
 
@@ -45,7 +45,7 @@ class ScriptedEngine(RolloutEngine):
         comp = comp[:, :sampling.max_new_tokens]
         return finish_rollout(self.tokenizer, ids.repeat_interleave(group_size, 0), mask.repeat_interleave(group_size, 0),
                               comp, eos_token_ids(self.model, self.tokenizer), sampling_logp=None,
-                              backend=self.name, seconds=0.0)
+                              engine=self.name, seconds=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def _last_result(text: str) -> str | None:
 
 
 SAMPLE = {"prompt": "What is 123 * 45?", "answer": "5535"}
-SAMPLING = SamplingSettings(max_new_tokens=1000, max_prompt_length=4000)
+SAMPLING = SamplingSettings(max_new_tokens=1000, max_prompt_length=4000, temperature=1.0)
 
 
 def test_one_call_then_the_answer_and_the_masks(tok, model):
@@ -129,7 +129,7 @@ def test_several_calls_and_each_fault_is_answered_and_counted(tok, model):
     tools = resolve_tools("builtin:calculator") + [make_tool(slow), make_tool(boom)]
     eng = ScriptedEngine(model, tok, reply)
     ro = _sampler(tok, tools, max_turns=20, timeout=0.3).generate(eng, [SAMPLE], group_size=1, sampling=SamplingSettings(
-        max_new_tokens=2000, max_prompt_length=2000))
+        max_new_tokens=2000, max_prompt_length=2000, temperature=1.0))
     info = ro.episodes[0]
     results = [m["content"] for m in info["transcript"] if m["role"] == "tool"]
     assert results[0] == "5" and results[-1] == "8"
@@ -155,7 +155,7 @@ def test_malformed_hermes_call_and_max_turns_flag(tok, model):
 def test_the_budget_counts_tool_tokens(tok, model):
     eng = ScriptedEngine(model, tok, lambda ctx: "calc(1 + 1)")
     ro = _sampler(tok, max_turns=50).generate(eng, [SAMPLE], group_size=1,
-                                              sampling=SamplingSettings(max_new_tokens=120, max_prompt_length=2000))
+                                              sampling=SamplingSettings(max_new_tokens=120, max_prompt_length=2000, temperature=1.0))
     assert int(ro.completion_mask.sum()) <= 120 and bool(ro.truncated[0])
     assert not ro.episodes[0]["max_turns_hit"]
 

@@ -87,7 +87,7 @@ def test_calculator_with_tools_trains_and_logs_tool_metrics(tmp_path, tiny_model
                  max_steps=2, num_generations=2,
                  prompts_per_step=2, per_device_train_batch_size=4, max_completion_length=48, eval_prompts=2,
                  eval_max_new_tokens=48, eval_pass_k=0, learning_rate=1e-3, progress=False, report_to="none",
-                 seed=TEST_SEED, reward_timeout=0.0, bf16=TEST_BF16, rollout_backend="hf")
+                 seed=TEST_SEED, reward_timeout=0.0, bf16=TEST_BF16, rollout_engine="hf")
     _teach_to_call(tiny_model_dir, tmp_path / "caller", cfg)
     result = Trainer(cfg).train()
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -54,14 +54,14 @@ def test_a_trl_style_script_trains_and_its_run_repeats_on_the_command_line(tmp_p
 
 def test_objects_handed_over(tmp_path, tiny_model_dir):
     """A list of dicts, an eval_dataset, a lambda (run in this process, named by itself), a peft
-    LoraConfig, grpo's own names."""
+    LoraConfig, grpo's own config names."""
     from peft import LoraConfig
 
     run = tmp_path / "r"
     held = [{"prompt": "What is 9 + 9?", "solution": "18"}] * 3
-    t = grpo.Trainer(model=str(tiny_model_dir), reward_funcs=[lambda completions, **kw: [1.0] * len(completions)],
-                     args=_args(run, max_steps=1), train_dataset=ROWS, eval_dataset=held,
-                     peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    t = grpo.GRPOTrainer(model=str(tiny_model_dir), reward_funcs=[lambda completions, **kw: [1.0] * len(completions)],
+                         args=_args(run, max_steps=1), train_dataset=ROWS, eval_dataset=held,
+                         peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
     assert t.args.rewards == "<lambda>" and t.args.use_peft and t.args.lora_target_modules == "q_proj,v_proj"
     assert len(t.task.train) == len(ROWS) and t.task.eval == held and t.args.task == "train_dataset"
     out = t.train()

@@ -101,7 +101,7 @@ def test_the_engine_process_samples_the_published_weights(tiny_model_dir):
     """Weights published with a version reach the engine process: its tokens and sampling log-probs
     are those of an engine here on the same weights, every token numbered with that version."""
     model, tok = _load(tiny_model_dir)
-    proc = EngineProcess(model, tok, EngineProcessSettings(backend="hf", threads=1), version=0)
+    proc = EngineProcess(model, tok, EngineProcessSettings(engine="hf", kernels="auto", options=None, threads=1), version=0)
     try:
         model.load_state_dict(_moved(model, 2))
         proc.publish(model, 5)
@@ -131,7 +131,7 @@ def _start_run(tmp_path, tiny_model_dir, tiny_dataset, steps: int):
     args = [f"model={tiny_model_dir}", f"task={tiny_dataset}", f"output_dir={tmp_path / 'run'}", f"max_steps={steps}",
             "num_generations=4", "prompts_per_step=2", "max_completion_length=8", "eval_prompts=0",
             "rewards=tests.rewards_for_tests:digit_share", "reward_timeout=0", "progress=false", "report_to=none",
-            "async_rollouts=true", "max_staleness=1", "rollout_backend=hf", "async_engine_threads=1"]
+            "async_rollouts=true", "max_staleness=1", "rollout_engine=hf", "async_engine_threads=1"]
     return subprocess.Popen([sys.executable, "-c", TRAIN, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -215,10 +215,11 @@ def test_the_vllm_engine_runs_in_the_engine_process_and_hears_of_new_weights(tmp
     model.save_pretrained(tmp_path / "model")
     tok.save_pretrained(tmp_path / "model")
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
-    from grpo.rollout.vllm_rows import VLLMOptions
+    from grpo.rollout.vllm.rows import VLLMOptions
 
-    proc = EngineProcess(model, tok, EngineProcessSettings(backend="vllm", options=VLLMOptions(gpu_memory_utilization=0.05),
-                                                           threads=1, segment_tokens=2), version=0)
+    settings = EngineProcessSettings(engine="vllm", kernels="auto", options=VLLMOptions(gpu_memory_utilization=0.05),
+                                     threads=1, segment_tokens=2)
+    proc = EngineProcess(model, tok, settings, version=0)
     try:
         keys = row_keys(1, 0, 0, 4)
         ask = dict(prompts=["What is 1 + 2?"], group_size=4, sampling=SAMPLING, keys=keys, with_logprobs=True,

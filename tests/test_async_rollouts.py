@@ -1,9 +1,11 @@
 """Asynchronous rollouts on the real trainer, engine process and rewards: K = 0 is the synchronous run
-exactly; the staleness bound holds (admission and drops); resume draws no prompt twice and loses none."""
+exactly; the staleness bound holds (admission and drops); resume draws no prompt twice and loses none
+(several processes: tests/test_distributed.py)."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -41,7 +43,7 @@ def test_max_staleness_zero_is_the_synchronous_run(tmp_path, tiny_model_dir, tin
     """K = 0: the producer draws step d only with the weights of step d, keyed as the synchronous
     loop keys it, and no token is stale, so no correction applies: the same completions at every
     step and the same final weights, bit for bit."""
-    kw = dict(max_steps=3, rollout_backend=backend, decode_kernels="mkl", eval_prompts=0, log_completions_steps=1,
+    kw = dict(max_steps=3, rollout_engine=backend, decode_kernels="mkl", eval_prompts=0, log_completions_steps=1,
               async_engine_threads=1)
     sync = Recording(make_cfg(tmp_path / "sync", tiny_model_dir, tiny_dataset, **kw))
     sync.train()
@@ -54,6 +56,103 @@ def test_max_staleness_zero_is_the_synchronous_run(tmp_path, tiny_model_dir, tin
     lines = _lines(asyn.run_dir)
     assert [l["async/staleness_max"] for l in lines] == [0, 0, 0]
     assert all(l["async/stale_token_share"] == 0.0 and l["async/dropped_groups"] == 0 for l in lines)
+
+
+@pytest.mark.parametrize("backend", ["fast", "hf"])
+def test_with_lora_max_staleness_zero_is_the_synchronous_run_and_moves_only_the_adapters(
+        tmp_path, tiny_model_dir, tiny_dataset, backend):
+    """LoRA: the engine process builds the policy's adapters on its own base, takes every weight once,
+    then only the adapters after each step; with K = 0 it samples what the synchronous loop samples,
+    so the same completions and the same adapter weights, bit for bit."""
+    kw = dict(max_steps=3, rollout_engine=backend, decode_kernels="mkl", eval_prompts=0, async_engine_threads=1,
+              use_peft=True, lora_r=4, lora_alpha=8)
+    sync = Recording(make_cfg(tmp_path / "sync", tiny_model_dir, tiny_dataset, **kw))
+    sync.train()
+    asyn = Recording(make_cfg(tmp_path / "async", tiny_model_dir, tiny_dataset, async_rollouts=True, max_staleness=0,
+                              **kw))
+    process = asyn.engines.train.process  # kept after close(): what the last publish moved
+    asyn.train()
+    _same_batches(sync, asyn)
+    trained = {n: p for n, p in sync.policy.named_parameters() if p.requires_grad}
+    assert trained and all("lora_" in n for n in trained)
+    for name, p in asyn.policy.named_parameters():
+        if name in trained:
+            assert torch.equal(p, trained[name]), name
+    adapters = sum(p.numel() * p.element_size() for p in trained.values())
+    everything = sum(p.numel() * p.element_size() for p in asyn.policy.parameters())
+    assert process.last_publish_bytes == adapters < everything / 2  # the frozen base went once
+
+
+def test_with_qlora_the_engine_process_samples_the_dequantized_base_and_gets_only_the_adapters(
+        tmp_path, tiny_model_dir, tiny_dataset):
+    """QLoRA: the engine process holds the 4-bit base dequantized (bitsandbytes' own values), sent once,
+    and the adapters after each step; two steps train with finite metrics, and the engine's base equals
+    the policy's dequantized base."""
+    pytest.importorskip("bitsandbytes")
+    from grpo.rollout.producer import _views
+    from grpo.rollout.whole import whole_weights
+
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, async_rollouts=True, max_staleness=1, max_steps=2,
+                   eval_prompts=0, use_peft=True, lora_r=4, lora_alpha=8, load_in_4bit=True, rollout_engine="hf",
+                   async_engine_threads=1)
+    t = Trainer(cfg)
+    process = t.engines.train.process
+    quantized = [n for n, p in t.policy.named_parameters() if getattr(p, "quant_state", None) is not None]
+    assert quantized
+    shared = _views(process.flat, process.layout)
+    for name, value in whole_weights(t.policy, set(quantized)).items():
+        assert value.dtype.is_floating_point and torch.equal(shared[name], value), name
+    name = quantized[0]  # what the engine holds is what the 4-bit layer multiplies by
+    layer = t.policy.get_submodule(name.removesuffix(".weight"))
+    x = torch.randn(3, shared[name].shape[1])
+    with torch.no_grad():
+        torch.testing.assert_close(torch.nn.functional.linear(x, shared[name], layer.bias), layer(x),
+                                   rtol=1e-4, atol=1e-5)
+    t.train()
+    lines = _lines(t.run_dir)
+    assert len(lines) == 2 and all(torch.isfinite(torch.tensor(l["loss"])) for l in lines)
+    adapters = sum(p.numel() * p.element_size() for p in t.policy.parameters() if p.requires_grad)
+    assert process.last_publish_bytes == adapters
+
+
+def test_a_mixture_with_k_zero_is_the_synchronous_run_with_its_per_source_metrics(tmp_path, tiny_model_dir):
+    """A mixture of a plain task and a tool task (each row routed to its source's rewards and tools)
+    through the engine process: with K = 0 the same completions, weights, accuracy and per-source
+    metrics as the synchronous step, computed over the groups the step trains."""
+    kw = dict(task="arithmetic:0.5,calculator:0.5", eval_prompts=0, max_steps=3, rollout_engine="hf",
+              max_completion_length=8, async_engine_threads=1)
+    sync = Recording(make_cfg(tmp_path / "sync", tiny_model_dir, None, **kw))
+    sync.train()
+    asyn = Recording(make_cfg(tmp_path / "async", tiny_model_dir, None, async_rollouts=True, max_staleness=0, **kw))
+    asyn.train()
+    _same_batches(sync, asyn)
+    for (name, a), b in zip(sync.policy.named_parameters(), asyn.policy.parameters()):
+        assert torch.equal(a, b), name
+    per_source = ("share/", "reward/", "accuracy/", "rewards/", "accuracy")
+    for a, b in zip(_lines(sync.run_dir), _lines(asyn.run_dir)):
+        mine = {k: v for k, v in a.items() if k.startswith(per_source)}
+        assert any(k.startswith("share/") for k in mine)
+        assert {k: b.get(k) for k in mine} == mine
+
+
+def test_routed_environments_run_through_the_engine_process(tmp_path, tiny_model_dir):
+    """TRL's dict environment_factory under async_rollouts: each row's episode runs in its own
+    environment (a wrong one raises, a counted failure) and the step logs each source's share."""
+    from grpo.api import GRPOConfig, GRPOTrainer
+    from tests import mixture_envs_for_tests as envs
+
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), max_steps=2, num_generations=4, per_device_train_batch_size=4,
+                      max_completion_length=8, eval_prompts=0, learning_rate=1e-2, temperature=1.0, progress=False,
+                      report_to="none", reward_timeout=0.0, seed=TEST_SEED, prompts_per_step=4, async_rollouts=True,
+                      max_staleness=1, rollout_engine="hf", async_engine_threads=1)
+    trainer = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=[envs.arithmetic_reward, envs.calculator_reward],
+                          args=args, train_dataset=envs.rows(),
+                          environment_factory={"arithmetic": envs.AdderEnv, "calculator": envs.MultiplierEnv})
+    trainer.train()
+    lines = _lines(trainer.run_dir)
+    assert [line["step"] for line in lines] == [1, 2]
+    for line in lines:
+        assert line["reward_failures"] == 0 and line["share/arithmetic"] + line["share/calculator"] == 1.0, line
 
 
 def _train_twice(cfg) -> Recording:
@@ -70,7 +169,7 @@ def test_a_second_train_starts_the_engine_process_and_the_producer_where_the_str
     """train() ends with the engine process closed and the producer stopped; a later train() starts
     both again, the process on the weights trained so far and the producer at the prompt stream's
     position: at K = 0 the same tokens and weights as the synchronous trainer trained twice."""
-    kw = dict(max_steps=1, rollout_backend="hf", eval_prompts=0, async_engine_threads=1)
+    kw = dict(max_steps=1, rollout_engine="hf", eval_prompts=0, async_engine_threads=1)
     sync = _train_twice(make_cfg(tmp_path / "sync", tiny_model_dir, tiny_dataset, **kw))
     asyn = Recording(make_cfg(tmp_path / "async", tiny_model_dir, tiny_dataset, async_rollouts=True, max_staleness=0,
                               **kw))
@@ -95,7 +194,7 @@ def test_staleness_bound_holds_and_a_resume_draws_every_prompt_once(tmp_path, ti
     being trained, so samples of staleness 1 are trained (and corrected), none over 1. Stopped after 2
     steps with draws queued and resumed for 2 more, the run trains the prompt stream of the
     synchronous run step for step: no draw lost, none twice."""
-    kw = dict(rollout_backend="hf", eval_prompts=0, rewards="tests.async_rewards:slow_digit_share",
+    kw = dict(rollout_engine="hf", eval_prompts=0, rewards="tests.async_rewards:slow_digit_share",
               async_engine_threads=1, rollout_correction_level="token")
     sync = Recording(make_cfg(tmp_path / "sync", tiny_model_dir, tiny_dataset, max_steps=4, **kw))
     sync.train()
@@ -119,9 +218,34 @@ def test_staleness_bound_holds_and_a_resume_draws_every_prompt_once(tmp_path, ti
         assert torch.equal(a, b), f"step {s} trained other prompts than the synchronous run's"
 
 
+def test_with_a_teacher_stale_tokens_weigh_the_distillation_term(tmp_path, tiny_model_dir, tiny_dataset, monkeypatch):
+    """On-policy distillation at K = 1 with a reward that waits: the tokens drawn by the previous
+    step's weights reach the distill loss with their importance weights (LossInputs.weight, not all
+    1), as the advantages do; the run trains with finite metrics."""
+    import grpo.core as core_module
+
+    seen = []
+    real = core_module.policy_loss
+
+    def spy(*args, weight=None, **kw):
+        seen.append(None if weight is None else weight.detach().clone())
+        return real(*args, weight=weight, **kw)
+
+    monkeypatch.setattr(core_module, "policy_loss", spy)
+    t = Trainer(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, max_steps=3, async_rollouts=True, max_staleness=1,
+                         policy_loss="distill", teacher=str(tiny_model_dir), beta=0.0, rollout_engine="hf",
+                         eval_prompts=0, rewards="tests.async_rewards:slow_digit_share", async_engine_threads=1,
+                         rollout_correction_level="token"))
+    t.train()
+    lines = _lines(t.run_dir)
+    assert any(l["async/stale_token_share"] > 0 for l in lines) and all(math.isfinite(l["loss"]) for l in lines)
+    weighted = [w for w in seen if w is not None]
+    assert weighted and any(bool((w != 1).any()) for w in weighted)
+
+
 def test_groups_over_the_bound_are_dropped_and_counted():
     """take_batch keeps drawing until B groups are within the bound; the staler ones are dropped."""
-    from grpo.rollout.base import Rollout
+    from grpo.rollout.types import Rollout
     from grpo.train.async_rollouts import Group, take_batch
 
     def group(draw: int, version_of_rows: list[int]) -> Group:
@@ -130,12 +254,30 @@ def test_groups_over_the_bound_are_dropped_and_counted():
         ro = Rollout(torch.zeros(g, 2, dtype=torch.long), torch.ones(g, 2, dtype=torch.long),
                      torch.zeros(g, 3, dtype=torch.long), torch.ones(g, 3, dtype=torch.long),
                      torch.zeros(g, dtype=torch.bool), None, [""] * g, "test", 0.0, versions=versions)
-        return Group(draw, 0, {}, ro, torch.zeros(g), torch.zeros(g, 1), {}, {})
+        return Group(draw, 0, {}, ro, torch.zeros(g), torch.zeros(g, 1), torch.zeros(g, dtype=torch.bool),
+                     torch.zeros(g, dtype=torch.float64), torch.zeros(g, 1, dtype=torch.float64), {}, {})
 
     queue = iter([group(0, [4, 4]), group(1, [2, 5]), group(2, [3, 3]), group(3, [5, 4]), group(4, [5, 5])])
     got = take_batch(lambda: next(queue), count=3, step=5, max_staleness=2, group_size=2)
     assert [x.draw for x in got.kept] == [0, 2, 3] and [x.draw for x in got.dropped] == [1]
     assert got.staleness == [1, 3, 2, 1]  # a group's oldest token decides: draw 1 has one of version 2
+
+
+def test_the_stream_of_several_processes_is_merged_from_the_oldest_draw():
+    """Two processes of a draw of 4 groups (rank 0: groups 0-1, rank 1: 2-3). Rank 1 took all its
+    groups of draws 5 and 6 (its stream starts at 7) while rank 0 still waits on group 1 of draw 5:
+    the merged stream starts at draw 5 with rank 0's sampler position, and marks done what either
+    trained, rank 1's groups of draws 5 and 6 included, so a resume on any number of processes draws
+    only rank 0's group 1 of draw 5 (and what neither took of later draws) again."""
+    from grpo.train.async_rollouts import merged_stream
+
+    rank0 = {"first_draw": 5, "sampler": "at 5", "done": [(5, 0), (6, 0), (6, 1)], "mine": [0, 1]}
+    rank1 = {"first_draw": 7, "sampler": "at 7", "done": [(7, 3)], "mine": [2, 3]}
+    got = merged_stream([rank0, rank1])
+    assert got == {"first_draw": 5, "sampler": "at 5",
+                   "done": [(5, 0), (5, 2), (5, 3), (6, 0), (6, 1), (6, 2), (6, 3), (7, 3)]}
+    assert merged_stream([rank1, rank0]) == got  # whichever process comes first
+    assert merged_stream([rank0]) == {"first_draw": 5, "sampler": "at 5", "done": [(5, 0), (6, 0), (6, 1)]}
 
 
 def test_tool_episodes_run_through_the_engine_process(tmp_path, tiny_model_dir):
@@ -149,7 +291,7 @@ def test_tool_episodes_run_through_the_engine_process(tmp_path, tiny_model_dir):
                  max_steps=2, num_generations=2,
                  prompts_per_step=2, per_device_train_batch_size=4, max_completion_length=48, eval_prompts=0,
                  learning_rate=1e-3, progress=False, report_to="none", seed=TEST_SEED, reward_timeout=0.0,
-                 rollout_backend="hf", async_rollouts=True, max_staleness=1, async_engine_threads=1)
+                 rollout_engine="hf", async_rollouts=True, max_staleness=1, async_engine_threads=1)
     _teach_to_call(tiny_model_dir, tmp_path / "caller", cfg)
     Trainer(cfg).train()
     lines = _lines(tmp_path / "run")
@@ -160,38 +302,21 @@ def test_tool_episodes_run_through_the_engine_process(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.parametrize("settings, field", [
-    (dict(task="arithmetic:0.5,calculator:0.5"), "task"),
-    (dict(environment_factory="a=tests.mixture_envs_for_tests:AdderEnv"), "task"),
-    (dict(teacher="some/teacher", max_staleness=1), "teacher"),
-    (dict(difficulty_sampling=True), "difficulty_sampling"),
     (dict(dynamic_sampling=True), "dynamic_sampling"),
-    (dict(reward_model_train_steps=2, ref_reset_steps=2, rewards="reward_model", reward_model="some/rm"),
-     "reward_model_train_steps"),
-    (dict(use_peft=True), "use_peft"),
-    (dict(use_peft=True, load_in_4bit=True), "load_in_4bit"),
+    (dict(difficulty_sampling=True), "difficulty_sampling"),
 ])
 def test_what_async_rollouts_do_not_run_with_is_refused_before_anything_loads(settings, field):
-    """A mixture or a routed environment (per-source verdicts and metrics are the synchronous step's),
-    distillation with stale tokens (the correction weighs advantages, the teacher term reads none), the
-    difficulty sampler and dynamic sampling are refused with async_rollouts, naming the field."""
+    """The difficulty sampler and dynamic sampling are refused with async_rollouts, naming the field
+    (the reasons: grpo/config/composition.py); distillation and reward-model training are not."""
     from grpo.config import Config
     from grpo.config.validate import validate
     from grpo.errors import ConfigError
 
     with pytest.raises(ConfigError, match=rf"^{field}: .*async_rollouts"):
         validate(Config(async_rollouts=True, **settings))
-    validate(Config(async_rollouts=True, teacher="some/teacher", max_staleness=0))
-
-
-def test_async_rollouts_on_two_processes_is_refused_before_anything_loads():
-    from grpo.config import Config
-    from grpo.config.validate import validate_world
-    from grpo.errors import ConfigError
-
-    cfg = Config(async_rollouts=True)
-    validate_world(cfg, 1)
-    with pytest.raises(ConfigError, match=r"^async_rollouts: runs on one process only"):
-        validate_world(cfg, 2)
+    validate(Config(async_rollouts=True, teacher="some/teacher", max_staleness=1))
+    validate(Config(async_rollouts=True, reward_model_train_steps=2, ref_reset_steps=2, rewards="reward_model",
+                    reward_model="some/rm"))
 
 
 def test_partial_rollouts_reach_the_engine_process(tmp_path, tiny_model_dir, tiny_dataset):
@@ -200,7 +325,7 @@ def test_partial_rollouts_reach_the_engine_process(tmp_path, tiny_model_dir, tin
     for partial, want in ((True, 3), (False, 0)):
         t = Trainer(make_cfg(tmp_path / str(partial), tiny_model_dir, tiny_dataset, eval_prompts=0, max_steps=1,
                              async_rollouts=True, partial_rollouts=partial, partial_rollout_tokens=3,
-                             rollout_backend="hf", async_engine_threads=1))
+                             rollout_engine="hf", async_engine_threads=1))
         try:
             assert t.engines.process.segment_tokens == want
         finally:

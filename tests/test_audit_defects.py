@@ -4,7 +4,7 @@ one per defect kind, in English and in Chinese, each with the findings written o
 import pytest
 
 from grpo.audit.defects import KINDS, audit_completion, parse_steps
-from grpo.data.logic import breakpoints, evaluate_arithmetic, find_connectives, find_equations, logical_steps
+from grpo.data.logic import breakpoints, arithmetic_value, find_connectives, find_equations, logical_steps
 
 CLEAN_EN = ("Tom has 13 apples, buys 14 more, then 25 more.",
             "Step 1: 13 + 14 = 27\nStep 2: 27 + 25 = 52\nAnswer: 52")
@@ -81,8 +81,8 @@ def test_equations_sides_and_values():
         ("3 x 4", "12", True), ("2*(3+4)", "15", False), ("a", "b", None), ("b", "3", None),
         ("$1,200", "1200", True)]
     assert [(e.lhs, e.rhs) for e in find_equations("48/2 = <<48/2=24>>24 clips")] == [("48/2", "24")]
-    assert evaluate_arithmetic("2^10 ÷ 4") == 256 and evaluate_arithmetic("1/0") is None
-    assert evaluate_arithmetic("x + 1") is None and evaluate_arithmetic("9**99999") is None
+    assert arithmetic_value("2^10 ÷ 4") == 256 and arithmetic_value("1/0") is None
+    assert arithmetic_value("x + 1") is None and arithmetic_value("9**99999") is None
 
 
 def test_logical_steps_counts_derivations():

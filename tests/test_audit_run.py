@@ -50,7 +50,7 @@ def test_audit_of_a_tiny_model(tmp_path, tiny_model_dir, tiny_dataset):
 
 
 def test_report_shows_the_audit(tmp_path):
-    from grpo.tools.report import load_run, render_html
+    from grpo.commands.report import load_run, render_html
 
     run = tmp_path / "run"
     run.mkdir()

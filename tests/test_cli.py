@@ -105,7 +105,7 @@ def test_train_then_eval_run_folder(capsys, tmp_path, tiny_model_dir, tiny_datas
 
 
 def test_toy_prints_table(capsys):
-    from grpo.tools.toy import ESTIMATORS, PUBLISHED
+    from grpo.commands.toy import ESTIMATORS, PUBLISHED
 
     assert main(["toy"]) == 0  # seed 002's setup on its own seed
     out = capsys.readouterr().out
@@ -414,3 +414,44 @@ def test_commands_are_a_registry_an_unknown_one_lists_them(capsys):
     assert "unknown command 'nope'; valid: train, sft, eval, data, audit, compare, report, toy, control, export" in capsys.readouterr().err
     assert main(["control", "nope"]) == 2
     assert "unknown control command 'nope'; valid: train, compare" in capsys.readouterr().err
+
+
+def test_grpo_eval_samples_with_the_engine_evaluation_in_training_uses(tiny_model_dir, tiny_dataset, capsys):
+    """A run whose rollout engine serves evaluation (vLLM's) is evaluated by `grpo eval` on that engine, as
+    inside `grpo train`, or where that engine is a server shared with other runs, on its standalone one;
+    any other on generate (hf). A registered engine that serves evaluation records that it sampled."""
+    from grpo.rollout import ROLLOUT_ENGINES, HFEngine
+
+    used = []
+
+    class Recording(HFEngine):
+        name = "recording_eval"
+        serves_evaluation = True
+
+        def generate(self, *args, **kwargs):
+            used.append(kwargs.get("greedy"))
+            return super().generate(*args, **kwargs)
+
+    class Shared(HFEngine):  # a server other runs sample from: grpo eval must not push weights into it
+        name = "recording_shared"
+        serves_evaluation = True
+        standalone = "recording_eval"
+
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("grpo eval built the shared engine")
+
+    ROLLOUT_ENGINES.register(Recording)
+    ROLLOUT_ENGINES.register(Shared)
+    try:
+        args = ["eval", "--model", str(tiny_model_dir), f"task={tiny_dataset}", "eval_prompts=2", "eval_pass_k=0",
+                "eval_max_new_tokens=2"]
+        assert main([*args, "rollout_engine=recording_eval"]) == 0
+        assert used and all(used)  # the greedy evaluation ran on the run's engine
+        used.clear()
+        assert main([*args, "rollout_engine=recording_shared"]) == 0 and used and all(used)  # on its standalone one
+        used.clear()
+        assert main([*args, "rollout_engine=hf"]) == 0 and used == []
+    finally:
+        ROLLOUT_ENGINES.unregister("recording_eval")
+        ROLLOUT_ENGINES.unregister("recording_shared")
+    capsys.readouterr()

@@ -87,8 +87,8 @@ def test_token_weight_gamma_multiplies_the_advantage_of_code_tokens(tmp_path, ti
 
     seed = signal_seed(tmp_path, tiny_model_dir, "arithmetic")
     t = Trainer(make_cfg(tmp_path / "run", tiny_model_dir, "arithmetic", token_weight_gamma=2.0, beta=0.0, seed=seed))
-    samples, ro = t.sample()
-    rewards, _ = t.score(samples, ro)
+    samples, ro = t.collector.sample(step=t.step, temperature=t.knobs.temperature)
+    rewards, _ = t.collector.score(samples, ro, step=t.step)
     weighted, metrics = t.batches.make(ro, rewards, samples, temperature=1.0, beta=0.0)
     t.batches.settings = dataclasses.replace(t.batches.settings, token_weight_gamma=1.0)
     plain, _ = t.batches.make(ro, rewards, samples, temperature=1.0, beta=0.0)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from grpo.tools.compare import main
+from grpo.commands.compare import main
 from tests.conftest import TEST_BF16
 
 

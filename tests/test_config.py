@@ -176,3 +176,15 @@ def test_monitor_preset_keeps_its_former_name():
     new, old = Config(monitor_preset="clip_gav_probe", num_iterations=2), Config(monitor_preset="seed003", num_iterations=2)
     assert dataclasses.replace(old, monitor_preset="clip_gav_probe") == new
     assert new.clip_step_band == [0.30, 0.50] and new.fuse_metric == "gav" and new.consistency_steps == 100
+
+
+def test_rollout_backend_is_read_as_rollout_engine(tmp_path):
+    """Configs written with the engine's earlier key keep working: on the command line, in YAML and
+    through the Python API's GRPOConfig."""
+    from grpo.api import GRPOConfig
+
+    assert load_config(None, ["rollout_backend=hf"]).rollout_engine == "hf"
+    path = tmp_path / "c.yaml"
+    path.write_text("rollout_backend: fast\n")
+    assert load_config(path).rollout_engine == "fast"
+    assert GRPOConfig(rollout_backend="hf", output_dir=str(tmp_path / "r")).rollout_engine == "hf"

@@ -1,4 +1,4 @@
-"""grpo.control: the path-tracking environment against hand-computed steps, the group baseline by hand,
+"""grpo.pathtracking: the path-tracking environment against hand-computed steps, the group baseline by hand,
 TRPO's trust region, short training runs, saved policies, and the CLI."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from gymnasium.utils.env_checker import check_env  # noqa: E402
 
-from grpo.control.agents import AgentSettings, group_advantages, make_agent, settings_from  # noqa: E402
-from grpo.control.env import (BAND, DT, SPEED, STEER_DEG, WHEELBASE, PathTrackingEnv,  # noqa: E402
+from grpo.pathtracking.agents import ControllerSettings, group_advantages, make_agent, settings_from  # noqa: E402
+from grpo.pathtracking.env import (BAND, DT, SPEED, STEER_DEG, WHEELBASE, PathTrackingEnv,  # noqa: E402
                               bicycle_step)
-from grpo.control.evaluate import evaluate, proportional_controller  # noqa: E402
-from grpo.control.nets import PolicyNet, load_policy, save_policy  # noqa: E402
-from grpo.control.paths import Scenario, held_out_scenarios, make_path, max_curvature, random_path  # noqa: E402
-from grpo.control.rollout import policy_controller  # noqa: E402
-from grpo.control.trpo import conjugate_gradient, trpo_step  # noqa: E402
+from grpo.pathtracking.evaluate import evaluate, proportional_controller  # noqa: E402
+from grpo.pathtracking.nets import PolicyNet, load_policy, save_policy  # noqa: E402
+from grpo.pathtracking.paths import Scenario, held_out_scenarios, make_path, max_curvature, random_path  # noqa: E402
+from grpo.pathtracking.rollout import policy_controller  # noqa: E402
+from grpo.pathtracking.trpo import conjugate_gradient, trpo_step  # noqa: E402
 from grpo.errors import CheckpointError, ConfigError  # noqa: E402
 
 
@@ -149,7 +149,7 @@ def _eval_return(policy) -> float:
 
 @pytest.fixture
 def one_thread():
-    """One torch thread, as each worker of grpo.control.compare trains; the tests after get theirs back."""
+    """One torch thread, as each worker of grpo.pathtracking.compare trains; the tests after get theirs back."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -160,7 +160,7 @@ def one_thread():
 def test_a_short_run_improves_the_return(algo, one_thread):
     # a larger step than the defaults, so 6,000 env steps suffice; GRPO with the z-scored group
     # baseline, whose step size does not depend on the scale of the returns
-    s = AgentSettings(seed=0, lr=3e-3, max_kl=0.05, group_size=4, groups=4, batch_episodes=16, estimator="grpo",
+    s = ControllerSettings(seed=0, lr=3e-3, max_kl=0.05, group_size=4, groups=4, batch_episodes=16, estimator="grpo",
                       log_every=10**9)
     agent = make_agent(algo, s, log=lambda *_: None)
     before = _eval_return(agent.policy)  # greedy on the held-out scenarios: an untrained policy leaves the lane
@@ -195,7 +195,7 @@ def test_settings_from_rejects_unknown_keys():
     with pytest.raises(ConfigError, match="valid"):
         settings_from({"learning_rate": "1"})
     with pytest.raises(ConfigError, match="unknown control algorithm"):
-        make_agent("dqn", AgentSettings())
+        make_agent("dqn", ControllerSettings())
 
 
 def test_cli_train_saves_a_policy_that_reloads(tmp_path, capsys):
@@ -209,14 +209,14 @@ def test_cli_train_saves_a_policy_that_reloads(tmp_path, capsys):
 
 
 def _run(algo, seed, ret, rms, curve, reached=None):
-    from grpo.control.compare import RunResult
+    from grpo.pathtracking.compare import SeedResult
 
-    return RunResult(algo, seed, ret, rms, 1.0, reached, ret, 1.0, 10, 0, 100.0, curve[-1][0], curve,
+    return SeedResult(algo, seed, ret, rms, 1.0, reached, ret, 1.0, 10, 0, 100.0, curve[-1][0], curve,
                      [(0.0, 0.0), (1.0, 0.1)])
 
 
 def test_steps_to_threshold_by_hand():
-    from grpo.control.compare import steps_to
+    from grpo.pathtracking.compare import steps_to
 
     curve = [(10, 1.0), (20, 3.0), (30, 5.0), (40, 9.0)]
     assert steps_to(curve, 4.0, window=2) == 30  # running means 2, 4, 7
@@ -227,7 +227,7 @@ def test_steps_to_threshold_by_hand():
 def test_compare_table_and_verdicts():
     """The table's mean ± spread and the acceptance lines (the plots are left to `grpo control compare`:
     matplotlib alone costs more than this file's budget on a contended CPU)."""
-    from grpo.control.compare import Baseline, table, verdicts
+    from grpo.pathtracking.compare import Baseline, table, verdicts
 
     curve = [(i * 100, float(i)) for i in range(1, 40)]
     runs = [_run("ppo", s, 90.0 + s, 0.2, curve, 1000 * (s + 1)) for s in range(2)]

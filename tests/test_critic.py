@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo.train.critic import Critic, load_value_model
+from grpo.train.critic import Critic, CriticSettings, load_value_model
 from grpo.rollout import Rollout
 
 
@@ -20,8 +20,9 @@ def test_value_model_has_no_dropout_and_starts_at_zero(tiny_model_dir):
 def test_values_in_training_mode_repeat(tiny_model_dir):
     """Two value passes over the same rollout in training mode give the same values (with the 0.1
     dropout of Llama's token-classification head they did not)."""
-    critic = Critic(str(tiny_model_dir), dtype=torch.float32, learning_rate=1e-2, clip_range=0.2, max_grad_norm=1.0,
-                    divergence_factor=10.0, autocast=False)
+    settings = CriticSettings(estimator="gae", learning_rate=1e-2, clip_range=0.2, max_grad_norm=1.0,
+                              divergence_factor=10.0, vf_coef=0.1, shared_trunk=False, strategy="ddp", dtype="float32")
+    critic = Critic(settings, str(tiny_model_dir), autocast=False)
     with torch.no_grad():
         critic.model.score.weight.normal_()  # non-zero values
     assert critic.model.training

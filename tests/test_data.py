@@ -6,16 +6,17 @@ from pathlib import Path
 
 import pytest
 
+from grpo.data.tasks import TaskLoading
 from grpo.data import PromptSampler, load_task, render_prompt
 from grpo.data.tasks import TASKS
 from grpo.errors import DataError
 
 
 def test_arithmetic_split_is_disjoint_and_fixed():
-    t = load_task("arithmetic", eval_size=200, max_operand=30, ops="+")
+    t = load_task("arithmetic", eval_size=200, loading=TaskLoading(max_operand=30, ops="+"))
     assert len(t.eval) == 200 and len(t.train) == 700  # 30 * 30 problems
     assert not {s["prompt"] for s in t.eval} & {s["prompt"] for s in t.train}
-    assert t.eval == load_task("arithmetic", eval_size=200, max_operand=30, ops="+").eval
+    assert t.eval == load_task("arithmetic", eval_size=200, loading=TaskLoading(max_operand=30, ops="+")).eval
     s = t.eval[0]
     a, op, b = s["prompt"].removeprefix("What is ").rstrip("?").split()
     assert int(s["answer"]) == int(a) + int(b)
@@ -83,12 +84,12 @@ def test_dataset_repository_folder_through_the_hub_loader(tmp_path):
     for split, base in (("train", 0), ("test", 100)):
         rows = [{"question": f"What is {base + i} + 1?", "solution": str(base + i + 1)} for i in range(12)]
         Dataset.from_list(rows).to_parquet(str(repo / "data" / f"{split}-00000-of-00001.parquet"))
-    t = load_task(str(repo), eval_size=2, prompt_field="question", answer_field="solution", split="test")
+    t = load_task(str(repo), eval_size=2, loading=TaskLoading(prompt_field="question", answer_field="solution", split="test"))
     assert len(t.train) == 10 and len(t.eval) == 2 and t.name == "sums"
     assert {s["answer"] for s in t.train + t.eval} == {str(101 + i) for i in range(12)}
     assert all(s["prompt"] == s["question"] for s in t.train)
     with pytest.raises(DataError, match=r"sums\[validation\]: .*validation.* \(set task_split\)"):
-        load_task(str(repo), eval_size=2, prompt_field="question", answer_field="solution", split="validation")
+        load_task(str(repo), eval_size=2, loading=TaskLoading(prompt_field="question", answer_field="solution", split="validation"))
 
 
 def test_sampler_epochs_and_resume():
@@ -115,7 +116,7 @@ def test_held_out_larger_than_dataset(tiny_dataset):
     with pytest.raises(DataError, match="eval_prompts"):
         load_task(str(tiny_dataset), eval_size=24)
     with pytest.raises(DataError, match="eval_prompts"):
-        load_task("arithmetic", eval_size=400, max_operand=20, ops="+")
+        load_task("arithmetic", eval_size=400, loading=TaskLoading(max_operand=20, ops="+"))
 
 
 def test_code_task_references_pass_their_own_tests():
@@ -148,7 +149,7 @@ def test_json_and_parquet_tasks_load_like_the_same_jsonl(tmp_path, tiny_dataset,
 
         pq.write_table(pa.Table.from_pylist(renamed), path)
     want = load_task(str(tiny_dataset), eval_size=4)
-    got = load_task(str(path), eval_size=4, prompt_field="question", answer_field="gold")
+    got = load_task(str(path), eval_size=4, loading=TaskLoading(prompt_field="question", answer_field="gold"))
     strip = lambda part: [(s["prompt"], s["answer"]) for s in part]  # noqa: E731
     assert strip(got.train) == strip(want.train) and strip(got.eval) == strip(want.eval)
     assert len(got.train) == 20 and all(isinstance(s["answer"], str) for s in got.train + got.eval)
@@ -173,7 +174,7 @@ def test_held_out_share_by_dataset_size(tmp_path, rows, held_out):
     if held_out < rows:
         t = load_task(str(p), eval_size=None)
         assert (len(t.eval), len(t.train)) == (held_out, rows - held_out)
-    assert len(load_task("arithmetic", eval_size=None, max_operand=20).eval) == 200
+    assert len(load_task("arithmetic", eval_size=None, loading=TaskLoading(max_operand=20)).eval) == 200
 
 
 def test_a_dataset_without_an_answer_column_keeps_its_own(tmp_path):
@@ -184,7 +185,7 @@ def test_a_dataset_without_an_answer_column_keeps_its_own(tmp_path):
     t = load_task(str(p), eval_size=2)
     assert all("answer" not in s and s["city"] in s["prompt"] for s in t.train + t.eval)
     with pytest.raises(DataError, match=r"row 1 has no field 'town'"):
-        load_task(str(p), eval_size=2, answer_field="town")
+        load_task(str(p), eval_size=2, loading=TaskLoading(answer_field="town"))
     p.write_text(json.dumps({"prompt": "a", "answer": "1"}) + "\n" + json.dumps({"prompt": "b"}) + "\n")
     with pytest.raises(DataError, match=r"row 2 has no field 'answer'"):
         load_task(str(p), eval_size=0)

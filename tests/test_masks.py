@@ -13,7 +13,7 @@ from grpo import core
 from grpo.models.logprobs import completion_logprobs
 from grpo.models.packing import check_masks, pack_sequences
 from grpo.rollout import Rollout
-from grpo.rollout.base import concat_rollouts, rollout_to, select_rollout
+from grpo.rollout.types import concat_rollouts, rollout_to, select_rollout
 from grpo.train.forwards import Forwards
 from tests.conftest import build_tiny_model
 from tests.test_packing import _batch, _one_by_one
@@ -183,9 +183,9 @@ def test_the_trainer_counts_loss_tokens_and_trains_through_a_hole(tmp_path, tiny
     kw = dict(advantage_estimator="gae", beta=0.05, critic_learning_rate=1e-2) if ppo else {}
     t = Trainer(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, eval_prompts=0, max_completion_length=8, **kw))
     t.logger = NullLogger()
-    samples, ro = t.sample()
+    samples, ro = t.collector.sample(step=t.step, temperature=t.knobs.temperature)
     hole = _hole_in_longest_row(ro)
-    rewards, _ = t.score(samples, ro)
+    rewards, _ = t.collector.score(samples, ro, step=t.step)
     batch, metrics = t.prepare(ro, rewards)
     assert not batch.mask[hole].any() and (batch.mask <= ro.loss_mask).all()
     assert metrics["completion_length_max"] == float(ro.lengths.max())  # lengths: the context's

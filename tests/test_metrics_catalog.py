@@ -32,14 +32,14 @@ RUNS = {
                                   reward_model_heldout=3, reward_model_verifier="tests.rewards_for_tests:odd_length",
                                   reward_model_warmup_draws=2, reward_model_transform="sigmoid", max_steps=2),
     "tools": dict(task="calculator", tools="builtin:calculator", max_turns=2, max_completion_length=12,
-                  eval_prompts=1, eval_max_new_tokens=12, rollout_backend="hf", eval_steps=1),
+                  eval_prompts=1, eval_max_new_tokens=12, rollout_engine="hf", eval_steps=1),
     "mixture": dict(task="arithmetic:0.5,calculator:0.5", max_turns=2, eval_prompts=1, eval_steps=1,
-                    rollout_backend="hf", difficulty_sampling=True),
+                    rollout_engine="hf", difficulty_sampling=True),
     "gdpo_cispo": dict(policy_loss="cispo", rewards=f"numeric,{DIGITS}", multi_objective_aggregation="normalize_then_sum",
                        logic_consistency=True),
-    "sapo_rollout_mask": dict(policy_loss="sapo", rollout_correction="mask", rollout_backend="fast"),
+    "sapo_rollout_mask": dict(policy_loss="sapo", rollout_correction="mask", rollout_engine="fast"),
     "gmpo_rollout_truncate": dict(policy_loss="gmpo", num_iterations=2, mini_batches=2, entropy_coef=0.01,
-                                  token_weight_gamma=2.0, rollout_correction="truncate", rollout_backend="hf"),
+                                  token_weight_gamma=2.0, rollout_correction="truncate", rollout_engine="hf"),
 }
 # logged only where a run cannot be made here in seconds: the code rewards' resampling needs the
 # sandbox and a code task, an interrupted evaluation a signal in the middle of one; the asynchronous

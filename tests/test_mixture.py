@@ -15,6 +15,7 @@ from grpo.data import PromptSampler
 from grpo.data.difficulty import DifficultySampler, difficulty_weight
 from grpo.data.mixture import MixtureSampler, Source, keyed_uniform, parse_mixture
 from grpo.errors import ConfigError, DataError
+from grpo.rewards.reward import RewardOptions
 from grpo.rewards.runner import RewardRunner
 from grpo.rewards.verdict import first_applicable
 from grpo.train.best import BestCheckpoint
@@ -171,8 +172,9 @@ def test_difficulty_sampler_inside_a_mixture_hears_its_own_prompts():
 
 # ---- scoring by source, verdicts, metrics -----------------------------------------------------------
 def test_source_rewards_score_each_row_with_its_own_rewards():
-    runners = {"a": RewardRunner(["tests.rewards_for_tests:digit_share"], None),
-               "b": RewardRunner(["length", "tests.rewards_for_tests:digit_share"], [2.0, 1.0])}
+    here = RewardOptions(timeout=0.0, retries=0)  # in this process
+    runners = {"a": RewardRunner(["tests.rewards_for_tests:digit_share"], None, here),
+               "b": RewardRunner(["length", "tests.rewards_for_tests:digit_share"], [2.0, 1.0], here)}
     rewards = SourceRewards(runners)
     texts, samples = ["12", "1x", "abc", "12"], [{"task": t, "answer": "1"} for t in "abba"]
     got = rewards.score(texts, samples)

@@ -20,9 +20,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 TRAINER = """
 import time
+from grpo.rewards.reward import RewardOptions
 from grpo.rewards.runner import RewardRunner
 
-runner = RewardRunner(["tests.rewards_for_tests:digit_share", "math"], None, timeout=60.0, workers=2)
+runner = RewardRunner(["tests.rewards_for_tests:digit_share", "math"], None,
+                      RewardOptions(timeout=60.0, retries=0, workers=2))
 res = runner.score(["12", "\\\\boxed{\\\\frac{2}{4}}"], [{"prompt": "", "answer": "\\\\frac{1}{2}"}] * 2)
 assert res.total.isfinite().all(), res
 print("scored", flush=True)

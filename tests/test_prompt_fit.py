@@ -124,7 +124,7 @@ def test_training_cuts_long_prompts_after_the_system_message_and_counts_them(tmp
     lines = [json.loads(line) for line in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [line["prompts_truncated"] for line in lines] == [cfg.prompts_per_step] * 2
     assert capsys.readouterr().out.count("prompt(s) longer than max_prompt_length=128") == 1
-    _, ro = t.sample()
+    _, ro = t.collector.sample(step=t.step, temperature=t.knobs.temperature)
     tok = t.tok
     for row, mask in zip(ro.prompt_ids, ro.prompt_mask):
         text = tok.decode(row[mask.bool()].tolist())

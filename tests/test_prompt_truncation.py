@@ -13,7 +13,7 @@ from grpo.data import render_prompt
 from grpo.errors import ConfigError
 from grpo.eval.evaluate import EvalSettings, evaluate
 from grpo.rollout import SamplingSettings, fast_rollout, generate_rollout, make_engine
-from grpo.rollout.base import encode_prompts
+from grpo.rollout.types import encode_prompts
 from grpo.train.trainer import Trainer
 
 from tests.test_trainer import make_cfg
@@ -83,8 +83,8 @@ def test_evaluation_counts_the_prompts_it_cut(tiny):
         return 0.0
 
     for max_len, expected in ((LIMIT, 2), (4096, 0)):
-        settings = EvalSettings(system_prompt="", batch_size=2,
-                                sampling=SamplingSettings(max_new_tokens=3, max_prompt_length=max_len))
+        settings = EvalSettings(system_prompt="", batch_size=2, pass_k=0, pass_prompts=0, verifier_name="verifier",
+                                sampling=SamplingSettings(max_new_tokens=3, max_prompt_length=max_len, temperature=1.0))
         res = evaluate(make_engine("hf", model, tok), samples, verifier, settings)
         assert res["prompts_truncated"] == expected
 

@@ -34,8 +34,8 @@ def test_a_device_bitsandbytes_cannot_use_is_a_config_error_naming_it():
 def test_config_rules():
     with pytest.raises(ConfigError, match="^load_in_4bit: a 4-bit base cannot be trained itself; set use_peft=true"):
         load_config(None, ["load_in_4bit=true"])
-    with pytest.raises(ConfigError, match="^load_in_4bit: rollout_backend fast does not sample a 4-bit model"):
-        load_config(None, ["load_in_4bit=true", "use_peft=true", "rollout_backend=fast"])
+    with pytest.raises(ConfigError, match="^load_in_4bit: rollout_engine fast does not sample a 4-bit model"):
+        load_config(None, ["load_in_4bit=true", "use_peft=true", "rollout_engine=fast"])
 
 
 def _frozen(model):
@@ -55,7 +55,7 @@ def test_tiny_qlora_run(tmp_path, tiny_model_dir, tiny_dataset):
     t.train()
     lines = [json.loads(x) for x in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert lines[0]["kl"] == pytest.approx(0.0, abs=1e-7)  # LoRA's B starts at 0: policy == quantized base
-    assert lines[-1]["kl"] > 0 and {x["rollout_backend"] for x in lines} == {"hf"}  # auto: packed weights -> generate
+    assert lines[-1]["kl"] > 0 and {x["rollout_engine"] for x in lines} == {"hf"}  # auto: packed weights -> generate
     after = _frozen(t.policy)
     assert all(torch.equal(base_before[k], after[k]) for k in base_before)  # the 4-bit base never changes
     assert any(not torch.equal(v, dict(t.policy.named_parameters())[k]) for k, v in lora_before.items())
@@ -92,7 +92,7 @@ def wide_model_dir(tmp_path_factory):
 
 def _rollout(policy, tok):
     """Sample as a training step does (the hf engine: eval mode, no grad)."""
-    sampling = SamplingSettings(max_new_tokens=6)
+    sampling = SamplingSettings(max_new_tokens=6, temperature=1.0, max_prompt_length=1024)
     return make_engine("hf", policy, tok).generate(["What is 2 + 3?", "What is 4 + 1?"], group_size=2,
                                                    sampling=sampling, keys=[1, 2, 3, 4])
 

@@ -6,18 +6,21 @@ from grpo.errors import ConfigError, UnknownName
 from grpo.registry import Registry
 
 
-def test_register_as_decorator_and_call_and_look_up():
+def test_register_and_look_up():
     reg = Registry("widget", field="widget")
 
-    @reg.register("a")
     def a():
         """The first widget.
 
         More about it."""
 
-    @reg.register
     def b():
         """The second."""
+
+    reg.register("a", a)
+    reg.register(b)
+    with pytest.raises(TypeError, match="needs the value"):
+        reg.register("e")  # not a decorator: one idiom, the call below the definition
 
     class C:
         name = "c"
@@ -64,9 +67,9 @@ REGISTRIES = {  # module -> the registries it defines: every extension point of 
     "grpo.rollout.engine": ["ROLLOUT_ENGINES"], "grpo.rollout.tuning": ["PRODUCTS"], "grpo.serve.engines": ["SERVE_ENGINES"],
     "grpo.serve.scheme": ["COMPLETENESS_CHECKS"], "grpo.agent.tools": ["BUILTIN_TOOLS"],
     "grpo.agent.formats": ["CALL_FORMATS"], "grpo.rewards.builtin": ["REWARDS"], "grpo.rewards.steps": ["STEP_REWARDS"],
-    "grpo.config.presets": ["MONITOR_PRESETS", "LR_PRESETS"], "grpo.data.tasks": ["TASKS"], "grpo.tools.compare": ["METHODS"],
-    "grpo.control.agents": ["AGENTS"], "grpo.control.references": ["REFERENCES"],
-    "grpo.control.commands": ["SUBCOMMANDS"], "grpo.cli": ["COMMANDS"],
+    "grpo.config.presets": ["MONITOR_PRESETS", "LR_PRESETS"], "grpo.data.tasks": ["TASKS"], "grpo.commands.compare": ["METHODS"],
+    "grpo.pathtracking.agents": ["AGENTS"], "grpo.pathtracking.references": ["REFERENCES"],
+    "grpo.pathtracking.commands": ["SUBCOMMANDS"], "grpo.cli": ["COMMANDS"],
 }
 
 

@@ -4,6 +4,7 @@ deadline, retries, and the failure accounting of every other reward."""
 import pytest
 
 from grpo.rewards.remote import AsyncReward, HttpReward
+from grpo.rewards.reward import RewardOptions
 from grpo.rewards.runner import RewardRunner
 from tests import rewards_for_tests as rft
 from tests.reward_server import RewardServer
@@ -24,10 +25,11 @@ def _samples(n):
 
 def test_async_reward_calls_overlap_up_to_the_limit_and_fail_alone():
     # with a deadline, an async reward stays in the trainer's process; the plain one goes to the workers
-    workers = RewardRunner([ASYNC, "tests.rewards_for_tests:digit_share"], None, timeout=5.0)
+    workers = RewardRunner([ASYNC, "tests.rewards_for_tests:digit_share"], None, RewardOptions(timeout=5.0, retries=0))
     assert isinstance(workers.fns[ASYNC].fn, AsyncReward) and workers.fns[ASYNC].own_deadline
     assert workers._worker_names == ["tests.rewards_for_tests:digit_share"]
-    runner = RewardRunner([ASYNC, "tests.rewards_for_tests:digit_share"], None, timeout=0.0, concurrency=3)
+    runner = RewardRunner([ASYNC, "tests.rewards_for_tests:digit_share"], None,
+                          RewardOptions(timeout=0.0, retries=0, concurrency=3))
     try:
         comps = ["12ab", "raise", "9", "abc", "1", "22", "x3"]
         rft.in_flight["max"] = 0
@@ -42,7 +44,7 @@ def test_async_reward_calls_overlap_up_to_the_limit_and_fail_alone():
 
 
 def test_async_reward_past_its_deadline_is_cancelled_and_counted():
-    runner = RewardRunner([ASYNC], None, timeout=0.3)
+    runner = RewardRunner([ASYNC], None, RewardOptions(timeout=0.3, retries=0))
     comps = ["1", "hang", "2a"]
     res = runner.score(comps, _samples(3))
     vals = res.per_reward[ASYNC].tolist()
@@ -53,7 +55,7 @@ def test_async_reward_past_its_deadline_is_cancelled_and_counted():
 
 def test_url_reward_scores_a_json_batch_with_the_samples_fields(server):
     url = server.url("/ok")
-    runner = RewardRunner([url], None, timeout=5.0)
+    runner = RewardRunner([url], None, RewardOptions(timeout=5.0, retries=0))
     comps, samples = ["a", "bbb", ""], _samples(3)
     n_before = len(server.requests)
     res = runner.score(comps, samples)
@@ -67,7 +69,7 @@ def test_url_reward_null_is_not_applicable_to_its_sample(server):
     """null is None: not applicable to that row; with no other reward the row cannot be scored (a
     counted failure, left out of the loss), while the reward itself did not fail."""
     url = server.url("/null")
-    res = RewardRunner([url], None, timeout=5.0).score(["a", "null"], _samples(2))
+    res = RewardRunner([url], None, RewardOptions(timeout=5.0, retries=0)).score(["a", "null"], _samples(2))
     vals = res.per_reward[url].tolist()
     assert vals[0] == 1.0 and vals[1] != vals[1] and res.failures == {url: 0}
     assert res.not_applicable == {url: 1} and res.unscorable == 1 and res.failed.tolist() == [False, True]
@@ -89,7 +91,7 @@ def test_url_reward_retries_a_503_and_gets_the_scores(server):
 ])
 def test_url_reward_failures_fail_the_whole_batch_and_are_counted(server, path, kind, text, attempts):
     url = server.url(path)
-    runner = RewardRunner([url, ASYNC], None, timeout=5.0, retries=2)  # the other reward still scores
+    runner = RewardRunner([url, ASYNC], None, RewardOptions(timeout=5.0, retries=2))  # the other reward still scores
     try:
         server.requests.clear()
         res = runner.score(["1", "a", "22"], _samples(3))
@@ -103,7 +105,7 @@ def test_url_reward_failures_fail_the_whole_batch_and_are_counted(server, path, 
 
 def test_url_reward_past_its_deadline_counts_one_timeout_per_batch(server):
     url = server.url("/slow")
-    runner = RewardRunner([url], None, timeout=0.4, retries=1)
+    runner = RewardRunner([url], None, RewardOptions(timeout=0.4, retries=1))
     server.requests.clear()
     res = runner.score(["a", "b"], _samples(2))
     assert res.failures[url] == 2 and runner.timeouts == 1 and len(server.requests) == 2
@@ -118,7 +120,7 @@ def test_url_reward_refused_connection_is_a_counted_failure():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}/score"
-    res = RewardRunner([url], None, timeout=2.0, retries=0).score(["a"], _samples(1))
+    res = RewardRunner([url], None, RewardOptions(timeout=2.0, retries=0)).score(["a"], _samples(1))
     assert res.failures[url] == 1 and "ConnectionError" in res.messages[0]
 
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from grpo.cli import main as cli_main
-from grpo.tools.report import build_report, load_run, logged_plots
+from grpo.commands.report import build_report, load_run, logged_plots
 from grpo.train.trainer import Trainer
 from tests.conftest import headless_chromium
 from tests.test_trainer import make_cfg

@@ -8,8 +8,8 @@ import json
 import re
 
 from grpo.config import Config
-from grpo.tools.episodes_html import transcript_html
-from grpo.tools.report import build_report
+from grpo.commands.episodes_html import transcript_html
+from grpo.commands.report import build_report
 from grpo.train.trainer import Trainer
 from tests.conftest import TEST_BF16, TEST_SEED
 from tests.test_agent_training import ANSWER, CALL, RESULT, _teach_to_call, calculator_prompt_limit
@@ -32,7 +32,7 @@ def test_report_of_a_tool_run_shows_a_full_episode(tmp_path, tiny_model_dir):
                  max_steps=1, num_generations=2,
                  prompts_per_step=2, per_device_train_batch_size=4, max_completion_length=48, eval_prompts=2,
                  eval_max_new_tokens=48, eval_pass_k=0, learning_rate=1e-4, progress=False, report_to="none",
-                 seed=TEST_SEED, reward_timeout=0.0, bf16=TEST_BF16, rollout_backend="hf", eval_steps=1,
+                 seed=TEST_SEED, reward_timeout=0.0, bf16=TEST_BF16, rollout_engine="hf", eval_steps=1,
                  log_completions_steps=1)
     _teach_to_call(tiny_model_dir, tmp_path / "caller", cfg)
     Trainer(cfg).train()

@@ -12,6 +12,7 @@ import torch
 from grpo.errors import ConfigError
 from grpo.rewards import score_completions
 from grpo.rewards.forms import RewardShapeError, is_batch_reward
+from grpo.rewards.reward import RewardOptions
 from grpo.rewards.runner import RewardRunner
 
 SAMPLES = [{"prompt": "What is 1 + 2?", "answer": "3", "city": "Lyon"},
@@ -173,7 +174,7 @@ def test_episodes_give_message_completions_and_environments():
 
 def test_with_a_deadline_batch_rewards_run_here_and_per_completion_ones_in_workers():
     runner = RewardRunner(["tests.rewards_for_tests:trl_digit_share", "tests.rewards_for_tests:digit_share"], None,
-                          timeout=20.0)
+                          RewardOptions(timeout=20.0, retries=0))
     try:
         assert runner._worker_names == ["tests.rewards_for_tests:digit_share"]
         texts = ["a1", "22", "xyz"]

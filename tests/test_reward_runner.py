@@ -4,13 +4,14 @@ import time
 
 import pytest
 
+from grpo.rewards.reward import RewardOptions
 from grpo.rewards.runner import RewardRunner
 
 H = "tests.rewards_for_tests:"
 
 
 def test_hang_past_deadline_is_a_failure_and_the_next_sample_is_graded():
-    r = RewardRunner([H + "hangs_on_hang"], None, timeout=2.0)
+    r = RewardRunner([H + "hangs_on_hang"], None, RewardOptions(timeout=2.0, retries=0))
     try:
         start = time.monotonic()
         res = r.score(["ok 1", "hang", "ok 22"], [{"answer": "1"}] * 3)
@@ -24,7 +25,7 @@ def test_hang_past_deadline_is_a_failure_and_the_next_sample_is_graded():
 
 
 def test_worker_that_exits_or_raises_is_a_failure():
-    r = RewardRunner([H + "exits_on_exit"], None, timeout=5.0)
+    r = RewardRunner([H + "exits_on_exit"], None, RewardOptions(timeout=5.0, retries=0))
     try:
         res = r.score(["fine", "exit", "raise", "fine"], [{}] * 4)
         vals = res.per_reward[H + "exits_on_exit"].tolist()
@@ -38,8 +39,8 @@ def test_worker_that_exits_or_raises_is_a_failure():
 def test_in_process_mode_matches_worker_mode():
     names = ["numeric", H + "digit_share"]
     comps, samples = ["12 + 3 = 15", "it is 7", "x"], [{"answer": "15"}, {"answer": "8"}, {"answer": "1"}]
-    a = RewardRunner(names, [1.0, 0.5], timeout=0).score(comps, samples)
-    w = RewardRunner(names, [1.0, 0.5], timeout=5.0)
+    a = RewardRunner(names, [1.0, 0.5], RewardOptions(timeout=0, retries=0)).score(comps, samples)
+    w = RewardRunner(names, [1.0, 0.5], RewardOptions(timeout=5.0, retries=0))
     try:
         b = w.score(comps, samples)
     finally:
@@ -57,7 +58,7 @@ def test_a_deadline_shorter_than_worker_start_up_still_grades():
 
     name = "tests.rewards_slow_import:hangs_on_hang"
     deadline = IMPORT_SECONDS / 2
-    r = RewardRunner([name], None, timeout=deadline)
+    r = RewardRunner([name], None, RewardOptions(timeout=deadline, retries=0))
     try:
         res = r.score(["ok 1", "ok 2", "hang", "ok 1"], [{"answer": "1"}] * 4)
         vals = res.per_reward[name].tolist()
@@ -76,7 +77,7 @@ def test_workers_that_cannot_start_are_a_reward_error_naming_the_rewards(monkeyp
 
     monkeypatch.setattr(runner, "STARTUP_TIMEOUT", 1.0)
     name = "tests.rewards_slow_import:hangs_on_hang"
-    r = RewardRunner([name], None, timeout=10.0)
+    r = RewardRunner([name], None, RewardOptions(timeout=10.0, retries=0))
     try:
         with pytest.raises(RewardError, match=r"did not import the rewards \(tests.rewards_slow_import:hangs_on_hang\) within 1 s"):
             r.score(["ok 1"], [{"answer": "1"}])
@@ -86,7 +87,7 @@ def test_workers_that_cannot_start_are_a_reward_error_naming_the_rewards(monkeyp
 
 
 def test_rewards_with_their_own_deadline_run_in_the_trainers_process():
-    r = RewardRunner(["math", H + "digit_share"], None, timeout=2.0)
+    r = RewardRunner(["math", H + "digit_share"], None, RewardOptions(timeout=2.0, retries=0))
     try:
         assert r._worker_names == [H + "digit_share"]  # math-verify has its own worker pool and deadline
         res = r.score(["\\boxed{4}"], [{"answer": "4"}])

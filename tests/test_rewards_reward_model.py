@@ -42,7 +42,7 @@ def test_batched_scores_equal_one_at_a_time_and_a_plain_forward(tiny_rm_dir):
 def test_reward_model_reward_through_the_runner(tiny_rm_dir):
     samples = [{"prompt": p, "answer": ""} for p in PROMPTS]
     # in worker mode too: the batched reward runs in the trainer's process, once for the whole batch
-    runner = RewardRunner(["reward_model"], None, timeout=5.0, reward_model=str(tiny_rm_dir))
+    runner = RewardRunner(["reward_model"], None, RewardOptions(timeout=5.0, retries=0, reward_model=str(tiny_rm_dir)))
     try:
         res = runner.score(COMPLETIONS, samples)
     finally:

@@ -19,7 +19,7 @@ PROMPTS = ["What is 1 + 1?", "Hi", "What is 12 + 30? Answer with a number."]
 # in-process engines, built many times below; vllm (an engine process, ~20 s to start) runs the same
 # contract on one shared engine in tests/test_vllm.py
 IN_PROCESS = [n for n in ROLLOUT_ENGINES if not ROLLOUT_ENGINES[n].own_kernels]
-SAMPLING = SamplingSettings(max_new_tokens=10, temperature=0.9, top_k=20, top_p=0.95)
+SAMPLING = SamplingSettings(max_new_tokens=10, temperature=0.9, top_k=20, top_p=0.95, max_prompt_length=1024)
 # the fast loop's products where tokens are compared: pinned, not timed (test_rollout_fast runs each product)
 KERNELS = "mkl"
 
@@ -77,7 +77,7 @@ def test_each_engine_samples_greedy_and_unkeyed(tiny, name):
     keyed = engine.generate(PROMPTS[:1], group_size=3, sampling=SAMPLING, keys=row_keys(0, 0, 0, 3),
                             with_logprobs=True)
     assert (keyed.sampling_logp is not None) == type(engine).returns_sampling_logprobs
-    assert keyed.backend in ("hf", "fast") and (name == "auto" or keyed.backend == name)
+    assert keyed.engine in ("hf", "fast") and (name == "auto" or keyed.engine == name)
     with pytest.raises(ValueError, match="keys: 2 given for 3 rows"):
         engine.generate(PROMPTS[:1], group_size=3, sampling=SAMPLING, keys=row_keys(0, 0, 0, 2))
 
@@ -86,10 +86,10 @@ def test_an_unknown_engine_lists_the_valid_ones(tiny):
     model, tok = tiny
     with pytest.raises(ValueError, match="unknown rollout engine 'sglang'; valid: hf, fast, auto, vllm, vllm_server"):
         make_engine("sglang", model, tok)
-    with pytest.raises(ConfigError, match="rollout_backend: 'sglang' is not valid; choose one of"):
-        Config(rollout_backend="sglang")
+    with pytest.raises(ConfigError, match="rollout_engine: 'sglang' is not valid; choose one of"):
+        Config(rollout_engine="sglang")
     for name in IN_PROCESS:
-        assert Config(rollout_backend=name).rollout_backend == name
+        assert Config(rollout_engine=name).rollout_engine == name
 
 
 @pytest.mark.parametrize("name", IN_PROCESS)
@@ -125,7 +125,7 @@ def test_close_is_idempotent_and_ends_sampling(tiny, name):
 
 def test_synced_generation_runs_on_generate_only(tiny):
     model, tok = tiny
-    with pytest.raises(ValueError, match="rollout_backend fast: synced"):
+    with pytest.raises(ValueError, match="rollout_engine fast: synced"):
         make_engine("fast", model, tok, synced=True)
     auto = make_engine("auto", model, tok, synced=True)
     assert list(auto.engines) == ["hf"] and auto.choose(rows=4, group_size=2) is auto.engines["hf"]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grpo.models import load_models
-from grpo.rollout import generate_rollout, resolve_backend
+from grpo.rollout import generate_rollout, resolve_engine
 from grpo.rollout.fast import fast_rollout, fast_unsupported_reason
 from grpo.rollout.keys import row_keys
 from tests.conftest import need_native, runnable_kernels
@@ -52,7 +52,7 @@ def test_fast_tokens_equal_hf_tokens(tiny, prompts, g, temperature, top_k, top_p
               keys=row_keys(3, 5, 0, len(prompts) * g))
     ref = generate_rollout(model, tok, prompts, **kw)
     fast = fast_rollout(model, tok, prompts, use_native=use_native, kernels=runnable_kernels(kernels), **kw)
-    assert fast.backend == "fast"
+    assert fast.engine == "fast"
     assert torch.equal(fast.completion_ids, ref.completion_ids)
     assert torch.equal(fast.completion_mask, ref.completion_mask)
     assert torch.equal(fast.truncated, ref.truncated)
@@ -77,7 +77,7 @@ def test_fast_refuses_what_it_cannot_run(tiny):
     model, tok = tiny
     assert fast_unsupported_reason(model) is None
     assert "synced" in fast_unsupported_reason(model, synced=True)
-    with pytest.raises(ValueError, match="rollout_backend fast"):
+    with pytest.raises(ValueError, match="rollout_engine fast"):
         fast_rollout(model, tok, PROMPTS, group_size=2, max_new_tokens=4, synced=True)
 
 
@@ -116,11 +116,11 @@ def test_fast_prefills_each_prompt_once_and_drops_ended_rows(tiny, monkeypatch, 
 
 def test_auto_backend_falls_back_to_generate(tiny):
     model, _ = tiny
-    assert resolve_backend("auto", model) == "fast"
-    assert resolve_backend("auto", model, synced=True) == "hf"  # FSDP2 generation is a collective
-    assert resolve_backend("hf", model) == "hf"
+    assert resolve_engine("auto", model) == "fast"
+    assert resolve_engine("auto", model, synced=True) == "hf"  # FSDP2 generation is a collective
+    assert resolve_engine("hf", model) == "hf"
     with pytest.raises(ValueError, match="valid: hf, fast, auto, vllm"):
-        resolve_backend("no-such-engine", model)
+        resolve_engine("no-such-engine", model)
 
 
 def test_a_decoder_that_ignores_the_cache_is_a_clear_error(tiny, monkeypatch):

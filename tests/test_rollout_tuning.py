@@ -1,6 +1,6 @@
 """The decode kernels are chosen by measurement: every product computes F.linear's result at any
 row count, the plan keeps the fastest measured candidate per role and reads it back from the cache,
-the config overrides it, and rollout_backend=auto runs whichever backend measured faster. The C file
+the config overrides it, and rollout_engine=auto runs whichever backend measured faster. The C file
 built for AVX2 (as on an AVX-512 machine run as an AVX2 one) computes the same products."""
 
 import pytest
@@ -9,7 +9,7 @@ import torch
 from grpo.config import Config, ConfigError
 from grpo.infra.process_cache import ProcessCache
 from grpo.models import load_models
-from grpo.rollout import SamplingSettings, choice, make_engine, native, resolve_backend, tuning
+from grpo.rollout import SamplingSettings, choice, make_engine, native, resolve_engine, tuning
 from grpo.rollout.keys import row_keys
 from tests.conftest import need_native
 
@@ -131,15 +131,15 @@ def test_auto_runs_the_backend_that_measured_faster(tiny):
     """The decision is the argmin of the two measured steps, kept for the next call, and the rollout
     auto runs is that backend's; both draw the same tokens (test_rollout_fast), so only speed differs."""
     model, tok = tiny
-    backend = resolve_backend("auto", model, rows=4, group_size=2)
+    backend = resolve_engine("auto", model, rows=4, group_size=2)
     key = tuning.plan_key(model, 4, kind=choice.backend_kind("auto", peft=False))
     decision = tuning.read_cached(key)
     assert backend == ("fast" if decision["fast"] <= decision["hf"] else "hf")
-    assert any(m.startswith("rollout_backend auto (measured, 4 rows") for m in tuning.take_messages())
-    ro = make_engine("auto", model, tok).generate(["Hi", "x"], group_size=2, sampling=SamplingSettings(4),
+    assert any(m.startswith("rollout_engine auto (measured, 4 rows") for m in tuning.take_messages())
+    ro = make_engine("auto", model, tok).generate(["Hi", "x"], group_size=2, sampling=SamplingSettings(4, temperature=1.0, max_prompt_length=1024),
                                                   keys=row_keys(0, 0, 0, 4))
-    assert ro.backend == backend
-    assert resolve_backend("auto", model) == "fast"  # no row count given: the architecture decides
+    assert ro.engine == backend
+    assert resolve_engine("auto", model) == "fast"  # no row count given: the architecture decides
 
 
 def test_a_burst_of_load_in_one_round_does_not_decide_the_backend(tiny, monkeypatch):
@@ -160,7 +160,7 @@ def test_a_burst_of_load_in_one_round_does_not_decide_the_backend(tiny, monkeypa
 
     monkeypatch.setattr(choice, "fast_step_seconds", fast)
     monkeypatch.setattr(choice, "hf_step_seconds", hf)
-    assert resolve_backend("auto", model, rows=4, group_size=2) == "fast"
+    assert resolve_engine("auto", model, rows=4, group_size=2) == "fast"
     assert order[:4] == ["fast", "hf", "hf", "fast"] and len(order) == 2 * choice.ROUNDS
     decision = tuning.read_cached(tuning.plan_key(model, 4, kind=choice.backend_kind("auto", peft=False)))
     assert decision == {"backend": "fast", "fast": 0.004, "hf": 0.005}

@@ -438,7 +438,7 @@ def test_flags_parse_and_unknown_engine_lists_the_valid_ones():
     with pytest.raises(ConfigError, match="LANG=word"):
         parse_markers(["therefore"])
     tok, plain, _ = _models()
-    with pytest.raises(ConfigError, match="valid: auto, vllm, fast, hf"):
+    with pytest.raises(ConfigError, match="valid: auto, fast, hf, vllm"):
         make_serve_engine("vllm-not-here", plain, tok)
 
 

@@ -99,7 +99,7 @@ def test_serve_answers_a_user_reward_run_as_itself(last_number_run):
         assert wait_healthy(f"http://127.0.0.1:{port}", proc, timeout=300, name="grpo serve", log="its stderr",
                             headers={"Authorization": f"Bearer {KEY}"})
         from grpo.config.io import load_config
-        from grpo.data import task_of
+        from grpo.train.settings import task_of
 
         held_out = task_of(load_config(last_number_run / "config.yaml")).eval
         assert len(held_out) == 8

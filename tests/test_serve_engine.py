@@ -242,7 +242,7 @@ def test_the_entropy_bound_from_top_logprobs_is_exact_when_all_are_given_and_nev
     import math
 
     from grpo.core.entropy_stop import next_token_entropy
-    from grpo.serve.vllm_engine import entropy_upper_bound
+    from grpo.serve.vllm_lanes import entropy_upper_bound
 
     # (0.5, 0.25, 0.25) with only the top token given: the rest spread evenly is the distribution itself
     assert math.isclose(entropy_upper_bound([math.log(0.5)], 3), 1.5 * math.log(2), rel_tol=1e-9)

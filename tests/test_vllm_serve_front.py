@@ -157,7 +157,7 @@ def test_96_concurrent_clients_get_200_or_429_and_the_server_serves_after(served
 
 def test_close_needs_the_key_and_an_unkeyed_public_bind_is_refused(tiny_model_dir):
     from grpo.errors import ConfigError
-    from grpo.serve.vllm_serve import vllm_serve_main
+    from grpo.rollout.vllm.server import vllm_serve_main
 
     with pytest.raises(ConfigError, match=r"--host 0\.0\.0\.0: .*needs a key.*--insecure"):
         vllm_serve_main([str(tiny_model_dir), "--host", "0.0.0.0", "--api-key", ""],
@@ -184,7 +184,7 @@ def test_a_server_that_accepts_and_never_answers_is_an_engine_error_naming_the_u
 
     from grpo.errors import EngineError
     from grpo.rollout import SamplingSettings, make_engine
-    from grpo.rollout.vllm_server import VLLMServerOptions
+    from grpo.rollout.vllm.client import VLLMServerOptions
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -194,7 +194,7 @@ def test_a_server_that_accepts_and_never_answers_is_an_engine_error_naming_the_u
         engine = make_engine("vllm_server", model, tok,
                              options=VLLMServerOptions(port=server.port, timeout=5, request_timeout=1.0))
         with pytest.raises(EngineError) as err:
-            engine.generate(["What is 2 + 3?"], group_size=2, sampling=SamplingSettings(max_new_tokens=4))
+            engine.generate(["What is 2 + 3?"], group_size=2, sampling=SamplingSettings(max_new_tokens=4, temperature=1.0, max_prompt_length=1024))
         took = time.monotonic() - start
     finally:
         server.close()
@@ -208,7 +208,7 @@ def test_a_server_that_accepts_and_never_answers_is_an_engine_error_naming_the_u
 
 def test_grpo_train_against_a_stopped_server_ends_with_a_checkpoint_and_a_one_line_error(
         tiny_model_dir, tiny_dataset, tmp_path):
-    """`grpo train rollout_backend=vllm_server` (the real command) against the server, SIGSTOPped
+    """`grpo train rollout_engine=vllm_server` (the real command) against the server, SIGSTOPped
     after the first logged step: the run ends within its request deadline, with the last finished
     step saved and one error line naming the URL; exit code 2. (The deadline, 15 s, leaves the
     stand-in's unbatched sampling room on a loaded machine.)"""
@@ -218,7 +218,7 @@ def test_grpo_train_against_a_stopped_server_ends_with_a_checkpoint_and_a_one_li
     proc = subprocess.Popen([sys.executable, "-m", "grpo", "train", f"model={tiny_model_dir}", f"task={tiny_dataset}",
                              f"output_dir={run}", "num_generations=2", "prompts_per_step=2", "max_completion_length=4",
                              "per_device_train_batch_size=4", "eval_prompts=0", "progress=false", "report_to=none",
-                             "max_steps=200", "save_steps=1000", "bf16=false", "rollout_backend=vllm_server",
+                             "max_steps=200", "save_steps=1000", "bf16=false", "rollout_engine=vllm_server",
                              f"vllm_server_port={server.port}", "vllm_server_request_timeout=15"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

@@ -1,7 +1,7 @@
 """A real engine for ``grpo vllm-serve``'s HTTP front where vLLM is not installed: a tiny transformers
 model that samples (seeded per row, log-probs after temperature), scores tokens and loads safetensors
 weights in place, as the vLLM engine does. The server, its flags, checks and signals are
-``grpo.serve.vllm_serve``'s own; only the engine behind them differs.
+``grpo.rollout.vllm.server``'s own; only the engine behind them differs.
 
 ``python -m tests.vllm_standin MODEL_FOLDER [grpo vllm-serve flags]`` runs the command on it."""
 
@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from grpo.rollout.vllm_rows import SampledRows
+from grpo.rollout.vllm.rows import SampledRows
 
 
 class StandInEngine:
@@ -77,7 +77,7 @@ class StandInEngine:
 
 
 if __name__ == "__main__":
-    from grpo.serve.vllm_serve import vllm_serve_main
+    from grpo.rollout.vllm.server import vllm_serve_main
 
     torch.set_num_threads(1)  # a tiny model: more threads only contend with the trainer beside it
     sys.exit(vllm_serve_main(sys.argv[1:], make_engine=StandInEngine.from_args))

@@ -27,7 +27,7 @@ import torch
 from grpo.agent.execute import ToolResult, run_calls
 from grpo.agent.formats import Call, CallFormat
 from grpo.agent.tools import Tool
-from grpo.rollout.base import Rollout, eos_token_ids
+from grpo.rollout.types import Rollout, eos_token_ids
 from grpo.rollout.engine import RolloutEngine, SamplingSettings
 from grpo.rollout.keys import _mix64
 
@@ -206,7 +206,7 @@ def run_episodes(engine: RolloutEngine, episodes: list[Episode], *, fmt: CallFor
             break
 
 
-def episodes_rollout(episodes: list[Episode], *, pad_id: int, with_logprobs: bool, backend: str, seconds: float,
+def episodes_rollout(episodes: list[Episode], *, pad_id: int, with_logprobs: bool, engine: str, seconds: float,
                      prompts_truncated: int, device=None) -> Rollout:
     """The episodes as one Rollout (the module docstring): prompts left-padded, completions right-padded."""
     n = len(episodes)
@@ -238,7 +238,7 @@ def episodes_rollout(episodes: list[Episode], *, pad_id: int, with_logprobs: boo
     truncated = torch.tensor([ep.truncated or ep.max_turns_hit for ep in episodes], dtype=torch.bool)
     tensors = [x.to(device) if device is not None and x is not None else x
                for x in (prompt_ids, prompt_mask, ids, mask, truncated, logp, loss)]
-    return Rollout(*tensors[:6], texts=[ep.final_text for ep in episodes], backend=backend, seconds=seconds,
+    return Rollout(*tensors[:6], texts=[ep.final_text for ep in episodes], engine=engine, seconds=seconds,
                    prompts_truncated=prompts_truncated, loss_mask=tensors[6],
                    episodes=[ep.info() for ep in episodes], versions=versions)
 

@@ -15,7 +15,7 @@ from grpo.agent.formats import CallFormat, call_format, supports_tools
 from grpo.agent.tools import Tool, check_unique, resolve_tools
 from grpo.data.prompt_fit import fit_ids, system_head
 from grpo.errors import DataError
-from grpo.rollout.base import Rollout
+from grpo.rollout.types import Rollout
 from grpo.rollout.engine import RolloutEngine, SamplingSettings
 
 
@@ -182,7 +182,7 @@ class AgentSampler:
                                  max_prompt_length=sampling.max_prompt_length, keys=keys)
         run_episodes(engine, eps, fmt=self.fmt, sampling=sampling, max_turns=self.max_turns,
                      tool_timeout=self.tool_timeout, with_logprobs=with_logprobs, greedy=greedy, group_size=group_size)
-        ro = episodes_rollout(eps, pad_id=self.tok.pad_token_id, with_logprobs=with_logprobs, backend=engine.name,
+        ro = episodes_rollout(eps, pad_id=self.tok.pad_token_id, with_logprobs=with_logprobs, engine=engine.name,
                               seconds=time.perf_counter() - start, prompts_truncated=cut,
                               device=next(engine.model.parameters()).device)
         for ep, info in zip(eps, ro.episodes):

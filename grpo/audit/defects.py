@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from grpo.data.logic import evaluate_arithmetic, find_connectives, find_equations
+from grpo.data.logic import arithmetic_value, find_connectives, find_equations
 
 KINDS = ("completeness", "order", "symbols", "calculation")
 _ZH_DIGITS = {c: i for i, c in enumerate("零一二三四五六七八九十", start=0)}
@@ -109,7 +109,7 @@ def _numbers(text: str) -> set[float]:
 
 
 def _operands(lhs: str) -> set[float]:
-    return _numbers(lhs) if evaluate_arithmetic(lhs) is not None else set()
+    return _numbers(lhs) if arithmetic_value(lhs) is not None else set()
 
 
 def _numbering(steps: list[Step]) -> list[Finding]:
@@ -131,7 +131,7 @@ def _derivations(steps: list[Step], problem: str) -> list[Finding]:
     """A calculation's operand that nothing before derives: a later step derives it (order) or none
     does (completeness, a step left out)."""
     out, known = [], _numbers(problem) | set(COMMON_CONSTANTS)
-    derived_at = [{float(v) for e in find_equations(s.text) if (v := evaluate_arithmetic(e.rhs)) is not None}
+    derived_at = [{float(v) for e in find_equations(s.text) if (v := arithmetic_value(e.rhs)) is not None}
                   for s in steps]
     for i, s in enumerate(steps):
         for e in find_equations(s.text):
@@ -143,7 +143,7 @@ def _derivations(steps: list[Step], problem: str) -> list[Finding]:
                 else:
                     out.append(Finding("completeness", s.number, f"uses {shown}, which no step derives"))
                 known.add(v)
-            rhs = evaluate_arithmetic(e.rhs)
+            rhs = arithmetic_value(e.rhs)
             if rhs is not None:
                 known.add(rhs)
         known |= _numbers(s.text)
@@ -160,7 +160,7 @@ def _symbols(steps: list[Step], problem: str) -> list[Finding]:
         defined |= {m.group(1) or m.group(2) for m in _DEFINE.finditer(s.text)}
         for e in find_equations(s.text):
             if _SYMBOL.match(e.lhs):
-                v = evaluate_arithmetic(e.rhs)
+                v = arithmetic_value(e.rhs)
                 if v is not None and e.lhs in values and values[e.lhs][0] != v:
                     was, at = values[e.lhs]
                     out.append(Finding("symbols", s.number, f"{e.lhs} = {v:g} here but {was:g} in step {at}"))
@@ -184,7 +184,7 @@ def _calculations(steps: list[Step]) -> tuple[list[Finding], int]:
             checked += 1
             if not e.value_ok:
                 out.append(Finding("calculation", s.number,
-                                   f"{e.lhs} = {e.rhs} is false ({e.lhs} = {evaluate_arithmetic(e.lhs):g})"))
+                                   f"{e.lhs} = {e.rhs} is false ({e.lhs} = {arithmetic_value(e.lhs):g})"))
     return out, checked
 
 

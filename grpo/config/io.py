@@ -19,7 +19,7 @@ from grpo.config.sections import SECTIONS, section
 from grpo.config.trl_names import TRL_NAMES, translate
 from grpo.errors import ConfigError
 
-ALIASES = {"resume": "resume_from_checkpoint"}
+ALIASES = {"resume": "resume_from_checkpoint", "rollout_backend": "rollout_engine"}  # the second: the name earlier configs use
 
 
 def _check_keys(keys, source: str) -> None:

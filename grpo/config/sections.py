@@ -26,7 +26,7 @@ SECTIONS: tuple[Section, ...] = (
         "arithmetic_ops", "use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "load_in_4bit")),
     Section("sampling", "Sampling and engines", "the collector and the rollout engines (grpo/rollout, train/collect.py)", (
         "num_generations", "prompts_per_step", "max_prompt_length", "max_completion_length", "temperature", "top_p",
-        "top_k", "rollout_backend", "decode_kernels", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode",
+        "top_k", "rollout_engine", "decode_kernels", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode",
         "vllm_enforce_eager", "vllm_server_host", "vllm_server_port", "vllm_server_timeout",
         "vllm_server_request_timeout", "vllm_server_weight_dir", "rollout_correction", "rollout_correction_level",
         "rollout_correction_low", "rollout_correction_high", "resample_invalid_rounds")),
@@ -44,7 +44,7 @@ SECTIONS: tuple[Section, ...] = (
         "policy_loss", "epsilon", "epsilon_high", "dual_clip", "clip_delta", "importance_sampling_level", "aggregation",
         "entropy_coef", "cispo_ratio_max", "sapo_temperature_pos", "sapo_temperature_neg", "top_entropy_quantile",
         "off_policy_mask_threshold", "cov_mode", "cov_fraction", "kl_cov_coef")),
-    Section("logic_consistency", "Logic-consistency regulariser", "the regulariser on sampled completions (train/consistency.py, core/consistency.py)", (
+    Section("logic_consistency", "Logic-consistency regulariser", "the regulariser on sampled completions (train/logic_consistency.py, core/logic_consistency.py)", (
         "logic_consistency", "logic_consistency_coef", "logic_consistency_model")),
     Section("kl", "KL and reference", "the KL term and the reference policy", (
         "beta", "kl_estimator", "ref_reset_steps")),
@@ -55,7 +55,7 @@ SECTIONS: tuple[Section, ...] = (
         "entropy_target_band", "entropy_target_knob", "clip_target_band", "clip_epsilon_min", "clip_epsilon_max",
         "controller_factor", "kl_target", "kl_adapt_rate", "clip_step_band", "clip_step_size", "clip_step_patience",
         "fuse_metric", "fuse_min", "fuse_max", "fuse_patience")),
-    Section("monitors", "Monitors", "the consistency probe and the logged health metrics (eval/consistency.py, core/metrics.py)", (
+    Section("monitors", "Monitors", "the consistency probe and the logged health metrics (eval/probe.py, core/metrics.py)", (
         "monitor_preset", "consistency_steps", "consistency_prompts", "consistency_random", "consistency_group_size",
         "consistency_converging", "consistency_guessing", "consistency_plateau", "correct_threshold")),
     Section("optimisation", "Optimisation and batching", "the updater: optimizer, schedule, passes, micro-batches (train/update.py)", (

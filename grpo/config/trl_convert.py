@@ -160,7 +160,7 @@ def use_vllm(raw, values):
     mode = str(_given(values, "vllm_mode", "colocate"))
     if mode not in ("colocate", "server"):
         raise ConfigError(f"vllm_mode: {mode!r} is not valid; choose colocate or server")
-    return {"rollout_backend": "vllm" if mode == "colocate" else "vllm_server"}
+    return {"rollout_engine": "vllm" if mode == "colocate" else "vllm_server"}
 
 
 def vllm_url(raw, values):

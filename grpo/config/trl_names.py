@@ -60,7 +60,7 @@ LOADER = ignored("grpo draws its prompts itself (an epoch-shuffled, keyed stream
 DISTRIBUTED = ignored("grpo runs under torchrun; distributed_strategy=ddp or fsdp2")
 LOGGING = ignored("grpo logs metrics.jsonl, tensorboard or wandb (report_to) every logging_steps")
 EVAL = ignored("grpo's evaluation is greedy accuracy and pass@k on the held-out prompts (eval_prompts)")
-NO_COMPILE = "grpo does not compile the model; its fast decode loop has kernels of its own (rollout_backend)"
+NO_COMPILE = "grpo does not compile the model; its fast decode loop has kernels of its own (rollout_engine)"
 ENTROPY = "grpo holds the entropy in a band instead: entropy_target_band=[low, high] with entropy_target_knob=entropy_coef"
 VESPO = "only for loss_type=vespo, which grpo does not offer"
 
@@ -105,8 +105,8 @@ TRL_NAMES: dict[str, TrlName] = {
     "disable_tqdm": mapped("progress", cv.renamed("progress", negate=True)),
     "per_device_eval_batch_size": mapped("eval_batch_size", cv.renamed("eval_batch_size")),
     "activation_checkpointing": mapped("gradient_checkpointing", cv.renamed("gradient_checkpointing")),
-    "use_vllm": mapped("rollout_backend", cv.use_vllm, "true: vllm (vllm_mode=colocate) or vllm_server (server)"),
-    "vllm_mode": mapped("rollout_backend", cv.consumed, "read with use_vllm"),
+    "use_vllm": mapped("rollout_engine", cv.use_vllm, "true: vllm (vllm_mode=colocate) or vllm_server (server)"),
+    "vllm_mode": mapped("rollout_engine", cv.consumed, "read with use_vllm"),
     "vllm_server_base_url": mapped("vllm_server_host, vllm_server_port", cv.vllm_url),
     "vllm_importance_sampling_correction": mapped("rollout_correction", cv.is_correction, "false: none; true: "
                                                   "grpo's auto corrects vLLM rollouts"),
@@ -222,9 +222,9 @@ TRL_NAMES: dict[str, TrlName] = {
     "liger_kernel_config": ignored("grpo does not use liger kernels"),
     "cache_implementation": ignored("grpo's rollout engines keep their own KV cache"),
     "vllm_group_port": ignored("grpo sends vLLM the weights over HTTP (vllm_server_weight_dir), no NCCL group"),
-    "use_transformers_continuous_batching": ignored("grpo samples with its own rollout engines (rollout_backend)"),
-    "transformers_continuous_batching_config": ignored("grpo samples with its own rollout engines (rollout_backend)"),
-    "use_transformers_paged": ignored("grpo samples with its own rollout engines (rollout_backend)"),
+    "use_transformers_continuous_batching": ignored("grpo samples with its own rollout engines (rollout_engine)"),
+    "transformers_continuous_batching_config": ignored("grpo samples with its own rollout engines (rollout_engine)"),
+    "use_transformers_paged": ignored("grpo samples with its own rollout engines (rollout_engine)"),
 }
 
 

@@ -8,10 +8,11 @@ import importlib.util
 import os
 
 from grpo.config.validate_sft import validate_beside_grpo
-from grpo.core import (AGGREGATIONS, COV_MODES, ESTIMATORS, GROUP_ESTIMATORS, KL_ESTIMATORS,
+from grpo.core import (AGGREGATIONS, COV_MODES, ESTIMATORS, KL_ESTIMATORS,
                        MULTI_OBJECTIVE_AGGREGATIONS, PF_MODES, POLICY_LOSSES, RATIO_LEVELS)
 from grpo.core.stability import REWARD_TRANSFORMS
 from grpo.core.rollout_correction import CORRECTION_LEVELS, CORRECTION_MODES
+from grpo.config.composition import PEFT_RESET, refused
 from grpo.data.mixture import parse_mixture
 from grpo.errors import ConfigError
 from grpo.rollout import ROLLOUT_ENGINES
@@ -54,10 +55,18 @@ def validate(c) -> None:
     _validate_async(c)
     _validate_consistency(c)
     validate_beside_grpo(c)  # teacher, judge, sft (validate_sft.py)
+    _refuse_composition(c, processes=1)
+
+
+def _refuse_composition(c, *, processes: int) -> None:
+    """A pair of features the composition table (config/composition.py) refuses, naming its field."""
+    r = refused(c, processes)
+    if r is not None:
+        raise ConfigError(f"{r.field}: {r.reason}")
 
 
 def _validate_choices(c) -> None:
-    _choice("advantage_estimator", c.advantage_estimator, [*ESTIMATORS, "gae"])
+    _choice("advantage_estimator", c.advantage_estimator, list(ESTIMATORS))
     _choice("policy_loss", c.policy_loss, POLICY_LOSSES)
     _choice("aggregation", c.aggregation, AGGREGATIONS)
     _choice("kl_estimator", c.kl_estimator, KL_ESTIMATORS)
@@ -66,10 +75,10 @@ def _validate_choices(c) -> None:
     _choice("dtype", c.dtype, DTYPES)
     _choice("report_to", c.report_to, REPORT_TO)
     _choice("distributed_strategy", c.distributed_strategy, ("ddp", "fsdp2"))
-    _choice("rollout_backend", c.rollout_backend, ROLLOUT_ENGINES)
-    reason = ROLLOUT_ENGINES[c.rollout_backend].unavailable_reason()
+    _choice("rollout_engine", c.rollout_engine, ROLLOUT_ENGINES)
+    reason = ROLLOUT_ENGINES[c.rollout_engine].unavailable_reason()
     if reason is not None:
-        raise ConfigError(f"rollout_backend: {c.rollout_backend} {reason}")
+        raise ConfigError(f"rollout_engine: {c.rollout_engine} {reason}")
     try:
         parse_override(c.decode_kernels)
     except ValueError as e:
@@ -106,7 +115,7 @@ def _validate_values(c) -> None:
                           f"got {c.epsilon}, {c.epsilon_high}")
     if c.dual_clip is not None and c.dual_clip <= 1:
         raise ConfigError(f"dual_clip: must be > 1 (or null), got {c.dual_clip}")
-    if c.num_generations < 2 and c.advantage_estimator in GROUP_ESTIMATORS:
+    if c.num_generations < 2 and ESTIMATORS[c.advantage_estimator].group:
         raise ConfigError(f"num_generations: {c.advantage_estimator!r} compares completions within a group "
                           f"and needs num_generations >= 2, got {c.num_generations}")
     _validate_batch_arithmetic(c)
@@ -117,25 +126,24 @@ def _validate_values(c) -> None:
                           f"({c.reward_names})")
     if not set(c.arithmetic_ops) <= set("+-*") or not c.arithmetic_ops:
         raise ConfigError(f"arithmetic_ops: use characters from '+-*', got {c.arithmetic_ops!r}")
-    if c.advantage_estimator == "gae" and c.use_peft:
+    if ESTIMATORS[c.advantage_estimator].critic and c.use_peft:
         raise ConfigError("advantage_estimator: gae trains a full value model; it is not combined with use_peft")
     if not (0 <= c.gamma <= 1 and 0 <= c.lam <= 1):
         raise ConfigError(f"gamma/lam: must lie in [0, 1], got {c.gamma}, {c.lam}")
     if "reward_model" in c.reward_names and not c.reward_model:
         raise ConfigError("reward_model: the reward_model reward needs reward_model=<folder or hub id>")
     _choice("supervision", c.supervision, ("outcome", "process"))
-    if c.supervision == "process" and c.advantage_estimator == "gae":
+    if c.supervision == "process" and ESTIMATORS[c.advantage_estimator].critic:
         raise ConfigError("supervision: process supervision uses group-normalized step rewards, not gae")
     if c.eval_steps and c.eval_prompts == 0:
         raise ConfigError("eval_steps: evaluation during training needs held-out prompts (eval_prompts > 0)")
     if c.load_in_4bit and not c.use_peft:
         raise ConfigError("load_in_4bit: a 4-bit base cannot be trained itself; set use_peft=true (QLoRA)")
-    if c.load_in_4bit and c.rollout_backend not in ("auto", "hf"):
-        raise ConfigError(f"load_in_4bit: rollout_backend {c.rollout_backend} does not sample a 4-bit model; "
-                          "use rollout_backend=auto or hf")
+    if c.load_in_4bit and c.rollout_engine not in ("auto", "hf"):
+        raise ConfigError(f"load_in_4bit: rollout_engine {c.rollout_engine} does not sample a 4-bit model; "
+                          "use rollout_engine=auto or hf")
     if c.use_peft and c.ref_reset_steps:
-        raise ConfigError("ref_reset_steps: with use_peft the reference is the frozen base model and cannot "
-                          "be reset; use full fine-tuning or ref_reset_steps=0")
+        raise ConfigError(f"ref_reset_steps: {PEFT_RESET}")
 
 
 def _validate_batch_arithmetic(c) -> None:
@@ -357,22 +365,7 @@ def _validate_async(c) -> None:
     if c.max_staleness < 0 or c.partial_rollout_tokens < 1 or c.async_engine_threads < 0:
         raise ConfigError(f"max_staleness and async_engine_threads must be >= 0 and partial_rollout_tokens >= 1, got "
                           f"{c.max_staleness}, {c.async_engine_threads}, {c.partial_rollout_tokens}")
-    if not c.async_rollouts:
-        return
-    for key, why in (("dynamic_sampling", "its rounds wait on their own scores"),
-                     ("reward_model_train_steps", "the reward model learns between draws"),
-                     ("difficulty_sampling", "the producer draws before the pass rates it would weigh by are scored"),
-                     ("load_in_4bit", "the engine process samples full weights"),  # before use_peft, which it needs
-                     ("use_peft", "the engine process samples full weights")):
-        if getattr(c, key):
-            raise ConfigError(f"{key}: not supported with async_rollouts ({why}); turn one of them off")
-    if parse_mixture(c.task) is not None or "=" in str(c.environment_factory or ""):
-        raise ConfigError("task: a mixture of tasks or a routed environment_factory is not supported with "
-                          "async_rollouts (the per-source verdicts and metrics are made for the synchronous "
-                          "step); turn one of them off")
-    if c.teacher and c.max_staleness > 0:
-        raise ConfigError("teacher: distillation with async_rollouts needs max_staleness=0 (the stale-token "
-                          "correction weighs advantages, and the distill loss's teacher term reads none)")
+    # which features it runs with: the composition table (config/composition.py)
 
 
 def validate_world(c, processes: int) -> None:
@@ -389,13 +382,7 @@ def validate_world(c, processes: int) -> None:
                           f"mini-batches of whole groups; use one of {divisors(b)}")
     if processes == 1:
         return
-    if c.distributed_strategy == "fsdp2" and c.rollout_backend == "fast":
-        raise ConfigError("rollout_backend: fast does not sample a model sharded by FSDP2 (every process must run "
-                          "the same synced generate); use rollout_backend=auto or hf")
-    if c.async_rollouts:
-        raise ConfigError("async_rollouts: runs on one process only")
-    if c.reward_model_train_steps:
-        raise ConfigError("reward_model_train_steps: the reward model trains on one process only")
-    if c.advantage_estimator == "gae" and c.critic_shared_trunk:
+    _refuse_composition(c, processes=processes)
+    if ESTIMATORS[c.advantage_estimator].critic and c.critic_shared_trunk:
         raise ConfigError("critic_shared_trunk: runs on one process only (the value loss's gradients in the "
                           "policy's body would bypass the policy's DDP/FSDP2 wrapper)")

@@ -1,11 +1,12 @@
-"""Rules of the fields beside GRPO's: the teacher of on-policy distillation, the judge reward and
-`grpo sft` (each error names its field)."""
+"""Rules of the fields beside GRPO's: the teacher of on-policy distillation and `grpo sft` (each error
+names its field); the judge's are config/judge.py's."""
 
 from __future__ import annotations
 
 from grpo.core import LossSettings, get_policy_loss
 from grpo.errors import ConfigError
-from grpo.rewards.judge import JudgeSettings
+from grpo.config.composition import TEACHER_RESET
+from grpo.config.judge import validate_judge
 
 
 def validate_teacher(c) -> None:
@@ -16,24 +17,9 @@ def validate_teacher(c) -> None:
         raise ConfigError(f"teacher: policy_loss={c.policy_loss} reads a teacher's log-probs of the student's "
                           "samples; set teacher=<hub id, model folder or run folder>")
     if c.teacher and c.ref_reset_steps:
-        raise ConfigError("ref_reset_steps: the teacher is the run's reference and is never replaced by the "
-                          "policy; set ref_reset_steps=0 with a teacher")
+        raise ConfigError(f"ref_reset_steps: {TEACHER_RESET}")
     if c.distill_grpo_weight < 0:
         raise ConfigError(f"distill_grpo_weight: must be >= 0, got {c.distill_grpo_weight}")
-
-
-def judge_settings(c) -> JudgeSettings:
-    """The judge reward's settings, its ``judge_*`` fields (train/settings.py hands them to the rewards
-    in RewardOptions; built here too so that the config checks them before anything loads)."""
-    return JudgeSettings(url=c.judge_url, model=c.judge_model, api_key_env=c.judge_api_key_env,
-                         template=c.judge_template, score=c.judge_score, score_scale=c.judge_score_scale,
-                         mode=c.judge_mode, max_tokens=c.judge_max_tokens, temperature=c.judge_temperature)
-
-
-def validate_judge(c) -> None:
-    """rewards=judge: its settings checked before anything loads (JudgeSettings.check)."""
-    if "judge" in c.reward_names:
-        judge_settings(c).check()
 
 
 def validate_sft(c) -> None:

@@ -1,6 +1,6 @@
 """Pure tensor mathematics of GRPO and its variants: no config objects, I/O, devices or processes."""
 
-from grpo.core.advantages import (ESTIMATORS, GROUP_ESTIMATORS, MULTI_OBJECTIVE_AGGREGATIONS, compute_advantages,
+from grpo.core.advantages import (ESTIMATORS, Estimator, MULTI_OBJECTIVE_AGGREGATIONS, compute_advantages,
                                   gae, gdpo_advantages, get_estimator, kl_shaped_rewards, process_advantages, whiten)
 from grpo.core.losses import (AGGREGATIONS, KL_ESTIMATORS, RATIO_LEVELS, aggregate, clipped_surrogate,
                               clipped_value_loss,
@@ -23,7 +23,7 @@ from grpo.core.rollout_correction import (CORRECTION_LEVELS, CORRECTION_MODES, C
                                          mismatch_kl)
 
 __all__ = [
-    "AGGREGATIONS", "ESTIMATORS", "GROUP_ESTIMATORS", "KL_ESTIMATORS", "RATIO_LEVELS",
+    "AGGREGATIONS", "ESTIMATORS", "Estimator", "KL_ESTIMATORS", "RATIO_LEVELS",
     "advantage_group_variance", "aggregate", "clip_fractions", "clipped_surrogate", "clipped_value_loss",
     "compute_advantages", "explained_variance", "kl_shaped_rewards",
     "gae", "get_estimator", "grpo_loss", "indexed_logprobs_and_entropy", "kl_penalty", "log_ratio", "masked_mean",

@@ -3,18 +3,22 @@
 Dimension letters: B prompts, G completions per prompt (group size), N = B*G sequences,
 T completion tokens, S reasoning steps per completion.
 
-Every entry of ``ESTIMATORS`` has the same signature::
+Every entry of ``ESTIMATORS`` is an ``Estimator``. An outcome estimator (the group-relative ones and
+their baselines) has the one signature::
 
     estimator(rewards  # [B, G]
               , *, std_eps: float = 1e-6, unbiased_std: bool = True) -> advantages  # [B, G]
 
-so the trainer picks one by name and never special-cases it. Outcome supervision broadcasts the
-[B, G] advantage to every completion token; process supervision uses ``process_advantages``;
-the PPO baseline uses ``gae`` on per-token rewards and critic values.
+so the trainer picks one by name and never special-cases it; outcome supervision broadcasts the
+[B, G] advantage to every completion token, process supervision uses ``process_advantages``. The
+one entry that declares ``critic`` (``gae``, PPO's baseline) is token-level: ``gae`` on per-token
+rewards and a learned value model's values, which a run with it builds (the declaration, not the
+name, tells the config and the trainer so).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -23,7 +27,22 @@ from torch import Tensor
 from grpo.core.losses import masked_moments
 from grpo.registry import Registry
 
-Estimator = Callable[..., Tensor]
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """An advantage estimator: ``fn`` and what it declares. ``group``: it compares completions within a
+    group, so it needs G >= 2 to carry any signal; ``critic``: it is token-level on a learned value
+    model's values (``fn(rewards_tok, values, mask, *, gamma, lam)``), not an outcome estimator."""
+
+    fn: Callable[..., Tensor]
+    group: bool = False
+    critic: bool = False
+    doc: str = ""
+
+    def __call__(self, *args, **kwargs):
+        """``fn``'s result: an outcome estimator maps rewards [B, G] to advantages [B, G]."""
+        return self.fn(*args, **kwargs)
 
 
 def _check_group(rewards: Tensor, name: str, min_group: int = 1) -> None:
@@ -103,23 +122,21 @@ def batch_std_advantages(rewards: Tensor, *, std_eps: float = 1e-6, unbiased_std
 
 
 ESTIMATORS: Registry[Estimator] = Registry("advantage estimator", field="advantage_estimator")
-ESTIMATORS.register("grpo", grpo_advantages)
-ESTIMATORS.register("dr_grpo", dr_grpo_advantages)
-ESTIMATORS.register("rloo", rloo_advantages)
-ESTIMATORS.register("reinforce", reinforce_advantages)
-ESTIMATORS.register("mean_baseline", mean_baseline_advantages)
-ESTIMATORS.register("batch_std", batch_std_advantages)
-
-# Estimators that compare completions inside a group and so need G >= 2 to carry any signal.
-GROUP_ESTIMATORS = frozenset({"grpo", "dr_grpo", "rloo", "batch_std"})
+ESTIMATORS.register("grpo", Estimator(grpo_advantages, group=True))
+ESTIMATORS.register("dr_grpo", Estimator(dr_grpo_advantages, group=True))
+ESTIMATORS.register("rloo", Estimator(rloo_advantages, group=True))
+ESTIMATORS.register("reinforce", Estimator(reinforce_advantages))
+ESTIMATORS.register("mean_baseline", Estimator(mean_baseline_advantages))
+ESTIMATORS.register("batch_std", Estimator(batch_std_advantages, group=True))
 
 
 def get_estimator(name: str) -> Estimator:
-    """Look an estimator up by name; an unknown name lists the valid ones.
-
-    The estimator maps rewards [B, G] to advantages [B, G] (see the module docstring).
-    """
-    return ESTIMATORS[name]
+    """Look an outcome estimator up by name; an unknown name lists the valid ones, a token-level one
+    (``critic``) is refused. It maps rewards [B, G] to advantages [B, G] (see the module docstring)."""
+    estimator = ESTIMATORS[name]
+    if estimator.critic:
+        raise ValueError(f"advantage estimator {name!r} is token-level on a critic's values, not rewards [B, G]")
+    return estimator
 
 
 def compute_advantages(rewards: Tensor, *, estimator: str = "grpo", std_eps: float = 1e-6,
@@ -215,6 +232,11 @@ def gae(rewards_tok: Tensor, values: Tensor, mask: Tensor, *, gamma: float = 1.0
         adv[:, i] = last_adv
     adv = adv * m  # [N, T]
     return {"advantages": adv, "returns": (adv + values) * m}
+
+
+ESTIMATORS.register("gae", Estimator(gae, critic=True, doc="PPO's baseline (DeepSeekMath eq. 2): generalized advantage "
+                                     "estimation on a learned critic's values, the KL to the reference in the per-token "
+                                     "reward, advantages whitened (Schulman et al. 2016)."))
 
 
 def whiten(x: Tensor, mask: Tensor, *, eps: float = 1e-8, mean: Tensor | None = None,

@@ -15,6 +15,12 @@ advantage -k_t and no discount (Thinking Machines, "On-Policy Distillation", 202
 log-probs reach the loss in ``LossInputs.ref_logp``: the trainer loads the teacher as its reference
 model (one frozen model, one forward path), so ``kl_coef`` > 0 adds the usual KL term, to the teacher.
 
+Tokens sampled by another policy than pi_old (an engine whose kernels differ, or older weights under
+asynchronous rollouts) carry an importance weight w_t = pi_train / pi_sampler (TIS or MIS), which
+multiplies the advantages; the reverse-KL term takes the same w_t (``LossInputs.weight``), so at
+each position its expectation is again over pi_train's token (per token, as the correction is; the
+prefix was drawn by the sampler). The KL term to the teacher (kl_coef) is not weighted.
+
 ``distill_grpo_weight`` > 0 mixes in GRPO's clipped surrogate on the step's advantages:
 loss = reverse KL + w * clipped surrogate, both aggregated as the run's ``aggregation``.
 """
@@ -47,6 +53,8 @@ def distill_loss(inputs: LossInputs, settings: LossSettings) -> dict[str, Tensor
     ratio = torch.exp(log_ratio(x.logp, x.old_logp, x.mask, level=s.ratio_level))  # [N, T]
     rkl = reverse_kl_tokens(x.logp, x.ref_logp).detach()  # [N, T] sg(k)
     loss_tok = ratio * rkl  # [N, T] value r k; gradient r k grad log pi
+    if x.weight is not None:  # tokens another policy sampled: the advantages' importance weight, here too
+        loss_tok = loss_tok * x.weight  # [N, T]
     if s.distill_grpo_weight:
         pg_tok = clipped_surrogate(ratio, x.advantages, eps_low=s.eps_low, eps_high=s.eps_high,
                                    dual_clip=s.dual_clip, delta=s.clip_delta)  # [N, T]

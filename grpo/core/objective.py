@@ -15,14 +15,15 @@ from grpo.core.token_masks import policy_gradient_keep
 
 
 def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, name: str = "clip",
-                ref_logp: Tensor | None = None, entropy: Tensor | None = None,
+                ref_logp: Tensor | None = None, entropy: Tensor | None = None, weight: Tensor | None = None,
                 settings: LossSettings | None = None, **fields) -> dict[str, Tensor]:
     """The policy loss ``POLICY_LOSSES[name]`` (default "clip": the clipped surrogate of GRPO,
     DeepSeekMath eq. 3, with DAPO's clip-higher, the dual clip, GSPO's sequence ratio, the KL and
     entropy terms and Clip-Cov / KL-Cov) on one batch.
 
     logp, old_logp, advantages, mask: [N, T] (advantages already broadcast to tokens);
-    ref_logp: [N, T] or None (needed when the loss has a KL term); entropy: [N, T] or None.
+    ref_logp: [N, T] or None (needed when the loss has a KL term); entropy: [N, T] or None;
+    weight: [N, T] the importance weights already in ``advantages`` (LossInputs.weight), or None.
     ``settings``: the loss's hyper-parameters; or, without it, the keyword ``fields`` of
     ``LossSettings`` (an unknown one is a TypeError).
     The token masks of core.token_masks (``top_entropy_quantile``, ``off_policy_mask_threshold``)
@@ -38,7 +39,8 @@ def policy_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     keep, mask_metrics = policy_gradient_keep(logp, old_logp, advantages, mask, entropy,
                                               top_entropy_quantile=s.top_entropy_quantile,
                                               off_policy_mask_threshold=s.off_policy_mask_threshold)
-    inputs = LossInputs(logp, old_logp, advantages, mask, ref_logp=ref_logp, entropy=entropy, keep=keep)
+    inputs = LossInputs(logp, old_logp, advantages, mask, ref_logp=ref_logp, entropy=entropy, keep=keep,
+                        weight=weight)
     return {**entry.fn(inputs, s), **mask_metrics}
 
 

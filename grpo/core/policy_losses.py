@@ -36,7 +36,10 @@ class LossInputs:
     ``entropy`` the policy's token entropy (with a gradient where an entropy term needs one, else
     detached or None); ``keep`` 1 where a token's policy-gradient term counts and 0 where a token
     mask (core.token_masks) removes it, None for all: the KL and entropy terms and every denominator
-    still count the masked tokens.
+    still count the masked tokens. ``weight``: the importance weights of the sampled tokens that
+    ``advantages`` already carry (pi_train / pi_sampler: the engine-mismatch or stale-token correction;
+    None: none), for a term that reads no advantage but estimates an expectation under pi_train from
+    those tokens (distillation's reverse KL).
     """
 
     logp: Tensor  # [N, T]
@@ -46,6 +49,7 @@ class LossInputs:
     ref_logp: Tensor | None = None  # [N, T]
     entropy: Tensor | None = None  # [N, T]
     keep: Tensor | None = None  # [N, T]
+    weight: Tensor | None = None  # [N, T]
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ A *connective* here is a word or phrase that announces a derived statement; its 
 the text from the end of the connective to the end of its sentence (a full stop, ?, !, their
 full-width forms, a semicolon, or a line break). "由 A 得 B" is one connective whose following step
 is B. An *equation* is "lhs = rhs" (also ＝); it is *arithmetic* when both sides are numeric
-expressions, and then ``evaluate_arithmetic`` checks it.
+expressions, and then ``arithmetic_value`` checks it.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def _eval_node(node: ast.AST) -> float:
     raise ValueError("not arithmetic")
 
 
-def evaluate_arithmetic(expr: str) -> float | None:
+def arithmetic_value(expr: str) -> float | None:
     """The value of a numeric expression (numbers with optional thousands commas, + - * / × ÷ ^ **,
     'x' between numbers as times, parentheses, a leading $ or trailing %), or None when ``expr`` is
     not one (a variable, words, a division by zero)."""
@@ -151,7 +151,7 @@ def find_equations(text: str, *, tol: float = 1e-6) -> list[Equation]:
         if not left or not right or not left.group(1).strip() or not right.group(1).strip():
             continue
         lhs, rhs = left.group(1).strip(), right.group(1).strip()
-        a, b = evaluate_arithmetic(lhs), evaluate_arithmetic(rhs)
+        a, b = arithmetic_value(lhs), arithmetic_value(rhs)
         ok = None if a is None or b is None else _close(a, b, tol)
         out.append(Equation(lhs, rhs, m.start(), ok))
     return out

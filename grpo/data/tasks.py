@@ -281,8 +281,20 @@ class TaskOptions:
     """What a built-in task's samples may depend on: the held-out size and the arithmetic knobs."""
 
     eval_size: int
-    max_operand: int = 30
-    ops: str = "+"
+    max_operand: int
+    ops: str
+
+
+@dataclass(frozen=True)
+class TaskLoading:
+    """How a run's task is loaded (``load_task``), each field its Config field's (default included:
+    tests/test_settings_sources.py holds them equal): the arithmetic knobs, a dataset's fields and split."""
+
+    max_operand: int = 20  # arithmetic_max_operand
+    ops: str = "+"  # arithmetic_ops
+    prompt_field: str = "prompt"  # prompt_field
+    answer_field: str = "answer"  # answer_field
+    split: str = "train"  # task_split
 
 
 @dataclass(frozen=True)
@@ -334,24 +346,15 @@ def task_rewards(name: str) -> str:
     return TASKS[name].rewards if name in TASKS else DATASET_REWARDS
 
 
-def task_of(cfg) -> Task:
-    """The task a run's config names (``task``, ``eval_prompts``, the arithmetic knobs, the dataset's
-    fields and split), loaded with load_task: the one place a config becomes a task."""
-    return load_task(cfg.task, eval_size=cfg.eval_prompts, max_operand=cfg.arithmetic_max_operand,
-                     ops=cfg.arithmetic_ops, prompt_field=cfg.prompt_field, answer_field=cfg.answer_field,
-                     split=cfg.task_split)
-
-
-def load_task(name: str, *, eval_size: int | None, max_operand: int = 30, ops: str = "+",
-              prompt_field: str = "prompt", answer_field: str = "answer", split: str = "train") -> Task:
-    """The built-in task ``name`` (an entry of TASKS), else a dataset by path or hub id. The held-out
-    split is fixed by the task alone, never by the run's seed, so runs with different seeds are
-    evaluated on the same prompts. ``eval_size`` None: BUILTIN_HELD_OUT for a built-in task,
-    ``held_out_size`` for a dataset."""
+def load_task(name: str, *, eval_size: int | None, loading: TaskLoading = TaskLoading()) -> Task:
+    """The built-in task ``name`` (an entry of TASKS), else a dataset by path or hub id, loaded as
+    ``loading`` says: the one way a task is loaded. The held-out split is fixed by the task alone, never
+    by the run's seed, so runs with different seeds are evaluated on the same prompts. ``eval_size``
+    None: BUILTIN_HELD_OUT for a built-in task, ``held_out_size`` for a dataset."""
     if name in TASKS:
-        options = TaskOptions(BUILTIN_HELD_OUT if eval_size is None else eval_size, max_operand=max_operand, ops=ops)
-        return TASKS[name].make(options)
-    return user_task(name, prompt_field=prompt_field, answer_field=answer_field, split=split,
+        size = BUILTIN_HELD_OUT if eval_size is None else eval_size
+        return TASKS[name].make(TaskOptions(size, max_operand=loading.max_operand, ops=loading.ops))
+    return user_task(name, prompt_field=loading.prompt_field, answer_field=loading.answer_field, split=loading.split,
                      eval_size=eval_size, seed=0)
 
 

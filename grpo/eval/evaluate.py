@@ -183,10 +183,10 @@ class EvalSettings:
 
     system_prompt: str  # system_prompt
     sampling: SamplingSettings  # eval_max_new_tokens and the run's warpers and max_prompt_length (greedy: argmax)
-    batch_size: int = 64  # eval_batch_size: prompts decoded together
-    pass_k: int = 0  # eval_pass_k: k of pass@k (0: no pass@k)
-    pass_prompts: int = 0  # eval_pass_prompts: the first this many samples get k samples each
-    verifier_name: str = "verifier"  # the first of rewards, named in a failure's message (a dict verifier: its first)
+    batch_size: int  # eval_batch_size: prompts decoded together
+    pass_k: int  # eval_pass_k: k of pass@k (0: no pass@k)
+    pass_prompts: int  # eval_pass_prompts: the first this many samples get k samples each
+    verifier_name: str  # the first of rewards, named in a failure's message (a dict verifier: its first)
     max_failure_share: float = 1.0  # max_reward_failure_share
 
 

@@ -24,10 +24,16 @@ import torch.distributed as dist
 
 @dataclass(frozen=True)
 class World:
+    """This process's place among the run's. ``group``: the process group the helpers below talk over
+    (None: torchrun's default group); a thread that communicates beside the trainer's main thread has a
+    group of its own (``side_world``), since collectives of one group must come in the same order on
+    every process."""
+
     rank: int = 0
     size: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
+    group: object = None
 
     @property
     def is_main(self) -> bool:
@@ -53,6 +59,17 @@ def init_world() -> World:
     if not dist.is_initialized():
         dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
     return World(rank=rank, size=size, local_rank=local_rank, device=device)
+
+
+def side_world(world: World) -> World:
+    """The same processes over a gloo process group of their own, for the collectives of a thread that
+    runs beside the main thread (asynchronous rollouts' producer and scorer, whose counts and rewards
+    are CPU tensors): each group orders its own collectives, and no NCCL communicator is made for it.
+    Collective: every process calls it, in the same order. One process: the world itself."""
+    if not world.distributed:
+        return world
+    return World(rank=world.rank, size=world.size, local_rank=world.local_rank, device=world.device,
+                 group=dist.new_group(backend="gloo"))
 
 
 def gpu_index(local_rank: int, visible: int) -> int:
@@ -96,12 +113,15 @@ def wrap_policy(model: torch.nn.Module, world: World, strategy: str) -> torch.nn
 
 def shard(model: torch.nn.Module) -> None:
     """FSDP2: shard each transformer block, then the rest, in place. Used for the policy and, the same
-    way, the frozen reference (which then never needs the whole model on one device)."""
+    way, the frozen reference (which then never needs the whole model on one device). A LoRA policy's
+    root is its transformers model, not the PEFT wrapper: ``generate`` calls that model directly (PEFT's
+    ``generate`` goes to the base model), so its forward must be the one that gathers the shards; the
+    wrapper reaches the root's methods (``set_requires_gradient_sync``) through its attribute look-up."""
     from torch.distributed.fsdp import fully_shard
 
     for block in _blocks(model):
         fully_shard(block)
-    fully_shard(model)
+    fully_shard(model.get_base_model() if hasattr(model, "get_base_model") else model)
 
 
 def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -116,7 +136,7 @@ def gather_rows(x: torch.Tensor, world: World) -> torch.Tensor:
     if not world.distributed:
         return x
     parts = [torch.empty_like(x) for _ in range(world.size)]
-    dist.all_gather(parts, x.contiguous())
+    dist.all_gather(parts, x.contiguous(), group=world.group)
     return torch.cat(parts)
 
 
@@ -125,7 +145,7 @@ def gather_objects(obj, world: World) -> list:
     if not world.distributed:
         return [obj]
     out = [None] * world.size
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=world.group)
     return out
 
 
@@ -134,7 +154,7 @@ def all_sum(x: torch.Tensor, world: World) -> torch.Tensor:
     if not world.distributed:
         return x
     y = x.detach().clone()
-    dist.all_reduce(y)
+    dist.all_reduce(y, group=world.group)
     return y
 
 
@@ -142,7 +162,7 @@ def all_max(value: int, world: World) -> int:
     if not world.distributed:
         return value
     t = torch.tensor([value], dtype=torch.long)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=world.group)
     return int(t)
 
 
@@ -151,13 +171,13 @@ def broadcast_object(obj, world: World):
     if not world.distributed:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=world.group)
     return box[0]
 
 
 def barrier(world: World) -> None:
     if world.distributed:
-        dist.barrier()
+        dist.barrier(group=world.group)
 
 
 def full_optimizer_state(model: torch.nn.Module, optimizer) -> dict:

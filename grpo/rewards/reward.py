@@ -20,14 +20,17 @@ from grpo.rewards.remote import DEFAULT_CONCURRENCY
 
 @dataclass(frozen=True)
 class RewardOptions:
-    """What resolving a reward may take from the run's config: the deadline, retries and concurrency
-    of the rewards that keep their own deadline (``async def`` functions, URLs, the judge), the settings
-    of the ``reward_model`` reward (its model and the transform of its raw scores) and the ``judge``
-    reward's (its endpoint, template and score parser)."""
+    """How a run's rewards are resolved and run, from the run's config to the reward runner (its fields
+    of the same names, ``reward_`` prefixed; the judge's, its ``judge_*`` fields): the deadline, retries
+    and concurrency of the rewards that keep their own deadline (``async def`` functions, URLs, the
+    judge) and of the worker processes (``workers``; timeout 0: in this process, no deadline), the
+    ``reward_model`` reward's model and score transform, the ``judge`` reward's endpoint, template and
+    score parser. Each default is its Config field's (tests/test_settings_sources.py holds them equal)."""
 
-    timeout: float = 0.0  # reward_timeout (0: none)
-    retries: int = 0  # reward_retries
+    timeout: float = 10.0  # reward_timeout (0: in this process, none)
+    retries: int = 2  # reward_retries
     concurrency: int = DEFAULT_CONCURRENCY  # reward_concurrency
+    workers: int = 1  # reward_workers
     reward_model: str = ""  # reward_model: a folder or hub id
     reward_model_transform: str = "none"  # reward_model_transform
     judge: JudgeSettings = JudgeSettings()  # the judge_* fields

@@ -36,6 +36,7 @@ class RewardModelScorer:
             raise ValueError(f"reward_model: cannot load a sequence-classification model from {path!r}: {e}") from None
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model.to(self.device).eval()
+        self.lock = threading.RLock()  # scoring and training the model take turns (``score``)
         if self.tok.pad_token is None:
             self.tok.pad_token = self.tok.eos_token
         if self.model.config.pad_token_id is None:  # the head reads the last non-pad token
@@ -55,7 +56,13 @@ class RewardModelScorer:
 
     @torch.no_grad()
     def score(self, prompts: list, completions: list[str]) -> list[float]:
+        """Under ``lock``: a run that trains the model (train/reward_model.py) updates it under the same
+        lock, so asynchronous rollouts' scorer never reads weights half-stepped."""
         texts = [self.render(p, c) for p, c in zip(prompts, completions)]
+        with self.lock:
+            return self._score(texts)
+
+    def _score(self, texts: list[str]) -> list[float]:
         out = []
         for i in range(0, len(texts), self.batch_size):
             enc = self.tok(texts[i:i + self.batch_size], return_tensors="pt", padding=True, truncation=True,

@@ -19,8 +19,7 @@ from grpo.errors import RewardError
 from grpo.infra.processes import die_with_parent
 from grpo.rewards.builtin import resolve_reward, user_reward
 from grpo.rewards.forms import BatchInputs
-from grpo.rewards.judge import JudgeSettings
-from grpo.rewards.remote import DEFAULT_CONCURRENCY, AsyncReward, HttpReward
+from grpo.rewards.remote import AsyncReward, HttpReward
 from grpo.rewards.reward import Reward, RewardOptions
 from grpo.rewards.reward_model import RewardModelReward
 from grpo.rewards.scoring import RewardResult, score_completions
@@ -54,21 +53,17 @@ class _Replay:
 
 
 class RewardRunner:
-    """Scores completions with named rewards, in-process (timeout 0) or in workers with a deadline.
-    ``given``: name -> callable for rewards handed over as objects (the Python API), which are not
-    looked up by name and run in this process (a worker could not find them by name).
-    ``reward_model`` / ``reward_model_transform``: the ``reward_model`` reward's model and score
-    transform; ``judge``: the ``judge`` reward's settings. ``fns``: name -> the resolved Reward, whose
-    declarations say where each runs."""
+    """Scores completions with named rewards, in-process (``options.timeout`` 0) or in
+    ``options.workers`` worker processes with a deadline. ``given``: name -> callable for rewards handed
+    over as objects (the Python API), which are not looked up by name and run in this process (a worker
+    could not find them by name). ``fns``: name -> the resolved Reward, whose declarations say where
+    each runs."""
 
-    def __init__(self, names: list[str], weights: list[float] | None, *, timeout: float = 0.0, workers: int = 1,
-                 reward_model: str = "", reward_model_transform: str = "none", retries: int = 0,
-                 concurrency: int = DEFAULT_CONCURRENCY, given: dict | None = None,
-                 judge: JudgeSettings | None = None):
-        self.names, self.weights, self.timeout, self.workers = names, weights, timeout, workers
+    def __init__(self, names: list[str], weights: list[float] | None, options: RewardOptions, *,
+                 given: dict | None = None):
+        self.names, self.weights, self.options = names, weights, options
+        self.timeout, self.workers = options.timeout, options.workers
         self.given = dict(given or {})
-        options = RewardOptions(timeout=timeout, retries=retries, concurrency=concurrency, reward_model=reward_model,
-                                reward_model_transform=reward_model_transform, judge=judge or JudgeSettings())
         # fail early, in this process, on a bad name; async and URL rewards keep their own deadline here
         self.fns: dict[str, Reward] = {n: user_reward(n, self.given[n], options) if n in self.given else
                                        resolve_reward(n, options) for n in names}

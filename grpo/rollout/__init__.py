@@ -1,17 +1,17 @@
 """Samplers: turn prompts into groups of completions (the Rollout of one step).
 
-``ROLLOUT_ENGINES`` names every engine a ``rollout_backend`` value can build: hf (transformers
+``ROLLOUT_ENGINES`` names every engine a ``rollout_engine`` value can build: hf (transformers
 ``generate``), fast (our decode loop) and auto (whichever measured faster, per call shape).
 """
 
-from grpo.rollout.base import Rollout, completion_mask_from_ids
+from grpo.rollout.types import Rollout, completion_mask_from_ids
 from grpo.rollout.engine import ROLLOUT_ENGINES, RolloutEngine, SamplingSettings, engine_class, make_engine
 from grpo.rollout.hf import HFEngine, generate_rollout
 from grpo.rollout.fast import FastEngine, fast_rollout, fast_unsupported_reason
-from grpo.rollout.choice import AutoEngine, resolve_backend
-from grpo.rollout.vllm import VLLMEngine
-from grpo.rollout.vllm_server import VLLMServerEngine
+from grpo.rollout.choice import AutoEngine, resolve_engine
+from grpo.rollout.vllm.colocated import VLLMColocatedEngine
+from grpo.rollout.vllm.client import VLLMServerEngine
 
-__all__ = ["ROLLOUT_ENGINES", "AutoEngine", "FastEngine", "HFEngine", "VLLMEngine", "VLLMServerEngine", "Rollout", "RolloutEngine", "SamplingSettings",
+__all__ = ["ROLLOUT_ENGINES", "AutoEngine", "FastEngine", "HFEngine", "VLLMColocatedEngine", "VLLMServerEngine", "Rollout", "RolloutEngine", "SamplingSettings",
            "completion_mask_from_ids", "engine_class", "fast_rollout", "fast_unsupported_reason", "generate_rollout",
-           "make_engine", "resolve_backend"]
+           "make_engine", "resolve_engine"]

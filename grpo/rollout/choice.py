@@ -1,4 +1,4 @@
-"""``rollout_backend=auto``: our decode loop where it is faster than ``generate`` on this machine, at
+"""``rollout_engine=auto``: our decode loop where it is faster than ``generate`` on this machine, at
 this batch, measured; ``generate`` elsewhere.
 
 Dimension letters: B prompts, G group size, N = B * G rows, P probe prompt positions.
@@ -24,8 +24,8 @@ import torch
 
 from grpo.models.packing import base_model
 from grpo.rollout import tuning
-from grpo.rollout.base import Rollout
-from grpo.rollout.engine import RolloutEngine, SamplingSettings, engine_class, register
+from grpo.rollout.types import Rollout
+from grpo.rollout.engine import ROLLOUT_ENGINES, RolloutEngine, SamplingSettings, engine_class
 from grpo.rollout.fast import FastEngine, cache_keyword, decode_ids, fast_unsupported_reason
 from grpo.rollout.hf import HFEngine
 
@@ -105,13 +105,13 @@ def fast_or_hf(model, *, rows: int, group_size: int, kernels: str = "auto") -> s
             model.train(was_training)
         decision = {"backend": "fast" if t["fast"] <= t["hf"] else "hf", **t}
         tuning.write_cached(key, decision)
-    tuning.note(f"rollout_backend auto ({source}, {rows} rows, {tuning.machine_summary()}): decode step fast "
+    tuning.note(f"rollout_engine auto ({source}, {rows} rows, {tuning.machine_summary()}): decode step fast "
                 f"{decision['fast'] * 1e3:.1f} ms, generate {decision['hf'] * 1e3:.1f} ms -> {decision['backend']}")
     tuning.MEASURED[key] = decision
     return decision["backend"]
 
 
-def resolve_backend(name: str, model, *, synced: bool = False, rows: int | None = None, group_size: int = 1,
+def resolve_engine(name: str, model, *, synced: bool = False, rows: int | None = None, group_size: int = 1,
                     kernels: str = "auto") -> str:
     """The backend that runs for config value ``name``. auto: fast where the model supports it
     (decoder-only, a checked architecture, not synced FSDP2 generation) and, given the call's
@@ -126,12 +126,11 @@ def resolve_backend(name: str, model, *, synced: bool = False, rows: int | None 
     return name
 
 
-@register
 class AutoEngine(RolloutEngine):
-    """``rollout_backend=auto``: holds an hf engine and, where the model supports it, a fast one, and
-    runs whichever ``resolve_backend`` picks for each call's row count (the trainer's steps and the
+    """``rollout_engine=auto``: holds an hf engine and, where the model supports it, a fast one, and
+    runs whichever ``resolve_engine`` picks for each call's row count (the trainer's steps and the
     evaluation batches may pick differently). Both draw the same tokens for the same keys, so the
-    choice changes the speed only; ``Rollout.backend`` says which ran."""
+    choice changes the speed only; ``Rollout.engine`` says which ran."""
 
     name = "auto"
     same_tokens_for_keys = True
@@ -147,7 +146,7 @@ class AutoEngine(RolloutEngine):
 
     def choose(self, rows: int, group_size: int) -> RolloutEngine:
         """The engine that runs a call of ``rows`` rows in groups of ``group_size``."""
-        name = resolve_backend("auto", self.model, synced=self.synced, rows=rows, group_size=group_size,
+        name = resolve_engine("auto", self.model, synced=self.synced, rows=rows, group_size=group_size,
                                kernels=self.kernels)
         return self.engines[name]
 
@@ -166,3 +165,6 @@ class AutoEngine(RolloutEngine):
         for engine in self.engines.values():
             engine.close()
         super().close()
+
+
+ROLLOUT_ENGINES.register(AutoEngine)

@@ -6,7 +6,7 @@ of the engine's own ``Options`` dataclass, whose fields carry their defaults; th
 ``<name>_<field>`` sets each, e.g. ``vllm_gpu_memory_utilization`` the vllm engine's
 ``gpu_memory_utilization``), samples groups of completions with ``generate``, hears about each
 optimizer step through ``sync_weights`` and is released with ``close``. Capabilities are declared on the class so callers can check them without
-building one. The engines live next to their code (hf.py, fast.py, choice.py, vllm.py) and register here;
+building one. The engines live next to their code (hf.py, fast.py, choice.py, vllm/colocated.py, vllm/client.py) and register here;
 ``grpo.rollout`` imports them all, so ``ROLLOUT_ENGINES`` is complete once that package is imported.
 """
 
@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from grpo.registry import Registry
-from grpo.rollout.base import Rollout
+from grpo.rollout.types import Rollout
 
 
 @dataclass(frozen=True)
@@ -28,10 +28,10 @@ class SamplingSettings:
     """How completions are drawn: the token budget, the warpers, and the prompt length kept."""
 
     max_new_tokens: int
-    temperature: float = 1.0
+    temperature: float  # temperature: no default here, so none can differ from the run's
+    max_prompt_length: int  # max_prompt_length: likewise
     top_p: float = 1.0
     top_k: int = 0
-    max_prompt_length: int = 1024
 
     def as_kwargs(self) -> dict:
         """The settings as the keyword arguments of ``generate_rollout`` / ``fast_rollout``."""
@@ -57,6 +57,9 @@ class RolloutEngine:
     ``serves_evaluation``: evaluation and the consistency probe sample with this engine too (one
     costly engine per run) instead of an hf engine beside it. ``supports_stop``: it ends a row where
     ``generate``'s ``stop`` says so (other engines ignore ``stop``; their callers cut the rows).
+    ``standalone``: the engine that samples alike in this process, for a command that evaluates one
+    model on its own (``grpo eval``) where this one serves other runs too (a shared server whose
+    weights it must not replace); None: this engine itself.
     """
 
     name: ClassVar[str] = ""
@@ -65,6 +68,7 @@ class RolloutEngine:
     own_kernels: ClassVar[bool] = False
     serves_evaluation: ClassVar[bool] = False
     supports_stop: ClassVar[bool] = False  # honours generate(stop=...)
+    standalone: ClassVar[str | None] = None
     Options: ClassVar[type] = NoOptions
 
     def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto", options=None):
@@ -134,9 +138,8 @@ def row_stopper(stop: Callable[[int, list[int]], bool]):
     return stop_rows
 
 
-ROLLOUT_ENGINES: Registry[type[RolloutEngine]] = Registry("rollout engine", field="rollout_backend",
+ROLLOUT_ENGINES: Registry[type[RolloutEngine]] = Registry("rollout engine", field="rollout_engine",
                                                       name_of=lambda cls: cls.name)
-register = ROLLOUT_ENGINES.register  # class decorator: the entry is named by the class's ``name``
 
 
 def engine_class(name: str) -> type[RolloutEngine]:
@@ -146,6 +149,6 @@ def engine_class(name: str) -> type[RolloutEngine]:
 
 def make_engine(name: str, model, tokenizer, *, synced: bool = False, kernels: str = "auto",
                 options=None) -> RolloutEngine:
-    """An engine of kind ``name`` (a ``rollout_backend`` value) on ``model``; ``options``: an instance
+    """An engine of kind ``name`` (a ``rollout_engine`` value) on ``model``; ``options``: an instance
     of its ``Options`` (None: their defaults)."""
     return engine_class(name)(model, tokenizer, synced=synced, kernels=kernels, options=options)

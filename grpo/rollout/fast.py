@@ -26,8 +26,8 @@ import torch
 
 from grpo.core import token_logprobs
 from grpo.models.packing import base_model
-from grpo.rollout.base import Rollout, encode_for_rollout, finish_rollout
-from grpo.rollout.engine import RolloutEngine, SamplingSettings, register, row_stopper
+from grpo.rollout.types import Rollout, encode_for_rollout, finish_rollout
+from grpo.rollout.engine import ROLLOUT_ENGINES, RolloutEngine, SamplingSettings, row_stopper
 from grpo.rollout.keys import KeyedSampler
 from grpo.rollout import native
 from grpo.rollout.decoder import TorchDecoder, RowCache, decoder_unsupported_reason
@@ -106,8 +106,8 @@ def cache_keyword(decoder) -> str:
     for name in ("cache", "past_key_values"):
         if name in params:
             return name
-    raise ValueError(f"rollout_backend fast: {type(decoder).__name__}.forward takes no 'cache' or "
-                     "'past_key_values'; use rollout_backend=hf")
+    raise ValueError(f"rollout_engine fast: {type(decoder).__name__}.forward takes no 'cache' or "
+                     "'past_key_values'; use rollout_engine=hf")
 
 
 class HFStep(RowCache):
@@ -170,14 +170,14 @@ def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_n
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False,
                  max_prompt_length: int = 1024, with_logprobs: bool = True, keys: list[int] | None = None,
                  synced: bool = False, kernels: str = "auto", use_native: bool = True, stop=None) -> Rollout:
-    """``generate_rollout``'s signature and Rollout (backend="fast"); see the module docstring.
+    """``generate_rollout``'s signature and Rollout (engine="fast"); see the module docstring.
     ``kernels``: the ``decode_kernels`` setting (tuning.parse_override: 'auto' measures each product's
     kernel once per machine and shape); the logits equal HF's to fp32 rounding whichever runs (the
     decode step folds the RMSNorm weights into its products). ``use_native``: the C small ops of
     native.py where they build; off, TorchDecoder's PyTorch ops. ``stop``: RolloutEngine.generate's."""
     reason = fast_unsupported_reason(model, synced=synced)
     if reason is not None:
-        raise ValueError(f"rollout_backend fast: {reason}")
+        raise ValueError(f"rollout_engine fast: {reason}")
     start = time.perf_counter()
     enc = encode_for_rollout(model, tokenizer, prompts, group_size=group_size, max_prompt_length=max_prompt_length,
                              keys=keys)
@@ -192,11 +192,10 @@ def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_n
                          stop_rows=None if stop is None else row_stopper(stop))
     finally:
         model.train(was_training)
-    return finish_rollout(tokenizer, *enc.rows(), out["ids"], eos, sampling_logp=out["logp"], backend="fast",
+    return finish_rollout(tokenizer, *enc.rows(), out["ids"], eos, sampling_logp=out["logp"], engine="fast",
                           seconds=time.perf_counter() - start, prompts_truncated=enc.cut)
 
 
-@register
 class FastEngine(RolloutEngine):
     """Our decode loop (``fast_rollout``) for the decoder-only architectures it was checked against;
     refuses other models, and synced generation, when built."""
@@ -209,7 +208,7 @@ class FastEngine(RolloutEngine):
     def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto", options=None):
         reason = fast_unsupported_reason(model, synced=synced)
         if reason is not None:
-            raise ValueError(f"rollout_backend fast: {reason}")
+            raise ValueError(f"rollout_engine fast: {reason}")
         super().__init__(model, tokenizer, synced=synced, kernels=kernels, options=options)
 
     def _generate(self, prompts: list[str], *, group_size: int, sampling: SamplingSettings, keys: list[int] | None,
@@ -217,6 +216,9 @@ class FastEngine(RolloutEngine):
         return fast_rollout(self.model, self.tokenizer, prompts, group_size=group_size, greedy=greedy,
                             with_logprobs=with_logprobs, keys=keys, synced=self.synced, kernels=self.kernels,
                             stop=stop, **sampling.as_kwargs())
+
+
+ROLLOUT_ENGINES.register(FastEngine)
 
 
 @dataclass
@@ -284,9 +286,9 @@ def _decode(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new_to
     out = decoder(input_ids=ids, attention_mask=pmask if padded else None, position_ids=pos, use_cache=True,
                   **{cache_keyword(decoder): cache})
     if cache.get_seq_length() != ids.shape[1]:  # the decoder made a cache of its own: ours saw nothing
-        raise RuntimeError(f"rollout_backend fast: the prefill filled {cache.get_seq_length()} of {ids.shape[1]} "
+        raise RuntimeError(f"rollout_engine fast: the prefill filled {cache.get_seq_length()} of {ids.shape[1]} "
                            f"cache positions ({type(decoder).__name__} ignored the cache it was given); "
-                           "use rollout_backend=hf")
+                           "use rollout_engine=hf")
     stepper.start(cache, pmask, g, max_new_tokens)
     scores = _logits(head, out.last_hidden_state[:, -1]).repeat_interleave(g, 0)  # [N, V]
     live = torch.arange(n_rows, device=device)  # [n] global row of each live row

@@ -7,8 +7,8 @@ import time
 import torch
 
 from grpo.core import token_logprobs
-from grpo.rollout.base import Rollout, encode_for_rollout, finish_rollout
-from grpo.rollout.engine import RolloutEngine, SamplingSettings, register
+from grpo.rollout.types import Rollout, encode_for_rollout, finish_rollout
+from grpo.rollout.engine import ROLLOUT_ENGINES, RolloutEngine, SamplingSettings
 from grpo.rollout.keys import KeyedSampler
 
 
@@ -63,10 +63,9 @@ def generate_rollout(model, tokenizer, prompts: list[str], *, group_size: int, m
         logits = torch.stack(out.logits, dim=1)  # [N, T, V] raw logits of each decoding step
         sampling_logp = token_logprobs(logits, completion_ids, temperature=temperature)  # [N, T]
     return finish_rollout(tokenizer, prompt_ids, prompt_mask, completion_ids, eos, sampling_logp=sampling_logp,
-                          backend="hf", seconds=time.perf_counter() - start, prompts_truncated=enc.cut)
+                          engine="hf", seconds=time.perf_counter() - start, prompts_truncated=enc.cut)
 
 
-@register
 class HFEngine(RolloutEngine):
     """Sampling with transformers ``generate`` (``generate_rollout``): any causal LM, synced FSDP2
     generation included; keyed rows draw through ``KeyedSampler``."""
@@ -81,3 +80,6 @@ class HFEngine(RolloutEngine):
         return generate_rollout(self.model, self.tokenizer, prompts, group_size=group_size, greedy=greedy,
                                 with_logprobs=with_logprobs, keys=keys, synced=self.synced, stop=stop,
                                 **sampling.as_kwargs())
+
+
+ROLLOUT_ENGINES.register(HFEngine)

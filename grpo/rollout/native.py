@@ -1,6 +1,6 @@
 """The fused decode step with its small ops in C: rotary embedding, KV-cache write and attention in
 one call per layer, residual + RMSNorm and SiLU * up in one call each (decode_ops.c), between the
-four oneDNN-packed products of fused.py.
+four oneDNN-packed products of decoder.py.
 
 Dimension letters: n live rows, N = B * G rows, B prompts, H hidden size, Hq / Hk query / key-value
 heads, D head dim, I intermediate size, P prompt positions, C completion positions.

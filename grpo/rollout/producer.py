@@ -4,9 +4,13 @@ The trainer's weights reach the engine process through shared memory: ``publish`
 policy's parameters into one shared buffer per dtype and raises the version counter under a lock;
 the engine process copies the newest version into its own model before each sampling call (and,
 with partial rollouts, between segments: ``segments.sample_versioned``), so a copy never stops the
-other side for longer than a memory copy. The engine process is started from the trainer's main
-thread and dies with it (``infra.processes.die_with_parent``); a call whose process died is an
-EngineError naming its exit code, and so is every later call.
+other side for longer than a memory copy. Only the first version moves every parameter: after it,
+only the trainable ones (all of a full fine-tune; a LoRA policy's adapters, the frozen base held once
+by the engine process, which wraps its model with the policy's own LoRA config). A QLoRA base is sent
+once dequantized: the engine process samples it unquantized, with the same values the 4-bit layers
+multiply by. The engine process is started from the trainer's main thread and dies with it
+(``infra.processes.die_with_parent``); a call whose process died is an EngineError naming its exit
+code, and so is every later call.
 
 Any registered engine runs inside (``make_engine`` with the run's settings): the in-process engines
 sample from the process's own copy of the weights; a vLLM engine gets them through its own
@@ -26,9 +30,10 @@ import torch
 
 from grpo.errors import EngineError
 from grpo.infra.processes import die_with_parent
-from grpo.rollout.base import Rollout
+from grpo.rollout.types import Rollout
 from grpo.rollout.engine import RolloutEngine, SamplingSettings, engine_class, make_engine
 from grpo.rollout.segments import sample_versioned
+from grpo.rollout.whole import architecture, lora_config, replica_model, whole_weights
 
 POLL_SECONDS = 0.2  # how often a waiting call checks that the engine process is alive
 
@@ -36,22 +41,22 @@ POLL_SECONDS = 0.2  # how often a waiting call checks that the engine process is
 @dataclass(frozen=True)
 class EngineProcessSettings:
     """How the engine process is built (train/settings.py builds it from the Config): the engine (a
-    rollout_backend value), its kernel setting and options, its CPU threads (0: torch's default),
+    rollout_engine value), its kernel setting and options, its CPU threads (0: torch's default),
     partial-rollout segments (0: off) and how long it may take to start."""
 
-    backend: str
-    kernels: str = "auto"
-    options: object = None  # an instance of the engine's Options (None: their defaults)
-    threads: int = 0
-    segment_tokens: int = 0
+    engine: str  # rollout_engine: its ROLLOUT_ENGINES name
+    kernels: str  # decode_kernels
+    options: object  # an instance of the engine's Options (None: their defaults)
+    threads: int  # async_engine_threads, else half the cores (0: torch's default)
+    segment_tokens: int = 0  # partial_rollout_tokens where partial_rollouts (0: off)
     start_timeout: float = 600.0
 
 
-def _layout(model) -> list[tuple[str, str, int, tuple]]:
+def _layout(weights: dict[str, torch.Tensor]) -> list[tuple[str, str, int, tuple]]:
     """(name, dtype, offset, shape) of each parameter in its dtype's flat buffer."""
     offsets: dict[str, int] = {}
     out = []
-    for name, p in model.named_parameters():
+    for name, p in weights.items():
         key = str(p.dtype).removeprefix("torch.")
         out.append((name, key, offsets.get(key, 0), tuple(p.shape)))
         offsets[key] = offsets.get(key, 0) + p.numel()
@@ -79,35 +84,42 @@ def _unpack(d: dict) -> Rollout:
     return Rollout(**{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in d.items()})
 
 
-def _engine_main(conn, settings: EngineProcessSettings, model_config, tokenizer, flat, layout, version, lock,
-                 parent_pid: int) -> None:
-    """The engine process: its own model from ``model_config`` (the policy's), the shared weights
-    copied in, then one request at a time from ``conn`` until None."""
+class _LoadedWeights:
+    """The engine process's side of the shared weights: its model, and ``refresh`` copying a newer
+    version in (every weight the first time, the trainable ones after) before telling ``engine``."""
+
+    def __init__(self, w: SharedWeights):
+        self.w = w
+        dtype = getattr(torch, w.layout[0][1]) if w.layout else torch.float32
+        self.model = replica_model(w.model_config, dtype, w.peft_config)
+        self.mine, self.shared = dict(self.model.named_parameters()), _views(w.flat, w.layout)
+        self.changing = {name: self.shared[name] for name in w.trainable}
+        self.version, self.engine = -1, None
+
+    def refresh(self) -> int:
+        w = self.w
+        if w.version.value != self.version:
+            with w.lock:
+                names = self.changing if self.version >= 0 else self.shared  # the frozen rest is copied once
+                _copy({n: self.mine[n] for n in names}, self.shared)
+                self.version = w.version.value
+            if self.engine is not None:
+                self.engine.sync_weights(self.model)
+        return self.version
+
+
+def _engine_main(conn, settings: EngineProcessSettings, weights: SharedWeights, tokenizer, parent_pid: int) -> None:
+    """The engine process: its own model of the policy's architecture, the shared weights copied in
+    (after the first version only the trainable ones), then one request at a time from ``conn`` until None."""
     die_with_parent(parent_pid)
     try:
-        from transformers import AutoModelForCausalLM
-
         if settings.threads:
             torch.set_num_threads(settings.threads)
-        dtype = getattr(torch, layout[0][1]) if layout else torch.float32
-        attn = getattr(model_config, "_attn_implementation", None)
-        model = AutoModelForCausalLM.from_config(model_config, dtype=dtype, attn_implementation=attn)
-        model.eval()
-        mine, shared = dict(model.named_parameters()), _views(flat, layout)
-        loaded = {"version": -1}
-
-        def refresh() -> int:
-            if version.value != loaded["version"]:
-                with lock:
-                    _copy(mine, shared)
-                    loaded["version"] = version.value
-                if engine is not None:
-                    engine.sync_weights(model)
-            return loaded["version"]
-
-        engine = None
+        loaded = _LoadedWeights(weights)
+        refresh, model = loaded.refresh, loaded.model
         refresh()
-        engine = make_engine(settings.backend, model, tokenizer, kernels=settings.kernels, options=settings.options)
+        engine = loaded.engine = make_engine(settings.engine, model, tokenizer, kernels=settings.kernels,
+                                             options=settings.options)
         conn.send(("ready", None))
     except BaseException as e:  # noqa: BLE001 - reported to the trainer, which raises it
         conn.send(("error", f"{type(e).__name__}: {e}"))
@@ -128,27 +140,49 @@ def _engine_main(conn, settings: EngineProcessSettings, model_config, tokenizer,
         engine.close()
 
 
+@dataclass
+class SharedWeights:
+    """The policy's weights in shared memory, as both processes see them: the flat buffers (one per
+    dtype) and where each parameter lies in them, which parameters change between versions (the
+    trainable ones), the architecture (and LoRA config) the engine process builds, the version
+    counter and the lock a copy holds."""
+
+    flat: dict
+    layout: list
+    trainable: tuple
+    model_config: object
+    peft_config: object
+    version: object
+    lock: object
+
+
 class EngineProcess:
     """The parent's handle on the engine process (started here, from the calling thread, which
-    should be the trainer's main thread: the child dies when it ends)."""
+    should be the trainer's main thread: the child dies when it ends). ``last_publish_bytes``: what
+    the latest ``publish`` copied (every parameter the first time, the trainable ones after);
+    ``full_bytes``: what a publish of every parameter copies."""
 
     def __init__(self, model, tokenizer, settings: EngineProcessSettings, *, version: int = 0):
         ctx = torch.multiprocessing.get_context("spawn")
-        self.settings, self.layout = settings, _layout(model)
+        self.settings, self.layout = settings, _layout(whole_weights(model))
         sizes: dict[str, int] = {}
         for _, key, off, shape in self.layout:
             sizes[key] = max(sizes.get(key, 0), off + int(np.prod(shape, dtype=np.int64)))
         self.flat = {key: torch.empty(n, dtype=getattr(torch, key)).share_memory_() for key, n in sizes.items()}
         self.views = _views(self.flat, self.layout)
-        self.version, self.lock = ctx.Value("q", -1, lock=False), ctx.Lock()
+        self.trainable = tuple(name for name, p in model.named_parameters() if p.requires_grad)
+        self.weights = SharedWeights(self.flat, self.layout, self.trainable, architecture(model), lora_config(model),
+                                     ctx.Value("q", -1, lock=False), ctx.Lock())
+        self.version, self.lock = self.weights.version, self.weights.lock
+        self.last_publish_bytes = 0
+        self.full_bytes = sum(v.numel() * v.element_size() for v in self.views.values())
         self.publish(model, version)
         self.conn, child = ctx.Pipe()
         # a vLLM engine starts its engine core in a process of its own, which a daemonic process may
         # not; either way the engine process dies with the trainer (die_with_parent) and close() ends it
-        daemon = not engine_class(settings.backend).own_kernels
+        daemon = not engine_class(settings.engine).own_kernels
         self.proc = ctx.Process(target=_engine_main, daemon=daemon, name="grpo-rollout-engine",
-                                args=(child, settings, model.config, tokenizer, self.flat, self.layout, self.version,
-                                      self.lock, os.getpid()))
+                                args=(child, settings, self.weights, tokenizer, os.getpid()))
         self.proc.start()
         child.close()
         self.dead: str | None = None
@@ -161,11 +195,15 @@ class EngineProcess:
         return int(self.version.value)
 
     def publish(self, model, version: int) -> None:
-        """``model``'s current parameters become the engine's next weights, numbered ``version``."""
-        params = dict(model.named_parameters())
+        """``model``'s current parameters become the engine's next weights, numbered ``version``: all of
+        them the first time, then the trainable ones (the frozen rest cannot have changed)."""
+        first = self.version.value < 0
+        views = self.views if first else {n: self.views[n] for n in self.trainable}
+        params = whole_weights(model, None if first else set(self.trainable))
         with self.lock:
-            _copy(self.views, params)
+            _copy(views, params)
             self.version.value = version
+        self.last_publish_bytes = sum(t.numel() * t.element_size() for t in views.values())
 
     def generate(self, **request) -> Rollout:
         """One sampling call (``sample_versioned``'s keywords but the engine) in the engine process."""
@@ -194,7 +232,7 @@ class EngineProcess:
         if kind == "error":
             if what == "start":
                 self.close()
-                raise EngineError(f"the rollout engine process could not start its {self.settings.backend!r} "
+                raise EngineError(f"the rollout engine process could not start its {self.settings.engine!r} "
                                   f"engine: {payload}")
             raise RuntimeError(f"rollout engine process: {payload}")
         return payload
@@ -206,7 +244,7 @@ class EngineProcess:
             self.dead = "the rollout engine process was closed"
         else:
             how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-            self.dead = f"the rollout engine process (pid {self.proc.pid}, {self.settings.backend}) {how} while {what}"
+            self.dead = f"the rollout engine process (pid {self.proc.pid}, {self.settings.engine}) {how} while {what}"
         raise EngineError(self.dead)
 
     def close(self) -> None:
@@ -234,7 +272,7 @@ class ProcessEngine(RolloutEngine):
     name = "process"
 
     def __init__(self, model, tokenizer, *, process: EngineProcess):
-        inner = engine_class(process.settings.backend)
+        inner = engine_class(process.settings.engine)
         super().__init__(model, tokenizer)
         self.process = process
         self.same_tokens_for_keys = inner.same_tokens_for_keys

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from grpo.rollout.base import Rollout, eos_token_ids, finish_rollout
+from grpo.rollout.types import Rollout, eos_token_ids, finish_rollout
 from grpo.rollout.engine import RolloutEngine, SamplingSettings
 from grpo.rollout.keys import _mix64
 
@@ -90,5 +90,5 @@ def _assemble(engine: RolloutEngine, first: Rollout, ids: list[list[int]], logps
             logp[r, :k] = torch.tensor(logps[r])
     eos = eos_token_ids(engine.model, engine.tokenizer)
     ro = finish_rollout(engine.tokenizer, first.prompt_ids, first.prompt_mask, comp, eos, sampling_logp=logp,
-                        backend=first.backend, seconds=seconds, prompts_truncated=first.prompts_truncated)
+                        engine=first.engine, seconds=seconds, prompts_truncated=first.prompts_truncated)
     return dataclasses.replace(ro, versions=versions)

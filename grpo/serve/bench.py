@@ -58,7 +58,7 @@ def held_out_prompts(source: str) -> list[str]:
     """The held-out prompts of a run's task (a run folder) or of a task name, as the trainer holds
     them out (its eval_prompts, with the config's defaults)."""
     from grpo.config.io import load_config
-    from grpo.data.tasks import task_of
+    from grpo.train.settings import task_of
 
     p = Path(source)
     cfg = load_config(p / "config.yaml") if (p / "config.yaml").is_file() else load_config(None, [f"task={source}"])
@@ -173,7 +173,7 @@ class VLLMServer:
                "grpo", "--dtype", dtype, "--max-num-seqs", str(max_rows), "--max-model-len", str(max_len),
                "--enable-prefix-caching", "--generation-config", "vllm", "--disable-uvicorn-access-log"]
         if not _cuda():
-            from grpo.serve.vllm_engine import kv_bytes
+            from grpo.serve.vllm_lanes import kv_bytes
 
             cmd += ["--enforce-eager", "--kv-cache-memory-bytes", str(int(1.5 * kv_bytes(folder, max_rows * max_len)))]
         self.log = open(log, "w")

@@ -11,7 +11,7 @@ seed 003 section 5.3). Nothing waits for a batch to finish, and no row is padded
 Every engine has the constructor ``(model, tokenizer, *, kernels, max_rows, max_len)``. The fast
 engine is the project's own decode step over a paged KV cache with prefix caching (grpo.rollout.paged);
 the hf engine runs transformers' forward row by row, each row with its own cache (any causal LM).
-vLLM's own engine serves with ``--engine vllm`` (grpo.serve.vllm_engine).
+vLLM's own engine serves with ``--engine vllm`` (grpo.serve.vllm_lanes).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 from grpo.core.entropy_stop import next_token_entropy
 from grpo.errors import ConfigError
 from grpo.models.packing import base_model
-from grpo.rollout.base import eos_token_ids
+from grpo.rollout.types import eos_token_ids
 from grpo.rollout.decoder import decoder_unsupported_reason
 from grpo.rollout.fast import cache_keyword, fast_unsupported_reason, step_products
 from grpo.rollout.paged import PAGE, PagedDecoder, PagePool, PrefixCache
@@ -241,8 +241,9 @@ class ServeEngine:
         """Give back what the row holds (cache pages)."""
 
 
-SERVE_ENGINES: Registry[type[ServeEngine]] = Registry("serving engine", field="--engine", name_of=lambda cls: cls.name)
-register = SERVE_ENGINES.register  # class decorator: the entry is named by the class's ``name``
+# ServeEngine classes, and engines that build the whole server state themselves (a ``build_state``:
+# vLLM's, grpo.serve.vllm_lanes)
+SERVE_ENGINES: Registry[type] = Registry("serving engine", field="--engine", name_of=lambda cls: cls.name)
 
 
 def make_serve_engine(name: str, model, tokenizer, *, kernels: str = "auto", max_rows: int = 8,
@@ -252,13 +253,13 @@ def make_serve_engine(name: str, model, tokenizer, *, kernels: str = "auto", max
     if name == "auto":
         name = "fast" if fast_unsupported_reason(model) is None and \
             decoder_unsupported_reason(base_model(model), max_len) is None else "hf"
-    # vllm: vLLM's own engine, built by the serve command (grpo.serve.vllm_engine), not a ServeEngine
-    cls = SERVE_ENGINES.lookup(name, also=("auto", "vllm"))
+    cls = SERVE_ENGINES.lookup(name, also=("auto",))
+    if not isinstance(cls, type) or not issubclass(cls, ServeEngine):
+        raise ConfigError(f"--engine {name}: builds the whole server (its build_state), not one engine on a model")
     own = {k: v for k, v in (options or {}).items() if k in cls.OPTIONS}
     return cls(model, tokenizer, kernels=kernels, max_rows=max_rows, max_len=max_len, **own)
 
 
-@register
 class FastServeEngine(ServeEngine):
     """grpo's decode step over a paged KV cache (grpo.rollout.paged): one forward per step over every
     row's token or prompt chunk, the products packed once (the served weights never change), the
@@ -349,7 +350,9 @@ class FastServeEngine(ServeEngine):
             self._advance([r for r, _ in ready], scores)
 
 
-@register
+SERVE_ENGINES.register(FastServeEngine)
+
+
 class HFServeEngine(ServeEngine):
     """transformers' forward, row by row, each row with its own KV cache (any causal LM; no prefix
     caching): continuous batching in its admission and leaving, one forward per row per step."""
@@ -380,3 +383,6 @@ class HFServeEngine(ServeEngine):
             r.done = len(r.ids)
             self.fed += len(fed)
         self._advance(rows, torch.stack(scores))  # [n, V]
+
+
+SERVE_ENGINES.register(HFServeEngine)

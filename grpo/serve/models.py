@@ -12,10 +12,11 @@ import torch
 from grpo.errors import CheckpointError, ConfigError
 from grpo.infra.checkpoint import newest_checkpoint
 from grpo.models.loading import load_tokenizer, resolve_model_path
+from grpo.rewards.reward import RewardOptions
 
 
 @dataclass
-class Source:
+class ServedSource:
     """What a ``RUN_OR_MODEL`` argument names: the weights to load and the model they started from."""
 
     name: str  # as given
@@ -27,12 +28,13 @@ class Source:
     rewards: str | None = None  # the run's reward functions (the completeness check's default); None: not a run
     probe_prompts: tuple = ()  # an exported folder's recorded held-out prompts (--completeness auto measures on them)
     run: str | None = None  # the run folder it came from (its held-out prompts: probe_prompts_of)
+    reward_options: RewardOptions = RewardOptions()  # a run's reward settings (--verifier resolves with them)
 
 
 EXPORT_FILE = "grpo_export.json"
 
 
-def source_of(name: str) -> Source:
+def source_of(name: str) -> ServedSource:
     """A run folder (it holds config.yaml) -> its newest checkpoint over the run's model; a folder
     ``grpo export`` wrote -> its weights over the base model its grpo_export.json records, with the
     run's system prompt, prompt limit and rewards; anything else -> the model itself, its own base."""
@@ -44,36 +46,35 @@ def source_of(name: str) -> Source:
             raise ConfigError(f"{p / EXPORT_FILE}: not JSON ({e})") from None
         if not isinstance(info, dict):
             raise ConfigError(f"{p / EXPORT_FILE}: a JSON object expected")
-        return Source(name, name, info.get("base_model") or name, False, info.get("system_prompt") or "",
+        return ServedSource(name, name, info.get("base_model") or name, False, info.get("system_prompt") or "",
                       info.get("max_prompt_length"), info.get("rewards"), tuple(info.get("probe_prompts") or ()))
     if p.is_dir() and (p / "config.yaml").is_file():
         from grpo.config.io import load_config
+        from grpo.train.settings import run_record
 
-        cfg = load_config(p / "config.yaml")
+        run = run_record(load_config(p / "config.yaml"))
         ckpt = newest_checkpoint(p)
         if ckpt is None:
             raise CheckpointError(f"{p}: a run folder without checkpoints (nothing trained to serve)")
-        return Source(name, str(ckpt), cfg.model, (ckpt / "adapter_config.json").is_file(), cfg.system_prompt,
-                      cfg.max_prompt_length, cfg.rewards, run=str(p))
-    return Source(name, name, name, False)
+        return ServedSource(name, str(ckpt), run.model, (ckpt / "adapter_config.json").is_file(), run.system_prompt,
+                            run.max_prompt_length, run.rewards, run=str(p), reward_options=run.reward_options)
+    return ServedSource(name, name, name, False)
 
 
 PROBE_PROMPTS = 8  # held-out prompts --completeness auto answers at start-up
 
 
-def probe_prompts_of(src: Source) -> tuple:
+def probe_prompts_of(src: ServedSource) -> tuple:
     """The held-out prompts --completeness auto measures on: an exported folder's recorded ones, or the
     first PROBE_PROMPTS of its run's task, loaded here (none where that cannot be: a dataset that stayed
     on another machine or the hub, a mixture; the check is then chosen by rule)."""
     if src.probe_prompts or src.run is None:
         return tuple(src.probe_prompts)
     from grpo.config.io import load_config
-    from grpo.config.mixture_settings import mixture_of
-    from grpo.data import task_of
+    from grpo.train.settings import held_out_prompts
 
     try:
-        cfg = load_config(Path(src.run) / "config.yaml")
-        return () if mixture_of(cfg) is not None else tuple(row["prompt"] for row in task_of(cfg).eval[:PROBE_PROMPTS])
+        return held_out_prompts(load_config(Path(src.run) / "config.yaml"), PROBE_PROMPTS)
     except Exception:  # any reason the task cannot be loaded here: the measurement is skipped, not the server
         return ()
 
@@ -86,7 +87,7 @@ def _load(path: str):
     return model.eval()
 
 
-def load_policy(src: Source):
+def load_policy(src: ServedSource):
     """The source's model as plain full weights (adapters merged: W + scaling * B A) and its tokenizer."""
     if not src.lora:
         return _load(src.weights), load_tokenizer(resolve_model_path(src.weights))
@@ -96,24 +97,24 @@ def load_policy(src: Source):
     return merged.eval(), load_tokenizer(src.weights)
 
 
-def load_base(src: Source):
+def load_base(src: ServedSource):
     """The source's base model and its tokenizer (a plain model: itself again, a second copy)."""
     return _load(src.base), load_tokenizer(resolve_model_path(src.base))
 
 
-def same_weights(a: Source, b: Source) -> bool:
+def same_weights(a: ServedSource, b: ServedSource) -> bool:
     """Whether two sources load the same weights (a model served as its own fallback)."""
     return not a.lora and not b.lora and a.weights == b.weights
 
 
-def fallback_source(src: Source, fallback: str) -> Source:
+def fallback_source(src: ServedSource, fallback: str) -> ServedSource:
     """``--fallback``: 'base' is the run's base model; anything else is a model or run folder."""
     if fallback == "base":
-        return Source(src.base, src.base, src.base, False, src.system_prompt, src.max_prompt_length)
+        return ServedSource(src.base, src.base, src.base, False, src.system_prompt, src.max_prompt_length)
     if not fallback:
         raise ConfigError("--fallback: empty; give 'base' or a model")
     other = source_of(fallback)
-    return Source(other.name, other.weights, other.base, other.lora, src.system_prompt, src.max_prompt_length)
+    return ServedSource(other.name, other.weights, other.base, other.lora, src.system_prompt, src.max_prompt_length)
 
 
 def export(name: str, out: Path) -> Path:

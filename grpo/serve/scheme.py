@@ -66,7 +66,6 @@ _SENTENCE_END = re.compile(r"[.!?。！？]\s*[$)*\s]*$|\n\s*$")
 COMPLETENESS_CHECKS: Registry = Registry("completeness check", field="--completeness")
 
 
-@COMPLETENESS_CHECKS.register("markers")
 def _markers_check(gen: Generation, sample: dict, scheme: "Scheme") -> str | None:
     """A closing marker of the answer's language (a language without markers passes); an
     entropy-stopped answer with no markers configured has nothing showing it concluded."""
@@ -77,7 +76,9 @@ def _markers_check(gen: Generation, sample: dict, scheme: "Scheme") -> str | Non
     return "early_stop" if gen.finish == "entropy" else None
 
 
-@COMPLETENESS_CHECKS.register("final_answer")
+COMPLETENESS_CHECKS.register("markers", _markers_check)
+
+
 def _final_answer_check(gen: Generation, sample: dict, scheme: "Scheme") -> str | None:
     """One final answer stated as such, by the ``stated_answer`` reward's rule: a recognised form
     (\\boxed{}, '#### n', 'answer is n') or the last number stated as a result ('7 + 5 = 12', 'the sum
@@ -90,7 +91,9 @@ def _final_answer_check(gen: Generation, sample: dict, scheme: "Scheme") -> str 
     return None
 
 
-@COMPLETENESS_CHECKS.register("verifier")
+COMPLETENESS_CHECKS.register("final_answer", _final_answer_check)
+
+
 def _verifier_check(gen: Generation, sample: dict, scheme: "Scheme") -> str | None:
     """The ``--verifier`` reward scores the answer above 0 (a reward that raises rejects it)."""
     if scheme.verifier is None:
@@ -105,11 +108,16 @@ def _verifier_check(gen: Generation, sample: dict, scheme: "Scheme") -> str | No
     return None if score is not None and score > 0 else "verifier_rejected"
 
 
-@COMPLETENESS_CHECKS.register("ended")
+COMPLETENESS_CHECKS.register("verifier", _verifier_check)
+
+
 def _ended_check(gen: Generation, sample: dict, scheme: "Scheme") -> str | None:
     """No check of the content: an answer that ended on its own (EOS or the entropy stop) within the cap
     and the deadline is complete. What auto picks where the run's own answers pass no content check."""
     return None
+
+
+COMPLETENESS_CHECKS.register("ended", _ended_check)
 
 
 CONTENT_CHECKS = ("final_answer", "markers")  # what --completeness auto measures, before falling back to ended

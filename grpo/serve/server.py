@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from grpo.errors import ConfigError
+from grpo.rewards.reward import RewardOptions
 from grpo.infra.http import check_bind
 from grpo.serve.scheme import COMPLETENESS_CHECKS, DEFAULT_ENTROPY_THRESHOLD, DEFAULT_MARKERS, Scheme, default_completeness
 
@@ -62,13 +63,14 @@ def completeness_of(args, rewards: str | None) -> str:
     return check
 
 
-def build_scheme(args, rewards: str | None = None) -> Scheme:
-    """The scheme of the flags; ``rewards``: the served run's reward functions (None: not a run)."""
+def build_scheme(args, rewards: str | None = None, reward_options: RewardOptions = RewardOptions()) -> Scheme:
+    """The scheme of the flags; ``rewards``: the served run's reward functions (None: not a run);
+    ``reward_options``: how --verifier is resolved (a run's: its reward_* and judge_* fields)."""
     verifier = None
     if args.verifier:
         from grpo.rewards import resolve_reward
 
-        verifier = resolve_reward(args.verifier)
+        verifier = resolve_reward(args.verifier, reward_options)
     scheme = Scheme(grpo_max_tokens=args.grpo_max_tokens, entropy_threshold=args.entropy_threshold,
                     entropy_run=args.entropy_run, deadline_s=args.deadline, completeness=completeness_of(args, rewards),
                     markers=parse_markers(args.closing_markers), verifier=verifier,
@@ -136,18 +138,16 @@ def build_state(args, src=None):
     scheduler; warm each lane up once. ``src``: what ``args.model`` names, where the caller read it."""
     from grpo.serve.app import ServerState
     from grpo.serve.batcher import Lane, Scheduler
-    from grpo.serve.engines import make_serve_engine
+    from grpo.serve.engines import SERVE_ENGINES, make_serve_engine
     from grpo.serve.models import fallback_source, load_base, load_policy, same_weights, source_of
 
     src = src or source_of(args.model)
-    scheme = build_scheme(args, src.rewards)
+    scheme = build_scheme(args, src.rewards, src.reward_options)
     limits = limits_of(args, src)
     fb_src = fallback_source(src, args.fallback)
     same = same_weights(src, fb_src)
-    if args.engine == "vllm":
-        from grpo.serve.vllm_engine import build_vllm_state
-
-        return build_vllm_state(args, src, fb_src, scheme, limits, same=same)
+    if hasattr(SERVE_ENGINES.get(args.engine), "build_state"):  # the server over lanes of its own (vLLM's)
+        return SERVE_ENGINES[args.engine].build_state(args, src, fb_src, scheme, limits, same=same)
     policy, tok = load_policy(src)
     caps = (scheme.grpo_max_tokens, scheme.fallback_max_tokens)
     kw = dict(kernels=args.kernels, max_rows=args.max_batch * (2 if same else 1))

@@ -29,9 +29,9 @@ class SFTSettings:
 
     data: str  # sft_data: the .jsonl / .json file of rows
     run_dir: Path  # output_dir: the run folder (made by the CLI)
+    micro_batch: int | None  # per_device_train_batch_size: rows (packed rows with packing) per forward (None: batch_size)
     epochs: float = 3.0  # sft_epochs: passes over the training rows
     batch_size: int = 8  # sft_batch_size: rows per optimizer step, over all processes
-    micro_batch: int | None = None  # per_device_train_batch_size: rows (packed rows with packing) per forward
     max_length: int = 1024  # sft_max_length: tokens kept per row, and per packed row
     packing: bool = False  # sft_packing: a step's rows packed into rows of at most max_length tokens
     eval_share: float = 0.0  # sft_eval_share: share of the rows held out

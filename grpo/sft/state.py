@@ -13,7 +13,7 @@ import hashlib
 from pathlib import Path
 
 from grpo.errors import CheckpointError
-from grpo.infra import checkpoint as ckpt_io
+from grpo.infra.checkpoint import load_state, set_rng_state
 from grpo.infra.logger import trim_step_logs
 from grpo.train.state import load_policy_weights
 
@@ -52,7 +52,7 @@ def restore(run, ckpt: Path) -> None:
     """Weights, optimizer, schedule, RNG and step from ``ckpt``, so the next step is the one the
     uninterrupted run would have taken; metrics lines written after it (by a run that later died)
     are dropped (on the main process, which writes them)."""
-    state = ckpt_io.load_state(ckpt)
+    state = load_state(ckpt)
     _check_same_run(state, run, ckpt)
     load_policy_weights(run.policy, ckpt, peft=run.peft, sharded=False)
     try:
@@ -63,7 +63,7 @@ def restore(run, ckpt: Path) -> None:
                               "resume with the settings the run started with") from None
     run.step = state["step"]
     rngs = state["rng"]  # one per process; resumed on another number of processes, each takes rank 0's
-    ckpt_io.set_rng_state(rngs[run.world.rank] if len(rngs) == run.world.size else rngs[0])
+    set_rng_state(rngs[run.world.rank] if len(rngs) == run.world.size else rngs[0])
     if run.world.is_main:
         cut = trim_step_logs(run.s.run_dir, run.step)
         if cut:

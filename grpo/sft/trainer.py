@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from grpo.errors import ConfigError
-from grpo.infra import distributed as dist_io
+from grpo.infra import distributed
 from grpo.infra.checkpoint import rng_state, save_checkpoint
 from grpo.infra.logger import NullLogger, RunLogger
 from grpo.infra.runtime import seed_everything
@@ -41,7 +41,7 @@ from grpo.train.state import resume_path
 __all__ = ["SFTModelSettings", "SFTRun", "SFTSettings", "rank_share"]
 
 
-def rank_share(n: int, world: dist_io.World) -> range:
+def rank_share(n: int, world: distributed.World) -> range:
     """This process's contiguous share of ``n`` rows: sizes differ by at most one, lower ranks first."""
     base, extra = divmod(n, world.size)
     start = world.rank * base + min(world.rank, extra)
@@ -62,10 +62,10 @@ def _load(models: SFTModelSettings, device: torch.device):
 class SFTRun:
     """One supervised run: the model, its data (a seeded held-out share), the optimizer and schedule."""
 
-    def __init__(self, models: SFTModelSettings, settings: SFTSettings, *, world: dist_io.World | None = None,
+    def __init__(self, models: SFTModelSettings, settings: SFTSettings, *, world: distributed.World | None = None,
                  note=print):
         s, self.s, self.note = settings, settings, note
-        self.world = world or dist_io.World()
+        self.world = world or distributed.World()
         if self.world.distributed and s.batch_size < self.world.size:
             raise ConfigError(f"sft_batch_size: {s.batch_size} rows per step cannot give each of "
                               f"{self.world.size} processes a row; use at least {self.world.size}")
@@ -84,7 +84,7 @@ class SFTRun:
         if s.packing and not packing_isolated(self.policy, vocab):
             raise ConfigError(f"sft_packing: this model's attention ({self.policy.config._attn_implementation}) does "
                               "not keep packed rows apart by their position ids; use sft_packing=false")
-        self.module = dist_io.wrap_policy(self.policy, self.world, "ddp")  # the training forward's module
+        self.module = distributed.wrap_policy(self.policy, self.world, "ddp")  # the training forward's module
         self._split_rows(load_examples(s.data, self.tok, max_length=s.max_length))
         params = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = adamw(params, lr=s.learning_rate, betas=(s.adam_beta1, s.adam_beta2),
@@ -133,7 +133,7 @@ class SFTRun:
                                  packing=s.packing, max_length=s.max_length)
         total = torch.zeros(())
         for k, batch in enumerate(forwards):
-            with dist_io.grad_sync(self.module, w, enabled=k == len(forwards) - 1):
+            with distributed.grad_sync(self.module, w, enabled=k == len(forwards) - 1):
                 nll = summed_nll(self.module, batch, autocast=self.amp) / tokens
                 (nll * weight).backward()
             total += nll.detach().float().cpu() * (weight > 0)
@@ -141,7 +141,7 @@ class SFTRun:
                             max_grad_norm=s.max_grad_norm)
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
-        return {"loss": float(dist_io.all_sum(total, w)), "grad_norm": norm, "learning_rate": lr,
+        return {"loss": float(distributed.all_sum(total, w)), "grad_norm": norm, "learning_rate": lr,
                 "trained_tokens": tokens, "epoch": (self.step + 1) / self.batches_per_epoch,
                 "step_seconds": time.perf_counter() - t0}
 
@@ -162,7 +162,7 @@ class SFTRun:
     def save(self) -> Path | None:
         """A checkpoint of this step (written by the main process; the others hold the same weights, and
         send it their RNG states: each process draws its own dropout masks)."""
-        rngs = dist_io.gather_objects(rng_state(), self.world)  # every process takes part
+        rngs = distributed.gather_objects(rng_state(), self.world)  # every process takes part
         if not self.world.is_main:
             return None
         return save_checkpoint(self.s.run_dir, self.step, self.policy, self.tok, sft_state.sft_state(self, rngs),
@@ -170,7 +170,7 @@ class SFTRun:
 
     def _should_stop(self) -> bool:
         """A stop signal on any process stops all of them after the same step."""
-        flag = dist_io.all_max(int(self.stop.signal is not None), self.world)
+        flag = distributed.all_max(int(self.stop.signal is not None), self.world)
         if flag and self.stop.signal is None:
             self.stop.signal = "SIGTERM"
         return bool(flag)

@@ -17,9 +17,17 @@ gives the synchronous run's tokens and updates exactly. Tokens drawn by older we
 by the importance weight pi_train / pi_version (TIS or MIS, core.stale_correction) unless the
 run's mismatch correction (``rollout_correction``) already weighs every token.
 
+On several processes (torchrun: DDP or FSDP2) each process runs its own engine process, producer and
+scorer on its share of each draw (B / world prompts, keyed as the synchronous loop keys them); the
+producers and the scorers count and gather over process groups of their own (distributed.side_world),
+so their collectives never interleave with the trainer's, and the producers agree before each draw
+whether to make it, so every process makes the same draws and a stop leaves no collective waiting.
+Each process takes its own share of a step's groups; the step's rewards and metrics are gathered.
+
 A checkpoint records where the prompt stream stood at the oldest draw with groups not yet trained,
-and which of its groups (and of later draws) were trained or dropped; a resumed run draws those
-again, so no prompt draw is lost or trained twice. The queue itself is not saved: its groups are
+and which of its groups (and of later draws; by their index in the whole draw, gathered from every
+process) were trained or dropped; a resumed run, on any number of processes, draws those again, so
+no prompt draw is lost or trained twice. The queue itself is not saved: its groups are
 sampled anew by the resumed weights, so a resumed run is not bit-exact.
 
 Dimension letters: B prompts (groups) per step, G group size, N = B*G sequences, T completion tokens,
@@ -29,7 +37,9 @@ K reward functions.
 from __future__ import annotations
 
 import dataclasses
+import os
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -37,9 +47,12 @@ from dataclasses import dataclass
 import torch
 
 from grpo.core import staleness as st
-from grpo.rollout.base import Rollout, concat_rollouts, select_rollout
+from grpo.errors import RewardError
+from grpo.infra import distributed
+from grpo.rollout.types import Rollout, concat_rollouts, select_rollout
 from grpo.train.batch import Batch, LogpWeight, apply_logp_weight
 from grpo.train.collect import Collected, Collector
+from grpo.train.source_rewards import source_metrics
 
 WAIT = 0.2  # seconds between checks of the stop flag in a blocking wait
 
@@ -57,7 +70,6 @@ class AsyncSettings:
     correction_low: float | None  # rollout_correction_low
     correction_high: float | None  # rollout_correction_high
     run_corrects_all: bool  # rollout_correction (auto resolved) is on: it already weighs every token
-    reward_names: tuple[str, ...]  # rewards, in order (the first one's accuracy is logged)
 
 
 @dataclass
@@ -65,11 +77,14 @@ class Group:
     """One prompt's G scored completions, as the queue holds them."""
 
     draw: int
-    index: int  # within its draw
+    index: int  # within its draw (of B prompts, over every process)
     sample: dict
     rollout: Rollout  # G rows, with versions
     rewards: torch.Tensor  # [G]
     per_reward: torch.Tensor  # [G, K]
+    correct: torch.Tensor  # [G] bool: the row's verifier (a mixture's: its source's) says so
+    scores: torch.Tensor  # [G] float64 total reward and [G, K] each reward's, as the step's metrics average them
+    per_scores: torch.Tensor
     columns: dict
     metrics: dict  # its draw's scoring metrics
 
@@ -96,32 +111,61 @@ def take_batch(next_group, *, count: int, step: int, max_staleness: int, group_s
     return out
 
 
+@dataclass(frozen=True)
+class SideWorlds:
+    """The process groups the producer and the scorer count and gather over (one process: the run's)."""
+
+    producer: distributed.World
+    scorer: distributed.World
+
+
+def merged_stream(parts: list[dict]) -> dict:
+    """One prompt stream from every process's (each: its ``first_draw``, the sampler position at its
+    start, the (draw, group) pairs ``done`` from it on, and the groups of a draw that are ``mine``):
+    from the oldest first draw, with the groups done anywhere; a process whose first draw is later
+    trained or dropped all of its groups of the draws before it."""
+    oldest = min(parts, key=lambda p: p["first_draw"])
+    first = oldest["first_draw"]
+    done = {tuple(x) for p in parts for x in p["done"]}
+    done |= {(d, i) for p in parts for d in range(first, p["first_draw"]) for i in p["mine"]}
+    return {"first_draw": first, "sampler": oldest["sampler"], "done": sorted(done)}
+
+
 class AsyncRollouts:
     """The producer, the scorer and the queue between them and the trainer. The ``collector`` draws
     (from its prompt sampler, the stream) and scores; it samples with the run's training engine, the
     engine process, which holds the weights of ``version`` (``new_weights`` tells of later ones). The
     threads start at the first ``collect`` and again after ``stop`` and ``join`` (a later train()),
-    where the stream stands."""
+    where the stream stands. ``world``: the run's processes (built on every one of them, in the same
+    order: it makes the producer's and the scorer's process groups)."""
 
-    def __init__(self, settings: AsyncSettings, *, collector: Collector, version: int = 0):
+    def __init__(self, settings: AsyncSettings, *, collector: Collector, world: distributed.World | None = None,
+                 version: int = 0):
         self.s, self.collector = settings, collector
+        self.world = world or distributed.World()
+        self.sides = SideWorlds(distributed.side_world(self.world), distributed.side_world(self.world))
+        self.share = settings.prompts_per_step // self.world.size  # b: this process's groups of each draw
         self.version, self.temperature = version, None  # the newest weights published, and their temperature
         self.cond = threading.Condition()
         # the stream: sampler position at the start of draw `first`, and the (draw, group) pairs of
-        # draws >= first already trained or dropped
+        # draws >= first already trained or dropped (group: its index in the whole draw)
         self.first, self.start_state, self.done = 0, collector.sampler.state_dict(), set()
-        self.dropped_total = 0
+        self.dropped_total = 0  # over every process
         self._reset()
 
     def _reset(self) -> None:
         """No threads, an empty queue: what the next ``collect`` starts from."""
-        b, k = self.s.prompts_per_step, self.s.max_staleness
+        b, k = self.share, self.s.max_staleness
         self.groups: queue.Queue = queue.Queue(maxsize=(k + 1) * b)
         self.to_score: queue.Queue = queue.Queue(maxsize=1)
         self.starts: dict[int, dict] = {}  # draw -> sampler position at its start, once drawn
         self.stop_flag = threading.Event()
         self.error: BaseException | None = None
         self.threads: list[threading.Thread] = []
+
+    def _mine(self) -> range:
+        """This process's groups of a draw, by their index in the whole draw."""
+        return range(self.world.rank * self.share, (self.world.rank + 1) * self.share)
 
     # ---- the trainer's side ----------------------------------------------------------------------
     def new_weights(self, *, version: int, temperature: float) -> None:
@@ -132,33 +176,71 @@ class AsyncRollouts:
             self.cond.notify_all()
 
     def collect(self, *, step: int, temperature: float) -> Collected:
-        """B groups of staleness at most K for ``step``; those over it are dropped and counted."""
+        """This process's b groups of staleness at most K for ``step`` (those over it dropped and
+        counted), with the step's rewards and metrics over every process's groups."""
+        if self.threads and self.stop_flag.is_set():  # threads an earlier join outwaited: end them first
+            self.join(timeout=None)
         if not self.threads:
             self._start(temperature)
-        b, k, g = self.s.prompts_per_step, self.s.max_staleness, self.s.group_size
+        b, k, g = self.share, self.s.max_staleness, self.s.group_size
         t0 = time.perf_counter()
-        taken = take_batch(self._take, count=b, step=step, max_staleness=k, group_size=g)
-        kept, dropped, stale_of = taken.kept, taken.dropped, taken.staleness
+        failed = None
+        try:
+            taken = take_batch(self._take, count=b, step=step, max_staleness=k, group_size=g)
+        except RewardError as e:  # decided over every process's scores: each raises it, at its own step
+            failed = e
+        if self.world.distributed and distributed.all_max(int(failed is not None), self.world):
+            raise failed or RewardError("the rewards failed on another process; stopped with it")
+        if failed is not None:
+            raise failed
+        kept = taken.kept
         waited = time.perf_counter() - t0
-        self._mark([(x.draw, x.index) for x in kept + dropped])
-        self.dropped_total += len(dropped)
+        self._mark([(x.draw, x.index) for x in kept + taken.dropped])
+        everyone = self._gather(kept, taken, waited)
+        n_dropped = sum(p["dropped"] for p in everyone)
+        self.dropped_total += n_dropped
+        stale_of = [x for p in everyone for x in p["staleness"]]
         hist = st.staleness_histogram(torch.tensor(stale_of), max_staleness=k).tolist()
         ro = concat_rollouts([x.rollout for x in kept], self.collector.tok.pad_token_id)
         ro = dataclasses.replace(ro, seconds=sum(x.rollout.seconds for x in kept) / b)  # a draw's sampling time
-        rewards = torch.stack([x.rewards for x in kept])  # [B, G]
-        per = torch.stack([x.per_reward for x in kept])  # [B, G, K]
-        metrics = dict(kept[-1].metrics)
-        metrics.update({f"rewards/{n}": float(torch.nanmean(per[..., i])) for i, n in enumerate(self.s.reward_names)})
-        metrics["accuracy"] = float((per[..., 0] >= 1.0).double().mean())
+        rewards = torch.cat([p["rewards"] for p in everyone])  # [B, G]
+        per = torch.cat([p["per_reward"] for p in everyone])  # [B, G, K]
+        # the last draw's scoring metrics, less its per-source figures (set below from the groups trained)
+        metrics = {k: v for k, v in kept[-1].metrics.items() if not k.startswith(("share/", "reward/", "accuracy/"))}
+        per_scores = torch.cat([p["per_scores"] for p in everyone])  # [N, K] float64, the synchronous step's metrics'
+        metrics.update({f"rewards/{n}": float(torch.nanmean(per_scores[:, i]))
+                        for i, n in enumerate(self.collector.rewards.names)})
+        correct = torch.cat([p["correct"] for p in everyone])  # [N]
+        metrics["accuracy"] = float(correct.double().mean())
+        sources = self.collector.sources
+        if sources is not None and sources.labels:  # a mixture's per-source metrics, over the groups trained
+            labels = [x for p in everyone for x in p["labels"]]
+            metrics.update(source_metrics(labels, torch.cat([p["scores"] for p in everyone]), correct, sources.labels))
         kept_stale = [s for s in stale_of if s <= k]
+        n_kept = self.s.prompts_per_step
         metrics.update({f"async/staleness_{i}": c for i, c in enumerate(hist[:-1])})
-        metrics.update({"async/staleness_over": hist[-1], "async/staleness_mean": sum(kept_stale) / b,
-                        "async/staleness_max": max(kept_stale), "async/dropped_groups": len(dropped),
-                        "async/dropped_share": len(dropped) / (len(dropped) + b),
-                        "async/dropped_total": self.dropped_total, "async/wait_seconds": waited,
-                        "async/queued_groups": self.groups.qsize(), "async/oldest_draw": min(x.draw for x in kept)})
+        metrics.update({"async/staleness_over": hist[-1], "async/staleness_mean": sum(kept_stale) / n_kept,
+                        "async/staleness_max": max(kept_stale), "async/dropped_groups": n_dropped,
+                        "async/dropped_share": n_dropped / (n_dropped + n_kept),
+                        "async/dropped_total": self.dropped_total,
+                        "async/wait_seconds": max(p["waited"] for p in everyone),
+                        "async/queued_groups": sum(p["queued"] for p in everyone),
+                        "async/oldest_draw": min(p["oldest"] for p in everyone)})
         columns = {key: [v for x in kept for v in x.columns.get(key, [])] for key in kept[0].columns}
         return Collected([x.sample for x in kept], ro, rewards, metrics, per_reward=per, columns=columns)
+
+    def _gather(self, kept: list[Group], taken: Taken, waited: float) -> list[dict]:
+        """Every process's part of the step (in rank order): its groups' rewards, verdicts and scores,
+        and its queue figures (one collective of the trainer's processes; one process: its own)."""
+        labels_of = self.collector.sources.column if self.collector.sources is not None else None
+        g = self.s.group_size
+        mine = {"rewards": torch.stack([x.rewards for x in kept]), "per_reward": torch.stack([x.per_reward for x in kept]),
+                "correct": torch.cat([x.correct for x in kept]), "scores": torch.cat([x.scores for x in kept]),
+                "per_scores": torch.cat([x.per_scores for x in kept]), "dropped": len(taken.dropped),
+                "staleness": taken.staleness, "waited": waited, "queued": self.groups.qsize(),
+                "oldest": min(x.draw for x in kept),
+                "labels": [x.sample.get(labels_of) for x in kept for _ in range(g)] if labels_of else []}
+        return distributed.gather_objects(mine, self.world)
 
     def correct(self, batch: Batch, *, step: int) -> tuple[Batch, dict]:
         """The batch with the advantages of tokens drawn by weights older than ``step``'s weighted by
@@ -180,7 +262,14 @@ class AsyncRollouts:
         return batch, {**out, **corr_metrics}
 
     def _take(self) -> Group:
+        """The next scored group; once the producer or the scorer failed, the groups scored before
+        the failure first, then the failure (on several processes only a RewardError gets here, which
+        every process meets: any other ended its process in ``_guard``)."""
         while True:
+            try:
+                return self.groups.get_nowait()
+            except queue.Empty:
+                pass
             if self.error is not None:
                 raise self.error
             try:
@@ -189,16 +278,18 @@ class AsyncRollouts:
                 continue
 
     def _mark(self, pairs) -> None:
-        """Groups trained or dropped; the stream's start moves past draws with none left."""
+        """Groups trained or dropped; the stream's start moves past draws (already drawn) with none of
+        this process's left."""
         self.done.update(pairs)
-        b = self.s.prompts_per_step
-        while all((self.first, i) in self.done for i in range(b)):
-            self.done -= {(self.first, i) for i in range(b)}
+        while self.first + 1 in self.starts and all((self.first, i) in self.done for i in self._mine()):
+            self.done = {x for x in self.done if x[0] != self.first}
             self.first += 1
-            self.start_state = self.starts.pop(self.first, self.start_state)
+            self.start_state = self.starts.pop(self.first)
 
     # ---- the producer and the scorer ------------------------------------------------------------
     def _start(self, temperature: float) -> None:
+        if self.world.distributed:  # every process restarts at the same draw (a collective, in collect)
+            self.load_state_dict(self.state_dict())
         self.temperature = self.temperature if self.temperature is not None else temperature
         self.collector.sampler.load_state_dict(self.start_state)
         self.threads = [threading.Thread(target=self._guard, args=(fn,), daemon=True, name=f"grpo-async-{fn.__name__}")
@@ -213,36 +304,74 @@ class AsyncRollouts:
             if not self.stop_flag.is_set():
                 self.error = e
                 self.stop_flag.set()
+                if self.world.distributed and not isinstance(e, RewardError):
+                    self._leave(e)
+
+    def _leave(self, e: BaseException) -> None:
+        """A failure of this process alone under torchrun: the others wait in collectives it will not
+        join, and its own main thread may be waiting in one of theirs (the gradient all-reduce), so the
+        process leaves now, saying why; torchrun then ends the others."""
+        print(f"grpo train: error: asynchronous rollouts failed on process {self.world.rank} ({type(e).__name__}: "
+              f"{e}); the other processes wait in collectives this one will not join, so the run ends here "
+              "without a checkpoint (torchrun ends the others; resume from the latest periodic checkpoint, "
+              "save_steps)", file=sys.stderr, flush=True)
+        os._exit(1)
 
     def _produce(self) -> None:
-        d = self.first
-        while not self.stop_flag.is_set():
-            with self.cond:
-                while self.version < d - self.s.max_staleness and not self.stop_flag.is_set():
-                    self.cond.wait(WAIT)
-                temperature = self.temperature
-            if self.stop_flag.is_set():
+        """Draw after draw, each once the weights it needs are published; every process agrees before a
+        draw whether to make it (a stop on any one ends them all), so all make the same draws and
+        their counts (collectives) meet. The scorer hears of the end (None)."""
+        d, world = self.first, self.sides.producer
+        try:
+            while True:
+                with self.cond:
+                    while self.version < d - self.s.max_staleness and not self.stop_flag.is_set():
+                        self.cond.wait(WAIT)
+                    temperature = self.temperature
+                if distributed.all_max(int(self.stop_flag.is_set()), world):
+                    return
+                samples, ro = self.collector.sample(step=d, temperature=temperature, world=world)
+                self.starts[d + 1] = self.collector.sampler.state_dict()  # before any group of d can be taken
+                self._hand_over((d, samples, ro))
+                d += 1
+        finally:
+            self._hand_over(None)
+
+    def _hand_over(self, item) -> None:
+        """To the scorer, which takes every draw made (none is lost to a stop: each process's scorer
+        must meet the others' over it), unless the scorer failed."""
+        while not (self.error is not None and self.stop_flag.is_set()):
+            try:
+                self.to_score.put(item, timeout=WAIT)
                 return
-            samples, ro = self.collector.sample(step=d, temperature=temperature)
-            self.starts[d + 1] = self.collector.sampler.state_dict()  # before any group of d can be taken
-            self._put(self.to_score, (d, samples, ro))
-            d += 1
+            except queue.Full:
+                continue
 
     def _score(self) -> None:
-        g = self.s.group_size
-        while not self.stop_flag.is_set():
+        """Each draw's groups into the queue, this process's share of them; after a stop the draws
+        left are passed over, by every process alike (they agree on each)."""
+        g, world = self.s.group_size, self.sides.scorer
+        while True:
             try:
-                d, samples, ro = self.to_score.get(timeout=WAIT)
+                item = self.to_score.get(timeout=WAIT)
             except queue.Empty:
                 continue
-            rewards, metrics = self.collector.score(samples, ro, step=d)  # [B, G]
-            per, cols = self.collector.last_per_reward, self.collector.last_columns
-            for i, sample in enumerate(samples):
-                if (d, i) in self.done:  # trained or dropped before a resume
+            if item is None:
+                return
+            if distributed.all_max(int(self.stop_flag.is_set()), world):
+                continue
+            d, samples, ro = item
+            rewards, metrics = self.collector.score(samples, ro, step=d, world=world)  # [B, G]
+            per, cols, correct = self.collector.last_per_reward, self.collector.last_columns, self.collector.last_correct
+            scores, per_scores = self.collector.last_scores, self.collector.last_per_scores
+            for i, (j, sample) in enumerate(zip(self._mine(), samples)):  # i: this process's, j: the draw's
+                if (d, j) in self.done:  # trained or dropped before a resume
                     continue
-                rows = torch.arange(i * g, (i + 1) * g)
+                rows = torch.arange(j * g, (j + 1) * g)  # of the whole draw's [N] gathered tensors
                 part = {key: v[i * g:(i + 1) * g] for key, v in cols.items() if len(v) == len(ro.texts)}
-                self._put(self.groups, Group(d, i, sample, select_rollout(ro, rows), rewards[i], per[i], part, metrics))
+                self._put(self.groups, Group(d, j, sample, select_rollout(ro, torch.arange(i * g, (i + 1) * g)),
+                                             rewards[j], per[j], correct[rows], scores[rows], per_scores[rows],
+                                             part, metrics))
 
     def _put(self, q: queue.Queue, item) -> None:
         while not self.stop_flag.is_set():
@@ -254,8 +383,12 @@ class AsyncRollouts:
 
     # ---- state and shutdown ----------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"first_draw": self.first, "sampler": self.start_state, "done": sorted(self.done),
-                "dropped_total": self.dropped_total}
+        """Where the stream stands over every process (a collective of the trainer's processes): the
+        oldest draw with a group not yet trained, and the groups of it and later draws trained or
+        dropped, so a run resumed on any number of processes draws the rest again."""
+        mine = {"first_draw": self.first, "sampler": self.start_state, "done": sorted(self.done),
+                "mine": list(self._mine())}
+        return {**merged_stream(distributed.gather_objects(mine, self.world)), "dropped_total": self.dropped_total}
 
     def load_state_dict(self, state: dict) -> None:
         """Where the stream stood (restored after the collector, whose sampler it sets back)."""
@@ -265,14 +398,20 @@ class AsyncRollouts:
         self.collector.sampler.load_state_dict(self.start_state)
 
     def stop(self) -> None:
-        """The threads stop at their next check; one waiting on the engine process is freed when the
-        run's Engines close it (then ``join``)."""
+        """The threads stop at their next check: the producer before its next draw, the scorer before
+        its next scoring; one waiting on the engine process is freed when the run's Engines close it
+        (then ``join``)."""
         self.stop_flag.set()
 
-    def join(self) -> None:
-        """Wait for the stopped threads; the queue's groups are let go (the next ``collect`` draws
-        them again from where the stream stands)."""
+    def join(self, timeout: float | None = 10.0) -> bool:
+        """Wait (up to ``timeout`` seconds for each) for the stopped threads; once none is alive the
+        queue's groups are let go (the next ``collect`` draws them again from where the stream stands)
+        and True is returned. Threads still alive (on a process whose peers failed) keep their queues
+        and stop flag, so they cannot start again; the next ``join`` waits for them anew."""
         self.stop_flag.set()
         for t in self.threads:
-            t.join(timeout=10.0)
+            t.join(timeout=timeout)
+        if any(t.is_alive() for t in self.threads):
+            return False
         self._reset()
+        return True

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from grpo import core
-from grpo.infra import distributed as dist_io
+from grpo.infra import distributed
 from grpo.infra.timing import NullTimer, StageTimer
 from grpo.rewards.steps import process_supervision
 from grpo.rollout import Rollout, engine_class
@@ -35,6 +35,7 @@ class Batch:
     returns: torch.Tensor | None = None  # [N, T] GAE returns, the critic's targets (PPO)
     # importance weights that read the trainer's log-probs, left to the update's own forward (LogpWeight)
     deferred: tuple["LogpWeight", ...] = ()
+    weights: torch.Tensor | None = None  # [N, T] the importance weights applied to the advantages (None: none)
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,8 @@ def apply_logp_weight(batch: Batch, weight: LogpWeight, train_logp: torch.Tensor
     corr = weight.weigh(train_logp, torch.arange(train_logp.shape[0]))
     metrics = {weight.prefix + k: float(v) for k, v in corr.metrics.items()}
     metrics[weight.prefix + "rollout_is_sequences"] = float(train_logp.shape[0])
-    return replace(batch, advantages=batch.advantages * corr.weights), metrics  # [n, T]; w >= 0
+    weights = corr.weights if batch.weights is None else batch.weights * corr.weights  # [n, T]; w >= 0
+    return replace(batch, advantages=batch.advantages * corr.weights, weights=weights), metrics
 
 
 @dataclass(frozen=True)
@@ -108,9 +110,9 @@ class BatchSettings:
 class BatchMaker:
     """Makes a step's Batch: the models it runs (policy, reference, critic) and how it runs them
     (``forwards``) are fixed for the run; the knobs (temperature, beta) are given per step.
-    ``consistency``: the logic-consistency regulariser (train.consistency.LogicConsistency), or None."""
+    ``consistency``: the logic-consistency regulariser (grpo.train.logic_consistency.LogicConsistency), or None."""
 
-    def __init__(self, settings: BatchSettings, *, world: dist_io.World, forwards, policy, reference, critic,
+    def __init__(self, settings: BatchSettings, *, world: distributed.World, forwards, policy, reference, critic,
                  step_reward, tokenizer, timer: StageTimer | None = None, consistency=None):
         self.settings, self.world, self.forwards = settings, world, forwards
         self.timer = timer or NullTimer()  # seconds of the old-policy and reference forwards
@@ -141,14 +143,14 @@ class BatchMaker:
         """This process's batch (``build``); with token_weight_gamma != 1 the advantages of identifier
         and operator tokens are multiplied by it (seed 003 section 5.1), and they are weighted by the
         train/inference mismatch correction where one is configured (``correction_mode``). With the
-        logic-consistency regulariser, each completion's advantage A_cons (core/consistency.py) is
+        logic-consistency regulariser, each completion's advantage A_cons (core/logic_consistency.py) is
         added to its tokens' advantages first. Where the correction needs the trainer's log-probs and
         the batch has none (one optimizer step per batch), it is left in ``Batch.deferred`` and the
         update applies it in its own forward: the advantages returned are then not yet weighted."""
         s = self.settings
         batch, metrics = self.build(ro, rewards, samples, temperature=temperature, beta=beta,
                                     per_reward=per_reward)
-        if self.consistency is not None:  # a score-function advantage per completion (core/consistency.py)
+        if self.consistency is not None:  # a score-function advantage per completion (core/logic_consistency.py)
             adv_cons, cons_metrics = self.consistency.advantages(ro.texts)  # [n]
             batch = replace(batch, advantages=batch.advantages + adv_cons.to(batch.advantages)[:, None])  # [n, T]
             metrics.update(cons_metrics)
@@ -170,7 +172,7 @@ class BatchMaker:
         trainer's log-probs of the rollout against the engine's sampling log-probs."""
         s, ro = self.settings, batch.rollout
         if ro.sampling_logp is None:
-            raise ValueError(f"rollout_correction={s.correction}: the {ro.backend!r} rollout carries no "
+            raise ValueError(f"rollout_correction={s.correction}: the {ro.engine!r} rollout carries no "
                              "sampling log-probs")
         engine, mask = ro.sampling_logp, batch.mask  # [n, T] each
 
@@ -189,8 +191,8 @@ class BatchMaker:
         s, world = self.settings, self.world
         rewards = rewards.to(ro.completion_mask.device)  # [B, G] scored on the CPU
         rows = slice(world.rank * ro.completion_ids.shape[0], (world.rank + 1) * ro.completion_ids.shape[0])
-        lengths = dist_io.gather_rows(ro.lengths, world)  # [N_global]
-        truncated = dist_io.gather_rows(ro.truncated, world)  # [N_global]
+        lengths = distributed.gather_rows(ro.lengths, world)  # [N_global]
+        truncated = distributed.gather_rows(ro.truncated, world)  # [N_global]
         # overlong penalty, PF-PPO: on the whole step's groups, from every process's lengths
         rewards, keep, filter_metrics = reshape_rewards(rewards, lengths=lengths, truncated=truncated,
                                                         shaping=s.shaping)
@@ -234,7 +236,7 @@ class BatchMaker:
             self.frozen_logps(self.policy, ro, temperature)
         est = self.critic.advantages(ro, scores, behaviour, ref_logp, mask, kl_coef=beta, gamma=s.gamma,
                                      lam=s.lam, micro_batch=s.micro_batch)  # this process's rows
-        seq_adv = dist_io.gather_rows(core.masked_mean(est["advantages"], mask, dim=1), self.world).view(shape)  # [B, G]
+        seq_adv = distributed.gather_rows(core.masked_mean(est["advantages"], mask, dim=1), self.world).view(shape)  # [B, G]
         metrics.update(advantage_variance=float(core.advantage_group_variance(seq_adv)), **est["metrics"])
         return Batch(ro, est["advantages"], mask, old_logp, ref_logp, kl_in_loss=False, values=est["values"],
                      returns=est["returns"]), metrics
@@ -295,10 +297,10 @@ def seed_metrics(rewards: torch.Tensor, ro: Rollout, *, correct_at: float) -> di
     return out
 
 
-def correction_mode(rollout_correction: str, rollout_backend: str) -> str:
+def correction_mode(rollout_correction: str, rollout_engine: str) -> str:
     """The train/inference mismatch correction a run applies: ``rollout_correction``, with auto
     resolved to mask for an engine that samples with kernels of its own (its log-probs differ from
     the trainer's) and to none for one that samples with the trainer's model."""
     if rollout_correction != "auto":
         return rollout_correction
-    return "mask" if engine_class(rollout_backend).own_kernels else "none"
+    return "mask" if engine_class(rollout_engine).own_kernels else "none"

@@ -19,11 +19,11 @@ from grpo.data import PromptSampler, fit_prompt, render_prompt
 from grpo.data.prompt_fit import chat_messages, check_prompt_room, prompt_lengths
 from grpo.errors import RewardError
 from grpo.agent import AgentSampler, episode_metrics
-from grpo.infra import distributed as dist_io
+from grpo.infra import distributed
 from grpo.infra.timing import NullTimer, StageTimer
 from grpo.rewards.runner import RewardRunner
 from grpo.rollout import Rollout, SamplingSettings
-from grpo.rollout.base import concat_rollouts, rollout_to, select_rollout
+from grpo.rollout.types import concat_rollouts, rollout_to, select_rollout
 from grpo.rollout.keys import row_keys
 from grpo.rollout.tuning import take_messages
 from grpo.train.resample import RESAMPLE_ROW_BASE, resample_invalid, validity_checks
@@ -111,7 +111,7 @@ class Collector:
     per-source metrics; None: the first reward's value is the verdict. ``note`` reports a message to
     the run's log."""
 
-    def __init__(self, settings: CollectSettings, *, world: dist_io.World, train: list[dict], engines, tokenizer,
+    def __init__(self, settings: CollectSettings, *, world: distributed.World, train: list[dict], engines, tokenizer,
                  rewards: RewardRunner, note: Callable[..., None], timer: StageTimer | None = None,
                  agent: AgentSampler | None = None, sampler=None, sources=None):
         self.settings, self.world, self.train, self.rewards, self.note = settings, world, train, rewards, note
@@ -157,9 +157,9 @@ class Collector:
             self.sampler.load_state_dict(position)
             raise
 
-    def _resample_invalid(self, samples, prompts, ro, *, step, draw, sampling) -> Rollout:
+    def _resample_invalid(self, samples, prompts, ro, *, step, draw, sampling, world) -> Rollout:
         """Rows a reward cannot grade (its ``valid`` check fails) sampled again (resample_invalid_rounds)."""
-        s, world, g = self.settings, self.world, self.settings.group_size
+        s, g = self.settings, self.settings.group_size
         n_global, first = s.prompts_per_step * g, world.rank * len(ro.texts)
 
         def key_of(rnd: int, row: int) -> int:
@@ -173,18 +173,19 @@ class Collector:
                                checks=self.checks, rounds=s.resample_invalid_rounds, generate=generate,
                                key_of=key_of, pad_id=self.tok.pad_token_id, world=world)
         self.resample["resample_rounds"] += got.rounds
-        self.resample["resampled_completions"] += int(dist_io.all_sum(torch.tensor(got.resampled), world))
-        self.resample["invalid_after_resampling"] += int(dist_io.all_sum(torch.tensor(got.invalid_left), world))
+        self.resample["resampled_completions"] += int(distributed.all_sum(torch.tensor(got.resampled), world))
+        self.resample["invalid_after_resampling"] += int(distributed.all_sum(torch.tensor(got.invalid_left), world))
         return got.rollout
 
     def sample(self, *, step: int, temperature: float, draw: int = 0, sampler: PromptSampler | None = None,
-               seed: int | None = None) -> tuple[list[dict], Rollout]:
+               seed: int | None = None, world: distributed.World | None = None) -> tuple[list[dict], Rollout]:
         """This process's b = B / world prompts of the step's global draw, G completions each. Each
         row samples from its own key (seed, step, global row), so the tokens do not depend on how
         many processes share the batch; ``draw`` numbers the extra draws of one step (dynamic sampling).
         ``sampler`` and ``seed`` replace the run's prompt stream and key seed (a draw outside training,
-        as the reward model's warm-up, that leaves the training draws as they were)."""
-        s, world = self.settings, self.world
+        as the reward model's warm-up, that leaves the training draws as they were). ``world``: the
+        processes' group to count over where it is not the run's (a thread beside the trainer's)."""
+        s, world = self.settings, world or self.world
         b, g = s.prompts_per_step // world.size, s.group_size
         mine = (sampler or self.sampler).draw(s.prompts_per_step)[world.rank * b:(world.rank + 1) * b]
         samples = [self.train[i] for i in mine]
@@ -206,9 +207,9 @@ class Collector:
             self.note("; ".join(measured))
             self.kernels_noted = True
         middle = sum(isinstance(p, list) for p in prompts) if self.agent is None else 0  # cut by fit_prompt
-        self._count_truncated(int(dist_io.all_sum(torch.tensor(ro.prompts_truncated + middle), world)))
+        self._count_truncated(int(distributed.all_sum(torch.tensor(ro.prompts_truncated + middle), world)))
         if self.checks and s.resample_invalid_rounds:
-            ro = self._resample_invalid(samples, prompts, ro, step=step, draw=draw, sampling=sampling)
+            ro = self._resample_invalid(samples, prompts, ro, step=step, draw=draw, sampling=sampling, world=world)
         return samples, ro
 
     def _count_truncated(self, n: int) -> None:
@@ -220,11 +221,13 @@ class Collector:
                       "the tools) and the end are kept (counted in metrics as prompts_truncated)", "yellow")
         self.prompts_truncated += n
 
-    def score(self, samples: list[dict], ro: Rollout, *, step: int = 0) -> tuple[torch.Tensor, dict]:
+    def score(self, samples: list[dict], ro: Rollout, *, step: int = 0,
+              world: distributed.World | None = None) -> tuple[torch.Tensor, dict]:
         """Rewards [B, G] of the whole step, gathered from every process (NaN where a reward
         failed or none applied), and the reward metrics. Rewards see each episode's transcript and
-        counts beside its sample; TRL-form ones also the token ids and the step (``trainer_state``)."""
-        s, world = self.settings, self.world
+        counts beside its sample; TRL-form ones also the token ids and the step (``trainer_state``).
+        ``world``: as for ``sample``."""
+        s, world = self.settings, world or self.world
         group_samples = [x for x in samples for _ in range(s.group_size)]
         t0 = time.perf_counter()
         with self.timer.stage("rewards"):
@@ -232,25 +235,28 @@ class Collector:
                                      completion_ids=ro.completion_id_lists(),
                                      trainer_state=TrainerState(global_step=step, max_steps=s.max_steps))
         grading = time.perf_counter() - t0  # every reward of the step (the code rewards: its sandboxed tests)
-        for msgs in dist_io.gather_objects(res.messages, world):
+        for msgs in distributed.gather_objects(res.messages, world):
             for msg in msgs:
                 self.note(msg, "yellow")
-        total = dist_io.gather_rows(res.total.double(), world)  # [N_global]
-        per_reward = {k: dist_io.gather_rows(v.double(), world) for k, v in res.per_reward.items()}
+        total = distributed.gather_rows(res.total.double(), world)  # [N_global]
+        per_reward = {k: distributed.gather_rows(v.double(), world) for k, v in res.per_reward.items()}
         n_failed = int(torch.isnan(total).sum())
         if n_failed and n_failed >= s.max_reward_failure_share * len(total):
             part = {"failures": res.failures, "first_errors": res.first_errors, "unscorable": res.unscorable}
-            raise RewardError(failure_message(dist_io.gather_objects(part, world), n=len(total), n_failed=n_failed,
+            raise RewardError(failure_message(distributed.gather_objects(part, world), n=len(total), n_failed=n_failed,
                                               share=s.max_reward_failure_share))
         self.reward_failures += n_failed
         names = self.rewards.names  # the run's rewards in order (a mixture's: every source's)
         verdicts = self.sources.verdict_values(group_samples, res.per_reward) if self.sources is not None \
             else res.per_reward[names[0]]
-        correct = dist_io.gather_rows(verdicts.double(), world) >= 1.0  # [N_global]: the row's verifier says so
-        timeouts = int(dist_io.all_sum(torch.tensor(self.rewards.timeouts), world))
+        correct = distributed.gather_rows(verdicts.double(), world) >= 1.0  # [N_global]: the row's verifier says so
+        self.last_correct = correct
+        self.last_scores = total  # [N_global] float64, with each reward's below: what the metrics average
+        self.last_per_scores = torch.stack([per_reward[k] for k in self.rewards.names], -1)  # [N_global, K]
+        timeouts = int(distributed.all_sum(torch.tensor(self.rewards.timeouts), world))
         metrics = {f"rewards/{k}": float(torch.nanmean(v)) for k, v in per_reward.items()}
         logged: dict = {}  # what TRL-form rewards logged with log_metric, on every process
-        for part in dist_io.gather_objects(res.log_metrics, world):
+        for part in distributed.gather_objects(res.log_metrics, world):
             for name, values in part.items():
                 logged.setdefault(name, []).extend(values)
         metrics.update({name: sum(values) / len(values) for name, values in logged.items()})
@@ -258,15 +264,15 @@ class Collector:
         self.last_per_reward = torch.stack([per_reward[k] for k in names], -1).float().view(
             s.prompts_per_step, s.group_size, -1)  # [B, G, K]
         if self.sources is not None and self.sources.labels:
-            labels = [x for part in dist_io.gather_objects([r.get(self.sources.column) for r in group_samples], world)
+            labels = [x for part in distributed.gather_objects([r.get(self.sources.column) for r in group_samples], world)
                       for x in part]
             metrics.update(source_metrics(labels, total, correct, self.sources.labels))
         self.sampler.observe(correct.double().view(s.prompts_per_step, -1).mean(1).tolist())  # difficulty
         metrics.update(accuracy=float(correct.double().mean()), reward_failures=n_failed,
                        reward_failures_total=self.reward_failures, reward_timeouts_total=timeouts,
-                       grading_seconds=max(dist_io.gather_objects(grading, world)))  # the slowest process
+                       grading_seconds=max(distributed.gather_objects(grading, world)))  # the slowest process
         if ro.episodes is not None:  # every process's episodes (without their transcripts)
-            infos = [e for part in dist_io.gather_objects([_counts(e) for e in ro.episodes], world) for e in part]
+            infos = [e for part in distributed.gather_objects([_counts(e) for e in ro.episodes], world) for e in part]
             metrics.update(episode_metrics(infos))
         if self.checks and s.resample_invalid_rounds:  # the resampling since the last scoring
             metrics.update(self.resample)
@@ -316,7 +322,7 @@ class Collector:
                        dynamic_sampling_empty=int(n_used == 0), trained_groups=n_used or n)
         if n_used == 0:
             return Collected(samples, ro, rewards, metrics, per_reward=self.last_per_reward)
-        kept = sorted((x for part in dist_io.gather_objects(mine, world) for x in part), key=lambda x: x[:2])[:n_used]
+        kept = sorted((x for part in distributed.gather_objects(mine, world) for x in part), key=lambda x: x[:2])[:n_used]
         share = kept[world.rank * n_used // world.size:(world.rank + 1) * n_used // world.size]
         merged = concat_rollouts([x[3] for x in share], self.tok.pad_token_id)
         merged = dataclasses.replace(rollout_to(merged, ro.completion_ids.device), seconds=seconds)

@@ -7,12 +7,13 @@ measure what removing it buys (`grpo compare`). Dimension letters: N sequences, 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from grpo import core
-from grpo.infra import distributed as dist_io
+from grpo.infra import distributed
 from grpo.models.packing import model_inputs
 from grpo.train.optim import adamw, clipped_step
 
@@ -39,6 +40,25 @@ def load_value_model(path: str, dtype: torch.dtype) -> nn.Module:
     return model
 
 
+@dataclass(frozen=True)
+class CriticSettings:
+    """The critic's settings, each its Config field's: estimator (advantage_estimator: an ESTIMATORS
+    entry that declares ``critic``, e.g. gae), learning_rate (critic_learning_rate), clip_range
+    (cliprange_value; None: no value clipping), max_grad_norm, divergence_factor
+    (critic_divergence_factor), vf_coef, shared_trunk (critic_shared_trunk), strategy
+    (distributed_strategy), dtype."""
+
+    estimator: str
+    learning_rate: float
+    clip_range: float | None
+    max_grad_norm: float
+    divergence_factor: float
+    vf_coef: float
+    shared_trunk: bool
+    strategy: str
+    dtype: str
+
+
 class Critic:
     """Values V(s_t) of the state before each completion token, trained by a clipped value loss.
 
@@ -54,30 +74,29 @@ class Critic:
     processes' critics stay one critic. A shared trunk runs on one process only.
     """
 
-    def __init__(self, path: str, *, dtype: torch.dtype, learning_rate: float, clip_range: float | None,
-                 max_grad_norm: float, divergence_factor: float, autocast: bool,
-                 shared_policy: nn.Module | None = None, vf_coef: float = 1.0,
-                 device: torch.device = torch.device("cpu"), world: dist_io.World | None = None,
-                 strategy: str = "ddp"):
-        self.world = world or dist_io.World(rank=0, size=1, local_rank=0, device=device)
+    def __init__(self, settings: CriticSettings, path: str, *, autocast: bool, shared_policy: nn.Module | None = None,
+                 device: torch.device = torch.device("cpu"), world: distributed.World | None = None):
+        s = self.settings = settings
+        dtype = getattr(torch, s.dtype)
+        self.world = world or distributed.World(rank=0, size=1, local_rank=0, device=device)
         self.module = None
         if shared_policy is None:
             self.model, self.head, self.loss_scale = load_value_model(path, dtype).to(device), None, 1.0
             self.model.train()
             # the module the training forward runs through: DDP, the model sharded in place, or itself
-            self.module = dist_io.wrap_policy(self.model, self.world, strategy)
+            self.module = distributed.wrap_policy(self.model, self.world, s.strategy)
             params = list(self.model.parameters())  # after sharding: FSDP2's parameters
         else:
             hidden = shared_policy.config.hidden_size
-            self.model, self.loss_scale = shared_policy, vf_coef
+            self.model, self.loss_scale = shared_policy, s.vf_coef
             self.head = nn.Linear(hidden, 1, dtype=dtype, device=device)
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
             params = list(self.head.parameters())
         self.params = params
-        self.optimizer = adamw(params, lr=learning_rate)
-        self.clip_range, self.max_grad_norm = clip_range, max_grad_norm
-        self.divergence_factor, self.autocast = divergence_factor, autocast
+        self.optimizer = adamw(params, lr=s.learning_rate)
+        self.clip_range, self.max_grad_norm = s.clip_range, s.max_grad_norm
+        self.divergence_factor, self.autocast = s.divergence_factor, autocast
         self.min_loss = math.inf
         self.divergence_events = 0
 
@@ -123,15 +142,16 @@ class Critic:
         values = self.values(ro, micro_batch)  # [N, T]
         behaviour = torch.zeros_like(values) if behaviour_logp is None else behaviour_logp  # [N, T]
         rewards_tok = core.kl_shaped_rewards(scores, behaviour, ref_logp, mask, kl_coef=kl_coef)  # [N, T]
-        est = core.gae(rewards_tok, values, mask, gamma=gamma, lam=lam)
+        estimate = core.ESTIMATORS[self.settings.estimator]  # a critic estimator: gae's signature
+        est = estimate(rewards_tok, values, mask, gamma=gamma, lam=lam)
         # statistics over every process's tokens (on one process, its own: the same as core.whiten,
         # core.masked_mean and core.explained_variance): one whitening and one set of metrics a step
         m = mask.to(values.dtype)  # [N, T]
-        count = dist_io.all_sum(m.sum(), self.world).clamp(min=1)  # []
+        count = distributed.all_sum(m.sum(), self.world).clamp(min=1)  # []
         adv_mean, adv_var = self._moments(est["advantages"], m, count)
         _, ret_var = self._moments(est["returns"], m, count)
         _, res_var = self._moments(est["returns"] - values, m, count)
-        metrics = {"value_mean": float(dist_io.all_sum((values * m).sum(), self.world) / count),
+        metrics = {"value_mean": float(distributed.all_sum((values * m).sum(), self.world) / count),
                    "explained_variance": float(1 - res_var / ret_var.clamp(min=1e-12))}
         return {"advantages": core.whiten(est["advantages"], mask, mean=adv_mean, var=adv_var),
                 "returns": est["returns"], "values": values, "metrics": metrics}
@@ -139,7 +159,7 @@ class Critic:
     def _moments(self, x: torch.Tensor, m: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and variance of x [N, T] over the tokens where m [N, T] is 1 on every process (``count``
         of them)."""
-        return core.masked_moments(x, m, count=count, reduce=lambda part: dist_io.all_sum(part, self.world))
+        return core.masked_moments(x, m, count=count, reduce=lambda part: distributed.all_sum(part, self.world))
 
     def update(self, ro, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
                micro_batch: int) -> dict:
@@ -149,12 +169,12 @@ class Critic:
         (the loss tokens)."""
         n = ro.completion_ids.shape[0]
         # every process's tokens, over world: DDP and FSDP2 average the gradients into the batch's sum
-        total_tokens = (dist_io.all_sum(mask.sum(), self.world) / self.world.size).clamp(min=1)
+        total_tokens = (distributed.all_sum(mask.sum(), self.world) / self.world.size).clamp(min=1)
         self.optimizer.zero_grad(set_to_none=True)
         sums = torch.zeros(2, dtype=torch.float64)  # this process's shares of the loss and clip fraction
         micro = torch.arange(n).split(micro_batch)
         for i, idx in enumerate(micro):
-            with dist_io.grad_sync(self.module or self.model, self.world, enabled=i == len(micro) - 1):
+            with distributed.grad_sync(self.module or self.model, self.world, enabled=i == len(micro) - 1):
                 v = self._values(ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx],
                                  ro.completion_mask[idx])  # [n, T]
                 out = core.clipped_value_loss(v, old_values[idx], returns[idx], mask[idx],
@@ -162,7 +182,7 @@ class Critic:
                 share = mask[idx].sum() / total_tokens  # token-weighted: micro-batches add up to the batch
                 (out["loss"] * share * self.loss_scale).backward()
             sums += torch.stack([out["loss"].detach() * share, out["clip_fraction"] * share]).double().cpu()
-        loss_sum, clip_sum = (dist_io.all_sum(sums, self.world) / self.world.size).tolist()
+        loss_sum, clip_sum = (distributed.all_sum(sums, self.world) / self.world.size).tolist()
         norm = clipped_step(self.params, self.optimizer, max_grad_norm=self.max_grad_norm)
         return {"value_loss": loss_sum, "value_clip_fraction": clip_sum, "value_grad_norm": norm}
 
@@ -183,11 +203,11 @@ class Critic:
         so it resumes on any number of processes. Shared trunk: the body is the policy, saved with
         it; only the head is the critic's own."""
         own = self.model if self.head is None else self.head
-        return {"model": dist_io.full_model_state(own), "optimizer": dist_io.full_optimizer_state(own, self.optimizer),
+        return {"model": distributed.full_model_state(own), "optimizer": distributed.full_optimizer_state(own, self.optimizer),
                 "min_loss": self.min_loss, "divergence_events": self.divergence_events}
 
     def load_state_dict(self, state: dict) -> None:
         own = self.model if self.head is None else self.head
-        dist_io.load_full_model_state(own, state["model"])
-        dist_io.load_full_optimizer_state(own, self.optimizer, state["optimizer"])
+        distributed.load_full_model_state(own, state["model"])
+        distributed.load_full_optimizer_state(own, self.optimizer, state["optimizer"])
         self.min_loss, self.divergence_events = state["min_loss"], state["divergence_events"]

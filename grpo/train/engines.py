@@ -1,4 +1,4 @@
-"""The run's rollout engines, with one owner: the training sampler (``rollout_backend``) and the one
+"""The run's rollout engines, with one owner: the training sampler (``rollout_engine``) and the one
 evaluation and the consistency probe sample with. Each is built on first use and again after
 ``close`` (a second ``train()``, or sampling and evaluation after one); each hears of new weights
 (``sync``) and is closed once at the end. With asynchronous rollouts the training sampler runs in
@@ -11,11 +11,13 @@ import threading
 from grpo.errors import ConfigError, EngineError
 from grpo.rollout import RolloutEngine, make_engine
 from grpo.rollout.producer import EngineProcess, EngineProcessSettings, ProcessEngine
+from grpo.rollout.whole import ReplicaEngine
 
 
 class Engines:
     """``name``, ``kernels`` and ``options`` build the training engine (``make_engine``) on
-    ``policy``; ``synced``: generation is a collective of every process (FSDP2). Evaluation samples
+    ``policy``; ``synced``: generation is a collective of every process (FSDP2; ``fast`` there samples
+    a whole copy of the weights on each process instead: rollout/whole.ReplicaEngine). Evaluation samples
     with the training engine where it ``serves_evaluation`` (one costly engine per run, as vLLM),
     else with an hf engine beside it, whose unkeyed sampling draws from the global RNG as generate does.
     ``process``: the training engine runs in an engine process so built (asynchronous rollouts; None:
@@ -41,9 +43,13 @@ class Engines:
                 self._train = ProcessEngine(self.policy, self.tokenizer, process=proc)
                 return self._train
             try:
+                if self.synced and self.name == "fast":  # FSDP2: the fast loop samples a whole copy
+                    self._train = ReplicaEngine(self.policy, self.tokenizer, inner=self.name, kernels=self.kernels,
+                                                options=self.options)
+                    return self._train
                 self._train = make_engine(self.name, self.policy, self.tokenizer, synced=self.synced,
                                           kernels=self.kernels, options=self.options)
-            except ValueError as e:  # rollout_backend=fast on a model or setup it does not cover
+            except ValueError as e:  # rollout_engine=fast on a model or setup it does not cover
                 raise ConfigError(str(e)) from None
         return self._train
 
@@ -65,17 +71,21 @@ class Engines:
         """Every engine built so far, each once."""
         return tuple({id(e): e for e in (self._train, self._eval) if e is not None}.values())
 
-    def sync(self, *, version: int) -> None:
+    def sync(self, *, version: int) -> dict:
         """Every open engine samples the policy's current weights next, those after ``version``
-        optimizer steps (after an update, after a resume); the engine process gets them numbered."""
-        self.version = version
+        optimizer steps (after an update, after a resume); the engine process gets them numbered, and
+        the metrics say the bytes that publish copied against a publish of every weight."""
+        self.version, metrics = version, {}
         for engine in self.opened():
             if engine.closed:
                 continue
             if isinstance(engine, ProcessEngine):  # every token it draws carries the version
                 engine.publish(self.policy, version=version)
+                metrics = {"async/publish_bytes": engine.process.last_publish_bytes,
+                           "async/full_publish_bytes": engine.process.full_bytes}
             else:
                 engine.sync_weights(self.policy)
+        return metrics
 
     def close(self) -> None:
         for engine in self.opened():

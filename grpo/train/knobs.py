@@ -1,6 +1,6 @@
 """The step's knobs (epsilon, eps_high, beta, entropy_coef, temperature), the controllers that move
 them between steps, and the fuse (a circuit breaker on one metric). Dynamic sampling is in
-train/collect.py, reward shaping in train/batch.py, the consistency probe in eval/consistency.py.
+train/collect.py, reward shaping in train/batch.py, the consistency probe in eval/probe.py.
 
 Controllers have ``update(metrics) -> value`` and ``state_dict``/``load_state_dict``; ``Knobs`` holds
 them and is saved in every checkpoint, so a resumed run continues with the exact knob values it had.
@@ -199,6 +199,15 @@ class KnobSettings:
     fuse_patience: int  # consecutive steps outside the band that blow it
 
 
+@dataclass(frozen=True)
+class AfterStep:
+    """What the knobs' controllers and fuse made of a step: the metrics they add, and the fuse's reason
+    to stop (None: go on)."""
+
+    metrics: dict
+    fuse_reason: str | None
+
+
 class Knobs:
     """The step's knobs (epsilon, eps_high, beta, entropy_coef, temperature) and the tools that move them."""
 
@@ -249,18 +258,22 @@ class Knobs:
         return {"epsilon": self.epsilon, "epsilon_high": self.eps_high, "beta": self.beta,
                 "entropy_coef": self.entropy_coef, "temperature": self.temperature}
 
-    def after_step(self, metrics: dict) -> str | None:
-        """Add the non-finite count, move every controller, and return the fuse's reason to stop (or None)."""
-        metrics["nonfinite_count"] = sum(1 for v in metrics.values()
-                                         if isinstance(v, float) and not math.isfinite(v))
+    def after_step(self, metrics: dict) -> AfterStep:
+        """Move every controller on the step's ``metrics`` (left as they are) and the fuse: what they add
+        to the step's metrics line (the non-finite count, the monitors' reports, the fuse's strikes) and
+        the fuse's reason to stop (or None)."""
+        added = {"nonfinite_count": sum(1 for v in metrics.values() if isinstance(v, float) and not math.isfinite(v))}
+        seen = {**metrics, **added}
         for ctl in self.controllers.values():
-            ctl.update(metrics)
+            ctl.update(seen)
         self._apply()
-        metrics.update(self.report(metrics))
-        reason = self.fuse.update(metrics) if self.fuse is not None else None
+        report = self.report(seen)
+        added.update(report)
+        seen.update(report)
+        reason = self.fuse.update(seen) if self.fuse is not None else None
         if self.fuse is not None:
-            metrics["fuse_strikes"] = self.fuse.strikes
-        return reason
+            added["fuse_strikes"] = self.fuse.strikes
+        return AfterStep(added, reason)
 
     def report(self, metrics: dict) -> dict:
         """The states the monitors report this step (the additive clip controller's side and count,

@@ -52,7 +52,7 @@ METRICS: tuple[Metric, ...] = tuple(
         ("step_seconds", "s", "wall time of the step, its periodic evaluation and checkpoint included"),
         ("generation_seconds", "s", "time the rollout engine took to sample the step's completions"),
         ("tokens_per_second", "tokens/s", "completion tokens sampled per second, all processes together"),
-        ("rollout_backend", "name", "the engine that sampled (hf, fast, vllm, vllm_server)"),
+        ("rollout_engine", "name", "the engine that sampled (hf, fast, vllm, vllm_server)"),
         ("time/<stage>_seconds", "s", "seconds spent in one stage of the step: sampling, rewards, old_logp, "
          "reference, update, sync, eval, checkpoint; 0.0 where the stage did not run"),
         ("prompts_truncated", "count", "prompts of this step cut to `max_prompt_length` (from the middle: the system message and tools kept)"),
@@ -219,9 +219,14 @@ METRICS: tuple[Metric, ...] = tuple(
         ("async/dropped_share", "share", "dropped groups / (dropped + trained) this step"),
         ("async/dropped_total", "groups", "groups dropped since the run started"),
         ("async/stale_token_share", "share", "trained tokens drawn by weights older than the step's"),
-        ("async/wait_seconds", "s", "time the trainer waited for the queue of scored groups"),
-        ("async/queued_groups", "groups", "scored groups left in the queue after the step took its own"),
+        ("async/wait_seconds", "s", "time the trainer waited for the queue of scored groups (the longest wait "
+         "of any process)"),
+        ("async/queued_groups", "groups", "scored groups left in the queue after the step took its own (summed "
+         "over processes)"),
         ("async/oldest_draw", "draw", "the oldest draw (prompt-stream position, in steps) of a trained group"),
+        ("async/publish_bytes", "bytes", "bytes this step's weights copied to the engine process (the trainable "
+         "ones: with LoRA, the adapters)"),
+        ("async/full_publish_bytes", "bytes", "bytes a copy of every weight to the engine process moves (its first)"),
     ])
     + _m("asynchronous rollouts", "async_rollouts=true, steps with stale tokens, rollout_correction none", [
         ("async/mismatch_kl_k1", "nats", "k1 estimate of KL(pi_version || pi_train) on the stale tokens"),

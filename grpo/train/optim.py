@@ -60,3 +60,9 @@ def clipped_step(params: list, optimizer, *, max_grad_norm: float) -> float:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return norm
+
+
+def epoch_steps(epochs: float, train_prompts: int, prompts_per_step: int) -> int:
+    """Steps of ``epochs`` passes over ``train_prompts`` prompts drawn ``prompts_per_step`` a step (the
+    last step of a pass may start the next: the prompt stream is an endless shuffled sequence)."""
+    return max(1, math.ceil(epochs * train_prompts / prompts_per_step))

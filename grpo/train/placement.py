@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from grpo.infra import distributed as dist_io
+from grpo.infra import distributed
 from grpo.models import grouped_attention, keep_head_fp32, native_bf16
 from grpo.models.packing import SHARED_PREFIX_ATTENTION, sliding_window
 from grpo.models.quantization import keep_trainable
@@ -37,7 +37,7 @@ class Placement:
     sharded: bool  # FSDP2: policy and reference sharded across processes
 
 
-def place_models(policy, reference, world: dist_io.World, settings: PlacementSettings) -> Placement:
+def place_models(policy, reference, world: distributed.World, settings: PlacementSettings) -> Placement:
     """Policy and ``reference`` (or None) onto this process's device, the LM head kept in fp32 under
     autocast, checkpointing switched on, the policy wrapped for DDP or sharded for FSDP2; the
     policy itself stays the model (generation, LoRA switches and saving use it)."""
@@ -62,10 +62,10 @@ def place_models(policy, reference, world: dist_io.World, settings: PlacementSet
         if share and attn == "sdpa":  # the backward's recompute looks the attention function up in the
             # config: it must find the grouped one there too, not only inside the training forward
             policy.config._attn_implementation = grouped_attention.register()
-    module = dist_io.wrap_policy(policy, world, s.strategy)
+    module = distributed.wrap_policy(policy, world, s.strategy)
     sharded = world.distributed and s.strategy == "fsdp2"
     if sharded and reference is not None:
-        dist_io.shard(reference)
+        distributed.shard(reference)
     forwards = Forwards(group_size=s.group_size, share_prompt=share, attn_implementation=attn or "sdpa",
                         autocast=amp, max_tokens=s.max_tokens_per_forward, sharded=sharded,
                         tied_grad_in_place=not world.distributed)

@@ -16,9 +16,9 @@ from typing import Callable
 
 import torch
 
-from grpo.infra import distributed as dist_io
+from grpo.infra import distributed
 from grpo.rollout import Rollout
-from grpo.rollout.base import concat_rollouts, select_rollout
+from grpo.rollout.types import concat_rollouts, select_rollout
 
 RESAMPLE_ROW_BASE = 2**19  # resampled rows draw from keys above every first draw's (row_keys has 2^20 per step)
 
@@ -48,7 +48,7 @@ def invalid_rows(texts: list[str], samples: list[dict], checks: list) -> list[in
 
 def resample_invalid(ro: Rollout, row_samples: list[dict], prompts: list[str], *, checks: list, rounds: int,
                      generate: Callable[[list[str], list[int]], Rollout], key_of: Callable[[int, int], int],
-                     pad_id: int, world: dist_io.World) -> Resampled:
+                     pad_id: int, world: distributed.World) -> Resampled:
     """Sample the invalid rows of ``ro`` again until every row is valid or ``rounds`` rounds are spent.
     ``row_samples[i]`` / ``prompts[i]``: row i's task row and rendered prompt; ``generate(prompts, keys)``
     samples one completion per prompt; ``key_of(round, row)`` the key of a row's resampling in a round.
@@ -58,7 +58,7 @@ def resample_invalid(ro: Rollout, row_samples: list[dict], prompts: list[str], *
         return Resampled(ro, 0, 0, 0)
     bad = invalid_rows(ro.texts, row_samples, checks)
     spent = resampled = 0
-    while spent < rounds and int(dist_io.all_sum(torch.tensor(len(bad)), world)) > 0:
+    while spent < rounds and int(distributed.all_sum(torch.tensor(len(bad)), world)) > 0:
         rows = bad or [0]
         new = generate([prompts[i] for i in rows], [key_of(spent, i) for i in rows])
         spent += 1

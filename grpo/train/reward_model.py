@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from grpo import core
+from grpo.infra import distributed
+from grpo.rewards.reward import RewardOptions
 from grpo.rewards import resolve_reward, score_completions
 
 
@@ -68,15 +70,18 @@ class RewardModelTrainSettings:
     warmup_draws: int  # reward_model_warmup_draws
     group_size: int  # num_generations (G)
     seed: int  # seed
+    reward_options: RewardOptions  # how the verifier is resolved (the run's reward_* and judge_* fields)
 
 
 class RewardModelTrainer:
     """Trains the ``reward_model`` reward's model at iteration boundaries (see the module doc)."""
 
-    def __init__(self, settings: RewardModelTrainSettings, scorer, teacher=None):
+    def __init__(self, settings: RewardModelTrainSettings, scorer, teacher=None, *,
+                 world: distributed.World | None = None):
         s = self.settings = settings
         self.scorer, self.teacher = scorer, teacher
-        self.verifier = {s.verifier: resolve_reward(s.verifier)}
+        self.world = world or distributed.World()  # every process observes every process's completions
+        self.verifier = {s.verifier: resolve_reward(s.verifier, s.reward_options)}
         self.optimizer = torch.optim.AdamW(self.scorer.model.parameters(), lr=s.learning_rate, weight_decay=0.0)
         self.rng = random.Random(s.seed + 7919)  # the batches' draw; its state is checkpointed
         self.buffer: list[Example] = []
@@ -89,7 +94,11 @@ class RewardModelTrainer:
     def observe(self, samples: list[dict], texts: list[str]) -> dict:
         """Label the step's completions (G per prompt, grouped) with the verifier and keep them; the
         verifier's mean on them (``rm_verifier_reward``: what the policy optimising the reward model
-        really achieves, beside the reward model's own score)."""
+        really achieves, beside the reward model's own score). On several processes each passes its
+        own share and observes every process's (in rank order: the one-process order), so every
+        process's reward model trains on the same examples and stays the same model."""
+        parts = distributed.gather_objects((samples, texts), self.world)
+        samples, texts = [x for p in parts for x in p[0]], [x for p in parts for x in p[1]]
         g = self.settings.group_size
         rows = [s for s in samples for _ in range(g)]
         labels = score_completions(texts, rows, self.verifier).per_reward[self.settings.verifier]
@@ -162,7 +171,12 @@ class RewardModelTrainer:
         return pairs
 
     def update(self) -> dict:
-        """Train on this iteration's examples with replay; the buffer takes them; the metrics."""
+        """Train on this iteration's examples with replay; the buffer takes them; the metrics. Under
+        the scorer's lock: asynchronous rollouts' scorer waits for the new weights."""
+        with self.scorer.lock:
+            return self._update()
+
+    def _update(self) -> dict:
         s = self.settings
         new = self._pairs(self.current) if s.objective == "pairwise" else self.current
         old = self._pairs(self.buffer) if s.objective == "pairwise" else self.buffer
@@ -241,17 +255,18 @@ def warm_up(rm: RewardModelTrainer, collector, *, temperature: float) -> dict:
     for d in range(s.warmup_draws):
         samples, ro = collector.sample(step=d, temperature=temperature, sampler=sampler, seed=s.seed + WARMUP_SEED)
         rm.observe(samples, ro.texts)
-        n += len(ro.texts)
+        n += len(ro.texts) * rm.world.size  # every process's share
     return {**rm.update(), "rm_warmup_completions": n}
 
 
-def make_reward_model_trainer(settings: RewardModelTrainSettings, *, reward=None) -> RewardModelTrainer:
+def make_reward_model_trainer(settings: RewardModelTrainSettings, *, reward=None,
+                              world: distributed.World | None = None) -> RewardModelTrainer:
     """The trainer of the run's reward model (its scorer now the one ``reward``, the run's
-    RewardModelReward, scores with), with the teacher when one is named."""
+    RewardModelReward, scores with), with the teacher when one is named, on ``world``'s processes."""
     from grpo.rewards.reward_model import RewardModelScorer
 
     scorer = RewardModelScorer(settings.model)
     if reward is not None:
         reward.use(scorer)
     teacher = RewardModelScorer(settings.teacher) if settings.teacher else None
-    return RewardModelTrainer(settings, scorer, teacher)
+    return RewardModelTrainer(settings, scorer, teacher, world=world)

@@ -1,19 +1,21 @@
-"""A run's Config as the settings of each component that reads it: the one place, with the trainer
-and the CLI, where Config fields are read. Each component declares what it reads (a frozen dataclass
-beside it) and is built from that alone, so a test builds one without a Config. Each builder runs
-once per run; values the knobs move (epsilon, beta, temperature, ...) are the components' per step.
+"""A run's Config as the settings of each component that reads it: the one place, with the config
+package, the trainer, the CLI (and its commands) and the Python API, where Config fields are read.
+Each component declares what it reads (a frozen dataclass beside it) and is built from that alone, so
+a test builds one without a Config. ``run_settings`` builds them all at once, for the trainer; values
+the knobs move (epsilon, beta, temperature, ...) are the components' per step.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
+from dataclasses import dataclass, replace
 
 from grpo import core
 from grpo.agent import AgentSettings
 from grpo.config import Config
-from grpo.config.mixture_settings import eval_task_specs, source_specs
-from grpo.config.validate_sft import judge_settings
+from grpo.config.mixture_settings import eval_task_specs, mixture_of, source_specs
+from grpo.config.judge import judge_settings
+from grpo.data.tasks import Task, TaskLoading, load_task
 from grpo.eval.evaluate import EvalSettings
 from grpo.rewards.reward import RewardOptions
 from grpo.rollout import SamplingSettings, engine_class
@@ -21,12 +23,13 @@ from grpo.rollout.producer import EngineProcessSettings
 from grpo.train.async_rollouts import AsyncSettings
 from grpo.train.batch import BatchSettings, RewardShaping, correction_mode
 from grpo.train.collect import CollectSettings
-from grpo.train.consistency import ConsistencySettings
+from grpo.train.critic import CriticSettings
 from grpo.train.knobs import KnobSettings
+from grpo.train.logic_consistency import LogicConsistencySettings
 from grpo.train.optim import Schedule
 from grpo.train.placement import PlacementSettings
 from grpo.train.reward_model import RewardModelTrainSettings
-from grpo.train.sources import RunnerSettings, SamplerSettings, SourcesSettings, TaskLoading
+from grpo.train.sources import SamplerSettings, SourcesSettings
 from grpo.train.update import UpdateSettings
 
 
@@ -34,17 +37,44 @@ def _band(value) -> tuple[float, float] | None:
     return None if value is None else (float(value[0]), float(value[1]))
 
 
-def epoch_steps(epochs: float, train_prompts: int, prompts_per_step: int) -> int:
-    """Steps of ``epochs`` passes over ``train_prompts`` prompts drawn ``prompts_per_step`` a step (the
-    last step of a pass may start the next: the prompt stream is an endless shuffled sequence)."""
-    return max(1, math.ceil(epochs * train_prompts / prompts_per_step))
+def task_loading(cfg: Config) -> TaskLoading:
+    return TaskLoading(max_operand=cfg.arithmetic_max_operand, ops=cfg.arithmetic_ops, prompt_field=cfg.prompt_field,
+                       answer_field=cfg.answer_field, split=cfg.task_split)
+
+
+def task_of(cfg: Config) -> Task:
+    """The task a config names (task, eval_prompts, the arithmetic knobs, a dataset's fields and split)."""
+    return load_task(cfg.task, eval_size=cfg.eval_prompts, loading=task_loading(cfg))
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What serving a run's model reads of the run's config."""
+
+    model: str  # model: the base its checkpoints were trained from
+    system_prompt: str
+    max_prompt_length: int
+    rewards: str  # rewards, as configured ('' : the task's own)
+    reward_options: RewardOptions  # the run's reward_* and judge_* fields
+
+
+def run_record(cfg: Config) -> RunRecord:
+    return RunRecord(model=cfg.model, system_prompt=cfg.system_prompt, max_prompt_length=cfg.max_prompt_length,
+                     rewards=cfg.rewards, reward_options=reward_options(cfg))
+
+
+def held_out_prompts(cfg: Config, count: int) -> tuple:
+    """The first ``count`` held-out prompts of the run's task; none for a mixture."""
+    if mixture_of(cfg) is not None:
+        return ()
+    return tuple(row["prompt"] for row in task_of(cfg).eval[:count])
 
 
 def reward_options(cfg: Config) -> RewardOptions:
     """What resolving a reward takes from the run's config (its fields of the same names; the judge's,
     its judge_* fields)."""
     return RewardOptions(timeout=cfg.reward_timeout, retries=cfg.reward_retries, concurrency=cfg.reward_concurrency,
-                         reward_model=cfg.reward_model, reward_model_transform=cfg.reward_model_transform,
+                         workers=cfg.reward_workers, reward_model=cfg.reward_model, reward_model_transform=cfg.reward_model_transform,
                          judge=judge_settings(cfg))
 
 
@@ -65,7 +95,7 @@ def sampling_settings(cfg: Config, *, max_new_tokens: int | None = None) -> Samp
 
 def rollout_correction(cfg: Config) -> str:
     """The train/inference mismatch correction the run applies (auto resolved for its engine)."""
-    return correction_mode(cfg.rollout_correction, cfg.rollout_backend)
+    return correction_mode(cfg.rollout_correction, cfg.rollout_engine)
 
 
 def loss_settings(cfg: Config) -> core.LossSettings:
@@ -109,11 +139,11 @@ def batch_settings(cfg: Config) -> BatchSettings:
         correction_high=cfg.rollout_correction_high, torch_compile=cfg.torch_compile)
 
 
-def consistency_settings(cfg: Config) -> ConsistencySettings | None:
+def consistency_settings(cfg: Config) -> LogicConsistencySettings | None:
     """The logic-consistency regulariser's settings, or None when logic_consistency is off."""
     if not cfg.logic_consistency:
         return None
-    return ConsistencySettings(coef=cfg.logic_consistency_coef, model=cfg.logic_consistency_model,
+    return LogicConsistencySettings(coef=cfg.logic_consistency_coef, model=cfg.logic_consistency_model,
                                group_size=cfg.num_generations)
 
 
@@ -140,8 +170,8 @@ def engine_process_settings(cfg: Config, cores: int) -> EngineProcessSettings | 
     machine's ``cores``; None: it samples here."""
     if not cfg.async_rollouts:
         return None
-    return EngineProcessSettings(backend=cfg.rollout_backend, kernels=cfg.decode_kernels,
-                                 options=engine_options(cfg, cfg.rollout_backend), threads=engine_threads(cfg, cores),
+    return EngineProcessSettings(engine=cfg.rollout_engine, kernels=cfg.decode_kernels,
+                                 options=engine_options(cfg, cfg.rollout_engine), threads=engine_threads(cfg, cores),
                                  segment_tokens=cfg.partial_rollout_tokens if cfg.partial_rollouts else 0)
 
 
@@ -153,7 +183,7 @@ def async_settings(cfg: Config) -> AsyncSettings | None:
                          group_size=cfg.num_generations, correction=cfg.async_correction,
                          correction_level=cfg.rollout_correction_level, correction_low=cfg.rollout_correction_low,
                          correction_high=cfg.rollout_correction_high,
-                         run_corrects_all=rollout_correction(cfg) != "none", reward_names=tuple(cfg.reward_names))
+                         run_corrects_all=rollout_correction(cfg) != "none")
 
 
 def knob_settings(cfg: Config) -> KnobSettings:
@@ -195,11 +225,8 @@ def sources_settings(cfg: Config) -> SourcesSettings:
         mixture=source_specs(cfg), eval_tasks=eval_task_specs(cfg),
         sampler=SamplerSettings(seed=cfg.seed, difficulty=cfg.difficulty_sampling, memory=cfg.difficulty_memory,
                                 floor=cfg.difficulty_floor),
-        runner=RunnerSettings(timeout=cfg.reward_timeout, workers=cfg.reward_workers, reward_model=cfg.reward_model,
-                              reward_model_transform=cfg.reward_model_transform, retries=cfg.reward_retries,
-                              concurrency=cfg.reward_concurrency, judge=judge_settings(cfg)),
-        loading=TaskLoading(max_operand=cfg.arithmetic_max_operand, ops=cfg.arithmetic_ops,
-                            prompt_field=cfg.prompt_field, answer_field=cfg.answer_field, split=cfg.task_split),
+        reward_options=reward_options(cfg),
+        loading=task_loading(cfg),
         agent=agent_settings(cfg))
 
 
@@ -210,7 +237,7 @@ def reward_model_settings(cfg: Config) -> RewardModelTrainSettings:
         batch_size=cfg.reward_model_batch_size, replay=cfg.reward_model_replay,
         buffer_size=cfg.reward_model_buffer_size, learning_rate=cfg.reward_model_lr, heldout=cfg.reward_model_heldout,
         distill_temperature=cfg.reward_model_distill_temperature, warmup_draws=cfg.reward_model_warmup_draws,
-        group_size=cfg.num_generations, seed=cfg.seed)
+        group_size=cfg.num_generations, seed=cfg.seed, reward_options=reward_options(cfg))
 
 
 def placement_settings(cfg: Config) -> PlacementSettings:
@@ -218,3 +245,65 @@ def placement_settings(cfg: Config) -> PlacementSettings:
                              shared_prefix=cfg.shared_prefix, gradient_checkpointing=cfg.gradient_checkpointing,
                              strategy=cfg.distributed_strategy, group_size=cfg.num_generations,
                              max_tokens_per_forward=cfg.max_tokens_per_forward)
+
+
+def critic_settings(cfg: Config) -> CriticSettings | None:
+    """PPO's learned value model (advantage_estimator=gae), else None."""
+    if not core.ESTIMATORS[cfg.advantage_estimator].critic:
+        return None
+    return CriticSettings(estimator=cfg.advantage_estimator, learning_rate=cfg.critic_learning_rate, clip_range=cfg.cliprange_value,
+                          max_grad_norm=cfg.max_grad_norm, divergence_factor=cfg.critic_divergence_factor,
+                          vf_coef=cfg.vf_coef, shared_trunk=cfg.critic_shared_trunk, strategy=cfg.distributed_strategy,
+                          dtype=cfg.dtype)
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The run's rollout engine: its ROLLOUT_ENGINES name (rollout_engine), kernels (decode_kernels),
+    options (its ``<name>_*`` fields) and, with async_rollouts, its own process."""
+
+    name: str
+    kernels: str
+    options: object
+    process: EngineProcessSettings | None
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Every component's settings of one run, built once from its Config (``run_settings``)."""
+
+    model: str  # model: as configured (a checkpoint records it; a resume onto another is refused)
+    use_peft: bool  # use_peft: the policy's trained weights are LoRA adapters
+    sources: SourcesSettings
+    placement: PlacementSettings
+    knobs: KnobSettings
+    engine: EngineSettings
+    agent: AgentSettings
+    collect: CollectSettings
+    asynchronous: AsyncSettings | None  # async_rollouts
+    reward_model: RewardModelTrainSettings | None  # reward_model_train_steps > 0
+    batch: BatchSettings
+    logic_consistency: LogicConsistencySettings | None
+    update: UpdateSettings
+    eval: EvalSettings
+    critic: CriticSettings | None
+
+    def with_max_steps(self, max_steps: int) -> RunSettings:
+        """The same run counted to ``max_steps`` (num_train_epochs resolved, or max_steps raised to
+        train further): the schedule and the rewards' trainer_state follow it."""
+        schedule = replace(self.update.schedule, max_steps=max_steps)
+        return replace(self, collect=replace(self.collect, max_steps=max_steps),
+                       update=replace(self.update, schedule=schedule))
+
+
+def run_settings(cfg: Config, *, cores: int) -> RunSettings:
+    """Every component's settings for a run of ``cfg`` on ``cores`` CPU threads."""
+    return RunSettings(
+        model=cfg.model, use_peft=cfg.use_peft, sources=sources_settings(cfg), placement=placement_settings(cfg), knobs=knob_settings(cfg),
+        engine=EngineSettings(name=cfg.rollout_engine, kernels=cfg.decode_kernels,
+                              options=engine_options(cfg, cfg.rollout_engine),
+                              process=engine_process_settings(cfg, cores)),
+        agent=agent_settings(cfg), collect=collect_settings(cfg), asynchronous=async_settings(cfg),
+        reward_model=reward_model_settings(cfg) if cfg.reward_model_train_steps else None,
+        batch=batch_settings(cfg), logic_consistency=consistency_settings(cfg), update=update_settings(cfg),
+        eval=eval_settings(cfg), critic=critic_settings(cfg))

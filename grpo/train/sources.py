@@ -22,13 +22,13 @@ from grpo.agent import AgentSampler, AgentSettings
 from grpo.agent.environments import is_routed, load_factories, load_factory
 from grpo.agent.formats import call_format
 from grpo.agent.tools import resolve_callable, resolve_tools
-from grpo.data import PromptSampler, Task, load_task
+from grpo.data import PromptSampler, Task
 from grpo.data.difficulty import DifficultySampler
 from grpo.data.mixture import SOURCE_COLUMN, MixtureSampler, Source, SourceSpec, tag_rows
-from grpo.data.tasks import rows_task
+from grpo.data.tasks import TaskLoading, load_task, rows_task
 from grpo.errors import ConfigError, DataError
 from grpo.eval.suites import Suite
-from grpo.rewards.judge import JudgeSettings
+from grpo.rewards.reward import RewardOptions
 from grpo.rewards.runner import RewardRunner
 from grpo.rewards.verdict import first_applicable
 from grpo.train.source_rewards import SourceRewards
@@ -50,39 +50,6 @@ class SamplerSettings:
 
 
 @dataclass(frozen=True)
-class RunnerSettings:
-    """How a reward runner runs its rewards; each field is the Config field of the same name (reward_)."""
-
-    timeout: float = 0.0  # reward_timeout
-    workers: int = 1  # reward_workers
-    reward_model: str = ""  # reward_model
-    reward_model_transform: str = "none"  # reward_model_transform
-    retries: int = 0  # reward_retries
-    concurrency: int = 16  # reward_concurrency
-    judge: JudgeSettings | None = None  # judge_*: the judge reward's endpoint, template and parser
-
-    def runner(self, names: list[str], weights: list[float] | None, *, given: dict | None) -> RewardRunner:
-        return RewardRunner(names, weights, timeout=self.timeout, workers=self.workers, reward_model=self.reward_model,
-                            reward_model_transform=self.reward_model_transform, retries=self.retries,
-                            concurrency=self.concurrency, given=given, judge=self.judge)
-
-
-@dataclass(frozen=True)
-class TaskLoading:
-    """How a task is loaded (grpo.data.load_task): the arithmetic knobs and a dataset's fields and split."""
-
-    max_operand: int = 30  # arithmetic_max_operand
-    ops: str = "+"  # arithmetic_ops
-    prompt_field: str = "prompt"  # prompt_field
-    answer_field: str = "answer"  # answer_field
-    split: str = "train"  # task_split
-
-    def load(self, name: str, eval_size: int | None) -> Task:
-        return load_task(name, eval_size=eval_size, max_operand=self.max_operand, ops=self.ops,
-                         prompt_field=self.prompt_field, answer_field=self.answer_field, split=self.split)
-
-
-@dataclass(frozen=True)
 class SourcesSettings:
     """What planning a run's sources reads (built in train/settings.py)."""
 
@@ -93,7 +60,7 @@ class SourcesSettings:
     mixture: tuple[SourceSpec, ...] | None  # a mixture's sources, resolved (None: a plain run)
     eval_tasks: tuple[SourceSpec, ...]  # eval_tasks, resolved
     sampler: SamplerSettings
-    runner: RunnerSettings
+    reward_options: RewardOptions  # how every source's rewards are resolved and run
     loading: TaskLoading
     agent: AgentSettings  # the run's tools, environment_factory (and its routing column), call format
 
@@ -139,7 +106,7 @@ def source_task(s: SourcesSettings, spec: SourceSpec) -> tuple[Task, str]:
                          answer_field=s.loading.answer_field, eval_size=spec.eval_prompts)
         environment = environment or spec.name
     else:
-        task = s.loading.load(spec.name, spec.eval_prompts)
+        task = load_task(spec.name, eval_size=spec.eval_prompts, loading=s.loading)
     return Task(spec.label, train=tag_rows(task.train, spec.label), eval=tag_rows(task.eval, spec.label)), environment
 
 
@@ -147,7 +114,7 @@ def load_source(s: SourcesSettings, spec: SourceSpec, *, given: dict | None) -> 
     """A source's task (``source_task``) and its own reward runner."""
     task, environment = source_task(s, spec)
     weights = None if spec.reward_weights is None else list(spec.reward_weights)
-    runner = s.runner.runner(spec.reward_names, weights, given=given)
+    runner = RewardRunner(spec.reward_names, weights, s.reward_options, given=given)
     return SourceRun(spec.label, spec.weight, task, runner, spec.tools, environment)
 
 
@@ -222,8 +189,8 @@ def plan_sources(s: SourcesSettings, *, task: Task | None = None, given: dict | 
                           routes={x.label: (x.tools, x.environment) for x in runs}, routed_rows=True)
     else:
         weights = None if s.reward_weights is None else list(s.reward_weights)
-        runner = s.runner.runner(list(s.rewards), weights, given=given)
-        task = task or s.loading.load(s.task, s.eval_prompts)
+        runner = RewardRunner(list(s.rewards), weights, s.reward_options, given=given)
+        task = task or load_task(s.task, eval_size=s.eval_prompts, loading=s.loading)
         if not task.train:
             raise DataError(f"task {s.task!r} has no training prompts")
         plan = RunSources(task, runner, s.sampler.sampler(len(task.train), s.sampler.seed),

@@ -15,8 +15,8 @@ import yaml
 from safetensors.torch import load_file
 
 from grpo.errors import CheckpointError, ConfigError, DataError
-from grpo.infra import checkpoint as ckpt_io
-from grpo.infra import distributed as dist_io
+from grpo.infra.checkpoint import STATE_FILE, find_latest, load_state, rng_state, set_rng_state
+from grpo.infra import distributed
 from grpo.infra.logger import trim_step_logs
 
 
@@ -48,14 +48,14 @@ def trainer_state(t) -> dict:
     """Everything besides the policy weights that the next step depends on: each component's state
     under its name (Trainer.components), the step, the RNG states, and the reference once iterative
     GRPO has reset it."""
-    state = {"step": t.step, "rng": ckpt_io.rng_state(), "ref_reset_at": t.ref_reset_at, "model": t.cfg.model,
+    state = {"step": t.step, "rng": rng_state(), "ref_reset_at": t.ref_reset_at, "model": t.settings.model,
              # the schedule counts optimizer steps: this many per training step
-             "optimizer_steps_per_step": t.cfg.num_iterations * t.cfg.mini_batches}
+             "optimizer_steps_per_step": t.settings.update.num_iterations * t.settings.update.mini_batches}
     state.update({name: part.state_dict() for name, part in t.components().items()})
     if t.ref_reset_at and t.models.reference is not None:
         # the reference is no longer the initial model: its weights are part of the run's state
         ref = t.models.reference
-        state["reference"] = dist_io.full_model_state(ref) if t.sharded else ref.state_dict()
+        state["reference"] = distributed.full_model_state(ref) if t.sharded else ref.state_dict()
     return state
 
 
@@ -67,11 +67,11 @@ def resume_path(target: str | None, run_dir: Path) -> Path | None:
     if target == "auto":
         if not (run_dir / "checkpoints" / "latest").exists():
             return None  # nothing to resume yet: a fresh start, by request
-        return ckpt_io.find_latest(run_dir)
+        return find_latest(run_dir)
     p = Path(target)
-    if (p / ckpt_io.STATE_FILE).is_file():
+    if (p / STATE_FILE).is_file():
         return p
-    return ckpt_io.find_latest(p)
+    return find_latest(p)
 
 
 def _by_component(state: dict) -> dict:
@@ -103,7 +103,7 @@ def load_policy_weights(policy, ckpt: Path, *, peft: bool, sharded: bool) -> Non
 
         set_peft_model_state_dict(policy, weights)
     elif sharded:
-        dist_io.load_full_model_state(policy, weights)
+        distributed.load_full_model_state(policy, weights)
     else:
         missing, unexpected = policy.load_state_dict(weights, strict=False)
         if unexpected or [k for k in missing if "lm_head" not in k]:
@@ -115,20 +115,20 @@ def restore(t, ckpt: Path) -> None:
     """Load weights and state from a checkpoint so the next step is the one the uninterrupted
     run would have taken; log lines written after it (by a run that later died) are dropped
     (``trim_step_logs``)."""
-    state = _by_component(ckpt_io.load_state(ckpt))
-    if state.get("model") != t.cfg.model:
+    state = _by_component(load_state(ckpt))
+    if state.get("model") != t.settings.model:
         raise CheckpointError(f"{ckpt}: was trained from model {state.get('model')!r}, "
-                              f"but this config's model is {t.cfg.model!r}")
-    per_step = t.cfg.num_iterations * t.cfg.mini_batches
+                              f"but this config's model is {t.settings.model!r}")
+    per_step = t.settings.update.num_iterations * t.settings.update.mini_batches
     if state.get("optimizer_steps_per_step", per_step) != per_step:
         raise CheckpointError(
             f"{ckpt}: was trained with {state['optimizer_steps_per_step']} optimizer steps per training step, "
             f"this config takes {per_step} (num_iterations x mini_batches); the learning-rate schedule counts "
             f"optimizer steps, so resume with the values the run started with")
-    load_policy_weights(t.policy, ckpt, peft=t.cfg.use_peft, sharded=t.sharded)
+    load_policy_weights(t.policy, ckpt, peft=t.settings.use_peft, sharded=t.sharded)
     if "reference" in state:
         if t.sharded:
-            dist_io.load_full_model_state(t.models.reference, state["reference"])
+            distributed.load_full_model_state(t.models.reference, state["reference"])
         else:
             t.models.reference.load_state_dict(state["reference"])
     for name, part in t.components().items():
@@ -143,7 +143,7 @@ def restore(t, ckpt: Path) -> None:
             raise CheckpointError(f"{ckpt}: the state of {name!r} does not fit this config ({type(e).__name__}: "
                                   f"{e}); resume with the settings the run started with") from None
     t.step, t.ref_reset_at = state["step"], state["ref_reset_at"]
-    ckpt_io.set_rng_state(state["rng"])
+    set_rng_state(state["rng"])
     if t.world.is_main:
         cut = trim_step_logs(t.run_dir, t.step)
         if cut:  # the run was killed while writing them

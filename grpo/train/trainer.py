@@ -16,6 +16,7 @@ from grpo.core.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
@@ -28,11 +29,11 @@ import torch
 from grpo.config import Config
 from grpo.config.validate import validate_world
 from grpo.errors import DataError, EngineError, FuseError, RewardError
-from grpo.eval.consistency import consistency, probe_prompts
+from grpo.eval.probe import consistency, probe_prompts
 from grpo.eval.evaluate import Interrupt, evaluate
 from grpo.eval.suites import evaluate_suites
-from grpo.infra import checkpoint as ckpt_io
-from grpo.infra import distributed as dist_io
+from grpo.infra.checkpoint import partial_folders, save_checkpoint
+from grpo.infra import distributed
 from grpo.infra.logger import NullLogger, RunLogger
 from grpo.infra.timing import STAGES, StageTimer, stage_key
 from grpo.infra.runtime import import_from, keep_freed_memory, make_run_dir, seed_everything
@@ -41,42 +42,52 @@ from grpo.models import load_models, reset_reference, resolve_model_path
 from grpo.models.teacher import load_teacher
 from grpo.rewards.steps import resolve_step_reward
 from grpo.rollout import Rollout
-from grpo.train import settings as build
+from grpo.train.settings import RunSettings, run_settings
 from grpo.train import state as run_state
 from grpo.train.async_rollouts import AsyncRollouts
 from grpo.train.batch import Batch, BatchMaker
 from grpo.train.collect import Collector
-from grpo.train.consistency import make_consistency
-from grpo.train.critic import Critic
+from grpo.train.critic import Critic, CriticSettings
 from grpo.train.engines import Engines
 from grpo.train.evals import eval_notes, periodic_eval
 from grpo.train.knobs import Knobs
+from grpo.train.logic_consistency import make_consistency
 from grpo.train.placement import place_models
 from grpo.train.reward_model import make_reward_model_trainer, warm_up
+from grpo.train.optim import epoch_steps
 from grpo.train.update import Updater
 from grpo.train.best import BestCheckpoint
 from grpo.train.sources import plan_sources
 
 AFTER_STEP = ("eval", "checkpoint")  # stages after the step proper, still in its metrics line
 IN_STEP = tuple(s for s in STAGES if s not in AFTER_STEP)
+DRAW_END_SECONDS = 600.0  # at the end of an asynchronous run on several processes: the longest wait for a draw
 
 
-def _start_process(cfg: Config) -> dist_io.World:
+def _start_process(cfg: Config) -> distributed.World:
     """This process set up for the run (threads, seeds, the torchrun world, the allocator, the folder
     ``module:name`` references import from); what cannot run on the world's size is refused here."""
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     seed_everything(cfg.seed)
-    world = dist_io.init_world()  # torchrun's environment, or one process
+    world = distributed.init_world()  # torchrun's environment, or one process
     validate_world(cfg, world.size)  # before anything loads
     if cfg.reuse_freed_memory and world.device.type == "cpu":
         keep_freed_memory()
-    cfg.working_dir = cfg.working_dir or os.getcwd()  # recorded in config.yaml: a resume imports from it too
     import_from(cfg.working_dir, os.getcwd())
     return world
 
 
-def _load_models(cfg: Config, path: str, world: dist_io.World):
+def _own_copy(cfg: Config, **changes) -> Config:
+    """The trainer's copy of ``cfg`` with ``changes`` (values already validated); the caller's object
+    is left as it was."""
+    mine = copy.copy(cfg)
+    for name, value in changes.items():
+        setattr(mine, name, value)
+    return mine
+
+
+def _load_models(cfg: Config, path: str, world: distributed.World):
     """The policy (LoRA adapters or 4-bit base as configured), the reference where beta > 0, the
     tokenizer. A distillation teacher, where one is named, is the reference whatever beta is: loaded
     once, frozen, read by the same forward as the KL's reference (models/teacher.py)."""
@@ -91,21 +102,24 @@ def _load_models(cfg: Config, path: str, world: dist_io.World):
 
 class Trainer:
     def __init__(self, cfg: Config, *, models=None, task=None, reward_fns: dict | None = None):
-        self.cfg = cfg
+        # working_dir recorded in config.yaml: a resume imports from it too
+        self.cfg = cfg = _own_copy(cfg, working_dir=cfg.working_dir or os.getcwd())
         self.world = world = _start_process(cfg)
+        self.settings = s = run_settings(cfg, cores=torch.get_num_threads())  # every component's, once
         # Everything that can be wrong with the input is checked before the model loads.
         # the task (or a mixture's sources), rewards (given: callables handed over by the Python API),
         # prompt stream and evaluation suites (train/sources.py)
-        self.sources = plan_sources(build.sources_settings(cfg), task=task, given=reward_fns)
+        self.sources = plan_sources(s.sources, task=task, given=reward_fns)
         self.rewards, self.task = self.sources.rewards, self.sources.task
         step_reward = resolve_step_reward(cfg.step_reward) if cfg.supervision == "process" else None
         if not self.task.train:
             raise DataError(f"task {cfg.task!r} has no training prompts")
         if cfg.num_train_epochs is not None:  # recorded in config.yaml as the run's max_steps alone: a resume's
-            cfg.max_steps = build.epoch_steps(cfg.num_train_epochs, len(self.task.train), cfg.prompts_per_step)
-            cfg.num_train_epochs = None  # max_steps=N then continues it, as for any run
+            steps = epoch_steps(cfg.num_train_epochs, len(self.task.train), cfg.prompts_per_step)
+            self.cfg = cfg = _own_copy(cfg, max_steps=steps, num_train_epochs=None)  # max_steps=N continues it
+            self.settings = s = s.with_max_steps(steps)
         model_path = resolve_model_path(cfg.model) if models is None else None  # a bad path: before the run folder
-        self.run_dir = dist_io.broadcast_object(
+        self.run_dir = distributed.broadcast_object(
             make_run_dir(cfg.output_dir, cfg.resume_from_checkpoint) if world.is_main else None, world)
         resume_from = run_state.resume_path(cfg.resume_from_checkpoint, self.run_dir)
         if resume_from is not None:
@@ -114,42 +128,8 @@ class Trainer:
             cfg.save(self.run_dir / "config.yaml")
         self.models = models or _load_models(cfg, model_path, world)
         self.policy, self.tok = self.models.policy, self.models.tokenizer
-        # the device, autocast, DDP/FSDP2 wrapper and forward layout the components run the models with
-        self.placement = place_models(self.policy, self.models.reference, world, build.placement_settings(cfg))
-        forwards, self.sharded = self.placement.forwards, self.placement.sharded
-        self.logger = NullLogger()  # train() replaces it with the run's logger on rank 0
-        self.critic = self._make_critic()
-        self.knobs = Knobs(build.knob_settings(cfg))  # the step's knobs (eps, beta, temperature, ...) and controllers
-        # the training sampler and evaluation's, opened here (their set-up errors come before the run) and again
-        # after close(); every one hears of new weights and is closed at the end of train(); with async_rollouts
-        # the training sampler runs in an engine process of its own
-        self.engines = Engines(self.policy, self.tok, name=cfg.rollout_backend, kernels=cfg.decode_kernels,
-                               options=build.engine_options(cfg, cfg.rollout_backend), synced=self.sharded,
-                               process=build.engine_process_settings(cfg, torch.get_num_threads()))
-        self.engines.open()
-        self.timer = StageTimer(next(self.policy.parameters()).device)  # seconds per stage, in every metrics line
-        # tools / environment_factory (a row's own, where routed): multi-turn episodes
-        self.agent, routed = self.sources.agents(build.agent_settings(cfg), self.tok)
-        self.sources.assign_agents(self.agent, routed)
-        self.collector = Collector(build.collect_settings(cfg), world=world, train=self.task.train,
-                                   engines=self.engines, tokenizer=self.tok, rewards=self.rewards,
-                                   note=lambda text, style=None: self.logger.note(text, style), timer=self.timer,
-                                   agent=self.agent, sampler=self.sources.sampler, sources=self.sources)
-        self.best = BestCheckpoint(cfg.best_checkpoint_metric, mode=cfg.best_checkpoint_mode)
-        # async_rollouts: a producer and a scorer draw the collector's prompt stream into a queue of groups
-        overlap = build.async_settings(cfg)
-        self.async_rollouts = None if overlap is None else AsyncRollouts(overlap, collector=self.collector)
-        # seed 001 Algorithm 1 step 4: the reward model learns at iteration boundaries (train/reward_model.py)
-        self.rm_trainer = (make_reward_model_trainer(build.reward_model_settings(cfg), reward=self.rewards.reward_model())
-                           if cfg.reward_model_train_steps else None)
-        self.batches = BatchMaker(build.batch_settings(cfg), world=world, forwards=forwards, policy=self.policy,
-                                  reference=self.models.reference, critic=self.critic, step_reward=step_reward,
-                                  tokenizer=self.tok, timer=self.timer,
-                                  consistency=make_consistency(build.consistency_settings(cfg)))
-        self.updater = Updater(build.update_settings(cfg), world=world, policy=self.policy,
-                               module=self.placement.module, forwards=forwards, critic=self.critic,
-                               checkpoint_dir=self.run_dir / "checkpoints")
-        self.eval_settings = build.eval_settings(cfg)
+        self._build_components(s, step_reward)
+        self.eval_settings = s.eval
         self.step = 0
         self.ref_reset_at = 0  # step at which the reference last became a copy of the policy
         self.stop = StopFlag()  # SIGINT / SIGTERM during train()
@@ -161,6 +141,44 @@ class Trainer:
             if world.is_main:  # a refused resume leaves the run's config.yaml as it was
                 cfg.save(self.run_dir / "config.yaml")
 
+    def _build_components(self, s: RunSettings, step_reward) -> None:
+        """The loop's components on the loaded models, each from its part of the run's settings ``s``."""
+        world = self.world
+        # the device, autocast, DDP/FSDP2 wrapper and forward layout the components run the models with
+        self.placement = place_models(self.policy, self.models.reference, world, s.placement)
+        forwards, self.sharded = self.placement.forwards, self.placement.sharded
+        self.logger = NullLogger()  # train() replaces it with the run's logger on rank 0
+        self.critic = self._make_critic(s.critic)
+        self.knobs = Knobs(s.knobs)  # the step's knobs (eps, beta, temperature, ...) and controllers
+        # the training sampler and evaluation's, opened here (their set-up errors come before the run) and again
+        # after close(); every one hears of new weights and is closed at the end of train(); with async_rollouts
+        # the training sampler runs in an engine process of its own
+        self.engines = Engines(self.policy, self.tok, name=s.engine.name, kernels=s.engine.kernels,
+                               options=s.engine.options, synced=self.sharded, process=s.engine.process)
+        self.engines.open()
+        self.timer = StageTimer(next(self.policy.parameters()).device)  # seconds per stage, in every metrics line
+        # tools / environment_factory (a row's own, where routed): multi-turn episodes
+        self.agent, routed = self.sources.agents(s.agent, self.tok)
+        self.sources.assign_agents(self.agent, routed)
+        self.collector = Collector(s.collect, world=world, train=self.task.train,
+                                   engines=self.engines, tokenizer=self.tok, rewards=self.rewards,
+                                   note=lambda text, style=None: self.logger.note(text, style), timer=self.timer,
+                                   agent=self.agent, sampler=self.sources.sampler, sources=self.sources)
+        self.best = BestCheckpoint(self.cfg.best_checkpoint_metric, mode=self.cfg.best_checkpoint_mode)
+        # async_rollouts: a producer and a scorer draw the collector's prompt stream into a queue of groups
+        self.async_rollouts = None if s.asynchronous is None else \
+            AsyncRollouts(s.asynchronous, collector=self.collector, world=world)
+        # seed 001 Algorithm 1 step 4: the reward model learns at iteration boundaries (train/reward_model.py)
+        self.rm_trainer = (None if s.reward_model is None else
+                           make_reward_model_trainer(s.reward_model, reward=self.rewards.reward_model(), world=world))
+        self.batches = BatchMaker(s.batch, world=world, forwards=forwards, policy=self.policy,
+                                  reference=self.models.reference, critic=self.critic, step_reward=step_reward,
+                                  tokenizer=self.tok, timer=self.timer,
+                                  consistency=make_consistency(s.logic_consistency))
+        self.updater = Updater(s.update, world=world, policy=self.policy,
+                               module=self.placement.module, forwards=forwards, critic=self.critic,
+                               checkpoint_dir=self.run_dir / "checkpoints")
+
     def _resume(self, path: Path) -> None:
         """Every component's state from the checkpoint at ``path``; the engines then sample its weights."""
         try:
@@ -170,17 +188,13 @@ class Trainer:
             raise
         self._sync(self.step)
 
-    def _make_critic(self) -> Critic | None:
+    def _make_critic(self, settings: CriticSettings | None) -> Critic | None:
         """PPO's learned value model (advantage_estimator=gae), else None."""
-        cfg = self.cfg
-        if cfg.advantage_estimator != "gae":
+        if settings is None:
             return None
-        return Critic(self.models.path, dtype=getattr(torch, cfg.dtype), learning_rate=cfg.critic_learning_rate,
-                      clip_range=cfg.cliprange_value, max_grad_norm=cfg.max_grad_norm,
-                      divergence_factor=cfg.critic_divergence_factor, autocast=self.placement.amp, vf_coef=cfg.vf_coef,
-                      shared_policy=self.policy if cfg.critic_shared_trunk else None,
-                      device=next(self.policy.parameters()).device, world=self.world,
-                      strategy=cfg.distributed_strategy)
+        return Critic(settings, self.models.path, autocast=self.placement.amp,
+                      shared_policy=self.policy if settings.shared_trunk else None,
+                      device=next(self.policy.parameters()).device, world=self.world)
 
     def components(self) -> dict:
         """The parts whose state the next step depends on, by name (a checkpoint holds each one's)."""
@@ -220,28 +234,21 @@ class Trainer:
         metrics.update(self.update(batch))
         self.step += 1
         ro = got.rollout
-        metrics.update(generation_seconds=ro.seconds, rollout_backend=ro.backend,
+        metrics.update(generation_seconds=ro.seconds, rollout_engine=ro.engine,
                        tokens_per_second=float(ro.lengths.sum()) * self.world.size / max(ro.seconds, 1e-9),
                        step_seconds=time.perf_counter() - t0,
                        prompts_truncated=self.collector.prompts_truncated - cut_before)
         metrics.update(self.timer.take(IN_STEP))  # what follows the step adds its own (after_step)
         if cfg.consistency_steps and self.step % cfg.consistency_steps == 0:
             metrics.update(self._consistency())
-        self.fuse_reason = k.after_step(metrics)  # controllers move the next step's knobs
-        if dist_io.all_max(int(bool(self.fuse_reason)), self.world) and not self.fuse_reason:
+        after = k.after_step(metrics)  # controllers move the next step's knobs
+        metrics.update(after.metrics)
+        self.fuse_reason = after.fuse_reason
+        if distributed.all_max(int(bool(self.fuse_reason)), self.world) and not self.fuse_reason:
             self.fuse_reason = "the fuse blew on another process"  # every process stops at the same step
         if cfg.log_completions_steps and (self.step % cfg.log_completions_steps == 0 or self.step in (1, cfg.max_steps)):
             self._log_samples(got)  # the first and last steps too, so a short run shows its completions
         return metrics
-
-    def sample(self, draw: int = 0) -> tuple[list[dict], Rollout]:
-        """This process's prompts of the next draw and their rollout (Collector.sample; a convenience:
-        the loop calls the collector, so replacing this method changes nothing in training)."""
-        return self.collector.sample(step=self.step, temperature=self.knobs.temperature, draw=draw)
-
-    def score(self, samples: list[dict], ro: Rollout) -> tuple[torch.Tensor, dict]:
-        """Rewards [B, G] of the whole step and their metrics (Collector.score; a convenience, as sample)."""
-        return self.collector.score(samples, ro, step=self.step)
 
     def prepare(self, ro: Rollout, rewards: torch.Tensor, samples: list[dict] | None = None, *,
                 per_reward: torch.Tensor | None = None) -> tuple[Batch, dict]:
@@ -254,15 +261,15 @@ class Trainer:
         with self.timer.stage("update"):
             metrics = self.updater.update(batch, self.knobs, step=self.step)
         with self.timer.stage("sync"):
-            self._sync(self.step + 1)
-        return metrics
+            return {**metrics, **self._sync(self.step + 1)}
 
-    def _sync(self, version: int) -> None:
+    def _sync(self, version: int) -> dict:
         """The engines sample the policy's current weights next, those after ``version`` optimizer steps;
-        with async_rollouts the producer may start the draws they admit."""
-        self.engines.sync(version=version)
+        with async_rollouts the producer may start the draws they admit. The engines' sync metrics."""
+        out = self.engines.sync(version=version)
         if self.async_rollouts is not None:
             self.async_rollouts.new_weights(version=version, temperature=self.knobs.temperature)
+        return out
 
     def _log_samples(self, got) -> None:
         self.logger.log_samples(self.step, got.logged_rows(self.cfg.num_generations))
@@ -306,9 +313,9 @@ class Trainer:
         state = self.state()
         weights = self._full_weights()
         if self.world.is_main:
-            ckpt_io.save_checkpoint(self.run_dir, self.step, self.policy, self.tok, state,
+            save_checkpoint(self.run_dir, self.step, self.policy, self.tok, state,
                                     keep=self.cfg.save_total_limit, weights=weights)
-        dist_io.barrier(self.world)
+        distributed.barrier(self.world)
         return self.run_dir / "checkpoints" / f"step-{self.step}"
 
     def _full_weights(self) -> dict | None:
@@ -317,7 +324,7 @@ class Trainer:
             return None
         # tied weights (lm_head = embeddings) once, as save_pretrained writes them
         names = {n for n, _ in self.policy.named_parameters()} | {n for n, _ in self.policy.named_buffers()}
-        return {k: v for k, v in dist_io.full_model_state(self.policy).items() if k in names}
+        return {k: v for k, v in distributed.full_model_state(self.policy).items() if k in names}
 
     def train(self) -> dict:
         cfg = self.cfg
@@ -326,12 +333,12 @@ class Trainer:
         self.engines.open()  # closed at the end of an earlier train()
         self.stop = StopFlag()  # an earlier train() may have stopped on one
         self._last_eval = None  # (step, result) of the latest evaluation during training
-        self.timer.take()  # stage seconds of sample() or score() calls made before train()
+        self.timer.take()  # stage seconds of collector or evaluation calls made before train()
         self.logger = RunLogger(self.run_dir, total_steps=cfg.max_steps, start_step=self.step,
                                 tensorboard=cfg.report_to == "tensorboard", progress=cfg.progress,
                                 wandb_config=cfg.to_dict() if cfg.report_to == "wandb" else None,
                                 ) if main else NullLogger()
-        for p in ckpt_io.partial_folders(self.run_dir):
+        for p in partial_folders(self.run_dir):
             self.logger.note(f"ignoring {p}: a checkpoint write that did not finish", "yellow")
         eval_path = self.run_dir / "eval.json"
         result: dict = {"n_prompts": len(self.task.eval)}
@@ -421,10 +428,13 @@ class Trainer:
 
     def close(self) -> None:
         """Release the rollout engines and the reward workers (train() does this at its end; a
-        later train(), sample() or evaluate() opens them again). The producer and the scorer stop
-        first: one waiting on the engine process is freed as the engines close."""
+        later train() or evaluate() opens them again). The producer and the scorer stop
+        first: one waiting on the engine process is freed as the engines close. On several processes
+        a draw under way is finished first (its counts are collectives every process must meet)."""
         if self.async_rollouts is not None:
             self.async_rollouts.stop()
+            if self.world.distributed and self.async_rollouts.error is None:
+                self.async_rollouts.join(timeout=DRAW_END_SECONDS)
         self.engines.close()
         if self.async_rollouts is not None:
             self.async_rollouts.join()
@@ -434,7 +444,7 @@ class Trainer:
     def _should_stop(self) -> bool:
         """A signal stops every process at the same step (one that stopped alone would leave the
         others waiting in a collective)."""
-        flag = dist_io.all_max(int(self.stop.signal is not None), self.world)
+        flag = distributed.all_max(int(self.stop.signal is not None), self.world)
         if flag and self.stop.signal is None:
             self.stop.signal = "SIGTERM"
         return bool(flag)

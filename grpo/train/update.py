@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from grpo import core
-from grpo.infra import distributed as dist_io
-from grpo.rollout.base import select_rollout
+from grpo.infra import distributed
+from grpo.rollout.types import select_rollout
 from grpo.train import split
 from grpo.train.batch import Batch
 from grpo.train.compiled import loss_and_advantage_functions
@@ -47,13 +47,35 @@ class UpdateSettings:
     torch_compile: bool = False  # torch_compile: the policy loss computed by torch.compile (train/compiled.py)
 
 
+def _scalar(value) -> torch.Tensor:
+    """A loss output as a detached float64 scalar tensor, on its device (no sync)."""
+    return torch.as_tensor(value).detach().to(torch.float64)
+
+
+@dataclass
+class UpdateStats:
+    """What an update accumulates over its micro-batches: token-weighted sums of the loss's outputs and
+    the tokens they weigh, as float64 tensors read once when the update ends (as torchtune's GRPOStats
+    keeps a step's statistics as tensors); each optimizer step's gradient norm; the critic's metrics;
+    with deferred importance weights, the forward's log-probs [n, T]."""
+
+    logps: torch.Tensor | None = None
+    sums: dict = field(default_factory=dict)  # name -> [] float64
+    tokens: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.float64))
+    grad_norms: list = field(default_factory=list)
+    critic: list = field(default_factory=list)
+
+    def add(self, key: str, value: torch.Tensor) -> None:
+        self.sums[key] = self.sums[key] + value if key in self.sums else value
+
+
 class Updater:
     """Owns the policy's optimizer and schedule and the count of skipped (non-finite) updates;
     ``module`` is what the training forward runs through (the policy, its DDP wrapper, or the policy
     sharded in place by FSDP2); ``critic`` (PPO) is trained on the same mini-batches; ``loss`` is the
     configured entry of core.POLICY_LOSSES."""
 
-    def __init__(self, settings: UpdateSettings, *, world: dist_io.World, policy, module, forwards, critic,
+    def __init__(self, settings: UpdateSettings, *, world: distributed.World, policy, module, forwards, critic,
                  checkpoint_dir: Path):
         self.settings, self.world, self.policy, self.module = settings, world, policy, module
         self.forwards, self.critic, self.checkpoint_dir = forwards, critic, checkpoint_dir
@@ -91,14 +113,13 @@ class Updater:
         minis = split.mini_batch_rows(n // s.group_size, s.group_size, s.mini_batches)
         # tokens that count in each mini-batch, over all processes: one without any (absent, filtered or
         # failed groups) has no loss and takes no optimizer step, though the schedule moves on
-        counts = dist_io.all_sum(torch.stack([batch.mask[m].sum() for m in minis]).double(), world).tolist()
+        counts = distributed.all_sum(torch.stack([batch.mask[m].sum() for m in minis]).double(), world).tolist()
         steps = s.num_iterations * sum(c > 0 for c in counts)  # optimizer steps of this update
         if batch.deferred and steps > 1:
             raise ValueError("importance weights left to the update's forward need one optimizer step per "
                              "training step; with num_iterations or mini_batches above 1 the batch carries "
                              "the old policy's log-probs")
-        acc: dict = {"sums": {}, "tokens": 0.0, "grad_norms": [], "critic": [],
-                     "logps": torch.zeros_like(batch.advantages) if batch.deferred else None}  # [n, T]
+        acc = UpdateStats(logps=torch.zeros_like(batch.advantages) if batch.deferred else None)  # [n, T]
         for _ in range(s.num_iterations):
             for mini, count in zip(minis, counts):
                 if count == 0:
@@ -114,54 +135,56 @@ class Updater:
                                  weight=1.0 / steps)
                 if self.critic is not None:  # PPO epochs train the critic on the same mini-batch; with a
                     # shared trunk its value-loss gradients join the policy's before the policy steps
-                    acc["critic"].append(self.critic.update(select_rollout(ro, mini), batch.values[mini],
+                    acc.critic.append(self.critic.update(select_rollout(ro, mini), batch.values[mini],
                                                             batch.returns[mini], batch.mask[mini],
                                                             micro_batch=s.micro_batch))
-                acc["grad_norms"].append(self._optimizer_step(step))
+                acc.grad_norms.append(self._optimizer_step(step))
         metrics = self._metrics(acc, n, len(rows))
         for weight in batch.deferred:  # over the rows that went through the forward
-            corr = weight.weigh(acc["logps"][rows], rows)
+            corr = weight.weigh(acc.logps[rows], rows)
             metrics.update({weight.prefix + k: float(v) for k, v in corr.metrics.items()})
             metrics[weight.prefix + "rollout_is_sequences"] = float(len(rows))
         return metrics
 
-    def _metrics(self, acc: dict, n: int, n_trained: int) -> dict:
-        """Token-weighted means and loss shares of every process (each loss share is world x its part)."""
-        world, sums = self.world, acc["sums"]
-        keys = sorted(sums)
-        summed = dist_io.all_sum(torch.tensor([sums[k] for k in keys] + [acc["tokens"]], dtype=torch.float64), world)
+    def _metrics(self, acc: UpdateStats, n: int, n_trained: int) -> dict:
+        """Token-weighted means and loss shares of every process (each loss share is world x its part),
+        the update's sums read once."""
+        world = self.world
+        keys = sorted(acc.sums)
+        local = torch.stack([acc.sums[k] for k in keys] + [acc.tokens]).cpu()  # [K + 1] float64, the one sync
+        summed = distributed.all_sum(local, world)
         sums, tokens_seen = dict(zip(keys, summed[:-1].tolist())), float(summed[-1])
         metrics = {k: v / max(tokens_seen, 1.0) for k, v in sums.items() if k not in LOSS_KEYS}
-        norms = acc["grad_norms"] or [0.0]
+        norms = acc.grad_norms or [0.0]
         metrics.update(loss=sums.get("loss", 0.0) / world.size, policy_loss=sums.get("policy_loss", 0.0) / world.size,
-                       grad_norm=norms[-1], grad_norm_max=max(norms), optimizer_steps=len(acc["grad_norms"]),
+                       grad_norm=norms[-1], grad_norm_max=max(norms), optimizer_steps=len(acc.grad_norms),
                        trained_sequence_share=n_trained / max(n, 1),
                        skipped_updates=self.skipped_updates, learning_rate=self.scheduler.get_last_lr()[0])
         if self.critic is not None:
-            metrics.update(self.critic.step_metrics(acc["critic"]))
+            metrics.update(self.critic.step_metrics(acc.critic))
         return metrics
 
-    def _mini_batch(self, batch: Batch, rows: torch.Tensor, loss: core.LossSettings, acc: dict, temperature: float,
+    def _mini_batch(self, batch: Batch, rows: torch.Tensor, loss: core.LossSettings, acc: UpdateStats, temperature: float,
                     *, weight: float) -> None:
         """Forward and backward passes over one mini-batch's ``rows`` [m], in micro-batches cut into
         forward chunks of bounded size; the gradients accumulate (synced on the last chunk). ``loss``:
         this step's settings with the mini-batch's denominator. Adds the token-weighted metric sums,
         and the loss times ``weight`` (1 / the update's optimizer steps), to ``acc``."""
-        world, sums = self.world, acc["sums"]
+        world = self.world
         self.optimizer.zero_grad(set_to_none=True)
         todo = [c for rows_mb in rows.split(self.settings.micro_batch)
                 for c in self.forwards.chunks(batch.rollout, rows_mb)]
         for i, idx in enumerate(todo):
-            with dist_io.grad_sync(self.module, world, enabled=i == len(todo) - 1):
-                out = self._micro_loss(batch, idx, loss, temperature, seen=acc["logps"])
+            with distributed.grad_sync(self.module, world, enabled=i == len(todo) - 1):
+                out = self._micro_loss(batch, idx, loss, temperature, seen=acc.logps)
                 out["loss"].backward()
-            w = float(batch.mask[idx].sum())  # token weight of this micro-batch's means
-            acc["tokens"] += w
+            w = batch.mask[idx].sum().double()  # [] token weight of this micro-batch's means
+            acc.tokens = acc.tokens + w
             for key, value in out.items():  # every diagnostic the loss returns, token-weighted
                 if key not in LOSS_KEYS:
-                    sums[key] = sums.get(key, 0.0) + float(value) * w
-            sums["loss"] = sums.get("loss", 0.0) + float(out["loss"].detach()) * weight
-            sums["policy_loss"] = sums.get("policy_loss", 0.0) + float(out["policy_loss"]) * weight
+                    acc.add(key, _scalar(value) * w)
+            acc.add("loss", _scalar(out["loss"]) * weight)
+            acc.add("policy_loss", _scalar(out["policy_loss"]) * weight)
 
     def trained_rows(self, batch: Batch, loss: core.LossSettings) -> torch.Tensor:
         """The sequences that go through forward and backward: with skip_zero_advantage, mu = 1, one
@@ -189,14 +212,16 @@ class Updater:
         logp = cur["logp"]  # [n, T]
         old = batch.old_logp[idx] if batch.old_logp is not None else logp.detach()
         advantages = batch.advantages[idx]  # [n, T]
-        for weight in batch.deferred:  # w >= 0 scales the surrogate term only
-            advantages = advantages * weight.weigh(old, idx).weights  # [n, T]
+        weights = batch.weights[idx] if batch.weights is not None else None  # [n, T]
+        for weight in batch.deferred:  # w >= 0 scales the advantages (and a term without them: LossInputs.weight)
+            w = weight.weigh(old, idx).weights  # [n, T]
+            advantages, weights = advantages * w, w if weights is None else weights * w
         if seen is not None:
             seen[idx] = old
         return self._policy_loss(
             logp, old, advantages, batch.mask[idx], name=self.settings.policy_loss,
             ref_logp=batch.ref_logp[idx] if batch.ref_logp is not None else None,
-            entropy=cur["entropy"], settings=loss)
+            entropy=cur["entropy"], weight=weights, settings=loss)
 
     def _optimizer_step(self, step: int) -> float:
         norm = clipped_step([p for p in self.policy.parameters() if p.grad is not None], self.optimizer,
@@ -216,11 +241,11 @@ class Updater:
 
     def state_dict(self) -> dict:
         # the optimizer keyed by parameter name and unsharded: resumable on any number of processes
-        return {"optimizer": dist_io.full_optimizer_state(self.policy, self.optimizer),
+        return {"optimizer": distributed.full_optimizer_state(self.policy, self.optimizer),
                 "scheduler": self.scheduler.state_dict(), "skipped_updates": self.skipped_updates,
                 "consecutive_skips": self.consecutive_skips}
 
     def load_state_dict(self, state: dict) -> None:
-        dist_io.load_full_optimizer_state(self.policy, self.optimizer, state["optimizer"])
+        distributed.load_full_optimizer_state(self.policy, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.skipped_updates, self.consecutive_skips = state["skipped_updates"], state["consecutive_skips"]

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo.core import ESTIMATORS, GROUP_ESTIMATORS, compute_advantages, gae, get_estimator
+from grpo.core import ESTIMATORS, compute_advantages, gae, get_estimator
 from grpo.core import process_advantages, whiten
 
 REWARDS = torch.tensor([[0.20, 0.25, 0.10, 0.45]], dtype=torch.float64)
@@ -71,11 +71,21 @@ def test_group_estimators_reject_group_of_one():
         compute_advantages(torch.ones(3, 1), estimator="rloo")
 
 
-def test_all_estimators_share_one_signature():
+OUTCOME = sorted(name for name, e in ESTIMATORS.items() if not e.critic)
+GROUP = sorted(name for name, e in ESTIMATORS.items() if e.group)  # compare within a group: need G >= 2
+
+
+def test_all_outcome_estimators_share_one_signature():
     r = torch.rand(3, 4)
-    for name, fn in ESTIMATORS.items():
-        out = fn(r, std_eps=1e-6, unbiased_std=False)
+    for name in OUTCOME:
+        out = ESTIMATORS[name](r, std_eps=1e-6, unbiased_std=False)
         assert out.shape == r.shape, name
+
+
+def test_gae_is_the_registrys_critic_estimator_and_not_an_outcome_one():
+    assert [name for name, e in ESTIMATORS.items() if e.critic] == ["gae"] and ESTIMATORS["gae"].fn is gae
+    with pytest.raises(ValueError, match="critic"):
+        compute_advantages(torch.rand(2, 4), estimator="gae")
 
 
 # ---- a slow per-element reference for every estimator ---------------------------------------
@@ -115,7 +125,7 @@ reward_batches = st.integers(1, 4).flatmap(lambda b: st.integers(2, 6).flatmap(
 
 
 @settings(max_examples=150, deadline=None)
-@given(reward_batches, st.booleans(), st.sampled_from(sorted(ESTIMATORS)))
+@given(reward_batches, st.booleans(), st.sampled_from(OUTCOME))
 def test_vectorized_equals_slow_reference(rows, unbiased, name):
     r = torch.tensor(rows, dtype=torch.float64)
     fast = compute_advantages(r, estimator=name, std_eps=1e-6, unbiased_std=unbiased)
@@ -124,7 +134,7 @@ def test_vectorized_equals_slow_reference(rows, unbiased, name):
 
 
 @settings(max_examples=100, deadline=None)
-@given(reward_batches, st.sampled_from(sorted(GROUP_ESTIMATORS)))
+@given(reward_batches, st.sampled_from(GROUP))
 def test_group_estimators_sum_to_zero_per_group(rows, name):
     adv = compute_advantages(torch.tensor(rows, dtype=torch.float64), estimator=name)
     torch.testing.assert_close(adv.sum(1), torch.zeros(len(rows), dtype=torch.float64), atol=1e-6, rtol=0)
@@ -140,7 +150,7 @@ def test_mean_baseline_sums_to_zero_over_batch(rows):
 @given(st.integers(1, 4), st.integers(2, 8), st.floats(-5, 5, allow_subnormal=False))
 def test_zero_variance_group_gives_exact_zero(b, g, value):
     r = torch.full((b, g), value, dtype=torch.float32)
-    for name in GROUP_ESTIMATORS:
+    for name in GROUP:
         adv = compute_advantages(r, estimator=name)
         assert torch.isfinite(adv).all(), name
         assert (adv == 0).all(), name

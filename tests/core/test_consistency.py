@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from grpo.core import policy_loss
-from grpo.core.consistency import consistency_advantages, consistency_penalties
+from grpo.core.logic_consistency import consistency_advantages, consistency_penalties
 
 
 def test_penalties_sum_one_minus_cos_per_completion():

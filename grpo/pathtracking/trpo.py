@@ -17,11 +17,11 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from grpo.control.base import Agent, AgentSettings, StepBatch
-from grpo.control.nets import PolicyNet, ValueNet
-from grpo.control.paths import random_scenario
+from grpo.pathtracking.base import Agent, ControllerSettings, StepBatch
+from grpo.pathtracking.nets import PolicyNet, ValueNet
+from grpo.pathtracking.paths import random_scenario
 from grpo.core import aggregate, clipped_value_loss
-from grpo.control.rollout import Episodes
+from grpo.pathtracking.rollout import Episodes
 
 
 def conjugate_gradient(fvp: Callable[[Tensor], Tensor], b: Tensor, *, iters: int = 10,
@@ -114,7 +114,7 @@ class TRPOAgent(Agent):
 
     algo = "trpo"
 
-    def __init__(self, settings: AgentSettings, *, log=print):
+    def __init__(self, settings: ControllerSettings, *, log=print):
         super().__init__(settings, log=log)
         self.critic = ValueNet()
         self.value_opt = torch.optim.Adam(self.critic.parameters(), lr=settings.value_lr)
@@ -145,4 +145,4 @@ class TRPOAgent(Agent):
                 self.value_opt.step()
 
 
-__all__ = ["AgentSettings", "TRPOAgent", "TrustRegionStep", "conjugate_gradient", "trpo_step"]
+__all__ = ["ControllerSettings", "TRPOAgent", "TrustRegionStep", "conjugate_gradient", "trpo_step"]

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from grpo.control.env import PathTrackingEnv
-from grpo.control.paths import Scenario
+from grpo.pathtracking.env import PathTrackingEnv
+from grpo.pathtracking.paths import Scenario
 
 
 @dataclass

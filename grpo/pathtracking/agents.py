@@ -26,11 +26,11 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from grpo.control.base import Agent, AgentSettings, StepBatch, flatten, settings_from
-from grpo.control.nets import ValueNet
-from grpo.control.paths import random_scenario
-from grpo.control.rollout import Episodes
-from grpo.control.trpo import TRPOAgent
+from grpo.pathtracking.base import Agent, ControllerSettings, StepBatch, flatten, settings_from
+from grpo.pathtracking.nets import ValueNet
+from grpo.pathtracking.paths import random_scenario
+from grpo.pathtracking.rollout import Episodes
+from grpo.pathtracking.trpo import TRPOAgent
 from grpo.core import compute_advantages
 from grpo.registry import Registry
 
@@ -63,7 +63,7 @@ class GRPOAgent(Agent):
 
     algo = "grpo"
 
-    def __init__(self, settings: AgentSettings, *, variant: str = "outcome", log=print):
+    def __init__(self, settings: ControllerSettings, *, variant: str = "outcome", log=print):
         super().__init__(settings, log=log)
         self.variant = variant
         self.algo = "grpo" if variant == "outcome" else "grpo_step"
@@ -84,7 +84,7 @@ class PPOAgent(Agent):
 
     algo = "ppo"
 
-    def __init__(self, settings: AgentSettings, *, log=print):
+    def __init__(self, settings: ControllerSettings, *, log=print):
         super().__init__(settings, log=log)
         self.critic = ValueNet()
         self.params = list(self.policy.parameters()) + list(self.critic.parameters())
@@ -107,10 +107,10 @@ AGENTS.register("ppo", PPOAgent)
 AGENTS.register("trpo", TRPOAgent)
 
 
-def make_agent(algo: str, settings: AgentSettings, *, log=print) -> Agent:
+def make_agent(algo: str, settings: ControllerSettings, *, log=print) -> Agent:
     """The agent of one of AGENTS; an unknown name lists them."""
     return AGENTS[algo](settings, log=log)
 
 
-__all__ = ["AGENTS", "Agent", "AgentSettings", "GRPOAgent", "PPOAgent", "StepBatch", "flatten",
+__all__ = ["AGENTS", "Agent", "ControllerSettings", "GRPOAgent", "PPOAgent", "StepBatch", "flatten",
            "TRPOAgent", "group_advantages", "make_agent", "settings_from"]

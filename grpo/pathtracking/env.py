@@ -34,7 +34,7 @@ import math
 import gymnasium as gym
 import numpy as np
 
-from grpo.control.paths import DS, ReferencePath, Scenario, random_scenario, wrap_angle
+from grpo.pathtracking.paths import DS, ReferencePath, Scenario, random_scenario, wrap_angle
 
 SPEED = 5.0  # m/s
 WHEELBASE = 2.5  # m
@@ -135,4 +135,4 @@ class PathTrackingEnv(gym.Env):
 def register() -> None:
     """Register ``grpo/PathTracking-v0`` with gymnasium (idempotent)."""
     if "grpo/PathTracking-v0" not in gym.registry:
-        gym.register(id="grpo/PathTracking-v0", entry_point="grpo.control.env:PathTrackingEnv")
+        gym.register(id="grpo/PathTracking-v0", entry_point="grpo.pathtracking.env:PathTrackingEnv")

@@ -1,5 +1,5 @@
 """What the path-tracking agents share: their settings, the flattened step batch, and the
-collect-update-log loop (``Agent``) that GRPO, PPO (grpo.control.agents) and TRPO (grpo.control.trpo)
+collect-update-log loop (``Agent``) that GRPO, PPO (grpo.pathtracking.agents) and TRPO (grpo.pathtracking.trpo)
 subclass.
 
 Dimension letters: N episodes, T steps, M steps of a batch (flattened), D observation size.
@@ -13,15 +13,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from grpo.control.env import PathTrackingEnv
-from grpo.control.nets import PolicyNet, ValueNet
-from grpo.control.rollout import Episodes, StepCounter, policy_controller, run_episodes
+from grpo.pathtracking.env import PathTrackingEnv
+from grpo.pathtracking.nets import PolicyNet, ValueNet
+from grpo.pathtracking.rollout import Episodes, StepCounter, policy_controller, run_episodes
 from grpo.core import LossInputs, LossSettings, clip_loss, clipped_value_loss, gae, whiten
 from grpo.errors import ConfigError
 
 
 @dataclass
-class AgentSettings:
+class ControllerSettings:
     """Every knob of the three agents; the defaults are the seed's (section 9.2) where it gives one."""
 
     lr: float = 3e-4  # policy learning rate (seed GRPO_POLICY_LR)
@@ -49,10 +49,10 @@ class AgentSettings:
     seed: int = 0
 
 
-def settings_from(overrides: dict[str, str]) -> AgentSettings:
-    """AgentSettings with ``key=value`` strings applied; an unknown key lists the valid ones."""
-    valid = {f.name: f.type for f in fields(AgentSettings)}
-    out = AgentSettings()
+def settings_from(overrides: dict[str, str]) -> ControllerSettings:
+    """ControllerSettings with ``key=value`` strings applied; an unknown key lists the valid ones."""
+    valid = {f.name: f.type for f in fields(ControllerSettings)}
+    out = ControllerSettings()
     for key, raw in overrides.items():
         if key not in valid:
             raise ConfigError(f"unknown control setting {key!r}; valid: {sorted(valid)}")
@@ -90,7 +90,7 @@ class Agent:
     algo = ""
     critic: ValueNet | None = None
 
-    def __init__(self, settings: AgentSettings, *, log=print):
+    def __init__(self, settings: ControllerSettings, *, log=print):
         self.s, self.log = settings, log
         torch.manual_seed(settings.seed)
         self.rng = np.random.default_rng(settings.seed)

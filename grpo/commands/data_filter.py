@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
                           "`grpo data filter --task T --out FILE.jsonl [...]`")
     args = _parser().parse_args(argv[1:])
     from grpo.config.io import load_config
-    from grpo.data import task_of
+    from grpo.train.settings import task_of
     from grpo.infra.runtime import import_from
     from grpo.rewards import resolve_reward
     from grpo.rollout import SamplingSettings

@@ -1,5 +1,5 @@
 """The logic-consistency regulariser on a step's sampled completions (the mathematics and why it is
-a score-function advantage: grpo/core/consistency.py; the detector: grpo/data/logic.py).
+a score-function advantage: grpo/core/logic_consistency.py; the detector: grpo/data/logic.py).
 
 Each connective of a completion ("therefore", "hence", "因此", "由…得", ...) and the step after it
 are embedded; the pair's penalty is 1 - cos. A connective with nothing after it has no step to
@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.core.consistency import consistency_advantages, consistency_penalties
+from grpo.core.logic_consistency import consistency_advantages, consistency_penalties
 from grpo.data.logic import find_connectives
 from grpo.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class ConsistencySettings:
+class LogicConsistencySettings:
     """coef: lambda_cons; model: the sentence-embedding model (grpo.models.embedding); group_size: G."""
 
     coef: float = 0.05
@@ -33,7 +33,7 @@ class LogicConsistency:
     """Per-completion advantages of the regulariser; ``embedder`` has ``encode(texts) -> [M, D]``
     unit vectors (default: grpo.models.embedding.SentenceEmbedder of ``settings.model``)."""
 
-    def __init__(self, settings: ConsistencySettings, embedder=None):
+    def __init__(self, settings: LogicConsistencySettings, embedder=None):
         if settings.coef < 0:
             raise ConfigError(f"logic_consistency_coef: must be >= 0, got {settings.coef}")
         if settings.group_size < 2:
@@ -76,6 +76,6 @@ class LogicConsistency:
         return adv, metrics
 
 
-def make_consistency(settings: ConsistencySettings | None) -> LogicConsistency | None:
+def make_consistency(settings: LogicConsistencySettings | None) -> LogicConsistency | None:
     """The regulariser of ``settings`` (its embedding model loaded), or None when it is off (None)."""
     return None if settings is None else LogicConsistency(settings)

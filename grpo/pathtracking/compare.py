@@ -25,7 +25,7 @@ CURVE_WINDOW = 20  # training episodes in the running mean of a learning curve
 
 
 @dataclass
-class RunResult:
+class SeedResult:
     algo: str
     seed: int
     held_out_return: float
@@ -52,16 +52,16 @@ def steps_to(curve: list[tuple[int, float]], threshold: float, window: int = CUR
     return None
 
 
-def run_one(algo: str, seed: int, env_steps: int, threshold: float, out: str | None) -> RunResult:
+def run_one(algo: str, seed: int, env_steps: int, threshold: float, out: str | None) -> SeedResult:
     """Train one algorithm for one seed and evaluate it (runs inside a worker process)."""
     import torch
 
     torch.set_num_threads(1)
-    from grpo.control.agents import AgentSettings, make_agent
-    from grpo.control.evaluate import evaluate
-    from grpo.control.nets import n_params, save_policy
-    from grpo.control.references import REFERENCES, reference_controller, reference_params, train_reference
-    from grpo.control.rollout import StepCounter, policy_controller
+    from grpo.pathtracking.agents import ControllerSettings, make_agent
+    from grpo.pathtracking.evaluate import evaluate
+    from grpo.pathtracking.nets import n_params, save_policy
+    from grpo.pathtracking.references import REFERENCES, reference_controller, reference_params, train_reference
+    from grpo.pathtracking.rollout import StepCounter, policy_controller
 
     t0 = time.perf_counter()
     if algo in REFERENCES:
@@ -70,7 +70,7 @@ def run_one(algo: str, seed: int, env_steps: int, threshold: float, out: str | N
         controller = reference_controller(model)
         pol, val = reference_params(model)
     else:
-        agent = make_agent(algo, AgentSettings(seed=seed), log=lambda *_: None)
+        agent = make_agent(algo, ControllerSettings(seed=seed), log=lambda *_: None)
         counter = agent.train(env_steps=env_steps)
         controller = policy_controller(agent.policy, greedy=True)
         pol, val = n_params(agent.policy), n_params(agent.critic)
@@ -79,31 +79,31 @@ def run_one(algo: str, seed: int, env_steps: int, threshold: float, out: str | N
     wall = time.perf_counter() - t0
     res = evaluate(controller)
     tail = [r for _, r in counter.curve[-max(1, len(counter.curve) // 10):]]
-    from grpo.control.paths import held_out_scenarios
-    from grpo.control.env import PathTrackingEnv
-    from grpo.control.rollout import run_episodes
+    from grpo.pathtracking.paths import held_out_scenarios
+    from grpo.pathtracking.env import PathTrackingEnv
+    from grpo.pathtracking.rollout import run_episodes
 
     env = PathTrackingEnv()
     run_episodes(controller, [env], [held_out_scenarios()[TRAJECTORY_SCENARIO]])
-    return RunResult(algo, seed, res.mean_return, res.rms_lateral, res.completion,
+    return SeedResult(algo, seed, res.mean_return, res.rms_lateral, res.completion,
                      steps_to(counter.curve, threshold), float(np.mean(tail)), wall, pol, val,
                      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, counter.steps,
                      counter.curve, env.trace)
 
 
-def _job(args) -> RunResult:
+def _job(args) -> SeedResult:
     return run_one(*args)
 
 
 def run_all(algos: list[str], seeds: int, env_steps: int, threshold: float, *, workers: int,
-            out: str | None, log=print) -> list[RunResult]:
+            out: str | None, log=print) -> list[SeedResult]:
     """Every (algo, seed) run, ``workers`` fresh processes at a time (one run per process)."""
     jobs = [(a, s, env_steps, threshold, out) for s in range(seeds) for a in algos]
     results = []
     # forkserver: each run is a fresh process (its own peak memory) forked from a server that has
     # imported torch and SB3 once, instead of every run paying those imports again
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "grpo.control.compare", "grpo.control.agents", "grpo.control.trpo",
+    ctx.set_forkserver_preload(["torch", "grpo.pathtracking.compare", "grpo.pathtracking.agents", "grpo.pathtracking.trpo",
                                 "stable_baselines3", "sb3_contrib"])
     with ctx.Pool(workers, maxtasksperchild=1) as pool:
         for r in pool.imap_unordered(_job, jobs):
@@ -125,10 +125,10 @@ class Baseline:
 
 def baseline() -> Baseline:
     """The proportional steering baseline with grid-tuned gains, evaluated on the held-out scenarios."""
-    from grpo.control.env import PathTrackingEnv
-    from grpo.control.evaluate import evaluate, proportional_controller, tune_proportional
-    from grpo.control.paths import held_out_scenarios
-    from grpo.control.rollout import run_episodes
+    from grpo.pathtracking.env import PathTrackingEnv
+    from grpo.pathtracking.evaluate import evaluate, proportional_controller, tune_proportional
+    from grpo.pathtracking.paths import held_out_scenarios
+    from grpo.pathtracking.rollout import run_episodes
 
     g = tune_proportional()
     ctl = proportional_controller(g.k_lateral, g.k_heading)
@@ -148,7 +148,7 @@ def _ms(xs: list[float], fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(float(np.mean(xs)))} ± {fmt.format(float(np.std(xs)))}"
 
 
-def table(results: list[RunResult], base: Baseline, *, threshold: float) -> str:
+def table(results: list[SeedResult], base: Baseline, *, threshold: float) -> str:
     """The markdown table: one row per algorithm (mean ± std over seeds) and the baseline's row."""
     algos = list(dict.fromkeys(r.algo for r in results))
     head = ("| algorithm | held-out return | RMS lateral error (m) | completion | train return (last 10%) | "
@@ -169,7 +169,7 @@ def table(results: list[RunResult], base: Baseline, *, threshold: float) -> str:
     return "\n".join(lines)
 
 
-def verdicts(results: list[RunResult], base: Baseline) -> list[str]:
+def verdicts(results: list[SeedResult], base: Baseline) -> list[str]:
     """The acceptance checks, stated with their numbers, whichever way they fall."""
     mean = {a: float(np.mean([r.held_out_return for r in results if r.algo == a]))
             for a in dict.fromkeys(r.algo for r in results)}
@@ -189,9 +189,9 @@ def verdicts(results: list[RunResult], base: Baseline) -> list[str]:
     return out
 
 
-def write(results: list[RunResult], base: Baseline, out: Path, *, threshold: float, meta: dict) -> str:
+def write(results: list[SeedResult], base: Baseline, out: Path, *, threshold: float, meta: dict) -> str:
     """table.md, results.json and the two plots; returns the table with its verdict lines."""
-    from grpo.control.plots import plot_curves, plot_trajectories
+    from grpo.pathtracking.plots import plot_curves, plot_trajectories
 
     out.mkdir(parents=True, exist_ok=True)
     text = table(results, base, threshold=threshold) + "\n\n" + "\n".join(f"- {v}" for v in verdicts(results, base))

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from grpo.control.env import BAND, HEADING_SCALE, STEER_RAD, PathTrackingEnv
-from grpo.control.paths import Scenario, held_out_scenarios, random_scenario
-from grpo.control.rollout import Episodes, run_episodes
+from grpo.pathtracking.env import BAND, HEADING_SCALE, STEER_RAD, PathTrackingEnv
+from grpo.pathtracking.paths import Scenario, held_out_scenarios, random_scenario
+from grpo.pathtracking.rollout import Episodes, run_episodes
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The worker extension vLLM loads into its engine process for ``rollout_backend=vllm``
+"""The worker extension vLLM loads into its engine process for ``rollout_engine=vllm``
 (``LLM(worker_extension_cls=...)``): the trainer's weights arrive as a safetensors file (in shared
 memory, /dev/shm, where there is one) whose path comes through ``collective_rpc``; vLLM's RPC
 serialises tensors for its own typed messages only."""

@@ -41,19 +41,18 @@ def _overrides(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-@SUBCOMMANDS.register("train", doc="train one controller on grpo/PathTracking-v0 (--algo grpo|grpo_step|ppo|trpo), save its policy")
 def train(argv: list[str]) -> int:
-    from grpo.control.agents import AGENTS, make_agent, settings_from
-    from grpo.control.evaluate import evaluate
-    from grpo.control.nets import save_policy
-    from grpo.control.rollout import policy_controller
+    from grpo.pathtracking.agents import AGENTS, make_agent, settings_from
+    from grpo.pathtracking.evaluate import evaluate
+    from grpo.pathtracking.nets import save_policy
+    from grpo.pathtracking.rollout import policy_controller
 
     ap = argparse.ArgumentParser(prog="grpo control train", description="Train a path-tracking controller.")
     ap.add_argument("--algo", default="grpo", choices=list(AGENTS))
     ap.add_argument("--episodes", type=int, help="training episodes (default: the setting episodes=3000)")
     ap.add_argument("--env-steps", type=int, help="stop after this many environment steps instead")
     ap.add_argument("--out", default=None, help="policy file (default: runs/control/ALGO.pt)")
-    ap.add_argument("overrides", nargs="*", metavar="key=value", help="AgentSettings fields, e.g. lr=1e-3")
+    ap.add_argument("overrides", nargs="*", metavar="key=value", help="ControllerSettings fields, e.g. lr=1e-3")
     args = ap.parse_args(argv)
     settings = settings_from(_overrides(args.overrides))
     agent = make_agent(args.algo, settings, log=lambda m: print(m, flush=True))
@@ -67,11 +66,13 @@ def train(argv: list[str]) -> int:
     return 0
 
 
-@SUBCOMMANDS.register("compare", doc="every algorithm and SB3 PPO / sb3-contrib TRPO on one env-step budget, several seeds")
+SUBCOMMANDS.register("train", train, doc="train one controller on grpo/PathTracking-v0 (--algo grpo|grpo_step|ppo|trpo), save its policy")
+
+
 def compare(argv: list[str]) -> int:
-    from grpo.control.agents import AGENTS
-    from grpo.control.compare import baseline, run_all, write
-    from grpo.control.references import REFERENCES
+    from grpo.pathtracking.agents import AGENTS
+    from grpo.pathtracking.compare import baseline, run_all, write
+    from grpo.pathtracking.references import REFERENCES
 
     ap = argparse.ArgumentParser(prog="grpo control compare",
                                  description="GRPO, PPO, TRPO, SB3 PPO and sb3-contrib TRPO on one budget.")
@@ -98,6 +99,9 @@ def compare(argv: list[str]) -> int:
     print(f"\n{text}\n\ntotal wall time {meta['wall_s']:.0f} s; files in {args.out}/ (table.md, results.json, "
           "learning_curves.png, trajectory.png, policies/)")
     return 0
+
+
+SUBCOMMANDS.register("compare", compare, doc="every algorithm and SB3 PPO / sb3-contrib TRPO on one env-step budget, several seeds")
 
 
 def _commit() -> str:

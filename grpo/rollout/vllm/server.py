@@ -1,10 +1,10 @@
-"""`grpo vllm-serve MODEL`: a vLLM engine behind a small HTTP API, for ``rollout_backend=vllm_server``.
+"""`grpo vllm-serve MODEL`: a vLLM engine behind a small HTTP API, for ``rollout_engine=vllm_server``.
 
 Endpoints (JSON unless said otherwise; with a key, every one needs ``Authorization: Bearer KEY``):
 - ``GET /health``: {"ok", "model", "dtype", "pid"}.
 - ``POST /generate`` {"prompts": [[token ids]], "params": [SamplingParams keyword arguments]}, one
   request per row: {"token_ids": [[...]], "logprobs": [[...]] or null} (each sampled token's log-prob
-  after temperature). The settings are checked (grpo.serve.vllm_requests): known names, types and
+  after temperature). The settings are checked (grpo.rollout.vllm.requests): known names, types and
   ranges (``--max-tokens``, ``--max-logprobs``, n = 1), token ids inside the vocabulary, at most
   ``--max-rows`` rows.
 - ``POST /score`` {"rows": [[token ids]]}: {"logprobs": [[...]]}, each token's log-prob given the ones
@@ -18,7 +18,7 @@ Endpoints (JSON unless said otherwise; with a key, every one needs ``Authorizati
 Requests to the engine are served one at a time (vLLM's ``LLM`` is not thread-safe; its own
 batching runs within a request), at most ``--max-pending`` waiting (then 429). The network checks
 (loopback by default, the key, body limits and deadlines, bounded connections) are grpo.infra.http's.
-The engine processes die with the server, killed outright too (grpo.rollout.vllm_worker.die_with_parent_plugin).
+The engine processes die with the server, killed outright too (grpo.rollout.vllm.worker.die_with_parent_plugin).
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ from typing import Callable
 
 from grpo.errors import ConfigError
 from grpo.infra.http import Gate, GuardedServer, HttpError, Route, add_server_flags, limits_of, parse_json
-from grpo.serve.vllm_requests import (SamplingLimits, check_weights_file, generate_request, model_tensors, token_rows,
+from grpo.rollout.vllm.requests import (SamplingLimits, check_weights_file, generate_request, model_tensors, token_rows,
                                       weights_path)
 
 KEY_ENV = "GRPO_VLLM_API_KEY"
 
 
-class VLLMEngine:
+class ServedLLM:
     """The engine the server drives: a vLLM ``LLM`` (any object with these five members serves)."""
 
     def __init__(self, llm):
@@ -49,17 +49,17 @@ class VLLMEngine:
             self.vocab_size = None
 
     def sample(self, prompts, params):
-        from grpo.rollout.vllm_rows import llm_sample
+        from grpo.rollout.vllm.rows import llm_sample
 
         return llm_sample(self.llm, prompts, params)
 
     def score(self, rows):
-        from grpo.rollout.vllm_rows import llm_scores
+        from grpo.rollout.vllm.rows import llm_scores
 
         return llm_scores(self.llm, rows)
 
     def load_weights(self, path: str) -> int:
-        from grpo.rollout.vllm_rows import llm_load_weights
+        from grpo.rollout.vllm.rows import llm_load_weights
 
         return llm_load_weights(self.llm, path)
 
@@ -112,7 +112,7 @@ class EngineServer:
             check_weights_file(path, self.reference)
             with self.lock:
                 return {"loaded": self.engine.load_weights(path)}
-        from grpo.rollout.vllm_rows import shared_memory_dir
+        from grpo.rollout.vllm.rows import shared_memory_dir
 
         with tempfile.TemporaryDirectory(prefix="grpo-weights-", dir=shared_memory_dir()) as tmp:
             path = os.path.join(tmp, "weights.safetensors")
@@ -157,15 +157,15 @@ def vllm_serve_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _start_vllm(a) -> VLLMEngine:
+def _start_vllm(a) -> ServedLLM:
     import torch
 
-    from grpo.rollout.vllm_rows import VLLMOptions, start_llm
+    from grpo.rollout.vllm.rows import VLLMOptions, start_llm
 
     cpu = not torch.cuda.is_available()
     try:
         share = a.gpu_memory_utilization or (VLLMOptions.gpu_memory_utilization if cpu else 0.9)
-        return VLLMEngine(start_llm(a.model, dtype=a.dtype, cpu=cpu,
+        return ServedLLM(start_llm(a.model, dtype=a.dtype, cpu=cpu,
                                     options=VLLMOptions(gpu_memory_utilization=share, enforce_eager=a.enforce_eager)))
     except ValueError as e:
         raise ConfigError(str(e)) from None

@@ -14,7 +14,7 @@ import yaml
 
 from grpo.audit.run import AUDIT_HEADER, audit_rows
 from grpo.infra.timing import STAGES, stage_key
-from grpo.tools.episodes_html import episode_sections
+from grpo.commands.episodes_html import episode_sections
 
 # (file stem, title, metric keys in metrics.jsonl): one PNG each
 PLOTS = (

@@ -1,5 +1,5 @@
-"""What the colocated vLLM engine (vllm.py), its server (grpo vllm-serve) and the server's client
-engine (vllm_server.py) share: one request per row in plain JSON-able form, the vLLM calls that serve
+"""What the colocated vLLM engine (colocated.py), its server (grpo vllm-serve, server.py) and the server's
+client engine (client.py) share: one request per row in plain JSON-able form, the vLLM calls that serve
 them, and the engine base class that turns their answers into a Rollout.
 
 A row's sampling settings travel as a dict of ``SamplingParams`` keyword arguments
@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import torch
 
 from grpo.errors import EngineError
-from grpo.rollout.base import Rollout, encode_for_rollout, finish_rollout
+from grpo.rollout.types import Rollout, encode_for_rollout, finish_rollout
 from grpo.rollout.engine import RolloutEngine, SamplingSettings
-from grpo.rollout.vllm_worker import PARENT_ENV
+from grpo.rollout.vllm.worker import PARENT_ENV
 
-WORKER_EXTENSION = "grpo.rollout.vllm_worker.WeightSync"
+WORKER_EXTENSION = "grpo.rollout.vllm.worker.WeightSync"
 
 
 @dataclass
@@ -79,7 +79,7 @@ class VLLMOptions:
 
 def start_llm(folder: str, *, dtype: str, cpu: bool, options: VLLMOptions):
     """A vLLM ``LLM`` on ``folder`` with grpo's worker extension (weights reloaded from a file). Its
-    engine processes die with this process (vllm_worker.die_with_parent_plugin). ValueError naming
+    engine processes die with this process (worker.die_with_parent_plugin). ValueError naming
     the folder where vLLM cannot load the model."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ[PARENT_ENV] = str(os.getpid())
@@ -126,7 +126,7 @@ def llm_scores(llm, rows: list[list[int]]) -> list[list[float]]:
 
 
 def llm_load_weights(llm, path: str) -> int:
-    """Load the safetensors file ``path`` into ``llm``'s model (vllm_worker.WeightSync) and drop the
+    """Load the safetensors file ``path`` into ``llm``'s model (worker.WeightSync) and drop the
     cached prefixes, whose keys and values the old weights computed. Returns the tensors loaded."""
     loaded = llm.collective_rpc("load_grpo_weights", args=(path,))
     llm.reset_prefix_cache()
@@ -181,7 +181,7 @@ class VLLMRowsEngine(RolloutEngine):
                 logp[i, :len(toks)] = torch.tensor(out.logprobs[i], dtype=torch.float32)
         dev = prompt_ids.device
         return finish_rollout(self.tokenizer, prompt_ids, prompt_mask, ids.to(dev), enc.eos,
-                              sampling_logp=None if logp is None else logp.to(dev), backend=self.name,
+                              sampling_logp=None if logp is None else logp.to(dev), engine=self.name,
                               seconds=time.perf_counter() - start, prompts_truncated=enc.cut)
 
     def sequence_logprobs(self, rows: list[list[int]]) -> list[list[float]]:

@@ -15,8 +15,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from grpo.control.env import PathTrackingEnv
-from grpo.control.rollout import StepCounter
+from grpo.pathtracking.env import PathTrackingEnv
+from grpo.pathtracking.rollout import StepCounter
 from grpo.registry import Registry
 
 N_ENVS = 8

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from grpo.errors import ConfigError
 from grpo.serve.batcher import DEFAULT_EXPECTED_TOKENS, Overloaded
-from grpo.serve.engines import Generation, Job, resolve
+from grpo.serve.engines import SERVE_ENGINES, Generation, Job, resolve
 from grpo.serve.logprobs import TokenLogprob
 
 TOP_LOGPROBS = 20  # vLLM's default max_logprobs
@@ -264,7 +264,7 @@ class VLLMRunner:
 
 
 def vllm_folder(src) -> str:
-    """A folder vLLM loads for ``src`` (grpo.serve.models.Source): the weights' own folder where it is
+    """A folder vLLM loads for ``src`` (grpo.serve.models.ServedSource): the weights' own folder where it is
     a plain model folder, else the model exported (adapters merged) into a temporary folder."""
     from grpo.models.loading import resolve_model_path
 
@@ -385,3 +385,15 @@ def _eos_and_vocab(folder: str, tokenizer) -> tuple[list[int], int]:
         eos.append(tokenizer.eos_token_id)
     cfg = json.loads((Path(folder) / "config.json").read_text())
     return sorted(set(eos)), int(cfg.get("vocab_size") or len(tokenizer))
+
+
+class VLLMServeEngine:
+    """vLLM's own engine (an ``AsyncLLM`` per served model: its continuous batching, paged KV cache and
+    prefix caching) under the scheme, from vLLM's environment. Not a ServeEngine stepped by grpo's
+    lanes: ``build_state`` builds the whole server state over its own lanes (``VLLMLane``)."""
+
+    name = "vllm"
+    build_state = staticmethod(build_vllm_state)
+
+
+SERVE_ENGINES.register(VLLMServeEngine)

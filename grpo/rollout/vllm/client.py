@@ -1,4 +1,4 @@
-"""``rollout_backend=vllm_server``: sampling on a vLLM engine in another process, found by URL.
+"""``rollout_engine=vllm_server``: sampling on a vLLM engine in another process, found by URL.
 
 Like TRL's ``vllm_mode="server"``: the engine runs apart (``grpo vllm-serve MODEL --port N``, on other
 GPUs or another node), the trainer connects to ``http://vllm_server_host:vllm_server_port`` and, after
@@ -8,7 +8,7 @@ request (works across machines), or, with ``vllm_server_weight_dir`` set, writte
 vLLM's NCCL weight transfer (trainer and engine GPUs in one communicator, the tensors broadcast
 without leaving the GPUs) is not built: on GPUs the weights take the same way through host memory.
 
-Sampling, seeding and the returned log-probs are the colocated engine's (vllm_rows.py): one request
+Sampling, seeding and the returned log-probs are the colocated engine's (rows.py): one request
 per row, seeded with its key. Faults: no server at the URL is an error naming it before the run
 starts (after waiting ``vllm_server_timeout`` seconds for one that is starting); a server that stops
 answering mid-run (dead, or hung: every call has a connect timeout and a deadline,
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 from grpo.errors import EngineError
 from grpo.infra.http_client import TooLarge, bearer, exchange
-from grpo.rollout.engine import register
-from grpo.rollout.vllm_rows import SampledRows, VLLMRowsEngine, shared_memory_dir
+from grpo.rollout.engine import ROLLOUT_ENGINES
+from grpo.rollout.vllm.rows import SampledRows, VLLMRowsEngine, shared_memory_dir
 
 KEY_ENV = "GRPO_VLLM_API_KEY"
 # A call's deadline beyond vllm_server_request_timeout: its work at rates far below any engine's (a
@@ -52,18 +52,18 @@ class VLLMServerOptions:
     weight_dir: str | None = None  # a folder both see: the weights file goes there, only its path is sent
 
 
-@register
 class VLLMServerEngine(VLLMRowsEngine):
     """Sampling on a ``grpo vllm-serve`` server, weights sent after each optimizer step (module docstring)."""
 
     name = "vllm_server"
     Options = VLLMServerOptions
+    standalone = "vllm"  # the server may be sampling for a training run: grpo eval starts its own engine
 
     def __init__(self, model, tokenizer, *, synced: bool = False, kernels: str = "auto",
                  options: VLLMServerOptions | None = None):
         super().__init__(model, tokenizer, synced=synced, kernels=kernels, options=options)
         if synced:
-            raise ValueError("rollout_backend vllm_server: synced (FSDP2) generation is not supported")
+            raise ValueError("rollout_engine vllm_server: synced (FSDP2) generation is not supported")
         o = self.options
         self.url = f"http://{o.host}:{int(o.port)}"
         self.dead: str | None = None
@@ -79,14 +79,14 @@ class VLLMServerEngine(VLLMRowsEngine):
                 r = exchange(f"{self.url}/health", method="GET", headers=self.headers, deadline_s=5.0,
                              connect_s=5.0, max_reply_bytes=1 << 16)
                 if r.status == 401:
-                    raise ValueError(f"rollout_backend vllm_server: the server at {self.url} needs a key; set "
+                    raise ValueError(f"rollout_engine vllm_server: the server at {self.url} needs a key; set "
                                      f"${KEY_ENV} to its --api-key")
                 if r.status != 200:
                     raise OSError(f"/health answered {r.status}")
                 return json.loads(r.body)
             except (OSError, http.client.HTTPException, TooLarge, json.JSONDecodeError) as e:
                 if time.monotonic() >= deadline:
-                    raise ValueError(f"rollout_backend vllm_server: no vLLM server answers at {self.url} (waited "
+                    raise ValueError(f"rollout_engine vllm_server: no vLLM server answers at {self.url} (waited "
                                      f"{timeout:g} s, vllm_server_timeout; start one with `grpo vllm-serve MODEL "
                                      f"--host HOST --port PORT`): {type(e).__name__}: {e}") from None
                 time.sleep(0.5)
@@ -137,3 +137,6 @@ class VLLMServerEngine(VLLMRowsEngine):
     def close(self) -> None:
         """Leaves the server running (it serves the next run); ``grpo vllm-serve`` ends on SIGTERM."""
         super().close()
+
+
+ROLLOUT_ENGINES.register(VLLMServerEngine)

@@ -53,7 +53,7 @@ def plot_trajectories(results, base, path: Path, *, scenario: int) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from grpo.control.paths import held_out_scenarios
+    from grpo.pathtracking.paths import held_out_scenarios
 
     sc = held_out_scenarios()[scenario]
     fig, ax = plt.subplots(figsize=(10, 4))

@@ -1,11 +1,11 @@
 """GRPO beyond language: steering a car along a path with GRPO, PPO and TRPO (seed 001, 9.2-9.7).
 
-``grpo.control.env`` is the Gymnasium environment (registered as ``grpo/PathTracking-v0`` on import),
+``grpo.pathtracking.env`` is the Gymnasium environment (registered as ``grpo/PathTracking-v0`` on import),
 ``agents`` the three algorithms on grpo.core's advantage and loss functions, ``compare`` the benchmark
 against Stable-Baselines3 PPO and sb3-contrib TRPO. Needs the ``control`` extra (gymnasium).
 """
 
-from grpo.control.env import PathTrackingEnv, register
+from grpo.pathtracking.env import PathTrackingEnv, register
 
 register()
 

@@ -46,7 +46,7 @@ def _models(args, base_model: str) -> dict[str, str]:
 
 def main(argv: list[str]) -> int:
     from grpo.config.io import load_config
-    from grpo.data import task_of
+    from grpo.train.settings import task_of
     from grpo.data.tasks import unseen
     from grpo.infra.runtime import import_from
     from grpo.models import load_models
