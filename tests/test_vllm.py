@@ -170,8 +170,8 @@ def server(vllm_root):
     proc = subprocess.Popen([sys.executable, "-m", "grpo", "vllm-serve", str(vllm_root / "model"), "--port", str(port),
                              "--dtype", "float32", "--gpu-memory-utilization", "0.05", "--weight-dir",
                              str(vllm_root / "weights"), "--body-timeout", "1", "--max-tokens", "64"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    proc.port, proc.weight_dir = port, vllm_root / "weights"
+                            env=env, stdout=(vllm_root / "server.log").open("wb"), stderr=subprocess.STDOUT)
+    proc.port, proc.weight_dir, proc.log = port, vllm_root / "weights", vllm_root / "server.log"
     yield proc
     os.environ.pop("GRPO_VLLM_API_KEY", None)
     if proc.poll() is None:
@@ -323,9 +323,13 @@ def server_trainer(trainer, server):
     from grpo.train.trainer import Trainer
 
     cfg = Config(**{**trainer.cfg.to_dict(), "output_dir": str(trainer.run_dir.parent / "server-run"),
-                    "rollout_engine": "vllm_server", "vllm_server_port": server.port, "vllm_server_timeout": 180.0,
+                    "rollout_engine": "vllm_server", "vllm_server_port": server.port, "vllm_server_timeout": 400.0,
                     "max_steps": 2})
-    t = Trainer(cfg)
+    try:
+        t = Trainer(cfg)
+    except ConfigError as e:  # the server's own account of why it did not answer
+        raise ConfigError(f"{e}\nthe server ({'exited ' + str(server.poll()) if server.poll() is not None else 'running'})"
+                          f" logged, last lines:\n" + "\n".join(server.log.read_text(errors="replace").splitlines()[-25:])) from None
     yield t
     t.close()
 
@@ -406,7 +410,7 @@ def test_a_stopped_server_ends_the_run_within_its_deadline_with_a_checkpoint(tra
 
     t = Trainer(Config(**{**trainer.cfg.to_dict(), "output_dir": str(tmp_path / "stopped"), "max_steps": 3,
                           "rollout_engine": "vllm_server", "vllm_server_port": server.port,
-                          "vllm_server_timeout": 180.0, "vllm_server_request_timeout": 5.0}))
+                          "vllm_server_timeout": 400.0, "vllm_server_request_timeout": 5.0}))
     try:
         t.train_step()
         t.save()

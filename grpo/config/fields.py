@@ -86,7 +86,7 @@ class Config:
     decode_kernels: str = "auto"
     """The fast backend's matrix products: auto (each of qkv, o, gate_up, down, head measured once per machine and shape, cached), one of panel, onednn, mkl for all (float32 products: the policy's own numerics; panel_bf16 is for grpo serve --dtype), or role=name pairs such as 'head=onednn,qkv=panel' (the rest measured)."""
     vllm_gpu_memory_utilization: float = _VLLM.gpu_memory_utilization
-    """rollout_engine=vllm: the share of memory vLLM may take for the model and its KV cache. On a GPU the share of the GPU's memory (the trainer shares it: TRL's colocate default is 0.3); on the CPU build the share of the NUMA node's memory for the KV cache (0.92 was refused on a 10.7 GiB node, 0.2 worked)."""
+    """rollout_engine=vllm: the share of memory vLLM may take for the model and its KV cache. On a GPU the share of the GPU's memory (the trainer shares it: TRL's colocate default is 0.3); on the CPU build the share of the machine's memory for the weights and the KV cache: grpo asks vLLM for a KV cache of that share less the weights (vLLM's own reading counts its worker's Python, torch and vLLM, about 0.8 GiB, against the share, which refused 0.05 on a 15 GiB machine)."""
     vllm_enable_sleep_mode: bool = _VLLM.enable_sleep_mode
     """rollout_engine=vllm, GPU only: the engine frees its weights and KV cache while the trainer updates, and takes them back before sampling (vLLM's sleep mode; its CPU build has none)."""
     vllm_enforce_eager: bool | None = _VLLM.enforce_eager

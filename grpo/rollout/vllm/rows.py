@@ -10,10 +10,12 @@ the engine's pi_engine that the mismatch correction compares with the trainer's 
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -77,6 +79,29 @@ class VLLMOptions:
     enforce_eager: bool | None = None  # no CUDA graphs / compilation (None: eager on the CPU only)
 
 
+def cpu_kv_cache_bytes(folder: str, *, share: float, dtype: str, total_bytes: int) -> int:
+    """The KV cache grpo asks vLLM's CPU build for: ``share`` of the machine's memory less the weights.
+
+    Given only a share, that build sizes the cache as share x the NUMA node's memory less the resident
+    memory of its worker process, which holds Python, torch and vLLM (about 0.8 GiB) before any
+    weight: a share of 0.05 that starts on a 24 GiB machine is refused on a 15 GiB one. Sizing the
+    cache explicitly (vLLM's ``kv_cache_memory_bytes``) makes the share mean the same on any machine.
+    ValueError naming the setting where the share does not hold the weights."""
+    import json
+
+    per = {"float32": 4, "float64": 8}.get(dtype, 2)
+    weights = 0
+    for f in Path(folder).glob("*.safetensors"):
+        with open(f, "rb") as fh:  # safetensors: 8-byte header length, then a JSON header of shapes
+            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        weights += sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__") * per
+    kv = int(share * total_bytes) - weights
+    if kv <= 0:
+        raise ValueError(f"vllm_gpu_memory_utilization={share:g} of {total_bytes / 2**30:.1f} GiB does not hold "
+                         f"the model's {weights / 2**30:.2f} GiB of weights; raise it")
+    return kv
+
+
 def start_llm(folder: str, *, dtype: str, cpu: bool, options: VLLMOptions):
     """A vLLM ``LLM`` on ``folder`` with grpo's worker extension (weights reloaded from a file). Its
     engine processes die with this process (worker.die_with_parent_plugin). ValueError naming
@@ -86,9 +111,14 @@ def start_llm(folder: str, *, dtype: str, cpu: bool, options: VLLMOptions):
     from vllm import LLM
 
     eager = options.enforce_eager
+    memory = {"gpu_memory_utilization": options.gpu_memory_utilization}
+    if cpu:
+        import psutil
+
+        memory = {"kv_cache_memory_bytes": cpu_kv_cache_bytes(folder, share=options.gpu_memory_utilization,
+                                                              dtype=dtype, total_bytes=psutil.virtual_memory().total)}
     try:
-        return LLM(model=folder, dtype=dtype, skip_tokenizer_init=True, seed=0,
-                   gpu_memory_utilization=options.gpu_memory_utilization,
+        return LLM(model=folder, dtype=dtype, skip_tokenizer_init=True, seed=0, **memory,
                    enforce_eager=cpu if eager is None else eager,
                    enable_sleep_mode=options.enable_sleep_mode,
                    logprobs_mode="processed_logprobs", worker_extension_cls=WORKER_EXTENSION,
