@@ -244,3 +244,28 @@ def test_the_name_check_sees_a_shared_name(tmp_path):
     (pkg / "b.py").write_text("class Engine:\n    pass\nclass _Private:\n    pass\n")
     found = public_classes(pkg)
     assert found["Engine"] == ["grpo.a.x", "grpo.b"] and "_Private" not in found
+
+
+# ---- what a run's start imports -------------------------------------------------------------------------------
+HEAVY_AT_START = ("peft", "bitsandbytes")  # seconds of imports (peft pulls bitsandbytes, which pulls torch's inductor)
+
+
+def started_imports(code: str) -> list[str]:
+    """Which of HEAVY_AT_START a fresh interpreter holds after running ``code``."""
+    import subprocess
+    import sys
+
+    probe = f"{code}\nimport sys\nprint(' '.join(m for m in {HEAVY_AT_START!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    return out.stdout.split()
+
+
+def test_a_run_without_lora_or_qlora_starts_without_importing_peft_or_bitsandbytes():
+    """`grpo train` imports the CLI and the trainer; a run that needs neither LoRA nor 4-bit weights does
+    not pay for their imports (about 2 s a process, at every start of every torchrun process)."""
+    assert started_imports("import grpo.cli, grpo.train.trainer, grpo.train.collect") == []
+
+
+def test_the_import_check_sees_a_heavy_import():
+    assert started_imports("import peft") == ["peft", "bitsandbytes"]

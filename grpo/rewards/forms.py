@@ -69,6 +69,16 @@ class RewardLog:
         self.columns.setdefault(str(column), []).extend(list(values))
 
 
+@dataclass(frozen=True)
+class StepPosition:
+    """Where training stands, for a reward that takes TRL's ``trainer_state``: a ``TrainerState`` is
+    built from it only for such a reward (importing transformers' TrainerState imports peft and
+    bitsandbytes, seconds at every start of a process)."""
+
+    global_step: int
+    max_steps: int
+
+
 @dataclass
 class BatchInputs:
     """One batch of completions to score.
@@ -76,7 +86,8 @@ class BatchInputs:
     texts: each completion's text (a multi-turn episode's: its final answer); samples: each one's task
     row; episodes: each one's episode info (tools / environment runs: ``transcript``,
     ``completion_messages``, counts, ``environment``), else None; completion_ids: each one's token ids;
-    trainer_state: what batch rewards get as ``trainer_state`` (None: a fresh TrainerState)."""
+    trainer_state: what batch rewards get as ``trainer_state``: a StepPosition (made a TrainerState), a
+    TrainerState, or None (a fresh TrainerState)."""
 
     texts: list[str]
     samples: list[dict]
@@ -125,11 +136,12 @@ class BatchInputs:
         return kw
 
     def _trainer_state(self):
-        if self.trainer_state is not None:
-            return self.trainer_state
-        from transformers import TrainerState  # a fresh one: step 0 (evaluation outside training)
+        from transformers import TrainerState
 
-        return TrainerState()
+        state = self.trainer_state
+        if isinstance(state, StepPosition):
+            return TrainerState(global_step=state.global_step, max_steps=state.max_steps)
+        return state if state is not None else TrainerState()  # a fresh one: step 0 (evaluation outside training)
 
 
 def batch_kwargs(name: str, fn, inputs: BatchInputs) -> dict[str, Any]:

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from transformers import TrainerState
-
 from grpo import core
 from grpo.data import PromptSampler, fit_prompt, render_prompt
 from grpo.data.prompt_fit import chat_messages, check_prompt_room, prompt_lengths
@@ -21,6 +19,7 @@ from grpo.errors import RewardError
 from grpo.agent import AgentSampler, episode_metrics
 from grpo.infra import distributed
 from grpo.infra.timing import NullTimer, StageTimer
+from grpo.rewards.forms import StepPosition
 from grpo.rewards.runner import RewardRunner
 from grpo.rollout import Rollout, SamplingSettings
 from grpo.rollout.types import concat_rollouts, rollout_to, select_rollout
@@ -233,7 +232,7 @@ class Collector:
         with self.timer.stage("rewards"):
             res = self.rewards.score(ro.texts, group_samples, episodes=ro.episodes,
                                      completion_ids=ro.completion_id_lists(),
-                                     trainer_state=TrainerState(global_step=step, max_steps=s.max_steps))
+                                     trainer_state=StepPosition(global_step=step, max_steps=s.max_steps))
         grading = time.perf_counter() - t0  # every reward of the step (the code rewards: its sandboxed tests)
         for msgs in distributed.gather_objects(res.messages, world):
             for msg in msgs:
