@@ -88,10 +88,15 @@ train: $(STAMP)
 # installs in the background while the main suite runs (mostly waiting on the disk and the index); a
 # failed install is shown and retried by test-vllm, which decides what it means (CI=true: a failure).
 MAIN_TESTS ?= tests
+# The main suite on two pytest-xdist workers, a test file per worker at a time (a file's module fixtures, such
+# as tests/test_distributed.py's cached runs, stay on one worker): most tests wait on one core (a subprocess
+# importing torch, a deadline), so two workers take about 0.7 of the serial time on two cores. PARALLEL= runs
+# it serially.
+PARALLEL ?= -n 2 --dist loadfile
 test: $(STAMP) sandbox docs-toolchain
 	@reports=$$(mktemp -d); main=0; vllm=0; \
 	$(MAKE) --no-print-directory $(VLLM_STAMP) > $$reports/vllm-install.log 2>&1 & install=$$!; \
-	GRPO_SKIP_REPORT=$$reports/main.json GRPO_SKIP_SUITE=main $(BIN)/python -m pytest $(MAIN_TESTS) || main=$$?; \
+	GRPO_SKIP_REPORT=$$reports/main.json GRPO_SKIP_SUITE=main $(BIN)/python -m pytest $(MAIN_TESTS) $(PARALLEL) || main=$$?; \
 	wait $$install || { echo "vLLM's venv did not install beside the main suite; its log ends:"; \
 		tail -n 20 $$reports/vllm-install.log; }; \
 	$(MAKE) --no-print-directory test-vllm SKIP_REPORTS=$$reports || vllm=$$?; \
