@@ -127,6 +127,10 @@ SETTINGS = {
                      "gradient_checkpointing=true"],
     # PPO: a value model wrapped like the policy, whitening and value-loss normalisation over both processes
     "ppo": ["aggregation=seq_mean_token_mean", "advantage_estimator=gae", "critic_learning_rate=1e-2"],
+    # PPO with a value head on the policy: the value loss's gradients in the body reach every process
+    # through the policy's own sync, the head's are averaged
+    "ppo_shared": ["aggregation=seq_mean_token_mean", "advantage_estimator=gae", "critic_learning_rate=1e-2",
+                   "critic_shared_trunk=true", "vf_coef=0.5"],
 }
 # settings that change only what is drawn and how advantages are computed, not how the model is wrapped
 # or stepped: one strategy shows their all-gathers (the strategies differ only in the model's wrapping)
@@ -174,7 +178,7 @@ def test_two_processes_equal_one(tmp_path, tiny_model_dir, data_file, single, do
     two = double(setting, strategy)
     _assert_same_weights(_weights(one), _weights(two), _initial(tiny_model_dir))
     _assert_same_metrics(_metrics(one), _metrics(two))
-    if setting == "ppo":
+    if setting.startswith("ppo"):
         for ma, mb in zip(_metrics(one), _metrics(two)):
             for k in CRITIC:
                 # the critic's own Adam steps amplify the order of the gradient sums, as for the

@@ -383,6 +383,3 @@ def validate_world(c, processes: int) -> None:
     if processes == 1:
         return
     _refuse_composition(c, processes=processes)
-    if ESTIMATORS[c.advantage_estimator].critic and c.critic_shared_trunk:
-        raise ConfigError("critic_shared_trunk: runs on one process only (the value loss's gradients in the "
-                          "policy's body would bypass the policy's DDP/FSDP2 wrapper)")

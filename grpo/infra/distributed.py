@@ -158,6 +158,17 @@ def all_sum(x: torch.Tensor, world: World) -> torch.Tensor:
     return y
 
 
+def average_grads(params, world: World) -> None:
+    """Each parameter's gradient replaced by its mean over ranks (a module outside DDP and FSDP2, such
+    as the shared-trunk critic's value head)."""
+    if not world.distributed:
+        return
+    for p in params:
+        if p.grad is not None:
+            dist.all_reduce(p.grad, group=world.group)
+            p.grad /= world.size
+
+
 def all_max(value: int, world: World) -> int:
     if not world.distributed:
         return value
@@ -220,6 +231,9 @@ def grad_sync(module: torch.nn.Module, world: World, *, enabled: bool):
     if hasattr(module, "no_sync"):  # DDP
         with module.no_sync():
             yield
+        return
+    if not hasattr(module, "set_requires_gradient_sync"):  # a module outside DDP and FSDP2 syncs nothing
+        yield
         return
     module.set_requires_gradient_sync(False)
     try:

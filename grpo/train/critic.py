@@ -71,7 +71,9 @@ class Critic:
     On several processes (``world``) the separate value model is wrapped like the policy (DDP, or
     sharded in place by FSDP2), its loss is normalised by the tokens of all processes, and the
     advantages are whitened and its metrics computed with statistics of all processes, so the
-    processes' critics stay one critic. A shared trunk runs on one process only.
+    processes' critics stay one critic. A shared trunk's value-loss gradients stay local in the
+    policy's body until the policy's own last micro-batch syncs what has accumulated there (the
+    updater trains the critic first), and its head's gradients are averaged over processes.
     """
 
     def __init__(self, settings: CriticSettings, path: str, *, autocast: bool, shared_policy: nn.Module | None = None,
@@ -174,7 +176,9 @@ class Critic:
         sums = torch.zeros(2, dtype=torch.float64)  # this process's shares of the loss and clip fraction
         micro = torch.arange(n).split(micro_batch)
         for i, idx in enumerate(micro):
-            with distributed.grad_sync(self.module or self.model, self.world, enabled=i == len(micro) - 1):
+            # shared trunk: never synced here (the policy's last micro-batch reduces its body's gradients)
+            last = i == len(micro) - 1 and self.head is None
+            with distributed.grad_sync(self.module or self.model, self.world, enabled=last):
                 v = self._values(ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx],
                                  ro.completion_mask[idx])  # [n, T]
                 out = core.clipped_value_loss(v, old_values[idx], returns[idx], mask[idx],
@@ -183,6 +187,8 @@ class Critic:
                 (out["loss"] * share * self.loss_scale).backward()
             sums += torch.stack([out["loss"].detach() * share, out["clip_fraction"] * share]).double().cpu()
         loss_sum, clip_sum = (distributed.all_sum(sums, self.world) / self.world.size).tolist()
+        if self.head is not None:
+            distributed.average_grads(self.params, self.world)
         norm = clipped_step(self.params, self.optimizer, max_grad_norm=self.max_grad_norm)
         return {"value_loss": loss_sum, "value_clip_fraction": clip_sum, "value_grad_norm": norm}
 

@@ -131,13 +131,15 @@ class Updater:
                 # and FSDP2 average gradients over processes, so each divides by total / world for a sum
                 total = (count if loss.aggregation == "token_mean" else len(mini) * world.size) / world.size
                 live = mini[torch.isin(mini, rows)] if len(rows) < n else mini  # [m'] sequences with a gradient
-                self._mini_batch(batch, live, replace(loss, total=total), acc, knobs.temperature,
-                                 weight=1.0 / steps)
-                if self.critic is not None:  # PPO epochs train the critic on the same mini-batch; with a
-                    # shared trunk its value-loss gradients join the policy's before the policy steps
+                self.optimizer.zero_grad(set_to_none=True)
+                if self.critic is not None:  # PPO epochs train the critic on the same mini-batch, first: with
+                    # a shared trunk its value-loss gradients wait in the policy's body, and the policy's last
+                    # micro-batch below syncs them with its own (DDP and FSDP2 reduce what has accumulated)
                     acc.critic.append(self.critic.update(select_rollout(ro, mini), batch.values[mini],
                                                             batch.returns[mini], batch.mask[mini],
                                                             micro_batch=s.micro_batch))
+                self._mini_batch(batch, live, replace(loss, total=total), acc, knobs.temperature,
+                                 weight=1.0 / steps)
                 acc.grad_norms.append(self._optimizer_step(step))
         metrics = self._metrics(acc, n, len(rows))
         for weight in batch.deferred:  # over the rows that went through the forward
@@ -167,11 +169,11 @@ class Updater:
     def _mini_batch(self, batch: Batch, rows: torch.Tensor, loss: core.LossSettings, acc: UpdateStats, temperature: float,
                     *, weight: float) -> None:
         """Forward and backward passes over one mini-batch's ``rows`` [m], in micro-batches cut into
-        forward chunks of bounded size; the gradients accumulate (synced on the last chunk). ``loss``:
+        forward chunks of bounded size; the gradients accumulate onto those already there (a shared
+        trunk's value-loss gradients) and are synced on the last chunk. ``loss``:
         this step's settings with the mini-batch's denominator. Adds the token-weighted metric sums,
         and the loss times ``weight`` (1 / the update's optimizer steps), to ``acc``."""
         world = self.world
-        self.optimizer.zero_grad(set_to_none=True)
         todo = [c for rows_mb in rows.split(self.settings.micro_batch)
                 for c in self.forwards.chunks(batch.rollout, rows_mb)]
         for i, idx in enumerate(todo):
