@@ -356,6 +356,11 @@ def pytest_configure(config):
     os.environ["GRPO_CACHE"] = SUITE_CACHE
     # torch.compile's kernels too (torch_compile=true): not those another run compiled into /tmp
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(SUITE_CACHE, "inductor")
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # make test's two workers, one core each: torch's own threads
+        # would spin against the other worker's (a 7 s test took 63 s); the processes a test starts inherit
+        # the setting, so a run in the test's process and one it starts compute with the same threads
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
     random.seed(TEST_SEED)  # numpy's and Python's generators start from entropy otherwise; torch's from a constant
     np.random.seed(TEST_SEED)
 
