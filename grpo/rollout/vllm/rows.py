@@ -15,7 +15,6 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -87,14 +86,10 @@ def cpu_kv_cache_bytes(folder: str, *, share: float, dtype: str, total_bytes: in
     weight: a share of 0.05 that starts on a 24 GiB machine is refused on a 15 GiB one. Sizing the
     cache explicitly (vLLM's ``kv_cache_memory_bytes``) makes the share mean the same on any machine.
     ValueError naming the setting where the share does not hold the weights."""
-    import json
+    from grpo.rollout.vllm.requests import model_tensors
 
     per = {"float32": 4, "float64": 8}.get(dtype, 2)
-    weights = 0
-    for f in Path(folder).glob("*.safetensors"):
-        with open(f, "rb") as fh:  # safetensors: 8-byte header length, then a JSON header of shapes
-            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
-        weights += sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__") * per
+    weights = sum(math.prod(shape) for shape in (model_tensors(folder) or {}).values()) * per
     kv = int(share * total_bytes) - weights
     if kv <= 0:
         raise ValueError(f"vllm_gpu_memory_utilization={share:g} of {total_bytes / 2**30:.1f} GiB does not hold "
