@@ -246,7 +246,7 @@ def test_with_a_teacher_stale_tokens_weigh_the_distillation_term(tmp_path, tiny_
 def test_groups_over_the_bound_are_dropped_and_counted():
     """take_batch keeps drawing until B groups are within the bound; the staler ones are dropped."""
     from grpo.rollout.types import Rollout
-    from grpo.train.async_rollouts import Group, take_batch
+    from grpo.train.async_queue import Group, take_batch
 
     def group(draw: int, version_of_rows: list[int]) -> Group:
         g = len(version_of_rows)
@@ -269,15 +269,18 @@ def test_the_stream_of_several_processes_is_merged_from_the_oldest_draw():
     the merged stream starts at draw 5 with rank 0's sampler position, and marks done what either
     trained, rank 1's groups of draws 5 and 6 included, so a resume on any number of processes draws
     only rank 0's group 1 of draw 5 (and what neither took of later draws) again."""
-    from grpo.train.async_rollouts import merged_stream
+    from grpo.train.async_queue import merged_stream
 
-    rank0 = {"first_draw": 5, "sampler": "at 5", "done": [(5, 0), (6, 0), (6, 1)], "mine": [0, 1]}
-    rank1 = {"first_draw": 7, "sampler": "at 7", "done": [(7, 3)], "mine": [2, 3]}
+    rank0 = {"first_draw": 5, "sampler": "at 5", "done": [(5, 0), (6, 0), (6, 1)], "mine": [0, 1],
+             "observed": {3: [0.5], 4: [1.0], 5: [0.0], 6: [0.25]}}
+    rank1 = {"first_draw": 7, "sampler": "at 7", "done": [(7, 3)], "mine": [2, 3], "observed": {5: [0.0], 6: [0.25]}}
     got = merged_stream([rank0, rank1])
     assert got == {"first_draw": 5, "sampler": "at 5",
-                   "done": [(5, 0), (5, 2), (5, 3), (6, 0), (6, 1), (6, 2), (6, 3), (7, 3)]}
+                   "done": [(5, 0), (5, 2), (5, 3), (6, 0), (6, 1), (6, 2), (6, 3), (7, 3)],
+                   "observed": rank0["observed"]}  # the pass rates the oldest stream replays
     assert merged_stream([rank1, rank0]) == got  # whichever process comes first
-    assert merged_stream([rank0]) == {"first_draw": 5, "sampler": "at 5", "done": [(5, 0), (6, 0), (6, 1)]}
+    assert merged_stream([rank0]) == {"first_draw": 5, "sampler": "at 5", "done": [(5, 0), (6, 0), (6, 1)],
+                                      "observed": rank0["observed"]}
 
 
 def test_tool_episodes_run_through_the_engine_process(tmp_path, tiny_model_dir):
@@ -301,22 +304,91 @@ def test_tool_episodes_run_through_the_engine_process(tmp_path, tiny_model_dir):
         assert line["async/staleness_max"] <= 1
 
 
-@pytest.mark.parametrize("settings, field", [
-    (dict(dynamic_sampling=True), "dynamic_sampling"),
-    (dict(difficulty_sampling=True), "difficulty_sampling"),
-])
-def test_what_async_rollouts_do_not_run_with_is_refused_before_anything_loads(settings, field):
-    """The difficulty sampler and dynamic sampling are refused with async_rollouts, naming the field
-    (the reasons: grpo/config/composition.py); distillation and reward-model training are not."""
-    from grpo.config import Config
-    from grpo.config.validate import validate
-    from grpo.errors import ConfigError
+SAMPLERS = {"difficulty": dict(difficulty_sampling=True, difficulty_memory=2),
+            "dynamic": dict(dynamic_sampling=True, dynamic_sampling_rounds=3),
+            "both": dict(difficulty_sampling=True, dynamic_sampling=True, dynamic_sampling_rounds=3)}
 
-    with pytest.raises(ConfigError, match=rf"^{field}: .*async_rollouts"):
-        validate(Config(async_rollouts=True, **settings))
-    validate(Config(async_rollouts=True, teacher="some/teacher", max_staleness=1))
-    validate(Config(async_rollouts=True, reward_model_train_steps=2, ref_reset_steps=2, rewards="reward_model",
-                    reward_model="some/rm"))
+
+@pytest.mark.parametrize("sampler", sorted(SAMPLERS))
+def test_with_the_samplers_k_zero_is_the_synchronous_run(tmp_path, tiny_model_dir, tiny_dataset, sampler):
+    """K = 0 with the difficulty sampler (each draw hears of the draw K + 1 = 1 before it, as the
+    synchronous loop's next draw does) and with dynamic sampling (the producer's draws are the step's
+    rounds, keyed as the synchronous loop keys them): the same prompts and completions at every
+    step, the same dynamic-sampling figures and the same final weights, bit for bit."""
+    kw = dict(max_steps=4, rollout_engine="hf", eval_prompts=0, async_engine_threads=1, **SAMPLERS[sampler])
+    sync = Recording(make_cfg(tmp_path / "sync", tiny_model_dir, tiny_dataset, **kw))
+    sync.train()
+    asyn = Recording(make_cfg(tmp_path / "async", tiny_model_dir, tiny_dataset, async_rollouts=True, max_staleness=0,
+                              **kw))
+    asyn.train()
+    _same_batches(sync, asyn)
+    for (name, a), b in zip(sync.policy.named_parameters(), asyn.policy.parameters()):
+        assert torch.equal(a, b), name
+    keys = ("dynamic_sampling_rounds", "dynamic_sampling_dropped_share", "trained_groups", "accuracy")
+    sync_lines, async_lines = _lines(sync.run_dir), _lines(asyn.run_dir)
+    assert [[l.get(k) for k in keys] for l in sync_lines] == [[l.get(k) for k in keys] for l in async_lines]
+    if "dynamic_sampling" in SAMPLERS[sampler]:  # the rounds did something: a group was left out somewhere
+        assert any(l["dynamic_sampling_dropped_share"] > 0 for l in sync_lines)
+    if "difficulty_sampling" in SAMPLERS[sampler]:  # the pass rates moved the draws off the plain stream
+        plain = Recording(make_cfg(tmp_path / "plain", tiny_model_dir, tiny_dataset,
+                                   **{**kw, "difficulty_sampling": False}))
+        plain.train()
+        assert any(not torch.equal(a, b) for a, b in zip(_prompts_per_step(plain), _prompts_per_step(sync)))
+
+
+def test_the_difficulty_sampler_resumes_with_the_pass_rates_it_had_not_heard_yet(tmp_path, tiny_model_dir,
+                                                                                 tiny_dataset):
+    """K = 0 with the difficulty sampler, stopped after 2 steps and resumed for 2 more: the checkpoint
+    holds the draws the sampler had not heard of and their pass rates, so the resumed run draws the
+    uninterrupted (synchronous) run's prompts at every step."""
+    kw = dict(rollout_engine="hf", eval_prompts=0, async_engine_threads=1, difficulty_sampling=True,
+              difficulty_memory=2)
+    sync = Recording(make_cfg(tmp_path / "sync", tiny_model_dir, tiny_dataset, max_steps=4, **kw))
+    sync.train()
+    first = Recording(make_cfg(tmp_path / "async", tiny_model_dir, tiny_dataset, max_steps=2, async_rollouts=True,
+                               max_staleness=0, **kw))
+    first.train()
+    again = Recording(make_cfg(tmp_path / "async", tiny_model_dir, tiny_dataset, max_steps=4, async_rollouts=True,
+                               max_staleness=0, resume_from_checkpoint="auto", **kw))
+    again.train()
+    stream = _prompts_per_step(first) + _prompts_per_step(again)
+    assert len(stream) == 4
+    for s, (a, b) in enumerate(zip(_prompts_per_step(sync), stream)):
+        assert torch.equal(a, b), f"step {s} trained other prompts than the uninterrupted run's"
+
+
+def test_dynamic_sampling_at_k_one_trains_informative_groups_within_the_bound(tmp_path, tiny_model_dir,
+                                                                             tiny_dataset, monkeypatch):
+    """K = 1 with a reward that waits: each step trains one slot of groups whose rewards are not all
+    equal (or, when no round gave one, its last draw as it is), drawn by weights at most one step old
+    by the admission rule, so no group is dropped for staleness; the figures are the synchronous
+    step's."""
+    from grpo.train.async_rollouts import AsyncRollouts
+
+    trained = []
+    real = AsyncRollouts.collect
+
+    def spy(self, **kw):
+        got = real(self, **kw)
+        trained.append(got.rewards.clone())  # [B', G]
+        return got
+
+    monkeypatch.setattr(AsyncRollouts, "collect", spy)
+    t = Trainer(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, max_steps=4, async_rollouts=True, max_staleness=1,
+                         rollout_engine="hf", eval_prompts=0, rewards="tests.async_rewards:slow_digit_share",
+                         async_engine_threads=1, rollout_correction_level="token", **SAMPLERS["both"]))
+    t.train()
+    lines = _lines(t.run_dir)
+    assert len(lines) == len(trained) == 4
+    for line, rewards in zip(lines, trained):
+        assert line["async/staleness_max"] <= 1 and line["async/staleness_over"] == 0
+        assert line["async/dropped_groups"] == 0 and 1 <= line["dynamic_sampling_rounds"] <= 3
+        if line["dynamic_sampling_empty"]:
+            assert line["dynamic_sampling_rounds"] == 3
+        else:
+            assert (rewards.max(1).values > rewards.min(1).values).all()
+            assert line["trained_groups"] == len(rewards)
+    assert any(l["async/staleness_1"] > 0 for l in lines), "nothing drawn while a step trained"
 
 
 def test_partial_rollouts_reach_the_engine_process(tmp_path, tiny_model_dir, tiny_dataset):

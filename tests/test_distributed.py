@@ -287,6 +287,21 @@ def test_async_without_staleness_on_two_processes_is_the_synchronous_run(tmp_pat
         assert all(m["async/publish_bytes"] == adapters < m["async/full_publish_bytes"] for m in lines)
 
 
+def test_async_with_both_samplers_on_two_processes_is_the_synchronous_run(tiny_model_dir, double):
+    """max_staleness=0 on two processes with dynamic sampling (a 0/1 reward: rounds keep different
+    numbers of groups on each process, and each slot's groups are dealt out evenly) and the difficulty
+    sampler: the producers' draws are the synchronous step's rounds, keyed alike, and every process's
+    sampler hears the same pass rates, so the run trains the synchronous 2-process run's batches."""
+    extra = ("difficulty_sampling=true", "difficulty_memory=2")
+    sync, asyn = double("dynamic", "ddp", extra), double("dynamic", "ddp", extra + ASYNC)
+    _assert_same_weights(_weights(sync), _weights(asyn), _initial(tiny_model_dir))
+    _assert_same_metrics(_metrics(sync), _metrics(asyn))
+    for a, b in zip(_metrics(sync), _metrics(asyn)):
+        assert [a[k] for k in DYNAMIC] == [b[k] for k in DYNAMIC]
+    assert any(m["dynamic_sampling_dropped_share"] > 0 for m in _metrics(asyn))
+    assert all(m["async/staleness_max"] == 0 and m["async/dropped_groups"] == 0 for m in _metrics(asyn))
+
+
 def test_async_on_two_processes_resumes_exactly_on_two_or_one(tmp_path, tiny_model_dir, data_file, double):
     """max_staleness=0 (whose resume is exact: a draw made again is made by the same weights and keys):
     a 2-process asynchronous run stopped after step 2 and resumed on 2 processes, and on 1, ends where

@@ -243,6 +243,11 @@ def episodes_rollout(episodes: list[Episode], *, pad_id: int, with_logprobs: boo
                    episodes=[ep.info() for ep in episodes], versions=versions)
 
 
+def episode_counts(info: dict) -> dict:
+    """An episode's info without its transcripts and environment instance: what crosses processes."""
+    return {k: v for k, v in info.items() if k not in ("transcript", "completion_messages", "environment")}
+
+
 def episode_metrics(infos: list[dict]) -> dict:
     """Per-step tool metrics of the episodes' infos: the tool-call rate (share with at least one
     well-formed call), calls and turns per episode, tool errors and timeouts, share ended by max_turns."""

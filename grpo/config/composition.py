@@ -70,12 +70,6 @@ PEFT_RESET = "with use_peft the reference is the frozen base model and cannot be
 TEACHER_RESET = "the teacher is the run's reference and is never replaced by the policy; set ref_reset_steps=0 " \
                 "with a teacher"  # config/validate_sft.py's rule, met first
 REFUSALS: tuple[Refusal, ...] = (
-    Refusal(("async", "dynamic_sampling"), "dynamic_sampling",
-            "not supported with async_rollouts (its rounds wait on their own scores)"),
-    Refusal(("async", "difficulty_sampling"), "difficulty_sampling",
-            "not supported with async_rollouts (a draw would weigh pass rates scored while it is made, and a "
-            "checkpoint's prompt stream does not hold those scored after its draw started, so a resumed run "
-            "could draw other prompts than the groups it marks trained)"),
     Refusal(("ddp", "fsdp2"), "distributed_strategy", "one strategy per run: ddp or fsdp2"),
     Refusal(("mixture", "routed"), "environment_factory",
             "a mixture already routes each row to its source, and each source names its own environment "

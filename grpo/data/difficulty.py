@@ -78,11 +78,13 @@ class DifficultySampler:
 
     def state_dict(self) -> dict:
         return {"draws": self.draws, "size": self.size, "seed": self.seed,
-                "history": {int(k): list(v) for k, v in self.history.items()}}
+                "history": {int(k): list(v) for k, v in self.history.items()},
+                "pending": [list(x) for x in self.pending]}  # draws made, their outcomes still to come (async)
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("size") != self.size or "history" not in state:
             raise DataError(f"difficulty sampler state is for a dataset of {state.get('size')} prompts, "
                             f"this one has {self.size}")
-        self.draws, self.seed, self.pending = state["draws"], state["seed"], []
+        self.draws, self.seed = state["draws"], state["seed"]
+        self.pending = [list(x) for x in state.get("pending", [])]
         self.history = {int(k): list(v) for k, v in state["history"].items()}

@@ -186,11 +186,13 @@ class MixtureSampler:
 
     def state_dict(self) -> dict:
         return {"drawn": self.drawn, "sizes": self.sizes, "seed": self.seed,
-                "sources": [s.state_dict() for s in self.samplers]}
+                "sources": [s.state_dict() for s in self.samplers],
+                "pending": [[list(x) for x in d] for d in self.pending]}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("sizes") != self.sizes:
             raise DataError(f"sampler state is for sources of {state.get('sizes')} prompts, this mixture has {self.sizes}")
-        self.drawn, self.seed, self.pending = state["drawn"], state["seed"], []
+        self.drawn, self.seed = state["drawn"], state["seed"]
+        self.pending = [[tuple(x) for x in d] for d in state.get("pending", [])]
         for sampler, part in zip(self.samplers, state["sources"]):
             sampler.load_state_dict(part)

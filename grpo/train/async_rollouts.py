@@ -50,6 +50,7 @@ from grpo.core import staleness as st
 from grpo.errors import RewardError
 from grpo.infra import distributed
 from grpo.rollout.types import Rollout, concat_rollouts, select_rollout
+from grpo.train.async_queue import FillerAt, Group, SlotFiller, Taken, group_staleness, merged_stream, take_batch
 from grpo.train.batch import Batch, LogpWeight, apply_logp_weight
 from grpo.train.collect import Collected, Collector
 from grpo.train.source_rewards import source_metrics
@@ -70,45 +71,9 @@ class AsyncSettings:
     correction_low: float | None  # rollout_correction_low
     correction_high: float | None  # rollout_correction_high
     run_corrects_all: bool  # rollout_correction (auto resolved) is on: it already weighs every token
-
-
-@dataclass
-class Group:
-    """One prompt's G scored completions, as the queue holds them."""
-
-    draw: int
-    index: int  # within its draw (of B prompts, over every process)
-    sample: dict
-    rollout: Rollout  # G rows, with versions
-    rewards: torch.Tensor  # [G]
-    per_reward: torch.Tensor  # [G, K]
-    correct: torch.Tensor  # [G] bool: the row's verifier (a mixture's: its source's) says so
-    scores: torch.Tensor  # [G] float64 total reward and [G, K] each reward's, as the step's metrics average them
-    per_scores: torch.Tensor
-    columns: dict
-    metrics: dict  # its draw's scoring metrics
-
-
-@dataclass
-class Taken:
-    """A step's groups: those trained, those dropped, and the staleness of each taken, in order."""
-
-    kept: list[Group]
-    dropped: list[Group]
-    staleness: list[int]
-
-
-def take_batch(next_group, *, count: int, step: int, max_staleness: int, group_size: int) -> Taken:
-    """Groups from ``next_group()`` until ``count`` have a staleness of at most ``max_staleness`` at
-    ``step`` (core.sample_staleness); the others are dropped."""
-    out = Taken([], [], [])
-    while len(out.kept) < count:
-        grp = next_group()
-        ro = grp.rollout
-        s = int(st.sample_staleness(ro.versions, ro.loss_mask, step=step, group_size=group_size)[0])  # model tokens
-        (out.dropped if s > max_staleness else out.kept).append(grp)
-        out.staleness.append(s)
-    return out
+    dynamic_sampling: bool  # dynamic_sampling: the queue holds slots (train/async_queue.py)
+    dynamic_sampling_rounds: int  # dynamic_sampling_rounds
+    mini_batches: int  # mini_batches: a slot's groups are shared out in whole mini-batches
 
 
 @dataclass(frozen=True)
@@ -117,18 +82,6 @@ class SideWorlds:
 
     producer: distributed.World
     scorer: distributed.World
-
-
-def merged_stream(parts: list[dict]) -> dict:
-    """One prompt stream from every process's (each: its ``first_draw``, the sampler position at its
-    start, the (draw, group) pairs ``done`` from it on, and the groups of a draw that are ``mine``):
-    from the oldest first draw, with the groups done anywhere; a process whose first draw is later
-    trained or dropped all of its groups of the draws before it."""
-    oldest = min(parts, key=lambda p: p["first_draw"])
-    first = oldest["first_draw"]
-    done = {tuple(x) for p in parts for x in p["done"]}
-    done |= {(d, i) for p in parts for d in range(first, p["first_draw"]) for i in p["mine"]}
-    return {"first_draw": first, "sampler": oldest["sampler"], "done": sorted(done)}
 
 
 class AsyncRollouts:
@@ -150,13 +103,18 @@ class AsyncRollouts:
         # the stream: sampler position at the start of draw `first`, and the (draw, group) pairs of
         # draws >= first already trained or dropped (group: its index in the whole draw)
         self.first, self.start_state, self.done = 0, collector.sampler.state_dict(), set()
+        self.first_start = 0  # the stream's first draw when the threads last started
         self.dropped_total = 0  # over every process
+        # each scored draw's group pass rates, for the prompt sampler: draw d hears of draw d - K - 1's (those
+        # of draws >= first - K - 1 are kept: a resumed stream needs them)
+        self.observed: dict[int, list[float]] = {}
         self._reset()
 
     def _reset(self) -> None:
         """No threads, an empty queue: what the next ``collect`` starts from."""
         b, k = self.share, self.s.max_staleness
-        self.groups: queue.Queue = queue.Queue(maxsize=(k + 1) * b)
+        self.groups: queue.Queue = queue.Queue(maxsize=(k + 1) * (1 if self.s.dynamic_sampling else b))  # slots or groups
+        self.filler: SlotFiller | None = None  # dynamic sampling: the slot being filled (the scorer's)
         self.to_score: queue.Queue = queue.Queue(maxsize=1)
         self.starts: dict[int, dict] = {}  # draw -> sampler position at its start, once drawn
         self.stop_flag = threading.Event()
@@ -181,12 +139,16 @@ class AsyncRollouts:
         if self.threads and self.stop_flag.is_set():  # threads an earlier join outwaited: end them first
             self.join(timeout=None)
         if not self.threads:
-            self._start(temperature)
+            self._start(temperature, step)
         b, k, g = self.share, self.s.max_staleness, self.s.group_size
         t0 = time.perf_counter()
-        failed = None
+        failed, slot = None, None
         try:
-            taken = take_batch(self._take, count=b, step=step, max_staleness=k, group_size=g)
+            if self.filler is not None:  # a whole slot, its staleness within K by the admission rule
+                slot = self._take()
+                taken = Taken(slot.groups, [], [group_staleness(x, step=step, group_size=g) for x in slot.groups])
+            else:
+                taken = take_batch(self._take, count=b, step=step, max_staleness=k, group_size=g)
         except RewardError as e:  # decided over every process's scores: each raises it, at its own step
             failed = e
         if self.world.distributed and distributed.all_max(int(failed is not None), self.world):
@@ -195,29 +157,21 @@ class AsyncRollouts:
             raise failed
         kept = taken.kept
         waited = time.perf_counter() - t0
-        self._mark([(x.draw, x.index) for x in kept + taken.dropped])
+        self._mark(slot.pairs if slot is not None else [(x.draw, x.index) for x in kept + taken.dropped])
         everyone = self._gather(kept, taken, waited)
         n_dropped = sum(p["dropped"] for p in everyone)
         self.dropped_total += n_dropped
         stale_of = [x for p in everyone for x in p["staleness"]]
         hist = st.staleness_histogram(torch.tensor(stale_of), max_staleness=k).tolist()
         ro = concat_rollouts([x.rollout for x in kept], self.collector.tok.pad_token_id)
-        ro = dataclasses.replace(ro, seconds=sum(x.rollout.seconds for x in kept) / b)  # a draw's sampling time
+        ro = dataclasses.replace(ro, seconds=sum(x.rollout.seconds for x in kept) / len(kept))  # a draw's sampling
         rewards = torch.cat([p["rewards"] for p in everyone])  # [B, G]
         per = torch.cat([p["per_reward"] for p in everyone])  # [B, G, K]
-        # the last draw's scoring metrics, less its per-source figures (set below from the groups trained)
-        metrics = {k: v for k, v in kept[-1].metrics.items() if not k.startswith(("share/", "reward/", "accuracy/"))}
-        per_scores = torch.cat([p["per_scores"] for p in everyone])  # [N, K] float64, the synchronous step's metrics'
-        metrics.update({f"rewards/{n}": float(torch.nanmean(per_scores[:, i]))
-                        for i, n in enumerate(self.collector.rewards.names)})
-        correct = torch.cat([p["correct"] for p in everyone])  # [N]
-        metrics["accuracy"] = float(correct.double().mean())
-        sources = self.collector.sources
-        if sources is not None and sources.labels:  # a mixture's per-source metrics, over the groups trained
-            labels = [x for p in everyone for x in p["labels"]]
-            metrics.update(source_metrics(labels, torch.cat([p["scores"] for p in everyone]), correct, sources.labels))
+        # a slot (dynamic sampling): the figures of the draw that closed it, as the synchronous step reports its
+        # last round's; else those of the groups trained
+        metrics = dict(slot.metrics) if slot is not None else self._trained_metrics(kept[-1].metrics, everyone)
         kept_stale = [s for s in stale_of if s <= k]
-        n_kept = self.s.prompts_per_step
+        n_kept = len(rewards)
         metrics.update({f"async/staleness_{i}": c for i, c in enumerate(hist[:-1])})
         metrics.update({"async/staleness_over": hist[-1], "async/staleness_mean": sum(kept_stale) / n_kept,
                         "async/staleness_max": max(kept_stale), "async/dropped_groups": n_dropped,
@@ -228,6 +182,21 @@ class AsyncRollouts:
                         "async/oldest_draw": min(p["oldest"] for p in everyone)})
         columns = {key: [v for x in kept for v in x.columns.get(key, [])] for key in kept[0].columns}
         return Collected([x.sample for x in kept], ro, rewards, metrics, per_reward=per, columns=columns)
+
+    def _trained_metrics(self, last: dict, everyone: list[dict]) -> dict:
+        """The scoring metrics of the groups trained (every process's): the last draw's, with the rewards,
+        the accuracy and a mixture's per-source figures over the groups trained."""
+        metrics = {k: v for k, v in last.items() if not k.startswith(("share/", "reward/", "accuracy/"))}
+        per_scores = torch.cat([p["per_scores"] for p in everyone])  # [N, K] float64, the synchronous step's metrics'
+        metrics.update({f"rewards/{n}": float(torch.nanmean(per_scores[:, i]))
+                        for i, n in enumerate(self.collector.rewards.names)})
+        correct = torch.cat([p["correct"] for p in everyone])  # [N]
+        metrics["accuracy"] = float(correct.double().mean())
+        sources = self.collector.sources
+        if sources is not None and sources.labels:  # a mixture's per-source metrics, over the groups trained
+            labels = [x for p in everyone for x in p["labels"]]
+            metrics.update(source_metrics(labels, torch.cat([p["scores"] for p in everyone]), correct, sources.labels))
+        return metrics
 
     def _gather(self, kept: list[Group], taken: Taken, waited: float) -> list[dict]:
         """Every process's part of the step (in rank order): its groups' rewards, verdicts and scores,
@@ -285,13 +254,23 @@ class AsyncRollouts:
             self.done = {x for x in self.done if x[0] != self.first}
             self.first += 1
             self.start_state = self.starts.pop(self.first)
+        with self.cond:  # a resumed stream replays the pass rates from draw first - K - 1 on
+            for d in [d for d in self.observed if d < self.first - self.s.max_staleness - 1]:
+                del self.observed[d]
 
     # ---- the producer and the scorer ------------------------------------------------------------
-    def _start(self, temperature: float) -> None:
+    def _start(self, temperature: float, step: int) -> None:
+        """The producer and the scorer, from the stream's oldest draw with groups not yet trained; with
+        dynamic sampling the first slot filled is ``step``'s."""
         if self.world.distributed:  # every process restarts at the same draw (a collective, in collect)
             self.load_state_dict(self.state_dict())
         self.temperature = self.temperature if self.temperature is not None else temperature
         self.collector.sampler.load_state_dict(self.start_state)
+        s = self.s
+        if s.dynamic_sampling:
+            self.filler = SlotFiller(s.prompts_per_step, self.share, s.dynamic_sampling_rounds, s.mini_batches,
+                                     self.sides.scorer, FillerAt(step))
+        self.first_start = self.first
         self.threads = [threading.Thread(target=self._guard, args=(fn,), daemon=True, name=f"grpo-async-{fn.__name__}")
                         for fn in (self._produce, self._score)]
         for t in self.threads:
@@ -321,21 +300,47 @@ class AsyncRollouts:
         """Draw after draw, each once the weights it needs are published; every process agrees before a
         draw whether to make it (a stop on any one ends them all), so all make the same draws and
         their counts (collectives) meet. The scorer hears of the end (None)."""
-        d, world = self.first, self.sides.producer
+        d, world, made = self.first, self.sides.producer, 0
         try:
             while True:
                 with self.cond:
-                    while self.version < d - self.s.max_staleness and not self.stop_flag.is_set():
+                    while not (self._admits(d, made) or self.stop_flag.is_set()):
                         self.cond.wait(WAIT)
                     temperature = self.temperature
+                    key = (d, 0) if self.filler is None else self.filler.at.key(made)  # draw d is step d's
                 if distributed.all_max(int(self.stop_flag.is_set()), world):
                     return
-                samples, ro = self.collector.sample(step=d, temperature=temperature, world=world)
+                self._hear_outcomes(d)
+                samples, ro = self.collector.sample(step=key[0], draw=key[1], temperature=temperature, world=world)
                 self.starts[d + 1] = self.collector.sampler.state_dict()  # before any group of d can be taken
-                self._hand_over((d, samples, ro))
-                d += 1
+                self._hand_over((d, key[0], samples, ro))
+                d, made = d + 1, made + 1
         finally:
             self._hand_over(None)
+
+    def _admits(self, d: int, made: int) -> bool:
+        """Whether draw d (the ``made``-th since the threads started) may be made now (under the lock):
+        once the weights it needs are published, and the draw whose outcomes it hears is scored. Without
+        dynamic sampling draw d is step d's, which needs version d - K; with it, the slot it can land in
+        at the latest (the scorer's open slot plus the draws in flight, async_queue) must be within K
+        of the newest version."""
+        lag = d - self.s.max_staleness - 1  # the prompt sampler hears of this draw's pass rates first
+        if lag >= self.first_start and lag not in self.observed:
+            return False
+        if self.filler is None:
+            return self.version >= d - self.s.max_staleness
+        return self.filler.at.latest_slot(made) <= self.version + self.s.max_staleness
+
+    def _hear_outcomes(self, d: int) -> None:
+        """The prompt sampler hears of draw d - K - 1's group pass rates just before draw d, whenever they
+        were scored, so the draws do not depend on the threads' timing (the synchronous loop's order when
+        K = 0: each draw hears of the one before it)."""
+        lag = d - self.s.max_staleness - 1
+        if lag >= 0:
+            with self.cond:
+                rates = self.observed.get(lag)
+            if rates is not None:
+                self.collector.sampler.observe(rates)
 
     def _hand_over(self, item) -> None:
         """To the scorer, which takes every draw made (none is lost to a stop: each process's scorer
@@ -349,8 +354,9 @@ class AsyncRollouts:
 
     def _score(self) -> None:
         """Each draw's groups into the queue, this process's share of them; after a stop the draws
-        left are passed over, by every process alike (they agree on each)."""
-        g, world = self.s.group_size, self.sides.scorer
+        left are passed over, by every process alike (they agree on each). With dynamic sampling the
+        queue takes whole slots (async_queue). Each draw's pass rates are kept for the producer."""
+        world = self.sides.scorer
         while True:
             try:
                 item = self.to_score.get(timeout=WAIT)
@@ -360,18 +366,31 @@ class AsyncRollouts:
                 return
             if distributed.all_max(int(self.stop_flag.is_set()), world):
                 continue
-            d, samples, ro = item
-            rewards, metrics = self.collector.score(samples, ro, step=d, world=world)  # [B, G]
-            per, cols, correct = self.collector.last_per_reward, self.collector.last_columns, self.collector.last_correct
-            scores, per_scores = self.collector.last_scores, self.collector.last_per_scores
-            for i, (j, sample) in enumerate(zip(self._mine(), samples)):  # i: this process's, j: the draw's
-                if (d, j) in self.done:  # trained or dropped before a resume
-                    continue
-                rows = torch.arange(j * g, (j + 1) * g)  # of the whole draw's [N] gathered tensors
-                part = {key: v[i * g:(i + 1) * g] for key, v in cols.items() if len(v) == len(ro.texts)}
-                self._put(self.groups, Group(d, j, sample, select_rollout(ro, torch.arange(i * g, (i + 1) * g)),
-                                             rewards[j], per[j], correct[rows], scores[rows], per_scores[rows],
-                                             part, metrics))
+            d, step, samples, ro = item
+            rewards, metrics = self.collector.score(samples, ro, step=step, world=world, observe=False)  # [B, G]
+            groups = self._groups(d, samples, ro, rewards, metrics)
+            slot = self.filler.add(d, groups, rewards, self.done) if self.filler is not None else None
+            with self.cond:  # the producer may wait on these
+                self.observed[d] = self.collector.last_pass_rates
+                self.cond.notify_all()
+            if self.filler is None:
+                for grp in groups:
+                    if (grp.draw, grp.index) not in self.done:  # trained or dropped before a resume
+                        self._put(self.groups, grp)
+            elif slot is not None:
+                self._put(self.groups, slot)
+
+    def _groups(self, d: int, samples: list[dict], ro: Rollout, rewards: torch.Tensor, metrics: dict) -> list[Group]:
+        """This process's b scored groups of draw d (from the collector's last scoring)."""
+        g, c = self.s.group_size, self.collector
+        out = []
+        for i, (j, sample) in enumerate(zip(self._mine(), samples)):  # i: this process's, j: the draw's
+            rows = torch.arange(j * g, (j + 1) * g)  # of the whole draw's [N] gathered tensors
+            part = {key: v[i * g:(i + 1) * g] for key, v in c.last_columns.items() if len(v) == len(ro.texts)}
+            out.append(Group(d, j, sample, select_rollout(ro, torch.arange(i * g, (i + 1) * g)), rewards[j],
+                             c.last_per_reward[j], c.last_correct[rows], c.last_scores[rows], c.last_per_scores[rows],
+                             part, metrics))
+        return out
 
     def _put(self, q: queue.Queue, item) -> None:
         while not self.stop_flag.is_set():
@@ -386,8 +405,10 @@ class AsyncRollouts:
         """Where the stream stands over every process (a collective of the trainer's processes): the
         oldest draw with a group not yet trained, and the groups of it and later draws trained or
         dropped, so a run resumed on any number of processes draws the rest again."""
+        with self.cond:
+            observed = {d: r for d, r in self.observed.items() if d >= self.first - self.s.max_staleness - 1}
         mine = {"first_draw": self.first, "sampler": self.start_state, "done": sorted(self.done),
-                "mine": list(self._mine())}
+                "mine": list(self._mine()), "observed": observed}
         return {**merged_stream(distributed.gather_objects(mine, self.world)), "dropped_total": self.dropped_total}
 
     def load_state_dict(self, state: dict) -> None:
@@ -395,6 +416,7 @@ class AsyncRollouts:
         self.first, self.start_state = state["first_draw"], state["sampler"]
         self.done = {tuple(x) for x in state["done"]}
         self.dropped_total = state["dropped_total"]
+        self.observed = {int(d): list(r) for d, r in state.get("observed", {}).items()}
         self.collector.sampler.load_state_dict(self.start_state)
 
     def stop(self) -> None:

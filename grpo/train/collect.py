@@ -16,7 +16,7 @@ from grpo import core
 from grpo.data import PromptSampler, fit_prompt, render_prompt
 from grpo.data.prompt_fit import chat_messages, check_prompt_room, prompt_lengths
 from grpo.errors import RewardError
-from grpo.agent import AgentSampler, episode_metrics
+from grpo.agent import AgentSampler, episode_counts, episode_metrics
 from grpo.infra import distributed
 from grpo.infra.timing import NullTimer, StageTimer
 from grpo.rewards.forms import StepPosition
@@ -25,6 +25,7 @@ from grpo.rollout import Rollout, SamplingSettings
 from grpo.rollout.types import concat_rollouts, rollout_to, select_rollout
 from grpo.rollout.keys import row_keys
 from grpo.rollout.tuning import take_messages
+from grpo.train.async_queue import kept_share
 from grpo.train.resample import RESAMPLE_ROW_BASE, resample_invalid, validity_checks
 from grpo.train.source_rewards import source_metrics
 
@@ -79,11 +80,6 @@ class Collected:
         return rows
 
 
-def _counts(info: dict) -> dict:
-    """An episode's info without its transcripts and environment instance: what crosses processes."""
-    return {k: v for k, v in info.items() if k not in ("transcript", "completion_messages", "environment")}
-
-
 @dataclass(frozen=True)
 class CollectSettings:
     """What collection reads; each field is the Config field named in its comment."""
@@ -123,6 +119,7 @@ class Collector:
         self.prompts_truncated = 0  # this run's sampled prompts cut to max_prompt_length (every process)
         self.kernels_noted = False  # the kernel and engine choices shown (once a run)
         self.last_per_reward: torch.Tensor | None = None  # [B, G, K] of the last score()
+        self.last_pass_rates: list[float] = []  # [B] each group's share of correct completions (last score())
         self.last_columns: dict = {}  # this process's rows' columns that TRL-form rewards logged (last score())
         self.checks = validity_checks(rewards.fns)  # rewards that declare which completions they can grade
         self.resample = {"resample_rounds": 0, "resampled_completions": 0, "invalid_after_resampling": 0}
@@ -220,12 +217,13 @@ class Collector:
                       "the tools) and the end are kept (counted in metrics as prompts_truncated)", "yellow")
         self.prompts_truncated += n
 
-    def score(self, samples: list[dict], ro: Rollout, *, step: int = 0,
-              world: distributed.World | None = None) -> tuple[torch.Tensor, dict]:
+    def score(self, samples: list[dict], ro: Rollout, *, step: int = 0, world: distributed.World | None = None,
+              observe: bool = True) -> tuple[torch.Tensor, dict]:
         """Rewards [B, G] of the whole step, gathered from every process (NaN where a reward
         failed or none applied), and the reward metrics. Rewards see each episode's transcript and
         counts beside its sample; TRL-form ones also the token ids and the step (``trainer_state``).
-        ``world``: as for ``sample``."""
+        ``world``: as for ``sample``. ``observe``: the prompt sampler hears each group's pass rate now
+        (``last_pass_rates`` holds them either way; asynchronous rollouts hand them over later)."""
         s, world = self.settings, world or self.world
         group_samples = [x for x in samples for _ in range(s.group_size)]
         t0 = time.perf_counter()
@@ -266,12 +264,14 @@ class Collector:
             labels = [x for part in distributed.gather_objects([r.get(self.sources.column) for r in group_samples], world)
                       for x in part]
             metrics.update(source_metrics(labels, total, correct, self.sources.labels))
-        self.sampler.observe(correct.double().view(s.prompts_per_step, -1).mean(1).tolist())  # difficulty
+        self.last_pass_rates = correct.double().view(s.prompts_per_step, -1).mean(1).tolist()  # [B]
+        if observe:  # the difficulty sampler's history
+            self.sampler.observe(self.last_pass_rates)
         metrics.update(accuracy=float(correct.double().mean()), reward_failures=n_failed,
                        reward_failures_total=self.reward_failures, reward_timeouts_total=timeouts,
                        grading_seconds=max(distributed.gather_objects(grading, world)))  # the slowest process
         if ro.episodes is not None:  # every process's episodes (without their transcripts)
-            infos = [e for part in distributed.gather_objects([_counts(e) for e in ro.episodes], world) for e in part]
+            infos = [e for part in distributed.gather_objects([episode_counts(e) for e in ro.episodes], world) for e in part]
             metrics.update(episode_metrics(infos))
         if self.checks and s.resample_invalid_rounds:  # the resampling since the last scoring
             metrics.update(self.resample)
@@ -308,24 +308,19 @@ class Collector:
                     rows = select_rollout(ro, torch.arange(j * g, (j + 1) * g))
                     if world.distributed:  # to move between processes: on the CPU, without objects of this one
                         rows = dataclasses.replace(rollout_to(rows, "cpu"), episodes=None if rows.episodes is None
-                                                   else [_counts(e) for e in rows.episodes])
+                                                   else [episode_counts(e) for e in rows.episodes])
                     mine.append((draw, i, samples[j], rows))
             if n_kept >= n:
                 break
-        # whole mini-batches on every process when there are enough groups (then 1 and N processes take
-        # the same mini-batches, split.mini_batch_rows), else whole groups per process
-        unit = world.size * s.mini_batches if n_kept >= world.size * s.mini_batches else world.size
-        n_used = n_kept - n_kept % unit
-        rounds = draw + 1
+        share = kept_share(mine, n_kept=n_kept, world=world, mini_batches=s.mini_batches)
+        n_used, rounds = share.used, draw + 1
         metrics.update(dynamic_sampling_rounds=rounds, dynamic_sampling_dropped_share=1.0 - n_used / (rounds * n),
                        dynamic_sampling_empty=int(n_used == 0), trained_groups=n_used or n)
         if n_used == 0:
             return Collected(samples, ro, rewards, metrics, per_reward=self.last_per_reward)
-        kept = sorted((x for part in distributed.gather_objects(mine, world) for x in part), key=lambda x: x[:2])[:n_used]
-        share = kept[world.rank * n_used // world.size:(world.rank + 1) * n_used // world.size]
-        merged = concat_rollouts([x[3] for x in share], self.tok.pad_token_id)
+        merged = concat_rollouts([x[3] for x in share.rows], self.tok.pad_token_id)
         merged = dataclasses.replace(rollout_to(merged, ro.completion_ids.device), seconds=seconds)
-        return Collected([x[2] for x in share], merged, torch.cat(kept_rewards)[:n_used], metrics,
+        return Collected([x[2] for x in share.rows], merged, torch.cat(kept_rewards)[:n_used], metrics,
                          per_reward=torch.cat(kept_per)[:n_used])
 
     def state_dict(self) -> dict:

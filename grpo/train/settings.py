@@ -183,7 +183,8 @@ def async_settings(cfg: Config) -> AsyncSettings | None:
                          group_size=cfg.num_generations, correction=cfg.async_correction,
                          correction_level=cfg.rollout_correction_level, correction_low=cfg.rollout_correction_low,
                          correction_high=cfg.rollout_correction_high,
-                         run_corrects_all=rollout_correction(cfg) != "none")
+                         run_corrects_all=rollout_correction(cfg) != "none", dynamic_sampling=cfg.dynamic_sampling,
+                         dynamic_sampling_rounds=cfg.dynamic_sampling_rounds, mini_batches=cfg.mini_batches)
 
 
 def knob_settings(cfg: Config) -> KnobSettings:
