@@ -291,8 +291,9 @@ def test_async_with_both_samplers_on_two_processes_is_the_synchronous_run(tiny_m
     """max_staleness=0 on two processes with dynamic sampling (a 0/1 reward: rounds keep different
     numbers of groups on each process, and each slot's groups are dealt out evenly) and the difficulty
     sampler: the producers' draws are the synchronous step's rounds, keyed alike, and every process's
-    sampler hears the same pass rates, so the run trains the synchronous 2-process run's batches."""
-    extra = ("difficulty_sampling=true", "difficulty_memory=2")
+    sampler hears the same pass rates, so the run trains the synchronous 2-process run's batches (two
+    mini-batches a step: which process trains which group decides which mini-batch it joins)."""
+    extra = ("difficulty_sampling=true", "difficulty_memory=2", "mini_batches=2")
     sync, asyn = double("dynamic", "ddp", extra), double("dynamic", "ddp", extra + ASYNC)
     _assert_same_weights(_weights(sync), _weights(asyn), _initial(tiny_model_dir))
     _assert_same_metrics(_metrics(sync), _metrics(asyn))
