@@ -391,6 +391,63 @@ def test_dynamic_sampling_at_k_one_trains_informative_groups_within_the_bound(tm
     assert any(l["async/staleness_1"] > 0 for l in lines), "nothing drawn while a step trained"
 
 
+def _turn_intervals(monkeypatch):
+    """Record the producer's sampling calls and the trainer's turns (from the end of ``collect`` to the
+    next publish) as (start, end) perf_counter intervals."""
+    import threading
+    import time
+
+    from grpo.train.async_rollouts import AsyncRollouts
+    from grpo.train.collect import Collector
+
+    got = {"sampling": [], "trainer": []}
+    real_sample, real_collect, real_new = Collector.sample, AsyncRollouts.collect, AsyncRollouts.new_weights
+
+    def sample(self, **kw):
+        t0 = time.perf_counter()
+        try:
+            return real_sample(self, **kw)
+        finally:
+            if threading.current_thread().name == "grpo-async-_produce":
+                got["sampling"].append((t0, time.perf_counter()))
+
+    def collect(self, **kw):
+        out = real_collect(self, **kw)
+        got["trainer"].append([time.perf_counter(), None])
+        return out
+
+    def new_weights(self, **kw):
+        if got["trainer"] and got["trainer"][-1][1] is None:
+            got["trainer"][-1][1] = time.perf_counter()
+        return real_new(self, **kw)
+
+    monkeypatch.setattr(Collector, "sample", sample)
+    monkeypatch.setattr(AsyncRollouts, "collect", collect)
+    monkeypatch.setattr(AsyncRollouts, "new_weights", new_weights)
+    return got
+
+
+@pytest.mark.parametrize("turns", [True, False])
+def test_on_the_cpu_the_engine_samples_and_the_trainer_computes_in_turns(tmp_path, tiny_model_dir, tiny_dataset,
+                                                                         monkeypatch, turns):
+    """async_turns (the default on the CPU, one process): the engine process samples on every core
+    while the trainer waits, and the trainer's step (from taking its groups to publishing its weights)
+    never runs while the engine samples; with async_turns=false they overlap, the engine on half the
+    cores. K = 1 with rewards that do not wait, so the next draw is admitted as each step starts."""
+    got = _turn_intervals(monkeypatch)
+    t = Trainer(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, max_steps=6, async_rollouts=True, max_staleness=1,
+                         rollout_engine="hf", eval_prompts=0, async_turns=turns, num_threads=2))
+    assert t.engines.process.threads == (2 if turns else 1)
+    t.train()
+    trainer = [(a, b) for a, b in got["trainer"] if b is not None]
+    assert len(got["sampling"]) >= 6 and len(trainer) >= 5
+    overlaps = [(s, c) for s in got["sampling"] for c in trainer if s[0] < c[1] and c[0] < s[1]]
+    if turns:
+        assert not overlaps, overlaps
+    else:
+        assert overlaps, "the engine never sampled while the trainer computed"
+
+
 def test_partial_rollouts_reach_the_engine_process(tmp_path, tiny_model_dir, tiny_dataset):
     """partial_rollouts is wired through the trainer to the engine process: its segment length is
     partial_rollout_tokens with it, 0 (each call finishes under its weights) without."""

@@ -185,12 +185,18 @@ def test_policy_loss_takes_built_settings_or_their_fields_not_both():
         core.policy_loss(logp, old, adv, mask, settings=s, eps_low=0.2)
 
 
-def test_the_async_engine_process_takes_half_the_cores_unless_told():
-    """An engine process on every core beside a trainer on every core oversubscribes the machine: by
-    default it takes half the trainer's threads (at least one); async_engine_threads overrides."""
-    def threads(cores: int, **kw) -> int:
-        return build.engine_process_settings(Config(async_rollouts=True, **kw), cores).threads
+def test_the_async_engine_process_takes_every_core_in_turns_else_half_unless_told():
+    """Taking turns with the trainer (async_turns, on the CPU on one process) the engine process samples
+    on every core; computing beside a trainer on every core it would oversubscribe the machine, so it
+    takes half the trainer's threads (at least one); async_engine_threads overrides either."""
+    def threads(cores: int, *, cpu_alone: bool = True, **kw) -> int:
+        cfg = Config(async_rollouts=True, **kw)
+        return build.run_settings(cfg, cores=cores, cpu_alone=cpu_alone).engine.process.threads
 
-    assert [threads(c) for c in (1, 2, 3, 16)] == [1, 1, 1, 8]
-    assert threads(16, async_engine_threads=3) == 3
-    assert build.engine_process_settings(Config(), 16) is None
+    assert [threads(c) for c in (1, 2, 3, 16)] == [1, 2, 3, 16]
+    assert [threads(c, cpu_alone=False) for c in (1, 2, 3, 16)] == [1, 1, 1, 8]  # a GPU, torchrun
+    assert [threads(c, async_turns=False) for c in (1, 2, 3, 16)] == [1, 1, 1, 8]
+    assert threads(16, async_engine_threads=3) == threads(16, cpu_alone=False, async_engine_threads=3) == 3
+    assert build.run_settings(Config(async_rollouts=True), cores=2).asynchronous.turns
+    assert not build.run_settings(Config(async_rollouts=True), cores=2, cpu_alone=False).asynchronous.turns
+    assert build.engine_process_settings(Config(), 16, turns=False) is None

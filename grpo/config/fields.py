@@ -114,7 +114,7 @@ class Config:
 
     # ---- Asynchronous rollouts ----
     async_rollouts: bool = False
-    """Sample while the trainer updates: a producer draws the prompt stream into a bounded queue through the rollout engine in a process of its own (the weights pushed to it after each optimizer step without stopping it), a scorer scores each draw as it finishes, and each step trains on B queued groups. Under torchrun (DDP, FSDP2) each process does so for its share of every draw; with LoRA and QLoRA (the adapters sent after each step), mixtures, routed environments, reward-model training and a teacher (stale tokens weigh distill's reverse-KL term too); not with dynamic_sampling or difficulty_sampling (docs: guides/composition). Not bit-exact across a resume (the queue is sampled anew; no prompt draw is lost or trained twice)."""
+    """Sample while the trainer updates: a producer draws the prompt stream into a bounded queue through the rollout engine in a process of its own (the weights pushed to it after each optimizer step without stopping it), a scorer scores each draw as it finishes, and each step trains on B queued groups. Under torchrun (DDP, FSDP2) each process does so for its share of every draw; with LoRA and QLoRA (the adapters sent after each step), mixtures, routed environments, dynamic_sampling (the producer's draws are its rounds), difficulty_sampling (each draw hears of the pass rates of the draw max_staleness + 1 before it), reward-model training and a teacher (stale tokens weigh distill's reverse-KL term too) (docs: guides/composition). Not bit-exact across a resume (the queue is sampled anew; no prompt draw is lost or trained twice)."""
     max_staleness: int = 1
     """async_rollouts: the most optimizer steps a trained sample may lag (TRL's max_staleness): the step minus the oldest policy version among its tokens. The producer starts a draw only once weights at most this old are published, and a group over it when taken is dropped and counted (async/dropped_share); 0 gives the synchronous run's tokens and updates exactly."""
     partial_rollouts: bool = False
@@ -124,7 +124,9 @@ class Config:
     async_correction: str = "truncate"
     """async_rollouts: importance correction of tokens drawn by older weights, pi_train / pi_version at rollout_correction_level within [rollout_correction_low, rollout_correction_high]: truncate (TIS) or mask (MIS). Tokens drawn by the trained weights keep weight 1; with rollout_correction on (vllm), that correction already weighs every token by its own version's log-probs."""
     async_engine_threads: int = 0
-    """async_rollouts: torch CPU threads of the engine process (0 = half the trainer's threads: an engine on every core beside the trainer on every core oversubscribes the machine)."""
+    """async_rollouts: torch CPU threads of the engine process (0 = the trainer's threads where they take turns, async_turns; else half of them: an engine on every core beside the trainer on every core oversubscribes the machine)."""
+    async_turns: bool = True
+    """async_rollouts with the trainer and the engine process on this machine's CPU, one process: they take turns on the cores instead of computing at once: the engine samples a draw on every core while the trainer waits, and the trainer's step (reference forward, update) runs while that draw's rewards are awaited, so only the waits overlap the compute. Ignored on a GPU and under torchrun (there they overlap). false: both compute at once, the engine on async_engine_threads."""
     # ---- Mixtures and curriculum ----
     difficulty_sampling: bool = False
     """Draw prompts by their recent group pass rate p (weight difficulty_floor + (1 - difficulty_floor) * 4p(1-p); unseen prompts 1), so prompts always or never solved are drawn less; within each source of a mixture. Its state is in the checkpoint (grpo/data/difficulty.py)."""

@@ -32,7 +32,7 @@ SECTIONS: tuple[Section, ...] = (
         "rollout_correction_low", "rollout_correction_high", "resample_invalid_rounds")),
     Section("async", "Asynchronous rollouts", "the producer, its engine process and the staleness bound (train/async_rollouts.py, rollout/producer.py, core/staleness.py)", (
         "async_rollouts", "max_staleness", "partial_rollouts", "partial_rollout_tokens", "async_correction",
-        "async_engine_threads")),
+        "async_engine_threads", "async_turns")),
     Section("mixture", "Mixtures and curriculum",
             "the prompt stream: a mixture's sources and the difficulty sampler (data/mixture.py, train/sources.py)", (
         "difficulty_sampling", "difficulty_memory", "difficulty_floor")),

@@ -74,6 +74,7 @@ class AsyncSettings:
     dynamic_sampling: bool  # dynamic_sampling: the queue holds slots (train/async_queue.py)
     dynamic_sampling_rounds: int  # dynamic_sampling_rounds
     mini_batches: int  # mini_batches: a slot's groups are shared out in whole mini-batches
+    turns: bool  # async_turns, resolved: the engine's sampling and the trainer's step take turns on the cores
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,9 @@ class AsyncRollouts:
         b, k = self.share, self.s.max_staleness
         self.groups: queue.Queue = queue.Queue(maxsize=(k + 1) * (1 if self.s.dynamic_sampling else b))  # slots or groups
         self.filler: SlotFiller | None = None  # dynamic sampling: the slot being filled (the scorer's)
+        # taking turns (async_turns): the draw the producer waits to make, and who computes now
+        self.waiting: tuple[int, int] | None = None
+        self.sampling = self.computing = False
         self.to_score: queue.Queue = queue.Queue(maxsize=1)
         self.starts: dict[int, dict] = {}  # draw -> sampler position at its start, once drawn
         self.stop_flag = threading.Event()
@@ -128,10 +132,24 @@ class AsyncRollouts:
     # ---- the trainer's side ----------------------------------------------------------------------
     def new_weights(self, *, version: int, temperature: float) -> None:
         """The engine process has the trainer's weights after ``version`` optimizer steps (the run's
-        Engines published them); the producer may start the draws they admit."""
+        Engines published them); the producer may start the draws they admit (the trainer's turn, if it
+        had one, ends here)."""
         with self.cond:
             self.version, self.temperature = version, temperature
+            self.computing = False
             self.cond.notify_all()
+
+    def _take_turn(self) -> None:
+        """async_turns: the trainer computes its step once the engine is not sampling and no draw is
+        admitted but not yet started (sampling first: the draw's rewards are then awaited while the
+        trainer computes); the turn ends when the step's weights are published."""
+        if not self.s.turns:
+            return
+        with self.cond:
+            while (self.sampling or (self.waiting is not None and self._admits(*self.waiting))) \
+                    and not self.stop_flag.is_set():
+                self.cond.wait(WAIT)
+            self.computing = True
 
     def collect(self, *, step: int, temperature: float) -> Collected:
         """This process's b groups of staleness at most K for ``step`` (those over it dropped and
@@ -181,6 +199,7 @@ class AsyncRollouts:
                         "async/queued_groups": sum(p["queued"] for p in everyone),
                         "async/oldest_draw": min(p["oldest"] for p in everyone)})
         columns = {key: [v for x in kept for v in x.columns.get(key, [])] for key in kept[0].columns}
+        self._take_turn()
         return Collected([x.sample for x in kept], ro, rewards, metrics, per_reward=per, columns=columns)
 
     def _trained_metrics(self, last: dict, everyone: list[dict]) -> dict:
@@ -304,14 +323,21 @@ class AsyncRollouts:
         try:
             while True:
                 with self.cond:
-                    while not (self._admits(d, made) or self.stop_flag.is_set()):
+                    self.waiting = (d, made)
+                    while not (self._admits(d, made) and not self.computing or self.stop_flag.is_set()):
                         self.cond.wait(WAIT)
+                    self.waiting, self.sampling = None, self.s.turns
                     temperature = self.temperature
                     key = (d, 0) if self.filler is None else self.filler.at.key(made)  # draw d is step d's
                 if distributed.all_max(int(self.stop_flag.is_set()), world):
                     return
                 self._hear_outcomes(d)
-                samples, ro = self.collector.sample(step=key[0], draw=key[1], temperature=temperature, world=world)
+                try:
+                    samples, ro = self.collector.sample(step=key[0], draw=key[1], temperature=temperature, world=world)
+                finally:
+                    with self.cond:  # the trainer's turn, if it waits for one
+                        self.sampling = False
+                        self.cond.notify_all()
                 self.starts[d + 1] = self.collector.sampler.state_dict()  # before any group of d can be taken
                 self._hand_over((d, key[0], samples, ro))
                 d, made = d + 1, made + 1

@@ -157,25 +157,33 @@ def collect_settings(cfg: Config) -> CollectSettings:
         max_steps=cfg.max_steps)
 
 
-def engine_threads(cfg: Config, cores: int) -> int:
-    """async_rollouts: torch threads of the engine process: async_engine_threads, else half the
-    ``cores``. Measured on 2 cores (the embedded model, a reward that waits 5 s): the engine on both
-    cores beside a trainer on both ran the trainer's forwards up to 8x slower; the engine on one
-    and the trainer on both gave 1.2x the steps per hour of each on one core."""
-    return cfg.async_engine_threads or max(1, cores // 2)
+def async_turns(cfg: Config, *, cpu_alone: bool) -> bool:
+    """async_rollouts: whether the trainer and the engine process take turns on the cores (async_turns,
+    where both compute on this machine's CPU on one process: ``cpu_alone``)."""
+    return cfg.async_rollouts and cfg.async_turns and cpu_alone
 
 
-def engine_process_settings(cfg: Config, cores: int) -> EngineProcessSettings | None:
+def engine_threads(cfg: Config, cores: int, *, turns: bool) -> int:
+    """async_rollouts: torch threads of the engine process: async_engine_threads, else every one of the
+    ``cores`` when it takes turns with the trainer, half of them when both compute at once. Measured on
+    2 cores (the embedded model, a reward that waits 5 s): the engine on both cores beside a trainer on
+    both ran the trainer's forwards up to 8x slower; the engine on one and the trainer on both gave 1.2x
+    the steps per hour of each on one core."""
+    return cfg.async_engine_threads or (cores if turns else max(1, cores // 2))
+
+
+def engine_process_settings(cfg: Config, cores: int, *, turns: bool) -> EngineProcessSettings | None:
     """async_rollouts: the training engine's process (rollout/producer.py) on engine_threads of the
     machine's ``cores``; None: it samples here."""
     if not cfg.async_rollouts:
         return None
     return EngineProcessSettings(engine=cfg.rollout_engine, kernels=cfg.decode_kernels,
-                                 options=engine_options(cfg, cfg.rollout_engine), threads=engine_threads(cfg, cores),
+                                 options=engine_options(cfg, cfg.rollout_engine),
+                                 threads=engine_threads(cfg, cores, turns=turns),
                                  segment_tokens=cfg.partial_rollout_tokens if cfg.partial_rollouts else 0)
 
 
-def async_settings(cfg: Config) -> AsyncSettings | None:
+def async_settings(cfg: Config, *, turns: bool = False) -> AsyncSettings | None:
     """async_rollouts: the producer, the queue and the staleness bound; None: the synchronous loop."""
     if not cfg.async_rollouts:
         return None
@@ -184,7 +192,8 @@ def async_settings(cfg: Config) -> AsyncSettings | None:
                          correction_level=cfg.rollout_correction_level, correction_low=cfg.rollout_correction_low,
                          correction_high=cfg.rollout_correction_high,
                          run_corrects_all=rollout_correction(cfg) != "none", dynamic_sampling=cfg.dynamic_sampling,
-                         dynamic_sampling_rounds=cfg.dynamic_sampling_rounds, mini_batches=cfg.mini_batches)
+                         dynamic_sampling_rounds=cfg.dynamic_sampling_rounds, mini_batches=cfg.mini_batches,
+                         turns=turns)
 
 
 def knob_settings(cfg: Config) -> KnobSettings:
@@ -297,14 +306,16 @@ class RunSettings:
                        update=replace(self.update, schedule=schedule))
 
 
-def run_settings(cfg: Config, *, cores: int) -> RunSettings:
-    """Every component's settings for a run of ``cfg`` on ``cores`` CPU threads."""
+def run_settings(cfg: Config, *, cores: int, cpu_alone: bool = True) -> RunSettings:
+    """Every component's settings for a run of ``cfg`` on ``cores`` CPU threads; ``cpu_alone``: on
+    this machine's CPU, one process (no GPU, no torchrun)."""
+    turns = async_turns(cfg, cpu_alone=cpu_alone)
     return RunSettings(
         model=cfg.model, use_peft=cfg.use_peft, sources=sources_settings(cfg), placement=placement_settings(cfg), knobs=knob_settings(cfg),
         engine=EngineSettings(name=cfg.rollout_engine, kernels=cfg.decode_kernels,
                               options=engine_options(cfg, cfg.rollout_engine),
-                              process=engine_process_settings(cfg, cores)),
-        agent=agent_settings(cfg), collect=collect_settings(cfg), asynchronous=async_settings(cfg),
+                              process=engine_process_settings(cfg, cores, turns=turns)),
+        agent=agent_settings(cfg), collect=collect_settings(cfg), asynchronous=async_settings(cfg, turns=turns),
         reward_model=reward_model_settings(cfg) if cfg.reward_model_train_steps else None,
         batch=batch_settings(cfg), logic_consistency=consistency_settings(cfg), update=update_settings(cfg),
         eval=eval_settings(cfg), critic=critic_settings(cfg))

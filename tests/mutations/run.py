@@ -166,6 +166,9 @@ MUTATIONS = (
              "share = kept_share(self.kept, n_kept=self.n_kept, world=self.world,",
              "share = kept_share(self.kept, n_kept=self.n_kept, world=distributed.World(),",
              ("tests/test_distributed.py::test_async_with_both_samplers_on_two_processes_is_the_synchronous_run",)),
+    Mutation("the trainer computes while the engine samples", "grpo/train/async_rollouts.py",
+             "        if not self.s.turns:\n            return", "        if True:\n            return",
+             ("tests/test_async_rollouts.py::test_on_the_cpu_the_engine_samples_and_the_trainer_computes_in_turns[True]",)),
 )
 
 
