@@ -357,29 +357,68 @@ def test_the_difficulty_sampler_resumes_with_the_pass_rates_it_had_not_heard_yet
         assert torch.equal(a, b), f"step {s} trained other prompts than the uninterrupted run's"
 
 
+def test_at_k_one_each_draw_hears_the_pass_rates_of_the_draw_two_before_it(tmp_path, tiny_model_dir, tiny_dataset,
+                                                                         monkeypatch):
+    """K = 1 with the difficulty sampler and a reward that waits: just before draw d the prompt sampler
+    hears of draw d - 2's pass rates (the lag K + 1, whenever they were scored), in order, each once, and
+    they are the pass rates the scorer computed for that draw."""
+    from grpo.train.collect import Collector
+
+    scored = []
+    real_score = Collector.score
+
+    def score(self, *args, **kw):
+        out = real_score(self, *args, **kw)
+        scored.append(list(self.last_pass_rates))
+        return out
+
+    monkeypatch.setattr(Collector, "score", score)
+    t = Trainer(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, max_steps=4, async_rollouts=True, max_staleness=1,
+                         rollout_engine="hf", eval_prompts=0, rewards="tests.async_rewards:slow_digit_share",
+                         async_engine_threads=1, difficulty_sampling=True, difficulty_memory=2))
+    sampler, events = t.collector.sampler, []
+    real_draw, real_observe = sampler.draw, sampler.observe
+    monkeypatch.setattr(sampler, "draw", lambda count: (events.append("draw"), real_draw(count))[1])
+    monkeypatch.setattr(sampler, "observe", lambda rates: (events.append(list(rates)), real_observe(rates))[1])
+    t.train()
+    at = [i for i, e in enumerate(events) if e == "draw"]
+    assert len(at) >= 5
+    for d, i in enumerate(at):
+        assert sum(e != "draw" for e in events[:i]) == max(0, d - 1), (d, events)
+    heard = [e for e in events if e != "draw"]
+    assert heard and heard == scored[:len(heard)]
+
+
 def test_dynamic_sampling_at_k_one_trains_informative_groups_within_the_bound(tmp_path, tiny_model_dir,
                                                                              tiny_dataset, monkeypatch):
-    """K = 1 with a reward that waits: each step trains one slot of groups whose rewards are not all
-    equal (or, when no round gave one, its last draw as it is), drawn by weights at most one step old
-    by the admission rule, so no group is dropped for staleness; the figures are the synchronous
-    step's."""
+    """K = 1 with a trainer slower than the producer (its update waits 0.6 s) and no turns, so only the
+    admission rule holds the producer back: each step trains one slot of groups whose rewards are not
+    all equal (or, when no round gave one, its last draw as it is), drawn by weights at most one step
+    old, so no group is over the bound; the figures are the synchronous step's."""
+    import time
+
     from grpo.train.async_rollouts import AsyncRollouts
 
     trained = []
-    real = AsyncRollouts.collect
+    real, real_update = AsyncRollouts.collect, Trainer.update
 
     def spy(self, **kw):
         got = real(self, **kw)
         trained.append(got.rewards.clone())  # [B', G]
         return got
 
+    def slow_update(self, batch):
+        time.sleep(0.6)
+        return real_update(self, batch)
+
     monkeypatch.setattr(AsyncRollouts, "collect", spy)
-    t = Trainer(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, max_steps=4, async_rollouts=True, max_staleness=1,
-                         rollout_engine="hf", eval_prompts=0, rewards="tests.async_rewards:slow_digit_share",
-                         async_engine_threads=1, rollout_correction_level="token", **SAMPLERS["both"]))
+    monkeypatch.setattr(Trainer, "update", slow_update)
+    t = Trainer(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, max_steps=5, async_rollouts=True, max_staleness=1,
+                         rollout_engine="hf", eval_prompts=0, async_engine_threads=1, rollout_correction_level="token",
+                         async_turns=False, **SAMPLERS["both"]))
     t.train()
     lines = _lines(t.run_dir)
-    assert len(lines) == len(trained) == 4
+    assert len(lines) == len(trained) == 5
     for line, rewards in zip(lines, trained):
         assert line["async/staleness_max"] <= 1 and line["async/staleness_over"] == 0
         assert line["async/dropped_groups"] == 0 and 1 <= line["dynamic_sampling_rounds"] <= 3
@@ -435,10 +474,14 @@ def test_on_the_cpu_the_engine_samples_and_the_trainer_computes_in_turns(tmp_pat
     never runs while the engine samples; with async_turns=false they overlap, the engine on half the
     cores. K = 1 with rewards that do not wait, so the next draw is admitted as each step starts."""
     got = _turn_intervals(monkeypatch)
-    t = Trainer(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, max_steps=6, async_rollouts=True, max_staleness=1,
-                         rollout_engine="hf", eval_prompts=0, async_turns=turns, num_threads=2))
-    assert t.engines.process.threads == (2 if turns else 1)
-    t.train()
+    threads = torch.get_num_threads()
+    try:  # two trainer threads (num_threads), so the engine's share differs with turns and without
+        t = Trainer(make_cfg(tmp_path, tiny_model_dir, tiny_dataset, max_steps=6, async_rollouts=True,
+                             max_staleness=1, rollout_engine="hf", eval_prompts=0, async_turns=turns, num_threads=2))
+        assert t.engines.process.threads == (2 if turns else 1)
+        t.train()
+    finally:
+        torch.set_num_threads(threads)
     trainer = [(a, b) for a, b in got["trainer"] if b is not None]
     assert len(got["sampling"]) >= 6 and len(trainer) >= 5
     overlaps = [(s, c) for s in got["sampling"] for c in trainer if s[0] < c[1] and c[0] < s[1]]

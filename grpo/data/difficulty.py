@@ -77,9 +77,12 @@ class DifficultySampler:
             self.history[i] = (self.history.get(i, []) + [float(p)])[-self.memory:]
 
     def state_dict(self) -> dict:
+        # copies taken whole (dict() and list() of a dict or list are atomic in CPython): with asynchronous
+        # rollouts the producer thread may draw and observe while the trainer saves a checkpoint
+        history, pending = dict(self.history), list(self.pending)
         return {"draws": self.draws, "size": self.size, "seed": self.seed,
-                "history": {int(k): list(v) for k, v in self.history.items()},
-                "pending": [list(x) for x in self.pending]}  # draws made, their outcomes still to come (async)
+                "history": {int(k): list(v) for k, v in history.items()},
+                "pending": [list(x) for x in pending]}  # draws made, their outcomes still to come (async)
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("size") != self.size or "history" not in state:

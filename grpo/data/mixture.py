@@ -187,7 +187,7 @@ class MixtureSampler:
     def state_dict(self) -> dict:
         return {"drawn": self.drawn, "sizes": self.sizes, "seed": self.seed,
                 "sources": [s.state_dict() for s in self.samplers],
-                "pending": [[list(x) for x in d] for d in self.pending]}
+                "pending": [[list(x) for x in d] for d in list(self.pending)]}  # a copy whole: see difficulty.py
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("sizes") != self.sizes:

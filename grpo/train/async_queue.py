@@ -28,6 +28,7 @@ Dimension letters: B prompts (groups) per step over every process, b per process
 from __future__ import annotations
 
 import dataclasses
+import queue
 from dataclasses import dataclass, field
 
 import torch
@@ -97,6 +98,70 @@ def merged_stream(parts: list[dict]) -> dict:
     return {"first_draw": first, "sampler": oldest["sampler"], "done": sorted(done), "observed": observed}
 
 
+def get_or_raise(q: queue.Queue, failure, *, wait: float):
+    """The next item of ``q``; once ``failure()`` returns an exception, the items queued before it first,
+    then it raised."""
+    while True:
+        try:
+            return q.get_nowait()
+        except queue.Empty:
+            pass
+        if (err := failure()) is not None:
+            raise err
+        try:
+            return q.get(timeout=wait)
+        except queue.Empty:
+            continue
+
+
+def put_unless(q: queue.Queue, item, stopped, *, wait: float) -> None:
+    """``item`` into ``q``, waiting for room, unless ``stopped()`` first."""
+    while not stopped():
+        try:
+            q.put(item, timeout=wait)
+            return
+        except queue.Full:
+            continue
+
+
+@dataclass
+class StreamPosition:
+    """Where this process's prompt stream stands, what the checkpoint keeps: ``first`` the oldest draw
+    with a group of this process not yet trained or dropped, ``start`` the sampler position at its
+    start, ``done`` the (draw, index) pairs of draws >= first trained or dropped, ``observed`` the scored
+    draws' pass rates (draw -> [B]) that draws from ``first`` on still hear of, and ``starts`` the sampler
+    position at the start of each draw the running threads made. ``lag`` = K + 1: draw d hears of draw
+    d - lag's pass rates."""
+
+    first: int
+    start: dict
+    lag: int
+    done: set = field(default_factory=set)
+    observed: dict = field(default_factory=dict)
+    starts: dict = field(default_factory=dict)
+
+    def mark(self, pairs, mine: range) -> None:
+        """Groups trained or dropped; the start moves past draws (already drawn) with none of ``mine`` left."""
+        self.done.update(pairs)
+        while self.first + 1 in self.starts and all((self.first, i) in self.done for i in mine):
+            self.done = {x for x in self.done if x[0] != self.first}
+            self.first += 1
+            self.start = self.starts.pop(self.first)
+        for d in [d for d in self.observed if d < self.first - self.lag]:
+            del self.observed[d]
+
+    def part(self, mine: range) -> dict:
+        """This process's part of the checkpoint (merged_stream joins every process's): the pass rates of
+        draws before ``first`` that the resumed draws hear of (not those of the draws made again)."""
+        return {"first_draw": self.first, "sampler": self.start, "done": sorted(self.done), "mine": list(mine),
+                "observed": {d: r for d, r in self.observed.items() if self.first - self.lag <= d < self.first}}
+
+    def load(self, state: dict) -> None:
+        self.first, self.start = state["first_draw"], state["sampler"]
+        self.done = {tuple(x) for x in state["done"]}
+        self.observed = {int(d): list(r) for d, r in state.get("observed", {}).items() if int(d) < self.first}
+
+
 @dataclass(frozen=True)
 class Share:
     """A process's contiguous share of the kept groups (sorted by draw and index), and how many of
@@ -127,6 +192,7 @@ class Slot:
     groups: list
     pairs: list[tuple[int, int]]
     metrics: dict
+    seconds: float  # the sampling time of its draws
 
 
 @dataclass(frozen=True)
@@ -145,8 +211,7 @@ class FillerAt:
 
     def key(self, made: int) -> tuple[int, int]:
         """(step, round) that keys a draw made now: the synchronous loop's round of step ``open`` when
-        nothing is in flight (K = 0); else unique all the same (a later draw of the same slot, a later
-        round)."""
+        nothing is in flight (K = 0)."""
         return self.open, self.drawn + made - self.scored
 
 
@@ -163,6 +228,7 @@ class SlotFiller:
     kept: list = field(default_factory=list)  # this process's kept groups: (draw, index, group)
     n_kept: int = 0  # over every process
     pairs: list = field(default_factory=list)
+    seconds: float = 0.0  # the sampling time of the slot's draws so far
 
     def add(self, draw: int, groups: list, rewards: torch.Tensor, done) -> Slot | None:
         """A scored draw: ``groups`` this process's b groups (in the draw's order, the first at index
@@ -182,6 +248,7 @@ class SlotFiller:
                 self.kept.append((draw, j, grp))
         self.n_kept += len(idx)
         self.pairs += [(draw, j) for j in range(self.prompts)]
+        self.seconds += groups[0].rollout.seconds  # each group's rollout carries its draw's
         at = self.at
         if self.n_kept < self.prompts and at.drawn + 1 < self.rounds:
             self.at = FillerAt(at.open, at.drawn + 1, at.scored + 1)
@@ -191,7 +258,7 @@ class SlotFiller:
                    "dynamic_sampling_dropped_share": 1.0 - share.used / ((at.drawn + 1) * self.prompts),
                    "dynamic_sampling_empty": int(share.used == 0), "trained_groups": share.used or self.prompts}
         rows = [x[2] for x in share.rows] if share.used else list(groups)  # none kept: the last draw as it is
-        slot = Slot(at.open, rows, self.pairs, metrics)
-        self.kept, self.n_kept, self.pairs = [], 0, []
+        slot = Slot(at.open, rows, self.pairs, metrics, self.seconds)
+        self.kept, self.n_kept, self.pairs, self.seconds = [], 0, [], 0.0
         self.at = FillerAt(at.open + 1, 0, at.scored + 1)
         return slot

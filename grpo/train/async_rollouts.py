@@ -4,7 +4,9 @@ A producer thread draws the prompt stream one draw (B prompts) at a time through
 whose training engine (the run's Engines) runs in a process of its own (rollout/producer.py); a
 scorer thread scores each draw as it finishes, overlapping the rewards' waits (a judge model or a
 sandbox) with the next draw's sampling and the trainer's update; the scored groups wait in a bounded
-queue, and each step takes B of them.
+queue, and each step takes B of them (with DAPO dynamic sampling, one slot of informative groups that
+the scorer filled from the draws it scored: async_queue). On one process on the CPU the engine's
+sampling and the trainer's step take turns on the cores (``turns``): computing at once only slows both.
 After each optimizer step the new weights reach the engine without stopping it (a shared-memory copy
 under a lock), numbered by the trainer's step; every token carries the version that drew it.
 
@@ -12,8 +14,10 @@ The staleness bound ``max_staleness`` = K (TRL's name; verl's staleness threshol
 ``max_trajectory_age_steps``) holds twice: the producer starts draw d only once weights of version
 d - K or newer are published (admission, so nothing is sampled only to be dropped), and a group whose
 staleness (the step minus the oldest version of its tokens, core.staleness) is above K when the
-trainer takes it is dropped and counted. Draw d is keyed as step d of the synchronous loop, so K = 0
-gives the synchronous run's tokens and updates exactly. Tokens drawn by older weights are corrected
+trainer takes it is dropped and counted (with dynamic sampling the admission counts slots, and none can be
+over K). Draw d is keyed as step d of the synchronous loop (with dynamic sampling at K = 0, as the
+round it is of its step), so K = 0 gives the synchronous run's tokens and updates exactly. The prompt
+sampler (the difficulty sampler) hears of draw d - K - 1's pass rates just before draw d. Tokens drawn by older weights are corrected
 by the importance weight pi_train / pi_version (TIS or MIS, core.stale_correction) unless the
 run's mismatch correction (``rollout_correction``) already weighs every token.
 
@@ -26,8 +30,8 @@ Each process takes its own share of a step's groups; the step's rewards and metr
 
 A checkpoint records where the prompt stream stood at the oldest draw with groups not yet trained,
 and which of its groups (and of later draws; by their index in the whole draw, gathered from every
-process) were trained or dropped; a resumed run, on any number of processes, draws those again, so
-no prompt draw is lost or trained twice. The queue itself is not saved: its groups are
+process) were trained or dropped, with the pass rates the next draws are still to hear of; a resumed
+run, on any number of processes, draws those again, so no prompt draw is lost or trained twice. The queue itself is not saved: its groups are
 sampled anew by the resumed weights, so a resumed run is not bit-exact.
 
 Dimension letters: B prompts (groups) per step, G group size, N = B*G sequences, T completion tokens,
@@ -50,10 +54,11 @@ from grpo.core import staleness as st
 from grpo.errors import RewardError
 from grpo.infra import distributed
 from grpo.rollout.types import Rollout, concat_rollouts, select_rollout
-from grpo.train.async_queue import FillerAt, Group, SlotFiller, Taken, group_staleness, merged_stream, take_batch
+from grpo.train.async_metrics import process_part, queue_metrics, trained_metrics
+from grpo.train.async_queue import (FillerAt, Group, SlotFiller, StreamPosition, Taken, get_or_raise, group_staleness,
+                                    merged_stream, put_unless, take_batch)
 from grpo.train.batch import Batch, LogpWeight, apply_logp_weight
 from grpo.train.collect import Collected, Collector
-from grpo.train.source_rewards import source_metrics
 
 WAIT = 0.2  # seconds between checks of the stop flag in a blocking wait
 
@@ -103,12 +108,9 @@ class AsyncRollouts:
         self.cond = threading.Condition()
         # the stream: sampler position at the start of draw `first`, and the (draw, group) pairs of
         # draws >= first already trained or dropped (group: its index in the whole draw)
-        self.first, self.start_state, self.done = 0, collector.sampler.state_dict(), set()
+        self.stream = StreamPosition(0, collector.sampler.state_dict(), settings.max_staleness + 1)
         self.first_start = 0  # the stream's first draw when the threads last started
         self.dropped_total = 0  # over every process
-        # each scored draw's group pass rates, for the prompt sampler: draw d hears of draw d - K - 1's (those
-        # of draws >= first - K - 1 are kept: a resumed stream needs them)
-        self.observed: dict[int, list[float]] = {}
         self._reset()
 
     def _reset(self) -> None:
@@ -120,7 +122,7 @@ class AsyncRollouts:
         self.waiting: tuple[int, int] | None = None
         self.sampling = self.computing = False
         self.to_score: queue.Queue = queue.Queue(maxsize=1)
-        self.starts: dict[int, dict] = {}  # draw -> sampler position at its start, once drawn
+        self.stream.starts = {}  # draw -> sampler position at its start, once drawn
         self.stop_flag = threading.Event()
         self.error: BaseException | None = None
         self.threads: list[threading.Thread] = []
@@ -132,17 +134,16 @@ class AsyncRollouts:
     # ---- the trainer's side ----------------------------------------------------------------------
     def new_weights(self, *, version: int, temperature: float) -> None:
         """The engine process has the trainer's weights after ``version`` optimizer steps (the run's
-        Engines published them); the producer may start the draws they admit (the trainer's turn, if it
-        had one, ends here)."""
+        Engines published them); the producer may start the draws they admit."""
         with self.cond:
             self.version, self.temperature = version, temperature
-            self.computing = False
             self.cond.notify_all()
 
     def _take_turn(self) -> None:
         """async_turns: the trainer computes its step once the engine is not sampling and no draw is
         admitted but not yet started (sampling first: the draw's rewards are then awaited while the
-        trainer computes); the turn ends when the step's weights are published."""
+        trainer computes); the turn (the update, the weights published, an evaluation or a checkpoint
+        after it) ends at the next ``collect``, where the trainer waits for groups."""
         if not self.s.turns:
             return
         with self.cond:
@@ -154,6 +155,9 @@ class AsyncRollouts:
     def collect(self, *, step: int, temperature: float) -> Collected:
         """This process's b groups of staleness at most K for ``step`` (those over it dropped and
         counted), with the step's rewards and metrics over every process's groups."""
+        with self.cond:  # the trainer's turn (async_turns) ends where it waits for groups
+            self.computing = False
+            self.cond.notify_all()
         if self.threads and self.stop_flag.is_set():  # threads an earlier join outwaited: end them first
             self.join(timeout=None)
         if not self.threads:
@@ -164,6 +168,8 @@ class AsyncRollouts:
         try:
             if self.filler is not None:  # a whole slot, its staleness within K by the admission rule
                 slot = self._take()
+                if slot.step != step:  # the filler numbers its slots from the step the threads started at
+                    raise RuntimeError(f"asynchronous rollouts: step {step} took the slot of step {slot.step}")
                 taken = Taken(slot.groups, [], [group_staleness(x, step=step, group_size=g) for x in slot.groups])
             else:
                 taken = take_batch(self._take, count=b, step=step, max_staleness=k, group_size=g)
@@ -176,59 +182,32 @@ class AsyncRollouts:
         kept = taken.kept
         waited = time.perf_counter() - t0
         self._mark(slot.pairs if slot is not None else [(x.draw, x.index) for x in kept + taken.dropped])
-        everyone = self._gather(kept, taken, waited)
-        n_dropped = sum(p["dropped"] for p in everyone)
-        self.dropped_total += n_dropped
-        stale_of = [x for p in everyone for x in p["staleness"]]
-        hist = st.staleness_histogram(torch.tensor(stale_of), max_staleness=k).tolist()
+        sources = self.collector.sources
+        everyone = distributed.gather_objects(process_part(
+            kept, dropped=len(taken.dropped), staleness=taken.staleness, waited=waited, queued=self._queued(),
+            labels_of=sources.column if sources is not None else None, group_size=g), self.world)
+        self.dropped_total += sum(p["dropped"] for p in everyone)
         ro = concat_rollouts([x.rollout for x in kept], self.collector.tok.pad_token_id)
-        ro = dataclasses.replace(ro, seconds=sum(x.rollout.seconds for x in kept) / len(kept))  # a draw's sampling
+        # sampling seconds: every round of a slot, else a draw's (its groups' rollouts each carry the draw's)
+        ro = dataclasses.replace(ro, seconds=slot.seconds if slot is not None else
+                                 sum(x.rollout.seconds for x in kept) / len(kept))
         rewards = torch.cat([p["rewards"] for p in everyone])  # [B, G]
         per = torch.cat([p["per_reward"] for p in everyone])  # [B, G, K]
         # a slot (dynamic sampling): the figures of the draw that closed it, as the synchronous step reports its
         # last round's; else those of the groups trained
-        metrics = dict(slot.metrics) if slot is not None else self._trained_metrics(kept[-1].metrics, everyone)
-        kept_stale = [s for s in stale_of if s <= k]
-        n_kept = len(rewards)
-        metrics.update({f"async/staleness_{i}": c for i, c in enumerate(hist[:-1])})
-        metrics.update({"async/staleness_over": hist[-1], "async/staleness_mean": sum(kept_stale) / n_kept,
-                        "async/staleness_max": max(kept_stale), "async/dropped_groups": n_dropped,
-                        "async/dropped_share": n_dropped / (n_dropped + n_kept),
-                        "async/dropped_total": self.dropped_total,
-                        "async/wait_seconds": max(p["waited"] for p in everyone),
-                        "async/queued_groups": sum(p["queued"] for p in everyone),
-                        "async/oldest_draw": min(p["oldest"] for p in everyone)})
+        metrics = dict(slot.metrics) if slot is not None else \
+            trained_metrics(kept[-1].metrics, everyone, reward_names=self.collector.rewards.names, sources=sources)
+        metrics.update(queue_metrics(everyone, max_staleness=k, trained=len(rewards), dropped_total=self.dropped_total))
         columns = {key: [v for x in kept for v in x.columns.get(key, [])] for key in kept[0].columns}
         self._take_turn()
         return Collected([x.sample for x in kept], ro, rewards, metrics, per_reward=per, columns=columns)
 
-    def _trained_metrics(self, last: dict, everyone: list[dict]) -> dict:
-        """The scoring metrics of the groups trained (every process's): the last draw's, with the rewards,
-        the accuracy and a mixture's per-source figures over the groups trained."""
-        metrics = {k: v for k, v in last.items() if not k.startswith(("share/", "reward/", "accuracy/"))}
-        per_scores = torch.cat([p["per_scores"] for p in everyone])  # [N, K] float64, the synchronous step's metrics'
-        metrics.update({f"rewards/{n}": float(torch.nanmean(per_scores[:, i]))
-                        for i, n in enumerate(self.collector.rewards.names)})
-        correct = torch.cat([p["correct"] for p in everyone])  # [N]
-        metrics["accuracy"] = float(correct.double().mean())
-        sources = self.collector.sources
-        if sources is not None and sources.labels:  # a mixture's per-source metrics, over the groups trained
-            labels = [x for p in everyone for x in p["labels"]]
-            metrics.update(source_metrics(labels, torch.cat([p["scores"] for p in everyone]), correct, sources.labels))
-        return metrics
-
-    def _gather(self, kept: list[Group], taken: Taken, waited: float) -> list[dict]:
-        """Every process's part of the step (in rank order): its groups' rewards, verdicts and scores,
-        and its queue figures (one collective of the trainer's processes; one process: its own)."""
-        labels_of = self.collector.sources.column if self.collector.sources is not None else None
-        g = self.s.group_size
-        mine = {"rewards": torch.stack([x.rewards for x in kept]), "per_reward": torch.stack([x.per_reward for x in kept]),
-                "correct": torch.cat([x.correct for x in kept]), "scores": torch.cat([x.scores for x in kept]),
-                "per_scores": torch.cat([x.per_scores for x in kept]), "dropped": len(taken.dropped),
-                "staleness": taken.staleness, "waited": waited, "queued": self.groups.qsize(),
-                "oldest": min(x.draw for x in kept),
-                "labels": [x.sample.get(labels_of) for x in kept for _ in range(g)] if labels_of else []}
-        return distributed.gather_objects(mine, self.world)
+    def _queued(self) -> int:
+        """Groups waiting in this process's queue (of its queued slots, with dynamic sampling)."""
+        if self.filler is None:
+            return self.groups.qsize()
+        with self.groups.mutex:
+            return sum(len(x.groups) for x in self.groups.queue if x is not None)
 
     def correct(self, batch: Batch, *, step: int) -> tuple[Batch, dict]:
         """The batch with the advantages of tokens drawn by weights older than ``step``'s weighted by
@@ -249,33 +228,16 @@ class AsyncRollouts:
         batch, corr_metrics = apply_logp_weight(batch, LogpWeight(prefix="async/", weigh=weigh), batch.old_logp)
         return batch, {**out, **corr_metrics}
 
-    def _take(self) -> Group:
-        """The next scored group; once the producer or the scorer failed, the groups scored before
-        the failure first, then the failure (on several processes only a RewardError gets here, which
-        every process meets: any other ended its process in ``_guard``)."""
-        while True:
-            try:
-                return self.groups.get_nowait()
-            except queue.Empty:
-                pass
-            if self.error is not None:
-                raise self.error
-            try:
-                return self.groups.get(timeout=WAIT)
-            except queue.Empty:
-                continue
+    def _take(self):
+        """The next scored group (slot); once the producer or the scorer failed, those scored before the
+        failure first, then the failure (on several processes only a RewardError gets here, which every
+        process meets: any other ended its process in ``_guard``)."""
+        return get_or_raise(self.groups, lambda: self.error, wait=WAIT)
 
     def _mark(self, pairs) -> None:
-        """Groups trained or dropped; the stream's start moves past draws (already drawn) with none of
-        this process's left."""
-        self.done.update(pairs)
-        while self.first + 1 in self.starts and all((self.first, i) in self.done for i in self._mine()):
-            self.done = {x for x in self.done if x[0] != self.first}
-            self.first += 1
-            self.start_state = self.starts.pop(self.first)
-        with self.cond:  # a resumed stream replays the pass rates from draw first - K - 1 on
-            for d in [d for d in self.observed if d < self.first - self.s.max_staleness - 1]:
-                del self.observed[d]
+        """Groups trained or dropped (the stream moves past draws with none of this process's left)."""
+        with self.cond:
+            self.stream.mark(pairs, self._mine())
 
     # ---- the producer and the scorer ------------------------------------------------------------
     def _start(self, temperature: float, step: int) -> None:
@@ -284,12 +246,12 @@ class AsyncRollouts:
         if self.world.distributed:  # every process restarts at the same draw (a collective, in collect)
             self.load_state_dict(self.state_dict())
         self.temperature = self.temperature if self.temperature is not None else temperature
-        self.collector.sampler.load_state_dict(self.start_state)
+        self.collector.sampler.load_state_dict(self.stream.start)
         s = self.s
         if s.dynamic_sampling:
             self.filler = SlotFiller(s.prompts_per_step, self.share, s.dynamic_sampling_rounds, s.mini_batches,
                                      self.sides.scorer, FillerAt(step))
-        self.first_start = self.first
+        self.first_start = self.stream.first
         self.threads = [threading.Thread(target=self._guard, args=(fn,), daemon=True, name=f"grpo-async-{fn.__name__}")
                         for fn in (self._produce, self._score)]
         for t in self.threads:
@@ -319,7 +281,7 @@ class AsyncRollouts:
         """Draw after draw, each once the weights it needs are published; every process agrees before a
         draw whether to make it (a stop on any one ends them all), so all make the same draws and
         their counts (collectives) meet. The scorer hears of the end (None)."""
-        d, world, made = self.first, self.sides.producer, 0
+        d, world, made = self.stream.first, self.sides.producer, 0
         try:
             while True:
                 with self.cond:
@@ -328,7 +290,7 @@ class AsyncRollouts:
                         self.cond.wait(WAIT)
                     self.waiting, self.sampling = None, self.s.turns
                     temperature = self.temperature
-                    key = (d, 0) if self.filler is None else self.filler.at.key(made)  # draw d is step d's
+                    key = self._key(d, made)
                 if distributed.all_max(int(self.stop_flag.is_set()), world):
                     return
                 self._hear_outcomes(d)
@@ -338,7 +300,7 @@ class AsyncRollouts:
                     with self.cond:  # the trainer's turn, if it waits for one
                         self.sampling = False
                         self.cond.notify_all()
-                self.starts[d + 1] = self.collector.sampler.state_dict()  # before any group of d can be taken
+                self.stream.starts[d + 1] = self.collector.sampler.state_dict()  # before any group of d can be taken
                 self._hand_over((d, key[0], samples, ro))
                 d, made = d + 1, made + 1
         finally:
@@ -351,11 +313,19 @@ class AsyncRollouts:
         at the latest (the scorer's open slot plus the draws in flight, async_queue) must be within K
         of the newest version."""
         lag = d - self.s.max_staleness - 1  # the prompt sampler hears of this draw's pass rates first
-        if lag >= self.first_start and lag not in self.observed:
+        if lag >= self.first_start and lag not in self.stream.observed:
             return False
         if self.filler is None:
             return self.version >= d - self.s.max_staleness
         return self.filler.at.latest_slot(made) <= self.version + self.s.max_staleness
+
+    def _key(self, d: int, made: int) -> tuple[int, int]:
+        """(step, round) draw d's rows are keyed by: step d's (the synchronous loop's keys of step d); with
+        dynamic sampling at K = 0 the synchronous loop's round of the slot being filled (every process
+        reads the same there: nothing is in flight), at K > 0 step d's again, which every process agrees on."""
+        if self.filler is None or self.s.max_staleness > 0:
+            return d, 0
+        return self.filler.at.key(made)
 
     def _hear_outcomes(self, d: int) -> None:
         """The prompt sampler hears of draw d - K - 1's group pass rates just before draw d, whenever they
@@ -364,19 +334,14 @@ class AsyncRollouts:
         lag = d - self.s.max_staleness - 1
         if lag >= 0:
             with self.cond:
-                rates = self.observed.get(lag)
+                rates = self.stream.observed.get(lag)
             if rates is not None:
                 self.collector.sampler.observe(rates)
 
     def _hand_over(self, item) -> None:
         """To the scorer, which takes every draw made (none is lost to a stop: each process's scorer
         must meet the others' over it), unless the scorer failed."""
-        while not (self.error is not None and self.stop_flag.is_set()):
-            try:
-                self.to_score.put(item, timeout=WAIT)
-                return
-            except queue.Full:
-                continue
+        put_unless(self.to_score, item, lambda: self.error is not None and self.stop_flag.is_set(), wait=WAIT)
 
     def _score(self) -> None:
         """Each draw's groups into the queue, this process's share of them; after a stop the draws
@@ -394,17 +359,20 @@ class AsyncRollouts:
                 continue
             d, step, samples, ro = item
             rewards, metrics = self.collector.score(samples, ro, step=step, world=world, observe=False)  # [B, G]
-            groups = self._groups(d, samples, ro, rewards, metrics)
-            slot = self.filler.add(d, groups, rewards, self.done) if self.filler is not None else None
-            with self.cond:  # the producer may wait on these
-                self.observed[d] = self.collector.last_pass_rates
+            with self.cond:  # before the filler moves on: a draw it admits hears of these
+                self.stream.observed[d] = self.collector.last_pass_rates
                 self.cond.notify_all()
+            groups = self._groups(d, samples, ro, rewards, metrics)
+            slot = self.filler.add(d, groups, rewards, self.stream.done) if self.filler is not None else None
+            if slot is not None:
+                with self.cond:  # the producer may wait on the slot's close
+                    self.cond.notify_all()
             if self.filler is None:
                 for grp in groups:
-                    if (grp.draw, grp.index) not in self.done:  # trained or dropped before a resume
-                        self._put(self.groups, grp)
+                    if (grp.draw, grp.index) not in self.stream.done:  # trained or dropped before a resume
+                        put_unless(self.groups, grp, self.stop_flag.is_set, wait=WAIT)
             elif slot is not None:
-                self._put(self.groups, slot)
+                put_unless(self.groups, slot, self.stop_flag.is_set, wait=WAIT)
 
     def _groups(self, d: int, samples: list[dict], ro: Rollout, rewards: torch.Tensor, metrics: dict) -> list[Group]:
         """This process's b scored groups of draw d (from the collector's last scoring)."""
@@ -418,32 +386,21 @@ class AsyncRollouts:
                              part, metrics))
         return out
 
-    def _put(self, q: queue.Queue, item) -> None:
-        while not self.stop_flag.is_set():
-            try:
-                q.put(item, timeout=WAIT)
-                return
-            except queue.Full:
-                continue
-
     # ---- state and shutdown ----------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Where the stream stands over every process (a collective of the trainer's processes): the
         oldest draw with a group not yet trained, and the groups of it and later draws trained or
         dropped, so a run resumed on any number of processes draws the rest again."""
         with self.cond:
-            observed = {d: r for d, r in self.observed.items() if d >= self.first - self.s.max_staleness - 1}
-        mine = {"first_draw": self.first, "sampler": self.start_state, "done": sorted(self.done),
-                "mine": list(self._mine()), "observed": observed}
+            mine = self.stream.part(self._mine())
         return {**merged_stream(distributed.gather_objects(mine, self.world)), "dropped_total": self.dropped_total}
 
     def load_state_dict(self, state: dict) -> None:
         """Where the stream stood (restored after the collector, whose sampler it sets back)."""
-        self.first, self.start_state = state["first_draw"], state["sampler"]
-        self.done = {tuple(x) for x in state["done"]}
+        with self.cond:
+            self.stream.load(state)
         self.dropped_total = state["dropped_total"]
-        self.observed = {int(d): list(r) for d, r in state.get("observed", {}).items()}
-        self.collector.sampler.load_state_dict(self.start_state)
+        self.collector.sampler.load_state_dict(self.stream.start)
 
     def stop(self) -> None:
         """The threads stop at their next check: the producer before its next draw, the scorer before
