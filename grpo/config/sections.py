@@ -27,7 +27,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("sampling", "Sampling and engines", "the collector and the rollout engines (grpo/rollout, train/collect.py)", (
         "num_generations", "prompts_per_step", "max_prompt_length", "max_completion_length", "temperature", "top_p",
         "top_k", "rollout_engine", "decode_kernels", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode",
-        "vllm_enforce_eager", "vllm_server_host", "vllm_server_port", "vllm_server_timeout",
+        "vllm_enforce_eager", "vllm_server_host", "vllm_server_port", "vllm_server_urls", "vllm_server_timeout",
         "vllm_server_request_timeout", "vllm_server_weight_dir", "rollout_correction", "rollout_correction_level",
         "rollout_correction_low", "rollout_correction_high", "resample_invalid_rounds")),
     Section("async", "Asynchronous rollouts", "the producer, its engine process and the staleness bound (train/async_rollouts.py, rollout/producer.py, core/staleness.py)", (

@@ -327,6 +327,13 @@ def _validate_vllm(c) -> None:
     if not 0 < c.vllm_server_port < 65536 or c.vllm_server_timeout < 0:
         raise ConfigError(f"vllm_server_port must lie in 1..65535 and vllm_server_timeout be >= 0, got "
                           f"{c.vllm_server_port}, {c.vllm_server_timeout}")
+    if c.vllm_server_urls:
+        from grpo.rollout.vllm.client import VLLMServerOptions, server_urls
+
+        try:
+            server_urls(VLLMServerOptions(urls=c.vllm_server_urls))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     if c.vllm_server_request_timeout <= 0:
         raise ConfigError(f"vllm_server_request_timeout: must be > 0, got {c.vllm_server_request_timeout}")
     if c.vllm_server_weight_dir is not None and not os.path.isdir(c.vllm_server_weight_dir):

@@ -113,7 +113,7 @@ class VLLMColocatedEngine(VLLMRowsEngine):
         manager = getattr(getattr(core, "resources", None), "engine_manager", None)
         return list(getattr(manager, "processes", []))
 
-    def _sample(self, prompts: list[list[int]], params: list[dict]) -> SampledRows:
+    def _sample(self, prompts: list[list[int]], params: list[dict], *, group_size: int = 1) -> SampledRows:
         self._wake()
         out = self._call("generate", lambda: llm_sample(self.llm, prompts, params))
         self._sleep()

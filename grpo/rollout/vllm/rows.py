@@ -10,6 +10,7 @@ the engine's pi_engine that the mismatch correction compares with the trainer's 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import tempfile
@@ -173,7 +174,8 @@ class VLLMRowsEngine(RolloutEngine):
     serves_evaluation = True
     sync_seconds = 0.0  # the last sync_weights' wall time
 
-    def _sample(self, prompts: list[list[int]], params: list[dict]) -> SampledRows:
+    def _sample(self, prompts: list[list[int]], params: list[dict], *, group_size: int = 1) -> SampledRows:
+        """One request per row; rows come in whole groups of ``group_size`` (a group's rows together)."""
         raise NotImplementedError
 
     def _score(self, rows: list[list[int]]) -> list[list[float]]:
@@ -196,7 +198,7 @@ class VLLMRowsEngine(RolloutEngine):
         n = len(rows) * group_size
         params = [request_params(sampling, greedy=greedy, seed=None if keys is None else keys[i],
                                  with_logprobs=with_logprobs, eos=enc.eos) for i in range(n)]
-        out = self._sample([rows[i // group_size] for i in range(n)], params)
+        out = self._sample([rows[i // group_size] for i in range(n)], params, group_size=group_size)
         width = max([len(t) for t in out.token_ids] + [1])
         ids = torch.full((n, width), self.tokenizer.pad_token_id, dtype=torch.long)  # [N, T]
         logp = torch.zeros(n, width) if out.logprobs is not None else None  # [N, T]
@@ -227,14 +229,19 @@ class VLLMRowsEngine(RolloutEngine):
     def _push(self, policy) -> None:
         """Send ``policy``'s weights (LoRA merged) to the engine as one safetensors file."""
         RolloutEngine.sync_weights(self, policy)  # the model it was built on
+        start = time.perf_counter()
+        with self._weights_file(policy) as path:
+            self._load_file(path)
+        self.sync_seconds = time.perf_counter() - start
+
+    @contextlib.contextmanager
+    def _weights_file(self, policy):
+        """``policy``'s weights (LoRA merged) as one safetensors file in ``_weights_folder``, removed after."""
         from safetensors.torch import save_file
 
-        start = time.perf_counter()
         weights = {k: v.cpu() for k, v in merged_weights(policy)}
-        folder = self._weights_folder()
-        with tempfile.TemporaryDirectory(prefix="grpo-weights-", dir=folder) as tmp:
+        with tempfile.TemporaryDirectory(prefix="grpo-weights-", dir=self._weights_folder()) as tmp:
             path = os.path.join(tmp, "weights.safetensors")
             save_file(weights, path)
             del weights
-            self._load_file(path)
-        self.sync_seconds = time.perf_counter() - start
+            yield path

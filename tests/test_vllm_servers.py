@@ -1,0 +1,124 @@
+"""Several `grpo vllm-serve` servers (vllm_server_urls), each a real server process on loopback with
+the stand-in engine (tests/vllm_standin.py; the HTTP front is the server's own): a call's groups are
+spread over them and draw the tokens one server draws; a server that stops answering (SIGSTOP) is
+skipped with a warning and its groups are sampled on the other from the same keys; once it answers
+again it takes the current weights before it samples."""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import pytest
+import torch
+from safetensors.torch import save
+
+from tests.hostile import request
+from tests.test_vllm_serve_front import KEY, start_standin, stop
+
+SAMPLING = dict(max_new_tokens=6, temperature=1.0, max_prompt_length=256)
+PROMPTS = ["What is 2 + 3?", "What is 7 - 4?", "Name a colour.", "What is 6 * 2?"]
+KEYS = list(range(100, 108))  # 4 prompts x 2
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_model_dir):
+    procs = [start_standin(tiny_model_dir), start_standin(tiny_model_dir)]
+    yield procs
+    for p in procs:
+        stop(p)
+
+
+def _engine(model, tok, ports, monkeypatch, **kw):
+    from grpo.rollout import make_engine
+    from grpo.rollout.vllm.client import VLLMServerOptions
+
+    monkeypatch.setenv("GRPO_VLLM_API_KEY", KEY)
+    urls = ",".join(f"http://127.0.0.1:{p}" for p in ports)
+    return make_engine("vllm_server", model, tok, options=VLLMServerOptions(urls=urls, timeout=30, **kw))
+
+
+def _ids(engine) -> torch.Tensor:
+    from grpo.rollout import SamplingSettings
+
+    ro = engine.generate(PROMPTS, group_size=2, sampling=SamplingSettings(**SAMPLING), keys=KEYS, with_logprobs=True)
+    return ro.completion_ids
+
+
+def _garbage(port: int, model) -> None:
+    """Other weights loaded straight into one server: rows it samples differ from now on."""
+    weights = {k: (torch.randn_like(v) if "lm_head" in k or "embed" in k else v).contiguous()
+               for k, v in model.state_dict().items()}
+    r = request(port, "POST", "/update_weights", save(weights), key=KEY, content_type="application/octet-stream")
+    assert r.status == 200, r
+
+
+def test_groups_are_spread_over_the_servers_and_a_stopped_one_is_skipped_then_used_again(
+        servers, tiny_model_dir, monkeypatch, caplog):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo.rollout.vllm import client
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    a, b = servers
+    one = _engine(model, tok, [a.port], monkeypatch)
+    both = _engine(model, tok, [a.port, b.port], monkeypatch, request_timeout=2.0)
+    want = _ids(one)
+    assert torch.equal(_ids(both), want)  # the same keys and weights: the same tokens on either server
+
+    # server b holds other weights: the groups it samples (the second block: prompts 2 and 3) change
+    _garbage(b.port, model)
+    got = _ids(both)
+    assert torch.equal(got[:4], want[:4]) and not torch.equal(got[4:], want[4:])
+
+    # b stops answering: its groups go to a, from the same keys (a's tokens), with a warning naming b
+    b.send_signal(signal.SIGSTOP)
+    try:
+        with caplog.at_level(logging.WARNING, logger="grpo.rollout"):
+            assert torch.equal(_ids(both), want)
+        assert f"the server at http://127.0.0.1:{b.port} stopped answering during generate" in caplog.text
+        assert [s.skipped_at is None for s in both.servers] == [True, False]
+        assert torch.equal(_ids(both), want)  # skipped: not asked again before RETRY_SECONDS
+    finally:
+        b.send_signal(signal.SIGCONT)
+    # asked again, b answers and first takes the current weights (not its garbage), then samples
+    monkeypatch.setattr(client, "RETRY_SECONDS", 0.0)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="grpo.rollout"):
+        assert torch.equal(_ids(both), want)
+    assert "answers again" in caplog.text and all(s.skipped_at is None for s in both.servers)
+
+
+def test_with_no_server_left_the_call_is_an_engine_error_naming_them(servers, tiny_model_dir, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo.errors import EngineError
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    a, b = servers
+    both = _engine(model, tok, [a.port, b.port], monkeypatch, request_timeout=1.0)
+    for p in servers:
+        p.send_signal(signal.SIGSTOP)
+    try:
+        with pytest.raises(EngineError) as err:
+            _ids(both)
+    finally:
+        for p in servers:
+            p.send_signal(signal.SIGCONT)
+    msg = str(err.value)
+    assert msg.startswith("rollout engine vllm_server: no server answers (") and "\n" not in msg
+    assert all(f"http://127.0.0.1:{p.port}" in msg for p in servers)
+    with pytest.raises(EngineError):  # and every later call, at once
+        _ids(both)
+
+
+@pytest.mark.parametrize("urls", ["127.0.0.1:8000", "http://127.0.0.1:8000/v1", "http://a:1,http://a:1"])
+def test_a_bad_server_list_is_refused_naming_the_field(urls):
+    from grpo.config import Config
+    from grpo.config.validate import validate
+    from grpo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="^vllm_server_urls: "):
+        validate(Config(rollout_engine="vllm_server", vllm_server_urls=urls))
