@@ -176,15 +176,15 @@ class VLLMServerEngine(VLLMRowsEngine):
     def _in_use(self) -> list[Server]:
         """The servers that answer; a skipped one asked again (every RETRY_SECONDS) is used again once it
         answers and has taken the current weights. EngineError when none answers (and at every later call)."""
-        if self.dead is None:
+        if self.dead is None and len(self.servers) > 1:  # one server: the run stops with it, as before
+            last = all(s.skipped_at is not None for s in self.servers)  # then each is asked once more now
             for s in self.servers:
-                due = s.skipped_at is not None and time.monotonic() - s.skipped_at >= RETRY_SECONDS
-                if due and len(self.servers) > 1:  # one server: the run stops with it, as before
+                if s.skipped_at is not None and (last or time.monotonic() - s.skipped_at >= RETRY_SECONDS):
                     self._revive(s)
-            if all(s.skipped_at is not None for s in self.servers):
-                why = self.servers[0].why if len(self.servers) == 1 else \
-                    "no server answers (" + "; ".join(s.why for s in self.servers) + ")"
-                self.dead = f"rollout engine vllm_server: {why}; the run cannot sample any more"
+        if self.dead is None and all(s.skipped_at is not None for s in self.servers):
+            why = self.servers[0].why if len(self.servers) == 1 else \
+                "no server answers (" + "; ".join(s.why for s in self.servers) + ")"
+            self.dead = f"rollout engine vllm_server: {why}; the run cannot sample any more"
         if self.dead is not None:
             raise EngineError(self.dead)
         return [s for s in self.servers if s.skipped_at is None]
