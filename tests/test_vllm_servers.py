@@ -47,8 +47,9 @@ def _ids(engine) -> torch.Tensor:
 
 def _garbage(port: int, model) -> None:
     """Other weights loaded straight into one server: rows it samples differ from now on."""
-    weights = {k: (torch.randn_like(v) if "lm_head" in k or "embed" in k else v).contiguous()
-               for k, v in model.state_dict().items()}
+    from grpo.rollout.vllm.rows import merged_weights
+
+    weights = {k: (torch.randn_like(v) if "embed" in k else v).contiguous() for k, v in merged_weights(model)}
     r = request(port, "POST", "/update_weights", save(weights), key=KEY, content_type="application/octet-stream")
     assert r.status == 200, r
 

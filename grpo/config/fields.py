@@ -95,12 +95,12 @@ class Config:
     """rollout_engine=vllm_server: the host of the `grpo vllm-serve` server (TRL's vllm_server_host)."""
     vllm_server_port: int = _SERVER.port
     """rollout_engine=vllm_server: its port (TRL's vllm_server_port)."""
+    vllm_server_urls: str = _SERVER.urls
+    """rollout_engine=vllm_server: several `grpo vllm-serve` servers, comma-separated http://host:port (replaces vllm_server_host and vllm_server_port). Each call's groups are spread over them (whole groups, near-equal blocks, sent at once) and every server gets the weights after each step; one that stops answering is skipped with a warning (its groups sampled on the others from the same keys: the same tokens) and asked again every 10 s, used again once it answers and has the current weights; with none left the run ends with its checkpoint."""
     vllm_server_timeout: float = _SERVER.timeout
     """rollout_engine=vllm_server: seconds to wait for the server to answer when the run starts (one still loading its model), then an error naming its URL (TRL's vllm_server_timeout)."""
     vllm_server_request_timeout: float = _SERVER.request_timeout
     """rollout_engine=vllm_server: seconds each call to the server may take beyond its work's share (10 ms per token a generation asks for, 1 ms per scored token, 0.1 s per MB of weights); a server that passes it (hung, stopped) is skipped (vllm_server_urls) or, the last one, ends the run with its checkpoint and an error naming the URL."""
-    vllm_server_urls: str = _SERVER.urls
-    """rollout_engine=vllm_server: several `grpo vllm-serve` servers, comma-separated http://host:port (replaces vllm_server_host and vllm_server_port). Each call's groups are spread over them (whole groups, near-equal blocks, sent at once) and every server gets the weights after each step; one that stops answering is skipped with a warning (its groups sampled on the others from the same keys: the same tokens) and asked again every 10 s, used again once it answers and has the current weights; with none left the run ends with its checkpoint."""
     vllm_server_weight_dir: str | None = _SERVER.weight_dir
     """rollout_engine=vllm_server: None sends the weights after each optimizer step in the request's body (works across machines); a folder both the trainer and the server see (/dev/shm on one machine, a shared filesystem) gets the weights file instead and only its path is sent."""
     rollout_correction: str = "auto"

@@ -174,6 +174,11 @@ MUTATIONS = (
     Mutation("asynchronous draws hear the pass rates of the draw before them", "grpo/train/async_rollouts.py",
              "lag = d - self.s.max_staleness - 1\n        if lag >= 0:", "lag = d - 1\n        if lag >= 0:",
              ("tests/test_async_rollouts.py::test_at_k_one_each_draw_hears_the_pass_rates_of_the_draw_two_before_it",)),
+    Mutation("every group goes to the first vLLM server", "grpo/rollout/vllm/client.py",
+             "zip(servers, blocks(todo, len(servers)))", "zip(servers, blocks(todo, 1))", ("tests/test_vllm_servers.py::test_groups_are_spread_over_the_servers_and_a_stopped_one_is_skipped_then_used_again",)),
+    Mutation("a vLLM server used again keeps the weights it had", "grpo/rollout/vllm/client.py",
+             "            with self._weights_file(self.model) as path:\n                self._send_weights(server, path)",
+             "            pass", ("tests/test_vllm_servers.py::test_groups_are_spread_over_the_servers_and_a_stopped_one_is_skipped_then_used_again",)),
 )
 
 
