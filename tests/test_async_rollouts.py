@@ -38,21 +38,26 @@ def _lines(run_dir):
     return lines
 
 
+def _k_zero_is_sync(tmp_path, model_dir, dataset, **kw) -> tuple[Recording, Recording]:
+    """A synchronous run and an asynchronous one at K = 0 of the same settings, which trained the same
+    prompts and completions at every step and ended with the same weights, bit for bit."""
+    sync = Recording(make_cfg(tmp_path / "sync", model_dir, dataset, **kw))
+    sync.train()
+    asyn = Recording(make_cfg(tmp_path / "async", model_dir, dataset, async_rollouts=True, max_staleness=0, **kw))
+    asyn.train()
+    _same_batches(sync, asyn)
+    for (name, a), b in zip(sync.policy.named_parameters(), asyn.policy.parameters()):
+        assert torch.equal(a, b), name
+    return sync, asyn
+
+
 @pytest.mark.parametrize("backend", ["fast", "hf"])
 def test_max_staleness_zero_is_the_synchronous_run(tmp_path, tiny_model_dir, tiny_dataset, backend):
     """K = 0: the producer draws step d only with the weights of step d, keyed as the synchronous
     loop keys it, and no token is stale, so no correction applies: the same completions at every
     step and the same final weights, bit for bit."""
-    kw = dict(max_steps=3, rollout_engine=backend, decode_kernels="mkl", eval_prompts=0, log_completions_steps=1,
-              async_engine_threads=1)
-    sync = Recording(make_cfg(tmp_path / "sync", tiny_model_dir, tiny_dataset, **kw))
-    sync.train()
-    asyn = Recording(make_cfg(tmp_path / "async", tiny_model_dir, tiny_dataset, async_rollouts=True, max_staleness=0,
-                              **kw))
-    asyn.train()
-    _same_batches(sync, asyn)
-    for (name, a), b in zip(sync.policy.named_parameters(), asyn.policy.parameters()):
-        assert torch.equal(a, b), name
+    _, asyn = _k_zero_is_sync(tmp_path, tiny_model_dir, tiny_dataset, max_steps=3, rollout_engine=backend,
+                              decode_kernels="mkl", eval_prompts=0, log_completions_steps=1, async_engine_threads=1)
     lines = _lines(asyn.run_dir)
     assert [l["async/staleness_max"] for l in lines] == [0, 0, 0]
     assert all(l["async/stale_token_share"] == 0.0 and l["async/dropped_groups"] == 0 for l in lines)
@@ -316,14 +321,7 @@ def test_with_the_samplers_k_zero_is_the_synchronous_run(tmp_path, tiny_model_di
     rounds, keyed as the synchronous loop keys them): the same prompts and completions at every
     step, the same dynamic-sampling figures and the same final weights, bit for bit."""
     kw = dict(max_steps=4, rollout_engine="hf", eval_prompts=0, async_engine_threads=1, **SAMPLERS[sampler])
-    sync = Recording(make_cfg(tmp_path / "sync", tiny_model_dir, tiny_dataset, **kw))
-    sync.train()
-    asyn = Recording(make_cfg(tmp_path / "async", tiny_model_dir, tiny_dataset, async_rollouts=True, max_staleness=0,
-                              **kw))
-    asyn.train()
-    _same_batches(sync, asyn)
-    for (name, a), b in zip(sync.policy.named_parameters(), asyn.policy.parameters()):
-        assert torch.equal(a, b), name
+    sync, asyn = _k_zero_is_sync(tmp_path, tiny_model_dir, tiny_dataset, **kw)
     keys = ("dynamic_sampling_rounds", "dynamic_sampling_dropped_share", "trained_groups", "accuracy")
     sync_lines, async_lines = _lines(sync.run_dir), _lines(asyn.run_dir)
     assert [[l.get(k) for k in keys] for l in sync_lines] == [[l.get(k) for k in keys] for l in async_lines]
