@@ -312,8 +312,8 @@ class AsyncRollouts:
         dynamic sampling draw d is step d's, which needs version d - K; with it, the slot it can land in
         at the latest (the scorer's open slot plus the draws in flight, async_queue) must be within K
         of the newest version."""
-        lag = d - self.s.max_staleness - 1  # the prompt sampler hears of this draw's pass rates first
-        if lag >= self.first_start and lag not in self.stream.observed:
+        heard = d - self.stream.lag  # the draw whose pass rates the prompt sampler hears of first
+        if heard >= self.first_start and heard not in self.stream.observed:
             return False
         if self.filler is None:
             return self.version >= d - self.s.max_staleness
@@ -331,10 +331,10 @@ class AsyncRollouts:
         """The prompt sampler hears of draw d - K - 1's group pass rates just before draw d, whenever they
         were scored, so the draws do not depend on the threads' timing (the synchronous loop's order when
         K = 0: each draw hears of the one before it)."""
-        lag = d - self.s.max_staleness - 1
-        if lag >= 0:
+        heard = d - self.stream.lag
+        if heard >= 0:
             with self.cond:
-                rates = self.stream.observed.get(lag)
+                rates = self.stream.observed.get(heard)
             if rates is not None:
                 self.collector.sampler.observe(rates)
 

@@ -119,7 +119,9 @@ class VLLMServerEngine(VLLMRowsEngine):
         self.dead: str | None = None
         self.request_timeout = float(o.request_timeout)
         self.headers = bearer(os.environ.get(KEY_ENV))
-        self.server = [self._wait_for_server(s.url, float(o.timeout)) for s in self.servers][0]
+        for s in self.servers[1:]:
+            self._wait_for_server(s.url, float(o.timeout))
+        self.server = self._wait_for_server(self.url, float(o.timeout))  # the first one's /health
         self.sync_weights(model)  # the trainer's weights, not the server's folder's
 
     def _wait_for_server(self, url: str, timeout: float) -> dict:
@@ -201,18 +203,18 @@ class VLLMServerEngine(VLLMRowsEngine):
         log.warning("rollout engine vllm_server: the server at %s answers again and has the current weights; "
                     "it samples again", server.url)
 
-    def _each(self, servers: list[Server], call) -> list:
-        """``call(server)`` on each server at once; each one's result, or the Unreachable it raised (an
-        error it answered is raised)."""
-        def guarded(server):
+    def _each(self, items: list, call) -> list:
+        """``call(item)`` on each item (a server, or a server and its groups) at once, each a call to one
+        server; each one's result, or the Unreachable it raised (an error a server answered is raised)."""
+        def guarded(item):
             try:
-                return call(server)
+                return call(item)
             except Unreachable as e:
                 return e
-        if len(servers) == 1:
-            return [guarded(servers[0])]
-        with ThreadPoolExecutor(max_workers=len(servers)) as pool:
-            return list(pool.map(guarded, servers))
+        if len(items) == 1:
+            return [guarded(items[0])]
+        with ThreadPoolExecutor(max_workers=len(items)) as pool:
+            return list(pool.map(guarded, items))
 
     # ---- the engine's calls --------------------------------------------------------------------
     def _sample(self, prompts: list[list[int]], params: list[dict], *, group_size: int = 1) -> SampledRows:
