@@ -81,6 +81,14 @@ def _train(argv: list[str]) -> int:
                     "(its config.yaml is the base; key=value may still override, e.g. max_steps)")
     args = ap.parse_args(argv)
     cfg = load_config(*_resumed(args.config, list(args.overrides), args.resume))
+    if cfg.launcher == "ray":  # the trainer ranks, rollout and reward workers on a Ray cluster (grpo/cluster)
+        from grpo.cluster.driver import train_on_ray
+
+        out = train_on_ray(cfg)
+        print(f"run folder: {out['run_dir']}", flush=True)
+        _print_summary(out["result"], steps=out["steps"], cfg=out["cfg"], run_dir=Path(out["run_dir"]))
+        result = out["result"]
+        return 130 if result.get("interrupted") == "SIGINT" else 143 if result.get("interrupted") else 0
     from grpo.train.trainer import Trainer
 
     from grpo.infra.distributed import close_world

@@ -480,6 +480,32 @@ class Config:
     reuse_freed_memory: bool = True
     """Training on the CPU under Linux's glibc: keep freed memory in the process for the next step instead of handing it back to the system (mallopt: no mmap, no trim). PyTorch's CPU allocator keeps no cache, so every large temporary (logits, activations, gradients) is a fresh mapping whose pages fault in on first touch: ~300k faults and ~2 s of system time per 4 x 8 update on the 2-core bench machine, none once the heap has grown. The process's memory then stays at its peak between steps."""
 
+    # ---- Cluster (Ray) ----
+    launcher: str = "local"
+    """Where the run's processes run: local (this process, or each one torchrun starts) or ray (a Ray cluster: trainer ranks, rollout workers and reward workers placed with placement groups; guide: From one machine to a cluster)."""
+    ray_address: str = ""
+    """launcher=ray: the cluster to join: empty starts a Ray instance on this machine, auto joins the one `ray start` began here, host:port joins that head."""
+    ray_trainers: int = 1
+    """launcher=ray: trainer ranks, the torch.distributed processes that update the policy (gloo on CPUs, NCCL on GPUs; distributed_strategy applies)."""
+    ray_rollout_workers: int = 1
+    """launcher=ray: rollout workers, each a replica of the rollout_engine on resources of its own; a step's groups are spread over them, whole."""
+    ray_reward_workers: int = 0
+    """launcher=ray: reward workers that score the completions (0: the trainer ranks score them, as without Ray)."""
+    ray_trainer_cpus: float = 1.0
+    """launcher=ray: CPUs each trainer rank reserves (its torch threads, unless num_threads is set)."""
+    ray_rollout_cpus: float = 1.0
+    """launcher=ray: CPUs each rollout worker reserves (its torch threads)."""
+    ray_reward_cpus: float = 1.0
+    """launcher=ray: CPUs each reward worker reserves."""
+    ray_trainer_gpus: float = 0.0
+    """launcher=ray: GPUs each trainer rank reserves (1 on a GPU cluster)."""
+    ray_rollout_gpus: float = 0.0
+    """launcher=ray: GPUs each rollout worker reserves."""
+    ray_max_restarts: int = 3
+    """launcher=ray: how often Ray restarts each rollout and reward worker that dies, and how often the run restarts from its last checkpoint after a trainer rank dies."""
+    ray_start_timeout: float = 300.0
+    """launcher=ray: seconds to wait for the cluster to place every worker (the resources they reserve must exist)."""
+
     def __post_init__(self) -> None:
         self.task = mixture_text(self.task)  # a YAML list of sources: kept as its JSON text
         _coerce_types(self)

@@ -87,6 +87,10 @@ SECTIONS: tuple[Section, ...] = (
         "logging_steps", "log_completions_steps", "report_to", "progress")),
     Section("hardware", "Hardware and distributed", "precision, threads, memory and torchrun (models/precision.py, infra)", (
         "dtype", "bf16", "distributed_strategy", "num_threads", "reuse_freed_memory")),
+    Section("cluster", "Cluster (Ray)", "launcher=ray: trainer ranks, rollout and reward workers on a Ray cluster (grpo/cluster)", (
+        "launcher", "ray_address", "ray_trainers", "ray_rollout_workers", "ray_reward_workers", "ray_trainer_cpus",
+        "ray_rollout_cpus", "ray_reward_cpus", "ray_trainer_gpus", "ray_rollout_gpus", "ray_max_restarts",
+        "ray_start_timeout")),
 )
 
 SECTION_OF: dict[str, str] = {f: s.name for s in SECTIONS for f in s.fields}

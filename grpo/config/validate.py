@@ -53,6 +53,7 @@ def validate(c) -> None:
     _validate_vllm(c)
     _validate_agent(c)
     _validate_async(c)
+    _validate_cluster(c)
     _validate_consistency(c)
     validate_beside_grpo(c)  # teacher, judge, sft (validate_sft.py)
     _refuse_composition(c, processes=1)
@@ -338,6 +339,31 @@ def _validate_vllm(c) -> None:
         raise ConfigError(f"vllm_server_request_timeout: must be > 0, got {c.vllm_server_request_timeout}")
     if c.vllm_server_weight_dir is not None and not os.path.isdir(c.vllm_server_weight_dir):
         raise ConfigError(f"vllm_server_weight_dir: {c.vllm_server_weight_dir!r} is not a folder")
+
+
+def _validate_cluster(c) -> None:
+    """launcher=ray's counts and resources, and what it does not place (checked before Ray starts)."""
+    _choice("launcher", c.launcher, ("local", "ray"))
+    for name, low in (("ray_trainers", 1), ("ray_rollout_workers", 1), ("ray_reward_workers", 0), ("ray_max_restarts", 0)):
+        if getattr(c, name) < low:
+            raise ConfigError(f"{name}: must be >= {low}, got {getattr(c, name)}")
+    for name in ("ray_trainer_cpus", "ray_rollout_cpus", "ray_reward_cpus", "ray_start_timeout"):
+        if not getattr(c, name) > 0:
+            raise ConfigError(f"{name}: must be > 0, got {getattr(c, name)}")
+    for name in ("ray_trainer_gpus", "ray_rollout_gpus"):
+        if getattr(c, name) < 0:
+            raise ConfigError(f"{name}: must be >= 0, got {getattr(c, name)}")
+    if c.launcher != "ray":
+        return
+    if c.prompts_per_step % c.ray_trainers:
+        raise ConfigError(f"ray_trainers: prompts_per_step ({c.prompts_per_step}) must divide evenly over "
+                          f"{c.ray_trainers} trainer ranks")
+    if c.rollout_engine == "vllm_server":
+        raise ConfigError("rollout_engine: launcher=ray places its own rollout workers (rollout_engine fast, hf or "
+                          "vllm, ray_rollout_workers of them); vllm_server is for servers started apart")
+    if c.async_rollouts:
+        raise ConfigError("async_rollouts: not available with launcher=ray (the rollout workers sample each step's "
+                          "groups between updates); set async_rollouts=false or launcher=local")
 
 
 def _validate_consistency(c) -> None:

@@ -22,7 +22,7 @@ from grpo.rewards.forms import BatchInputs
 from grpo.rewards.remote import AsyncReward, HttpReward
 from grpo.rewards.reward import Reward, RewardOptions
 from grpo.rewards.reward_model import RewardModelReward
-from grpo.rewards.scoring import RewardResult, score_completions
+from grpo.rewards.scoring import RewardResult, reward_outcomes, score_completions
 
 
 STARTUP_TIMEOUT = 300.0  # seconds a fresh worker may take to import the rewards (not a reward's deadline)
@@ -35,21 +35,6 @@ def _call(name: str, completion: str, sample: dict):
 def _warm(names: list[str]) -> None:
     for name in names:
         resolve_reward(name)
-
-
-class _Replay:
-    """Stands in for a reward inside score_completions, which calls it once per completion in order:
-    returns the worker's answer for that call, or raises what went wrong with it."""
-
-    def __init__(self, outcomes: list):
-        self.outcomes, self.i = outcomes, 0
-
-    def __call__(self, completion: str, sample: dict):
-        outcome = self.outcomes[self.i]
-        self.i += 1
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return outcome
 
 
 class RewardRunner:
@@ -71,6 +56,7 @@ class RewardRunner:
         self.logged: set = set()
         self.timeouts = 0
         self._pool: cf.ProcessPoolExecutor | None = None
+        self.pool = None  # a cluster's reward workers (grpo/cluster/rewards.RewardPool), which run pooled_names
 
     def reward_model(self) -> RewardModelReward | None:
         """The ``reward_model`` reward's model holder among this runner's rewards (None: not used), so a
@@ -118,8 +104,14 @@ class RewardRunner:
         (math-verify) and callables handed over in-process (``given``) run here."""
         return [n for n in self.names if n not in self.given and not self.fns[n].batch and not self.fns[n].own_deadline]
 
-    def _run_in_workers(self, completions: list[str], samples: list[dict]) -> list:
-        calls = [(n, c, s) for n in self._worker_names for c, s in zip(completions, samples)]
+    @property
+    def pooled_names(self) -> list[str]:
+        """The rewards a cluster's reward workers can run (``pool``): every one found by name but a reward
+        model, which scores with the model the trainer holds."""
+        return [n for n in self.names if n not in self.given and not isinstance(self.fns[n].fn, RewardModelReward)]
+
+    def _run_in_workers(self, completions: list[str], samples: list[dict], names: list[str]) -> list:
+        calls = [(n, c, s) for n in names for c, s in zip(completions, samples)]
         results: list = [None] * len(calls)
         i = 0
         while i < len(calls):
@@ -148,23 +140,39 @@ class RewardRunner:
 
     def score(self, completions: list[str], samples: list[dict], *, episodes: list[dict] | None = None,
               completion_ids: list[list[int]] | None = None, trainer_state=None) -> RewardResult:
-        """``score_completions`` with this runner's rewards (the keywords: what TRL-form rewards also get)."""
+        """``score_completions`` with this runner's rewards (the keywords: what TRL-form rewards also get);
+        with a ``pool`` (a cluster's reward workers) the rewards it can run run there."""
         before = sum(f.timeouts for f in self._remote)
         extra = dict(episodes=episodes, completion_ids=completion_ids, trainer_state=trainer_state)
         try:
-            return self._score(completions, samples, extra)
+            done = {} if self.pool is None else self.pool.outcomes(self, completions, samples, extra)
+            done.update(self._in_workers([n for n in self.names if n not in done], completions, samples, extra))
+            return score_completions(completions, samples, self.fns, self.weights, logged=self.logged, outcomes=done,
+                                     **extra)
         finally:  # async calls and HTTP requests past their deadline count as the workers' do
             self.timeouts += sum(f.timeouts for f in self._remote) - before
 
-    def _score(self, completions: list[str], samples: list[dict], extra: dict) -> RewardResult:
-        if self.timeout <= 0 or not self._worker_names:
-            return score_completions(completions, samples, self.fns, self.weights, logged=self.logged, **extra)
+    def _in_workers(self, names: list[str], completions: list[str], samples: list[dict], extra: dict) -> dict:
+        """The outcomes of those of ``names`` that run in worker processes under reward_timeout ({} without one)."""
+        names = [n for n in names if n in self._worker_names]
+        if self.timeout <= 0 or not names:
+            return {}
         rows = BatchInputs(completions, samples, episodes=extra["episodes"]).rows()  # what a worker's reward gets
-        results = self._run_in_workers(completions, rows)
+        results = self._run_in_workers(completions, rows, names)
         n = len(completions)
-        replays = {name: Reward(name, _Replay(results[k * n:(k + 1) * n])) for k, name in enumerate(self._worker_names)}
-        proxies = {name: replays.get(name, self.fns[name]) for name in self.names}
-        return score_completions(completions, samples, proxies, self.weights, logged=self.logged, **extra)
+        return {name: results[k * n:(k + 1) * n] for k, name in enumerate(names)}
+
+    def outcomes(self, completions: list[str], samples: list[dict], extra: dict) -> dict:
+        """Every reward's outcome per completion (a value, or the exception that failed it), run as ``score``
+        runs it (worker processes and deadlines included) but not yet checked or counted: what a cluster's
+        reward worker sends back. The keywords of ``extra``: ``score``'s."""
+        before = sum(f.timeouts for f in self._remote)
+        try:
+            done = self._in_workers(self.names, completions, samples, extra)
+            inputs = BatchInputs(list(completions), samples, **extra)
+            return {n: done[n] if n in done else reward_outcomes(n, self.fns[n], inputs) for n in self.names}
+        finally:
+            self.timeouts += sum(f.timeouts for f in self._remote) - before
 
     def state_dict(self) -> dict:
         """What a resumed run needs to log and count as the uninterrupted one would: the failures

@@ -75,14 +75,16 @@ def _report(name: str, e: Exception, text: str, sample: dict, logged: set, messa
 def score_completions(completions: list[str], samples: list[dict], fns: dict[str, Reward | Callable],
                       weights: list[float] | None = None, *, logged: set | None = None,
                       episodes: list[dict] | None = None, completion_ids: list[list[int]] | None = None,
-                      trainer_state=None) -> RewardResult:
+                      trainer_state=None, outcomes: dict[str, list] | None = None) -> RewardResult:
     """Run every reward on the batch (a per-completion one on each (completion, sample), a batch one
     once). A reward that raises or returns NaN or inf gives NaN for that completion; None leaves it
     out of the row's sum. The first failure of each kind is logged with its sample (``logged``
     remembers the kinds already reported across calls). ``fns``: name -> Reward (a plain callable is
     taken as ``Reward.of`` takes it: its form told by its signature). ``episodes``, ``completion_ids``
     and ``trainer_state``: what TRL-form rewards also receive (``forms.BatchInputs``). A value of the
-    wrong type or shape raises RewardShapeError (the reward's bug)."""
+    wrong type or shape raises RewardShapeError (the reward's bug). ``outcomes``: name -> each completion's
+    outcome (what ``reward_outcomes`` gives) of rewards already run elsewhere (worker processes, a cluster's
+    reward workers), checked and counted here as the others are."""
     if len(completions) != len(samples):
         raise ValueError(f"score_completions: {len(completions)} completions but {len(samples)} samples")
     inputs = BatchInputs(list(completions), samples, episodes=episodes, completion_ids=completion_ids,
@@ -98,7 +100,8 @@ def score_completions(completions: list[str], samples: list[dict], fns: dict[str
         vals = torch.full((n,), float("nan"), dtype=torch.float64)  # [N]
         failures[name] = not_applicable[name] = 0
         batch = fns[name].batch
-        for i, out in enumerate(reward_outcomes(name, fns[name], inputs)):
+        done = (outcomes or {}).get(name)
+        for i, out in enumerate(reward_outcomes(name, fns[name], inputs) if done is None else done):
             try:
                 if isinstance(out, BaseException):
                     raise out

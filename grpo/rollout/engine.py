@@ -118,6 +118,10 @@ class RolloutEngine:
             raise ValueError(f"rollout engine {self.name!r} samples from the model it was built on; "
                              "sync_weights got another one")
 
+    def sync_metrics(self) -> dict:
+        """Metrics of the latest ``sync_weights`` (what it moved and how long it took); {} where it moves nothing."""
+        return {}
+
     def close(self) -> None:
         """Release what the engine holds; later calls do nothing."""
         self.closed = True

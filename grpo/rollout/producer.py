@@ -74,13 +74,13 @@ def _copy(dst: dict[str, torch.Tensor], src: dict[str, torch.Tensor]) -> None:
             t.copy_(src[name])
 
 
-def _pack(ro: Rollout) -> dict:
+def pack_rollout(ro: Rollout) -> dict:
     """A Rollout as plain data (numpy arrays): what crosses the pipe without shared-memory handles."""
     return {f.name: getattr(ro, f.name).cpu().numpy() if isinstance(getattr(ro, f.name), torch.Tensor)
             else getattr(ro, f.name) for f in dataclasses.fields(ro)}
 
 
-def _unpack(d: dict) -> Rollout:
+def unpack_rollout(d: dict) -> Rollout:
     return Rollout(**{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in d.items()})
 
 
@@ -131,7 +131,7 @@ def _engine_main(conn, settings: EngineProcessSettings, weights: SharedWeights, 
                 break
             try:
                 ro = sample_versioned(engine, segment_tokens=settings.segment_tokens, refresh=refresh, **msg)
-                conn.send(("ok", _pack(ro)))
+                conn.send(("ok", pack_rollout(ro)))
             except Exception as e:  # noqa: BLE001 - a bad request: the trainer raises it, the process serves on
                 conn.send(("error", f"{type(e).__name__}: {e}"))
     except EOFError:  # the trainer closed its end
@@ -214,7 +214,7 @@ class EngineProcess:
                 self.conn.send(request)
             except (BrokenPipeError, OSError):
                 self._died("sampling")
-            return _unpack(self._wait("sampling"))
+            return unpack_rollout(self._wait("sampling"))
 
     def _wait(self, what: str, deadline: float | None = None):
         while not self.conn.poll(POLL_SECONDS):

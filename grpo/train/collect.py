@@ -251,6 +251,7 @@ class Collector:
         self.last_scores = total  # [N_global] float64, with each reward's below: what the metrics average
         self.last_per_scores = torch.stack([per_reward[k] for k in self.rewards.names], -1)  # [N_global, K]
         timeouts = int(distributed.all_sum(torch.tensor(self.rewards.timeouts), world))
+        pool = getattr(self.rewards, "pool", None)  # launcher=ray: the cluster's reward workers
         metrics = {f"rewards/{k}": float(torch.nanmean(v)) for k, v in per_reward.items()}
         logged: dict = {}  # what TRL-form rewards logged with log_metric, on every process
         for part in distributed.gather_objects(res.log_metrics, world):
@@ -270,6 +271,8 @@ class Collector:
         metrics.update(accuracy=float(correct.double().mean()), reward_failures=n_failed,
                        reward_failures_total=self.reward_failures, reward_timeouts_total=timeouts,
                        grading_seconds=max(distributed.gather_objects(grading, world)))  # the slowest process
+        if pool is not None:
+            metrics["cluster/reward_restarts"] = len(set().union(*distributed.gather_objects(pool.restarted, world)))
         if ro.episodes is not None:  # every process's episodes (without their transcripts)
             infos = [e for part in distributed.gather_objects([episode_counts(e) for e in ro.episodes], world) for e in part]
             metrics.update(episode_metrics(infos))

@@ -21,11 +21,13 @@ class Engines:
     with the training engine where it ``serves_evaluation`` (one costly engine per run, as vLLM),
     else with an hf engine beside it, whose unkeyed sampling draws from the global RNG as generate does.
     ``process``: the training engine runs in an engine process so built (asynchronous rollouts; None:
-    in this process)."""
+    in this process). ``remote``: a callable that builds it on a cluster's rollout workers instead
+    (launcher=ray; called as ``make_engine`` is, less the name's registry)."""
 
     def __init__(self, policy, tokenizer, *, name: str, kernels: str, options, synced: bool,
-                 process: EngineProcessSettings | None = None):
+                 process: EngineProcessSettings | None = None, remote=None):
         self.policy, self.tokenizer, self.name, self.kernels = policy, tokenizer, name, kernels
+        self.remote = remote  # launcher=ray: builds the engine on the cluster's rollout workers (cluster/launch.py)
         self.options, self.synced, self.process = options, synced, process
         self.version = 0  # the optimizer steps behind the weights the engines sample (``sync``)
         self._owner = threading.get_ident()  # the thread that starts an engine process (it dies with it)
@@ -41,6 +43,10 @@ class Engines:
                     raise EngineError("the rollout engine process was closed")
                 proc = EngineProcess(self.policy, self.tokenizer, self.process, version=self.version)
                 self._train = ProcessEngine(self.policy, self.tokenizer, process=proc)
+                return self._train
+            if self.remote is not None:
+                self._train = self.remote(self.policy, self.tokenizer, inner=self.name, kernels=self.kernels,
+                                          options=self.options)
                 return self._train
             try:
                 if self.synced and self.name == "fast":  # FSDP2: the fast loop samples a whole copy
@@ -85,6 +91,7 @@ class Engines:
                            "async/full_publish_bytes": engine.process.full_bytes}
             else:
                 engine.sync_weights(self.policy)
+            metrics.update(engine.sync_metrics())
         return metrics
 
     def close(self) -> None:

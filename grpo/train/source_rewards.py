@@ -25,6 +25,7 @@ class SourceRewards:
 
     def __init__(self, runners: dict[str, RewardRunner], *, column: str = SOURCE_COLUMN):
         self.runners, self.column = runners, column
+        self.pool = None  # launcher=ray: the cluster's reward workers, which every runner scores on
         self.names = list(dict.fromkeys(n for r in runners.values() for n in r.names))
         self.fns: dict = {}
         for runner in runners.values():

@@ -101,7 +101,7 @@ def _load_models(cfg: Config, path: str, world: distributed.World):
 
 
 class Trainer:
-    def __init__(self, cfg: Config, *, models=None, task=None, reward_fns: dict | None = None):
+    def __init__(self, cfg: Config, *, models=None, task=None, reward_fns: dict | None = None, cluster=None):
         # working_dir recorded in config.yaml: a resume imports from it too
         self.cfg = cfg = _own_copy(cfg, working_dir=cfg.working_dir or os.getcwd())
         self.world = world = _start_process(cfg)
@@ -112,6 +112,9 @@ class Trainer:
         # prompt stream and evaluation suites (train/sources.py)
         self.sources = plan_sources(s.sources, task=task, given=reward_fns)
         self.rewards, self.task = self.sources.rewards, self.sources.task
+        self.cluster = cluster  # launcher=ray: the run's rollout and reward workers (grpo/cluster/launch.Workers)
+        if cluster is not None:
+            cluster.attach_rewards(self.rewards)
         step_reward = resolve_step_reward(cfg.step_reward) if cfg.supervision == "process" else None
         if not self.task.train:
             raise DataError(f"task {cfg.task!r} has no training prompts")
@@ -155,7 +158,8 @@ class Trainer:
         # after close(); every one hears of new weights and is closed at the end of train(); with async_rollouts
         # the training sampler runs in an engine process of its own
         self.engines = Engines(self.policy, self.tok, name=s.engine.name, kernels=s.engine.kernels,
-                               options=s.engine.options, synced=self.sharded, process=s.engine.process)
+                               options=s.engine.options, synced=self.sharded, process=s.engine.process,
+                               remote=None if self.cluster is None else self.cluster.rollouts(world))
         self.engines.open()
         self.timer = StageTimer(next(self.policy.parameters()).device)  # seconds per stage, in every metrics line
         # tools / environment_factory (a row's own, where routed): multi-turn episodes

@@ -32,6 +32,21 @@ class Mutation:
 
 
 MUTATIONS = (
+    Mutation("a restarted rollout worker gets the first weights as the newest", "grpo/cluster/rollout.py",
+             "load.remote(self.latest_ref, self.version))", "load.remote(self.whole_ref, self.version))",
+             ("tests/test_cluster.py::test_a_worker_killed_mid_step_is_restarted_and_the_run_ends_with_the_same_weights[rollout-worker]",)),
+    Mutation("a rank's second rollout worker draws from the first block's keys", "grpo/cluster/rollout.py",
+             "keys=None if keys is None else [keys[r] for r in rows]", "keys=None if keys is None else keys[:len(rows)]",
+             ("tests/test_cluster.py::test_a_worker_killed_mid_step_is_restarted_and_the_run_ends_with_the_same_weights[rollout-worker]",)),
+    Mutation("the reward workers' blocks come back in the wrong order", "grpo/cluster/rewards.py",
+             "for i in sorted(parts) for o in", "for i in sorted(parts, reverse=True) for o in",
+             ("tests/test_cluster.py::test_a_ray_run_with_two_trainer_ranks_and_two_rollout_workers_is_the_single_process_run",)),
+    Mutation("a dead reward worker's block is not scored again", "grpo/cluster/rewards.py",
+             "            if len(got) == len(parts):", "            if True:",
+             ("tests/test_cluster.py::test_a_worker_killed_mid_step_is_restarted_and_the_run_ends_with_the_same_weights[reward-worker]",)),
+    Mutation("the run restarts from the start after a trainer rank dies", "grpo/cluster/driver.py",
+             "        if latest.exists():", "        if False:",
+             ("tests/test_cluster.py::test_a_trainer_rank_killed_restarts_the_run_from_its_checkpoint_with_the_same_weights",)),
     Mutation("the scheduler ignores fallback_fits", "grpo/serve/batcher.py",
              "self.last is first and self.fallback_fits(first, other)", "self.last is first and True",
              ("tests/test_serve_engine.py::test_the_scheduler_gives_the_fallback_no_step_that_would_make_a_grpo_row_"

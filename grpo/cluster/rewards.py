@@ -1,0 +1,119 @@
+"""Reward workers: a pool of Ray actors that run the run's rewards (math, the code sandbox, judges, HTTP
+rewards: every one found by name, as the grading service runs them) on blocks of a step's completions.
+
+A worker sends back each completion's outcome (a value, or the exception that failed it) without judging
+it; the trainer checks, counts and logs them exactly as it does its own (``score_completions``'s
+``outcomes``), so a run's reward metrics do not depend on where its rewards ran. Rewards handed over as
+objects (the Python API) and a reward model (which scores with the model the trainer holds) run in the
+trainer. A batch-form (TRL) reward sees its worker's block of completions, not the whole step.
+
+A worker that dies mid-call is restarted by Ray (up to ``ray_max_restarts`` times) and its block is
+scored again from the same inputs, so no completion is scored twice or lost; each restart is one warning
+line and counts in ``cluster/reward_restarts``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+
+from grpo.cluster.faults import RESTART_WAIT, answer_after_restart, die_at, restarted
+from grpo.errors import RewardError
+from grpo.rollout.vllm.client import blocks
+
+log = logging.getLogger("grpo.cluster")
+
+
+def _portable(outcome):
+    """An outcome that crosses to the trainer: an exception that cannot be pickled as a RuntimeError with its text."""
+    if not isinstance(outcome, BaseException):
+        return outcome
+    try:
+        pickle.loads(pickle.dumps(outcome))
+        return outcome
+    except Exception:  # noqa: BLE001 - any exception type of user code
+        return RuntimeError(f"{type(outcome).__name__}: {outcome}")
+
+
+class RewardWorker:
+    """One reward worker (a Ray actor: launch.py applies ``ray.remote``): a RewardRunner per set of reward
+    names, built on first use."""
+
+    def __init__(self, index: int, working_dir: str):
+        from grpo.infra.runtime import import_from
+
+        import_from(working_dir)
+        self.index, self.calls, self.runners = index, 0, {}
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def outcomes(self, names: list[str], options, completions: list[str], samples: list[dict], extra: dict) -> dict:
+        """Each named reward's outcome per completion, and the deadlines they passed (``timeouts``)."""
+        from grpo.rewards.runner import RewardRunner
+
+        self.calls += 1
+        die_at("reward", self.index, self.calls, restarted=restarted())
+        key = (tuple(names), options)
+        if key not in self.runners:
+            self.runners[key] = RewardRunner(list(names), None, options)
+        runner = self.runners[key]
+        before = runner.timeouts
+        got = runner.outcomes(completions, samples, extra)
+        return {"outcomes": {n: [_portable(o) for o in v] for n, v in got.items()}, "timeouts": runner.timeouts - before}
+
+
+def _rows(extra: dict, rows: list[int]) -> dict:
+    """``extra``'s per-completion lists cut to ``rows``."""
+    return {k: [v[r] for r in rows] if isinstance(v, list) else v for k, v in extra.items()}
+
+
+class RewardPool:
+    """The trainer's side: a call's completions in contiguous blocks, one per worker, scored at once."""
+
+    def __init__(self, workers: list, *, max_restarts: int):
+        import ray
+
+        self._ray, self.workers, self.max_restarts = ray, workers, max_restarts
+        self.pids = ray.get([w.pid.remote() for w in workers])
+        self.restarted: set[tuple[int, int]] = set()  # (worker, pid of its new process) this rank saw
+
+    def outcomes(self, runner, completions: list[str], samples: list[dict], extra: dict) -> dict:
+        """The outcomes of ``runner``'s pooled rewards (RewardRunner.pooled_names) on every completion."""
+        from ray.exceptions import RayActorError
+
+        names = runner.pooled_names
+        if not names or not completions:
+            return {}
+        parts = {i: b for i, b in enumerate(blocks(list(range(len(completions))), len(self.workers))) if b}
+        got: dict[int, dict] = {}
+        for _ in range(self.max_restarts + 2):
+            refs = {i: self.workers[i].outcomes.remote(names, runner.options, [completions[r] for r in rows],
+                                                       [samples[r] for r in rows], _rows(extra, rows))
+                    for i, rows in parts.items() if i not in got}
+            for i, ref in refs.items():
+                try:
+                    got[i] = self._ray.get(ref)
+                except RayActorError as e:
+                    self._restarted(i, e, len(parts[i]))
+            if len(got) == len(parts):
+                break
+        else:
+            raise RewardError(f"ray: reward worker(s) {sorted(set(parts) - set(got))} died more than "
+                              f"ray_max_restarts={self.max_restarts} times")
+        runner.timeouts += sum(g["timeouts"] for g in got.values())
+        return {n: [o for i in sorted(parts) for o in got[i]["outcomes"][n]] for n in names}
+
+    def _restarted(self, i: int, err: Exception, rows: int) -> None:
+        from ray.exceptions import RayActorError
+
+        old = self.pids[i]
+        try:
+            self.pids[i] = answer_after_restart(self.workers[i].pid.remote)
+        except RayActorError:
+            raise RewardError(f"ray: reward worker {i} (pid {old}) died and was not restarted within "
+                              f"{RESTART_WAIT:g} s (ray_max_restarts={self.max_restarts})") from None
+        self.restarted.add((i, self.pids[i]))
+        log.warning("ray: reward worker %d (pid %s) died while scoring (%s); Ray restarted it as pid %s, which "
+                    "scores its %d completions again", i, old, type(err).__name__, self.pids[i], rows)

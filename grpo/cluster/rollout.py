@@ -1,0 +1,234 @@
+"""Rollout workers: each a Ray actor holding a replica of the policy and an engine of the run's kind
+(fast, hf, vllm) on it, and ``ClusterEngine``, the trainer's RolloutEngine that spreads a call's groups
+over its workers, whole, in contiguous blocks (each row keeps its key, so a row draws the same tokens
+on any worker: engines that declare ``same_tokens_for_keys``).
+
+Weights go through Ray's object store: the whole policy once (``setup``), then after every optimizer
+step the trainable parameters (a full fine-tune's every one, a LoRA policy's adapters), put once and
+read by every worker without a copy on its node. Each trainer rank drives its own workers (rank r:
+workers r, r + R, ...; with fewer workers than ranks, worker r mod M), so no rank waits on another's.
+
+A worker that dies mid-call (its process killed, its node lost) is restarted by Ray (up to
+``ray_max_restarts`` times); the engine gives the new process the whole policy and the newest trainable
+weights and asks it again for the same groups with the same keys, so the rollout is the one the dead
+worker would have returned, and nothing is drawn twice. Each restart is one warning line and counts in
+``cluster/rollout_restarts``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from grpo.cluster.faults import RESTART_WAIT, answer_after_restart, die_at, restarted
+from grpo.cluster.wire import from_wire, readonly_tensor, to_wire, wire_bytes
+from grpo.errors import EngineError
+from grpo.rollout.engine import RolloutEngine, SamplingSettings, engine_class, make_engine
+from grpo.rollout.producer import pack_rollout, unpack_rollout
+from grpo.rollout.types import Rollout, concat_rollouts, rollout_to
+from grpo.rollout.vllm.client import blocks
+from grpo.rollout.whole import architecture, lora_config, replica_model, whole_weights
+
+log = logging.getLogger("grpo.cluster")
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """What a rollout worker builds: the policy's architecture, dtype and LoRA config, its tokenizer, and
+    the engine (a rollout_engine name, its kernel setting and options)."""
+
+    model_config: object
+    dtype: str
+    peft_config: object
+    tokenizer: object
+    engine: str
+    kernels: str
+    options: object
+
+
+class RolloutWorker:
+    """One rollout worker (a Ray actor: launch.py applies ``ray.remote``). ``generate`` answers None where
+    it does not hold the version asked for, and ``load`` where it holds no replica (a restarted process holds
+    none): the engine then gives it the weights."""
+
+    def __init__(self, index: int, threads: int, working_dir: str):
+        from grpo.infra.runtime import import_from
+
+        import_from(working_dir)
+        torch.set_num_threads(max(1, threads))
+        self.index, self.calls, self.version = index, 0, -1
+        self.model = self.engine = None
+
+    def where(self) -> dict:
+        """This worker's process and node, and whether Ray restarted it."""
+        import ray
+
+        return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(), "restarted": restarted()}
+
+    def setup(self, spec: ReplicaSpec, whole: dict) -> int:
+        """A replica of the policy with every weight ``whole`` holds, and the engine on it (version 0)."""
+        if self.engine is not None:
+            self.engine.close()
+        self.model = replica_model(spec.model_config, getattr(torch, spec.dtype), spec.peft_config)
+        self._copy(whole)
+        self.engine = make_engine(spec.engine, self.model, spec.tokenizer, kernels=spec.kernels, options=spec.options)
+        self.version = 0
+        return self.version
+
+    def load(self, weights: dict, version: int) -> int | None:
+        """The trainable weights of ``version`` into the replica, the engine told; None where this process
+        holds no replica (restarted)."""
+        if self.engine is None:
+            return None
+        self._copy(weights)
+        self.engine.sync_weights(self.model)
+        self.version = version
+        return version
+
+    def _copy(self, wire: dict) -> None:
+        mine = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, value in from_wire(wire).items():
+                mine[name].copy_(value)
+
+    def generate(self, version: int, request: dict) -> dict | None:
+        """One sampling call on weights ``version`` (``RolloutEngine.generate``'s keywords), packed; None
+        where this process does not hold that version."""
+        if self.engine is None or self.version != version:
+            return None
+        self.calls += 1
+        die_at("rollout", self.index, self.calls, restarted=restarted())
+        return pack_rollout(self.engine.generate(**request))
+
+
+def my_workers(workers: list, rank: int, world_size: int) -> list[int]:
+    """The indices of the workers rank ``rank`` drives: r, r + R, ...; with fewer workers than ranks, r mod M."""
+    if len(workers) < world_size:
+        return [rank % len(workers)]
+    return list(range(rank, len(workers), world_size))
+
+
+class ClusterEngine(RolloutEngine):
+    """The run's engine ``inner`` on this rank's rollout workers (module docstring). ``world``: the
+    trainer's (each rank drives its own workers; the restart count is summed over ranks)."""
+
+    name = "ray"
+
+    def __init__(self, model, tokenizer, *, inner: str, kernels: str, options, workers: list, world,
+                 max_restarts: int):
+        super().__init__(model, tokenizer)
+        cls = engine_class(inner)
+        self.same_tokens_for_keys, self.returns_sampling_logprobs = cls.same_tokens_for_keys, cls.returns_sampling_logprobs
+        self.own_kernels = cls.own_kernels
+        self.world, self.max_restarts = world, max_restarts
+        self.indices = my_workers(workers, world.rank, world.size)
+        self.workers = {i: workers[i] for i in self.indices}
+        self.device = next(model.parameters()).device
+        whole = whole_weights(model)  # a collective where FSDP2 shards the policy: every rank builds its engine
+        dtype = str(next(iter(whole.values())).dtype).removeprefix("torch.")
+        self.spec = ReplicaSpec(architecture(model), dtype, lora_config(model), tokenizer, inner, kernels, options)
+        self.trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+        import ray
+
+        self._ray = ray
+        self.whole_ref, self.latest_ref, self.version = ray.put(to_wire(whole)), None, 0
+        self.restarted: set[tuple[int, int]] = set()  # (worker, pid of its new process) this rank saw
+        self.where = dict(zip(self.indices, ray.get([w.where.remote() for w in self.workers.values()])))
+        self._on_each({i: ("setup", (self.spec, self.whole_ref)) for i in self.indices})
+        self.last_sync = {"bytes": 0, "seconds": 0.0}
+
+    # ---- calls that survive a worker's death -------------------------------------------------------
+    def _on_each(self, calls: dict[int, tuple[str, tuple]], what: str = "setting up") -> dict:
+        """``worker.method(*args)`` on each worker ``calls`` names, at once; a worker that died is brought
+        back (``_bring_back``) and asked again, one that answers None (no weights) is given them first."""
+        from ray.exceptions import RayActorError
+
+        out, todo = {}, dict(calls)
+        for _ in range(self.max_restarts + 2):
+            refs = {i: getattr(self.workers[i], m).remote(*args) for i, (m, args) in todo.items()}
+            for i, ref in refs.items():
+                try:
+                    got = self._ray.get(ref)
+                except RayActorError as e:
+                    self._bring_back(i, e, what)
+                    continue
+                if got is None:  # a restarted process: no weights yet
+                    self._give_weights(i)
+                    continue
+                out[i] = got
+                del todo[i]
+            if not todo:
+                return out
+        raise EngineError(f"ray: rollout worker(s) {sorted(todo)} could not complete {what} after "
+                          f"{self.max_restarts} restarts (ray_max_restarts)")
+
+    def _bring_back(self, i: int, err: Exception, what: str) -> None:
+        """Worker ``i`` died: Ray restarts it (or has given up: an EngineError); it gets the weights."""
+        from ray.exceptions import RayActorError
+
+        old = self.where.get(i, {})
+        try:
+            self.where[i] = answer_after_restart(self.workers[i].where.remote)
+        except RayActorError as e:
+            raise EngineError(f"ray: rollout worker {i} (pid {old.get('pid')}) died while {what} and was not "
+                              f"restarted within {RESTART_WAIT:g} s ({type(e).__name__}); "
+                              f"ray_max_restarts={self.max_restarts}") from None
+        self.restarted.add((i, self.where[i]["pid"]))
+        log.warning("ray: rollout worker %d (pid %s) died while %s (%s); Ray restarted it as pid %s, which gets "
+                    "the weights and draws its groups again from the same keys",
+                    i, old.get("pid"), what, type(err).__name__, self.where[i]["pid"])
+        self._give_weights(i)
+
+    def _give_weights(self, i: int) -> None:
+        self._ray.get(self.workers[i].setup.remote(self.spec, self.whole_ref))
+        if self.latest_ref is not None:
+            self._ray.get(self.workers[i].load.remote(self.latest_ref, self.version))
+
+    # ---- the engine's calls --------------------------------------------------------------------------
+    def _generate(self, prompts, *, group_size: int, sampling: SamplingSettings, keys: list[int] | None,
+                  with_logprobs: bool, greedy: bool) -> Rollout:
+        """Each worker samples a contiguous block of whole groups (their rows' keys with them)."""
+        t0 = time.perf_counter()
+        parts = [(i, b) for i, b in zip(self.indices, blocks(list(range(len(prompts))), len(self.indices))) if b]
+        calls = {}
+        for i, groups in parts:
+            rows = [r for g in groups for r in range(g * group_size, (g + 1) * group_size)]
+            calls[i] = ("generate", (self.version, dict(
+                prompts=[prompts[g] for g in groups], group_size=group_size, sampling=sampling,
+                keys=None if keys is None else [keys[r] for r in rows], with_logprobs=with_logprobs, greedy=greedy)))
+        got = self._on_each(calls, "sampling")
+        ro = concat_rollouts([unpack_rollout({k: readonly_tensor(v) if isinstance(v, np.ndarray) else v
+                                              for k, v in got[i].items()}) for i, _ in parts], self.tokenizer.pad_token_id)
+        ro.seconds, ro.engine = time.perf_counter() - t0, self.spec.engine  # wall time: the workers sample at once
+        return rollout_to(ro, self.device)
+
+    def sync_weights(self, policy) -> None:
+        """The trainable weights (gathered, dequantized: ``whole_weights``) put once in the object store and
+        loaded by this rank's workers."""
+        if policy is not self.model:
+            raise ValueError("rollout engine 'ray' samples a copy of the model it was built on; sync_weights got "
+                             "another one")
+        t0 = time.perf_counter()
+        wire = to_wire(whole_weights(policy, self.trainable))
+        self.version += 1
+        self.latest_ref = self._ray.put(wire)
+        self._on_each({i: ("load", (self.latest_ref, self.version)) for i in self.indices}, "loading weights")
+        self.last_sync = {"bytes": wire_bytes(wire), "seconds": time.perf_counter() - t0}
+
+    def sync_metrics(self) -> dict:
+        """The latest sync's bytes and seconds on this rank, and the rollout workers' restarts so far (every rank's)."""
+        from grpo.infra import distributed
+
+        restarts = len(set().union(*distributed.gather_objects(self.restarted, self.world)))  # each once
+        return {"cluster/weight_sync_bytes": self.last_sync["bytes"],
+                "cluster/weight_sync_seconds": self.last_sync["seconds"], "cluster/rollout_restarts": restarts}
+
+    def close(self) -> None:
+        """Leaves the workers to the launcher (they serve the run's next trainer after a restart)."""
+        self.whole_ref = self.latest_ref = None
+        super().close()

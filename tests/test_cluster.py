@@ -1,0 +1,121 @@
+"""launcher=ray on a real Ray cluster this module starts: a head and two worker nodes (Ray's own
+multi-node test cluster, each node a raylet of its own with its own CPU count), joined by real
+`grpo train launcher=ray ray_address=...` subprocesses on the tiny random Llama.
+
+A Ray run is the single-process run (weights to the tolerance of tests/test_distributed.py, the same
+metrics); a rollout worker, a reward worker or a trainer rank killed with SIGKILL mid-run
+(grpo/cluster/faults.py) is brought back and the run ends with the same weights.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import import_or_skip_unless_ci
+from tests.test_distributed import STEPS, _assert_same_metrics, _assert_same_weights, _env, _initial, _metrics, \
+    _run, _weights
+
+ROOT = Path(__file__).resolve().parents[1]
+RAY_MISSING = "ray is not installed (pip install -e '.[ray]')"
+TRAIN = ["prompts_per_step=4", "num_generations=4", "per_device_train_batch_size=4", "max_completion_length=8",
+         "eval_prompts=0", "rewards=tests.rewards_for_tests:digit_share", "learning_rate=1e-3", "beta=0.04",
+         "num_iterations=2", "bf16=false", "progress=false", "report_to=none", "reward_timeout=0", "num_threads=1",
+         "seed=3", "aggregation=seq_mean_token_mean", "advantage_estimator=grpo", f"max_steps={STEPS}"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head (1 CPU) and two worker nodes (2 CPUs each); its address."""
+    import_or_skip_unless_ci("ray", RAY_MISSING)
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        for _ in range(2):
+            c.add_node(num_cpus=2)
+        c.wait_for_nodes()
+        yield c.address
+    finally:
+        c.shutdown()
+
+
+def _train(run: Path, model, data, extra: list[str], *, env: dict | None = None):
+    args = ["train", f"model={model}", f"task={data}", f"output_dir={run}", *TRAIN, *extra]
+    proc = _run([__import__("sys").executable, "-m", "grpo", *args], {**_env(), **(env or {})})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc
+
+
+def _on_ray(cluster: str, *, trainers: int = 2, rollout: int = 2, reward: int = 0) -> list[str]:
+    return ["launcher=ray", f"ray_address={cluster}", f"ray_trainers={trainers}", f"ray_rollout_workers={rollout}",
+            f"ray_reward_workers={reward}", "ray_trainer_cpus=0.5", "ray_rollout_cpus=0.5", "ray_reward_cpus=0.25"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "sums.jsonl"
+    rows = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(1, 7) for b in range(1, 5)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory, tiny_model_dir, data):
+    run = tmp_path_factory.mktemp("one") / "run"
+    _train(run, tiny_model_dir, data, [])
+    return run
+
+
+@pytest.fixture(scope="module")
+def on_ray(tmp_path_factory, tiny_model_dir, data, cluster):
+    run = tmp_path_factory.mktemp("ray") / "run"
+    _train(run, tiny_model_dir, data, _on_ray(cluster, reward=2))
+    return run
+
+
+def test_a_ray_run_with_two_trainer_ranks_and_two_rollout_workers_is_the_single_process_run(
+        tiny_model_dir, single, on_ray):
+    where = json.loads((on_ray / "cluster.json").read_text())
+    assert len(where["trainer"]) == 2 and len(where["rollout"]) == 2 and len(where["reward"]) == 2
+    assert where["rollout"][0]["node"] != where["rollout"][1]["node"], "the rollout workers share a node"
+    assert len({w["pid"] for w in where["trainer"] + where["rollout"]}) == 4
+    _assert_same_weights(_weights(single), _weights(on_ray), _initial(tiny_model_dir))
+    _assert_same_metrics(_metrics(single), _metrics(on_ray))
+    m = _metrics(on_ray)
+    assert all(x["cluster/rollout_restarts"] == 0 and x["cluster/reward_restarts"] == 0 for x in m)
+    # the trainable weights went through the object store after every step: the whole tiny model here
+    assert all(x["cluster/weight_sync_bytes"] == sum(t.numel() * 4 for t in _initial(tiny_model_dir).values())
+               for x in m)
+
+
+@pytest.mark.parametrize("trainers,kill,metric,line", [
+    # one rank spreads its groups over both rollout workers, the second of which dies in its call of step 2
+    (1, "rollout:1:2", "cluster/rollout_restarts", "ray: rollout worker 1 (pid"),
+    # two ranks each call every reward worker: call 3 of worker 1 is one of step 2's
+    (2, "reward:1:3", "cluster/reward_restarts", "ray: reward worker 1 (pid"),
+], ids=["rollout-worker", "reward-worker"])
+def test_a_worker_killed_mid_step_is_restarted_and_the_run_ends_with_the_same_weights(
+        tmp_path, tiny_model_dir, data, cluster, single, trainers, kill, metric, line):
+    run = tmp_path / "run"
+    proc = _train(run, tiny_model_dir, data, _on_ray(cluster, trainers=trainers, reward=3), env={"GRPO_RAY_KILL": kill})
+    out = proc.stdout + proc.stderr
+    assert line in out and "died while" in out, out[-3000:]
+    restarts = [x[metric] for x in _metrics(run)]
+    assert restarts[0] == 0 and restarts[-1] == 1, restarts  # once, at step 2, counted for the run
+    _assert_same_weights(_weights(single), _weights(run), _initial(tiny_model_dir))
+    _assert_same_metrics(_metrics(single), _metrics(run))
+
+
+def test_a_trainer_rank_killed_restarts_the_run_from_its_checkpoint_with_the_same_weights(
+        tmp_path, tiny_model_dir, data, cluster, single):
+    run = tmp_path / "run"
+    proc = _train(run, tiny_model_dir, data, _on_ray(cluster) + ["save_steps=1"], env={"GRPO_RAY_KILL": "trainer:1:1"})
+    out = proc.stdout + proc.stderr
+    assert out.count("ray: trainer rank 1 (pid") == 1, out[-3000:]
+    assert "the run restarts from its checkpoint step-1 (restart 1 of 3)" in out, out[-3000:]
+    assert json.loads((run / "cluster.json").read_text())["attempt"] == 1
+    _assert_same_weights(_weights(single), _weights(run), _initial(tiny_model_dir))
+    assert [m["step"] for m in _metrics(run)] == list(range(1, STEPS + 1))
