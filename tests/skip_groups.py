@@ -31,6 +31,7 @@ GROUPS = [
     ("report in a browser (Chromium)", r"chromium|chromedriver|selenium"),
     ("native decode ops (C compiler)", r"C compiler|GRPO_NATIVE"),
     ("vLLM", r"vllm"),
+    ("Ray cluster (ray)", r"\bray is not installed"),
     ("CUDA", r"\bCUDA\b|\bGPU\b"),
     ("QLoRA (bitsandbytes)", r"bitsandbytes"),
     ("oneDNN kernels", r"oneDNN"),

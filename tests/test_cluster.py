@@ -85,6 +85,10 @@ def test_a_ray_run_with_two_trainer_ranks_and_two_rollout_workers_is_the_single_
     _assert_same_weights(_weights(single), _weights(on_ray), _initial(tiny_model_dir))
     _assert_same_metrics(_metrics(single), _metrics(on_ray))
     m = _metrics(on_ray)
+    from grpo.train.metrics_catalog import METRICS, lookup
+
+    assert not [k for x in m for k in x if lookup(k) is None], "a key missing from the metric catalog"
+    assert {e.key for e in METRICS if e.key.startswith("cluster/")} <= set(m[0]), "a cluster metric not logged"
     assert all(x["cluster/rollout_restarts"] == 0 and x["cluster/reward_restarts"] == 0 for x in m)
     # the trainable weights went through the object store after every step: the whole tiny model here
     assert all(x["cluster/weight_sync_bytes"] == sum(t.numel() * 4 for t in _initial(tiny_model_dir).values())
@@ -119,3 +123,39 @@ def test_a_trainer_rank_killed_restarts_the_run_from_its_checkpoint_with_the_sam
     assert json.loads((run / "cluster.json").read_text())["attempt"] == 1
     _assert_same_weights(_weights(single), _weights(run), _initial(tiny_model_dir))
     assert [m["step"] for m in _metrics(run)] == list(range(1, STEPS + 1))
+
+
+# ---- without a cluster -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("fields,named", [
+    (dict(launcher="slurm"), "launcher"),
+    (dict(launcher="ray", ray_trainers=3), "ray_trainers"),  # 4 prompts over 3 ranks
+    (dict(launcher="ray", rollout_engine="vllm_server"), "rollout_engine"),
+    (dict(launcher="ray", async_rollouts=True), "async_rollouts"),
+    (dict(ray_rollout_workers=0), "ray_rollout_workers"),
+    (dict(ray_reward_cpus=0), "ray_reward_cpus"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_a_bad_cluster_setting_is_refused_naming_its_field(fields, named):
+    from grpo.config import Config
+    from grpo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"^{named}:"):
+        Config(prompts_per_step=4, **fields)
+
+
+def test_each_rank_drives_its_own_rollout_workers():
+    from grpo.cluster.rollout import my_workers
+
+    workers = list("abcde")
+    assert [my_workers(workers, r, 2) for r in range(2)] == [[0, 2, 4], [1, 3]]
+    assert [my_workers(workers[:1], r, 3) for r in range(3)] == [[0], [0], [0]]  # fewer workers: shared
+
+
+def test_weights_cross_as_numpy_with_their_bits():
+    import torch
+
+    from grpo.cluster.wire import from_wire, to_wire, wire_bytes
+
+    w = {"a": torch.randn(3, 4, dtype=torch.bfloat16), "b": torch.randn(5), "c": torch.arange(4)}
+    back = from_wire(to_wire(w))
+    assert all(back[k].dtype == w[k].dtype and torch.equal(back[k], w[k]) for k in w)
+    assert wire_bytes(to_wire(w)) == 12 * 2 + 5 * 4 + 4 * 8

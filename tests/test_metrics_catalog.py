@@ -46,10 +46,11 @@ RUNS = {
 # rollouts' keys are checked against the catalog by tests/test_async_rollouts.py's runs (each with an
 # engine process, and stale tokens only where a reward waits); the tiny random model writes no
 # connective, whose pairs' mean cosine the regulariser logs; the distill loss needs a teacher model
-# (tests/test_distill_training.py trains with one)
+# (tests/test_distill_training.py trains with one); launcher=ray's keys are checked by tests/test_cluster.py's runs
+# on a Ray cluster
 NOT_EXERCISED = {"resample_rounds", "resampled_completions", "invalid_after_resampling", "eval/interrupted",
                  "eval/prompts_scored", "eval/<suite>/prompts_scored", "logic_consistency_cos_mean", "distill_reverse_kl",
-                 *(m.key for m in METRICS if m.key.startswith("async/"))}
+                 *(m.key for m in METRICS if m.key.startswith(("async/", "cluster/")))}
 
 
 @pytest.fixture(scope="module")

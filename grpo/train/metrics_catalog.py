@@ -228,6 +228,18 @@ METRICS: tuple[Metric, ...] = tuple(
          "ones: with LoRA, the adapters)"),
         ("async/full_publish_bytes", "bytes", "bytes a copy of every weight to the engine process moves (its first)"),
     ])
+    + _m("cluster", "launcher=ray", [
+        ("cluster/weight_sync_bytes", "bytes", "bytes of this step's weights put in Ray's object store for the rollout "
+         "workers, per trainer rank (the trainable ones: with LoRA, the adapters)"),
+        ("cluster/weight_sync_seconds", "s", "seconds from gathering this step's weights to every rollout worker of "
+         "the rank holding them"),
+        ("cluster/rollout_restarts", "count", "rollout workers Ray restarted after a death since the run (or its "
+         "trainer ranks) started; their groups were drawn again from the same keys"),
+    ])
+    + _m("cluster", "launcher=ray, ray_reward_workers > 0", [
+        ("cluster/reward_restarts", "count", "reward workers Ray restarted after a death since the run (or its "
+         "trainer ranks) started; their completions were scored again"),
+    ])
     + _m("asynchronous rollouts", "async_rollouts=true, steps with stale tokens, rollout_correction none", [
         ("async/mismatch_kl_k1", "nats", "k1 estimate of KL(pi_version || pi_train) on the stale tokens"),
         ("async/mismatch_kl_k3", "nats", "k3 estimate of the same"),
