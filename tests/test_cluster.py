@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import import_or_skip_unless_ci
-from tests.test_distributed import STEPS, _assert_same_metrics, _assert_same_weights, _env, _initial, _metrics, \
-    _run, _weights
+from tests.test_distributed import LORA, STEPS, _adapters_start, _assert_same_metrics, _assert_same_weights, _env, \
+    _initial, _metrics, _run, _weights
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY_MISSING = "ray is not installed (pip install -e '.[ray]')"
@@ -70,6 +70,13 @@ def single(tmp_path_factory, tiny_model_dir, data):
 
 
 @pytest.fixture(scope="module")
+def single_lora(tmp_path_factory, tiny_model_dir, data):
+    run = tmp_path_factory.mktemp("one-lora") / "run"
+    _train(run, tiny_model_dir, data, list(LORA))
+    return run
+
+
+@pytest.fixture(scope="module")
 def on_ray(tmp_path_factory, tiny_model_dir, data, cluster):
     run = tmp_path_factory.mktemp("ray") / "run"
     _train(run, tiny_model_dir, data, _on_ray(cluster, reward=2))
@@ -95,28 +102,37 @@ def test_a_ray_run_with_two_trainer_ranks_and_two_rollout_workers_is_the_single_
                for x in m)
 
 
-@pytest.mark.parametrize("trainers,kill,metric,line", [
+@pytest.mark.parametrize("trainers,kill,metric,line,extra", [
     # one rank spreads its groups over both rollout workers, the second of which dies in its call of step 2
-    (1, "rollout:1:2", "cluster/rollout_restarts", "ray: rollout worker 1 (pid"),
-    # two ranks each call every reward worker: call 3 of worker 1 is one of step 2's
-    (2, "reward:1:3", "cluster/reward_restarts", "ray: reward worker 1 (pid"),
-], ids=["rollout-worker", "reward-worker"])
+    (1, "rollout:1:2", "cluster/rollout_restarts", "ray: rollout worker 1 (pid", ()),
+    # two ranks each call every reward worker: call 3 of worker 1 is one of step 2's; LoRA: the adapters alone
+    # go to the rollout workers after each step
+    (2, "reward:1:3", "cluster/reward_restarts", "ray: reward worker 1 (pid", LORA),
+], ids=["rollout-worker", "reward-worker-lora"])
 def test_a_worker_killed_mid_step_is_restarted_and_the_run_ends_with_the_same_weights(
-        tmp_path, tiny_model_dir, data, cluster, single, trainers, kill, metric, line):
+        tmp_path, tiny_model_dir, data, cluster, single, single_lora, trainers, kill, metric, line, extra):
     run = tmp_path / "run"
-    proc = _train(run, tiny_model_dir, data, _on_ray(cluster, trainers=trainers, reward=3), env={"GRPO_RAY_KILL": kill})
+    proc = _train(run, tiny_model_dir, data, _on_ray(cluster, trainers=trainers, reward=3) + list(extra),
+                  env={"GRPO_RAY_KILL": kill})
     out = proc.stdout + proc.stderr
     assert line in out and "died while" in out, out[-3000:]
     restarts = [x[metric] for x in _metrics(run)]
     assert restarts[0] == 0 and restarts[-1] == 1, restarts  # once, at step 2, counted for the run
-    _assert_same_weights(_weights(single), _weights(run), _initial(tiny_model_dir))
-    _assert_same_metrics(_metrics(single), _metrics(run))
+    one = single_lora if extra else single
+    _assert_same_weights(_weights(one), _weights(run), _adapters_start(one) if extra else _initial(tiny_model_dir))
+    _assert_same_metrics(_metrics(one), _metrics(run))
+    if extra:  # the adapters alone went to the rollout workers after each step, not the whole model
+        adapters = sum(t.numel() * 4 for t in _weights(one).values())
+        assert all(m["cluster/weight_sync_bytes"] == adapters for m in _metrics(run))
+        assert adapters < 0.2 * sum(t.numel() * 4 for t in _initial(tiny_model_dir).values())
 
 
-def test_a_trainer_rank_killed_restarts_the_run_from_its_checkpoint_with_the_same_weights(
+def test_a_trainer_rank_killed_restarts_the_run_from_its_checkpoint_with_the_same_weights_under_fsdp2(
         tmp_path, tiny_model_dir, data, cluster, single):
     run = tmp_path / "run"
-    proc = _train(run, tiny_model_dir, data, _on_ray(cluster) + ["save_steps=1"], env={"GRPO_RAY_KILL": "trainer:1:1"})
+    # FSDP2: the ranks gather the sharded weights for the rollout workers together, and resume sharded
+    proc = _train(run, tiny_model_dir, data, _on_ray(cluster) + ["save_steps=1", "distributed_strategy=fsdp2"],
+                  env={"GRPO_RAY_KILL": "trainer:1:1"})
     out = proc.stdout + proc.stderr
     assert out.count("ray: trainer rank 1 (pid") == 1, out[-3000:]
     assert "the run restarts from its checkpoint step-1 (restart 1 of 3)" in out, out[-3000:]

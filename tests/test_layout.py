@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "grpo"
 # lowest first; a module may import from its own rank or any lower one, and the low layers only from
 # what docs/architecture.md's table lets them
 LAYERS = [("errors", "registry"), ("core",), ("infra",), ("models", "data", "pathtracking"), ("rewards",), ("rollout",), ("agent",), ("config",),
-          ("eval", "audit"), ("train",), ("commands", "serve", "api", "sft"), ("cli", "__main__", "__init__", "docs")]
+          ("eval", "audit"), ("train",), ("commands", "serve", "api", "sft", "cluster"), ("cli", "__main__", "__init__", "docs")]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 ALLOWED = {"errors": set(), "registry": {"errors"}, "core": {"core", "registry"}, "infra": {"errors", "registry", "infra"},
            "models": {"errors", "registry", "core", "infra", "models"}, "data": {"errors", "registry", "data"},
@@ -84,8 +84,9 @@ def test_no_function_outside_train_takes_the_trainer():
 
 
 # where a Config may be a parameter: the config package, the trainer and the builders of its components'
-# settings (task_of among them), the command line, its commands and the Python API
-READS_CONFIG = {"config", "train/trainer.py", "train/settings.py", "cli.py", "commands", "api.py"}
+# settings (task_of among them), the command line, its commands, the Python API and `grpo train
+# launcher=ray`'s driver, which hands the Config to each trainer rank's Trainer as `grpo train` does
+READS_CONFIG = {"config", "train/trainer.py", "train/settings.py", "cli.py", "commands", "api.py", "cluster/driver.py"}
 CONFIG_NAMES = {"cfg", "config"}  # what a Config held or read is called
 
 

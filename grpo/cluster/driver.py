@@ -1,19 +1,89 @@
-"""``grpo train launcher=ray``: the run on a Ray cluster, from the process that starts it (launch.py
-places the parts; this module runs them and restarts the trainer ranks after a death)."""
+"""``grpo train launcher=ray``: the run on a Ray cluster, from the process that starts it. launch.py places
+the parts (trainer ranks packed, rollout and reward workers spread over the nodes); this module runs the
+trainer ranks and brings the run back from its last checkpoint when a rank dies.
+
+Each trainer rank is a Ray actor that sets torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR and
+MASTER_PORT: rank 0's node and a free port there) and runs the unchanged trainer, which joins its
+process group (gloo on CPUs, NCCL on GPUs) and wraps the policy in DDP or FSDP2 as under torchrun. The
+rollout and reward workers are handed to every rank (launch.Workers). ``cluster.json`` in the run folder
+says where each process ran. Like `grpo train` itself, this module hands the Config to the Trainer.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import socket
+import threading
+import time
 from datetime import datetime
 from pathlib import Path
 
-from grpo.cluster.launch import TrainerRank, Workers, _actors, _bundles, _placed, connect
+import torch
+
+from grpo.cluster.faults import die_at, planned
+from grpo.cluster.launch import Workers, _actors, _bundles, _placed, connect
 from grpo.cluster.rewards import RewardWorker
 from grpo.cluster.rollout import RolloutWorker
 from grpo.errors import ConfigError, GrpoError
 from grpo.infra.checkpoint import find_latest
+
+
+class TrainerRank:
+    """One trainer rank (a Ray actor): the trainer under torchrun's environment."""
+
+    def __init__(self, rank: int, size: int, working_dir: str, threads: int):
+        from grpo.infra.runtime import import_from
+
+        os.chdir(working_dir)  # the run's relative paths mean what they mean where the driver runs
+        import_from(working_dir)
+        torch.set_num_threads(max(1, threads))
+        self.rank, self.size = rank, size
+
+    def where(self) -> dict:
+        import ray
+
+        return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
+
+    def master(self) -> tuple[str, int]:
+        """This node's address and a free port on it: rank 0's, where the process group meets."""
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind((host, 0))
+            return host, s.getsockname()[1]
+
+    def run(self, cfg, master: tuple[str, int], workers: Workers, attempt: int) -> dict:
+        """The trainer's run, as `grpo train` runs it under torchrun; rank 0's result."""
+        from grpo.infra.distributed import close_world
+        from grpo.train.trainer import Trainer
+
+        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.size), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
+        trainer = Trainer(cfg, cluster=workers)
+        world = trainer.world
+        threading.Thread(target=self._watch, args=(trainer.run_dir, attempt), daemon=True).start()
+        finished = False
+        try:
+            result = trainer.train()
+            finished = True
+        finally:
+            out = {"steps": trainer.step, "run_dir": str(trainer.run_dir), "cfg": trainer.cfg,
+                   "resumed_from": None if trainer.resumed_from is None else str(trainer.resumed_from)}
+            del trainer
+            close_world(world, finished=finished)
+        return {**out, "result": result}
+
+    def _watch(self, run_dir: Path, attempt: int) -> None:
+        """faults.py's ``trainer:R:S``: this rank dies once step S's checkpoint is written (first attempt only)."""
+        step = planned("trainer", self.rank)
+        if step is None or attempt:
+            return
+        while not (run_dir / "checkpoints" / f"step-{step}").is_dir():  # written whole (an atomic rename)
+            time.sleep(0.02)
+        die_at("trainer", self.rank, step, restarted=False)
 
 
 def _threads(cpus: float) -> int:

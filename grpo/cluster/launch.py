@@ -1,25 +1,11 @@
-"""The driver of ``grpo train launcher=ray``: join (or start) a cluster, place the run's processes with
-placement groups (trainer ranks packed, rollout and reward workers spread over the nodes), run the
-trainer ranks and bring the run back from its last checkpoint when a rank dies.
-
-Each trainer rank is a Ray actor that sets torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR and
-MASTER_PORT: rank 0's node and a free port there) and runs the unchanged trainer, which joins its
-process group (gloo on CPUs, NCCL on GPUs) and wraps the policy in DDP or FSDP2 as under torchrun. The
-rollout and reward workers are handed to every rank (``Workers``). ``cluster.json`` in the run folder
-says where each process ran.
-"""
+"""Placing a run on Ray: joining (or starting) a cluster, placement groups and the actors in them, and
+``Workers``, the rollout and reward workers as each trainer rank gets them (driver.py runs the ranks)."""
 
 from __future__ import annotations
 
 import os
-import socket
-import threading
-import time
 from dataclasses import dataclass
 
-import torch
-
-from grpo.cluster.faults import die_at
 from grpo.errors import ConfigError
 
 
@@ -50,64 +36,6 @@ class Workers:
         for runner in getattr(rewards, "runners", {"": rewards}).values():
             runner.pool = pool
         rewards.pool = pool
-
-
-class TrainerRank:
-    """One trainer rank (a Ray actor): the trainer under torchrun's environment."""
-
-    def __init__(self, rank: int, size: int, working_dir: str, threads: int):
-        from grpo.infra.runtime import import_from
-
-        os.chdir(working_dir)  # the run's relative paths mean what they mean where the driver runs
-        import_from(working_dir)
-        torch.set_num_threads(max(1, threads))
-        self.rank, self.size = rank, size
-
-    def where(self) -> dict:
-        import ray
-
-        return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
-
-    def master(self) -> tuple[str, int]:
-        """This node's address and a free port on it: rank 0's, where the process group meets."""
-        import ray
-
-        host = ray.util.get_node_ip_address()
-        with socket.socket() as s:
-            s.bind((host, 0))
-            return host, s.getsockname()[1]
-
-    def run(self, cfg, master: tuple[str, int], workers: Workers, attempt: int) -> dict:
-        """The trainer's run, as `grpo train` runs it under torchrun; rank 0's result."""
-        from grpo.infra.distributed import close_world
-        from grpo.train.trainer import Trainer
-
-        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.size), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
-        trainer = Trainer(cfg, cluster=workers)
-        world = trainer.world
-        threading.Thread(target=self._watch, args=(trainer, attempt), daemon=True).start()
-        finished = False
-        try:
-            result = trainer.train()
-            finished = True
-        finally:
-            out = {"steps": trainer.step, "run_dir": str(trainer.run_dir), "cfg": trainer.cfg,
-                   "resumed_from": None if trainer.resumed_from is None else str(trainer.resumed_from)}
-            del trainer
-            close_world(world, finished=finished)
-        return {**out, "result": result}
-
-    def _watch(self, trainer, attempt: int) -> None:
-        """faults.py's ``trainer:R:S``: this rank dies once step S's checkpoint is written (first attempt only)."""
-        from grpo.cluster.faults import planned
-
-        if planned("trainer", self.rank) is None or attempt:
-            return
-        step = planned("trainer", self.rank)
-        while not (trainer.run_dir / "checkpoints" / f"step-{step}").is_dir():  # written whole (atomic rename)
-            time.sleep(0.02)
-        die_at("trainer", self.rank, step, restarted=False)
 
 
 def connect(address: str, *, cpus_needed: float):

@@ -43,10 +43,10 @@ MUTATIONS = (
              ("tests/test_cluster.py::test_a_ray_run_with_two_trainer_ranks_and_two_rollout_workers_is_the_single_process_run",)),
     Mutation("a dead reward worker's block is not scored again", "grpo/cluster/rewards.py",
              "            if len(got) == len(parts):", "            if True:",
-             ("tests/test_cluster.py::test_a_worker_killed_mid_step_is_restarted_and_the_run_ends_with_the_same_weights[reward-worker]",)),
+             ("tests/test_cluster.py::test_a_worker_killed_mid_step_is_restarted_and_the_run_ends_with_the_same_weights[reward-worker-lora]",)),
     Mutation("the run restarts from the start after a trainer rank dies", "grpo/cluster/driver.py",
              "        if latest.exists():", "        if False:",
-             ("tests/test_cluster.py::test_a_trainer_rank_killed_restarts_the_run_from_its_checkpoint_with_the_same_weights",)),
+             ("tests/test_cluster.py::test_a_trainer_rank_killed_restarts_the_run_from_its_checkpoint_with_the_same_weights_under_fsdp2",)),
     Mutation("the scheduler ignores fallback_fits", "grpo/serve/batcher.py",
              "self.last is first and self.fallback_fits(first, other)", "self.last is first and True",
              ("tests/test_serve_engine.py::test_the_scheduler_gives_the_fallback_no_step_that_would_make_a_grpo_row_"
