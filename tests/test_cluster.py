@@ -102,20 +102,20 @@ def test_a_ray_run_with_two_trainer_ranks_and_two_rollout_workers_is_the_single_
                for x in m)
 
 
-@pytest.mark.parametrize("trainers,kill,metric,line,extra", [
+@pytest.mark.parametrize("trainers,rewards,kill,metric,line,extra", [
     # one rank spreads its groups over both rollout workers, the second of which dies in its call of step 2
-    (1, "rollout:1:2", "cluster/rollout_restarts", "ray: rollout worker 1 (pid", ()),
-    # two ranks each call every reward worker: call 3 of worker 1 is one of step 2's; LoRA: the adapters alone
-    # go to the rollout workers after each step
-    (2, "reward:1:3", "cluster/reward_restarts", "ray: reward worker 1 (pid", LORA),
+    (1, 0, "rollout:1:2", "cluster/rollout_restarts", "ray: rollout worker 1 (pid", ()),
+    # two ranks each call every one of 3 reward workers: call 3 of worker 1 is one of step 2's; LoRA: the
+    # adapters alone go to the rollout workers after each step
+    (2, 3, "reward:1:3", "cluster/reward_restarts", "ray: reward worker 1 (pid", LORA),
 ], ids=["rollout-worker", "reward-worker-lora"])
 def test_a_worker_killed_mid_step_is_restarted_and_the_run_ends_with_the_same_weights(
-        tmp_path, tiny_model_dir, data, cluster, single, single_lora, trainers, kill, metric, line, extra):
+        tmp_path, tiny_model_dir, data, cluster, single, single_lora, trainers, rewards, kill, metric, line, extra):
     run = tmp_path / "run"
-    proc = _train(run, tiny_model_dir, data, _on_ray(cluster, trainers=trainers, reward=3) + list(extra),
+    proc = _train(run, tiny_model_dir, data, _on_ray(cluster, trainers=trainers, reward=rewards) + list(extra),
                   env={"GRPO_RAY_KILL": kill})
     out = proc.stdout + proc.stderr
-    assert line in out and "died while" in out, out[-3000:]
+    assert 1 <= out.count(line) <= trainers and "died while" in out, out[-3000:]  # each rank that saw it says so
     restarts = [x[metric] for x in _metrics(run)]
     assert restarts[0] == 0 and restarts[-1] == 1, restarts  # once, at step 2, counted for the run
     one = single_lora if extra else single
@@ -127,16 +127,47 @@ def test_a_worker_killed_mid_step_is_restarted_and_the_run_ends_with_the_same_we
         assert adapters < 0.2 * sum(t.numel() * 4 for t in _initial(tiny_model_dir).values())
 
 
-def test_a_trainer_rank_killed_restarts_the_run_from_its_checkpoint_with_the_same_weights_under_fsdp2(
-        tmp_path, tiny_model_dir, data, cluster, single):
+def test_async_rollouts_on_ray_without_staleness_are_the_synchronous_run(tmp_path, tiny_model_dir, data, cluster,
+                                                                         single):
+    """The rollout workers are the producer's engines: at max_staleness=0 each step's draw is keyed as the
+    synchronous loop keys it and sampled on the newest weights, so the run is the single-process one; every
+    token carries the version it was drawn with (none stale)."""
     run = tmp_path / "run"
+    _train(run, tiny_model_dir, data, _on_ray(cluster) + ["async_rollouts=true", "max_staleness=0"])
+    _assert_same_weights(_weights(single), _weights(run), _initial(tiny_model_dir))
+    _assert_same_metrics(_metrics(single), _metrics(run))
+    assert all(m["async/staleness_max"] == 0 and m["async/stale_token_share"] == 0 for m in _metrics(run))
+
+
+def test_async_rollouts_on_ray_draw_ahead_with_tokens_of_older_weights(tmp_path, tiny_model_dir, data, cluster):
+    """At max_staleness=1 the workers sample the next step's groups while the trainer updates: the run
+    trains tokens of the previous weights (tagged with their version by the worker that drew them)."""
+    run = tmp_path / "run"
+    _train(run, tiny_model_dir, data, _on_ray(cluster, trainers=1, rollout=2) + ["async_rollouts=true",
+                                                                             "max_staleness=1"])
+    lines = _metrics(run)
+    assert [m["step"] for m in lines] == list(range(1, STEPS + 1))
+    assert max(m["async/staleness_max"] for m in lines) == 1 and max(m["async/stale_token_share"] for m in lines) > 0
+
+
+@pytest.mark.parametrize("strategy,kill,save,since", [
     # FSDP2: the ranks gather the sharded weights for the rollout workers together, and resume sharded
-    proc = _train(run, tiny_model_dir, data, _on_ray(cluster) + ["save_steps=1", "distributed_strategy=fsdp2"],
-                  env={"GRPO_RAY_KILL": "trainer:1:1"})
+    ("fsdp2", "trainer:1:1", 1, "its checkpoint step-1"),
+    # DDP, after step 1 was logged but before any checkpoint: the run starts again, what the dead attempt
+    # wrote (its metrics) moved aside
+    ("ddp", "trainer:1:0", 10, "the start (no checkpoint yet)"),
+], ids=["fsdp2-after-step-1", "ddp-before-a-checkpoint"])
+def test_a_trainer_rank_killed_restarts_the_run_from_its_checkpoint_with_the_same_weights(
+        tmp_path, tiny_model_dir, data, cluster, single, strategy, kill, save, since):
+    run = tmp_path / "run"
+    proc = _train(run, tiny_model_dir, data, _on_ray(cluster) + [f"save_steps={save}", f"distributed_strategy={strategy}"],
+                  env={"GRPO_RAY_KILL": kill})
     out = proc.stdout + proc.stderr
     assert out.count("ray: trainer rank 1 (pid") == 1, out[-3000:]
-    assert "the run restarts from its checkpoint step-1 (restart 1 of 3)" in out, out[-3000:]
+    assert f"the run restarts from {since} (restart 1 of 3)" in out, out[-3000:]
     assert json.loads((run / "cluster.json").read_text())["attempt"] == 1
+    if save > 1:
+        assert (run / "metrics.jsonl.attempt-0").read_text().strip(), "the dead attempt's metrics were not kept"
     _assert_same_weights(_weights(single), _weights(run), _initial(tiny_model_dir))
     assert [m["step"] for m in _metrics(run)] == list(range(1, STEPS + 1))
 
@@ -146,9 +177,10 @@ def test_a_trainer_rank_killed_restarts_the_run_from_its_checkpoint_with_the_sam
     (dict(launcher="slurm"), "launcher"),
     (dict(launcher="ray", ray_trainers=3), "ray_trainers"),  # 4 prompts over 3 ranks
     (dict(launcher="ray", rollout_engine="vllm_server"), "rollout_engine"),
-    (dict(launcher="ray", async_rollouts=True), "async_rollouts"),
+    (dict(launcher="ray", async_rollouts=True, partial_rollouts=True), "partial_rollouts"),
     (dict(ray_rollout_workers=0), "ray_rollout_workers"),
     (dict(ray_reward_cpus=0), "ray_reward_cpus"),
+    (dict(ray_trainer_gpus=0.5), "ray_trainer_gpus"),  # two ranks on one GPU cannot join one NCCL group
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_a_bad_cluster_setting_is_refused_naming_its_field(fields, named):
     from grpo.config import Config

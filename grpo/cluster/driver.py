@@ -28,6 +28,7 @@ from grpo.cluster.rewards import RewardWorker
 from grpo.cluster.rollout import RolloutWorker
 from grpo.errors import ConfigError, GrpoError
 from grpo.infra.checkpoint import find_latest
+from grpo.train.settings import ClusterSettings, cluster_settings
 
 
 class TrainerRank:
@@ -77,13 +78,18 @@ class TrainerRank:
         return {**out, "result": result}
 
     def _watch(self, run_dir: Path, attempt: int) -> None:
-        """faults.py's ``trainer:R:S``: this rank dies once step S's checkpoint is written (first attempt only)."""
+        """faults.py's ``trainer:R:S``: this rank dies once step S's checkpoint is written (S = 0: once the first
+        step is logged), on the first attempt only."""
         step = planned("trainer", self.rank)
         if step is None or attempt:
             return
-        while not (run_dir / "checkpoints" / f"step-{step}").is_dir():  # written whole (an atomic rename)
+        done = run_dir / "checkpoints" / f"step-{step}" if step else run_dir / "metrics.jsonl"
+        while not done.exists():  # a checkpoint is written whole (an atomic rename)
             time.sleep(0.02)
         die_at("trainer", self.rank, step, restarted=False)
+
+
+DEATH_WAIT = 120.0  # seconds the other ranks may take to end (or be reported dead) after one raised
 
 
 def _threads(cpus: float) -> int:
@@ -98,32 +104,30 @@ def train_on_ray(cfg) -> dict:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("launcher: ray places the trainer ranks itself; start `grpo train launcher=ray` "
                           "without torchrun")
-    run_dir = Path(cfg.output_dir or f"runs/{datetime.now():%Y%m%d-%H%M%S}").resolve()
-    cfg = dataclasses.replace(cfg, output_dir=str(run_dir), working_dir=cfg.working_dir or os.getcwd())
-    need = (cfg.ray_trainers * cfg.ray_trainer_cpus + cfg.ray_rollout_workers * cfg.ray_rollout_cpus
-            + cfg.ray_reward_workers * cfg.ray_reward_cpus)
-    connect(cfg.ray_address, cpus_needed=need)
-    env = {k: v for k, v in os.environ.items() if k.startswith("GRPO_")}  # a key, a test's fault plan
-    wd, groups, actors = cfg.working_dir, [], []
+    s = cluster_settings(cfg, cwd=os.getcwd(), stamp=f"{datetime.now():%Y%m%d-%H%M%S}")
+    cfg = dataclasses.replace(cfg, output_dir=s.run_dir, working_dir=s.working_dir)  # every rank's, every attempt
+    connect(s.address, cpus_needed=s.cpus)
+    # what the workers read from the environment: grpo's own variables (keys, a test's fault plan) and those
+    # the config names (a judge's key)
+    env = {k: v for k, v in os.environ.items() if k.startswith("GRPO_") or k in s.env_names}
+    groups, actors = [], []
     try:
-        t = cfg.ray_start_timeout
-        groups.append(_placed(_bundles(cfg.ray_rollout_workers, cfg.ray_rollout_cpus, cfg.ray_rollout_gpus),
-                              "SPREAD", "ray_rollout_workers", t))
-        rollout = _actors(RolloutWorker, groups[-1], cfg.ray_rollout_workers, cpus=cfg.ray_rollout_cpus,
-                          gpus=cfg.ray_rollout_gpus, restarts=cfg.ray_max_restarts, env=env,
-                          args=lambda i: (i, _threads(cfg.ray_rollout_cpus), wd))
+        groups.append(_placed(_bundles(s.rollout_workers, s.rollout_cpus, s.rollout_gpus), "SPREAD",
+                              "ray_rollout_workers", s.start_timeout))
+        rollout = _actors(RolloutWorker, groups[-1], s.rollout_workers, cpus=s.rollout_cpus, gpus=s.rollout_gpus,
+                          restarts=s.max_restarts, env=env, args=lambda i: (i, _threads(s.rollout_cpus), s.working_dir))
         reward = []
-        if cfg.ray_reward_workers:
-            groups.append(_placed(_bundles(cfg.ray_reward_workers, cfg.ray_reward_cpus, 0), "SPREAD",
-                                  "ray_reward_workers", t))
-            reward = _actors(RewardWorker, groups[-1], cfg.ray_reward_workers, cpus=cfg.ray_reward_cpus, gpus=0,
-                             restarts=cfg.ray_max_restarts, env=env, args=lambda i: (i, wd))
+        if s.reward_workers:
+            groups.append(_placed(_bundles(s.reward_workers, s.reward_cpus, 0), "SPREAD", "ray_reward_workers",
+                                  s.start_timeout))
+            reward = _actors(RewardWorker, groups[-1], s.reward_workers, cpus=s.reward_cpus, gpus=0,
+                             restarts=s.max_restarts, env=env, args=lambda i: (i, s.working_dir))
         actors += rollout + reward
-        groups.append(_placed(_bundles(cfg.ray_trainers, cfg.ray_trainer_cpus, cfg.ray_trainer_gpus), "PACK",
-                              "ray_trainers", t))
+        groups.append(_placed(_bundles(s.trainers, s.trainer_cpus, s.trainer_gpus), "PACK", "ray_trainers",
+                              s.start_timeout))
         where = {"rollout": ray.get([w.where.remote() for w in rollout]),
                  "reward": ray.get([w.pid.remote() for w in reward])}
-        return _run_trainers(cfg, Workers(rollout, reward, cfg.ray_max_restarts), groups[-1], env, where, run_dir)
+        return _run_trainers(cfg, s, Workers(rollout, reward, s.max_restarts), groups[-1], env, where)
     finally:
         from ray.util.placement_group import remove_placement_group
 
@@ -134,15 +138,15 @@ def train_on_ray(cfg) -> dict:
         ray.shutdown()
 
 
-def _run_trainers(cfg, workers: Workers, pg, env: dict, where: dict, run_dir: Path) -> dict:
-    """The trainer ranks' run; after a rank's death, the run again from its last checkpoint (up to
-    ray_max_restarts times), each time with one line saying so."""
+def _run_trainers(cfg, s: ClusterSettings, workers: Workers, pg, env: dict, where: dict) -> dict:
+    """The trainer ranks' run (``cfg``: what each hands its Trainer); after a rank's death, the run again
+    from its last checkpoint (up to ray_max_restarts times), each time with one line saying so."""
     import ray
 
-    threads = cfg.num_threads or _threads(cfg.ray_trainer_cpus)
-    for attempt in range(cfg.ray_max_restarts + 1):
-        ranks = _actors(TrainerRank, pg, cfg.ray_trainers, cpus=cfg.ray_trainer_cpus, gpus=cfg.ray_trainer_gpus,
-                        restarts=0, env=env, args=lambda i: (i, cfg.ray_trainers, cfg.working_dir, threads))
+    run_dir = Path(s.run_dir)
+    for attempt in range(s.max_restarts + 1):
+        ranks = _actors(TrainerRank, pg, s.trainers, cpus=s.trainer_cpus, gpus=s.trainer_gpus, restarts=0, env=env,
+                        args=lambda i: (i, s.trainers, s.working_dir, s.trainer_threads))
         try:
             where["trainer"] = ray.get([r.where.remote() for r in ranks])
             _record(run_dir, where, attempt)
@@ -153,20 +157,19 @@ def _run_trainers(cfg, workers: Workers, pg, env: dict, where: dict, run_dir: Pa
                 ray.kill(r, no_restart=True)
         if not isinstance(outcome, int):
             return outcome
-        if attempt == cfg.ray_max_restarts:
+        if attempt == s.max_restarts:
             raise GrpoError(f"ray: trainer rank {outcome} died and the run was restarted ray_max_restarts="
-                            f"{cfg.ray_max_restarts} times already; it stops here (its checkpoints are in {run_dir})")
-        latest = run_dir / "checkpoints" / "latest"
-        if latest.exists():
+                            f"{s.max_restarts} times already; it stops here (its checkpoints are in {run_dir})")
+        if (run_dir / "checkpoints" / "latest").exists():
             since = f"its checkpoint {find_latest(run_dir).name}"
             cfg = dataclasses.replace(cfg, resume_from_checkpoint="auto")
-        else:  # from the start again (or the checkpoint it began from): the dead attempt's metrics kept aside
+        else:  # from the start again (or the checkpoint it began from): what the dead attempt wrote kept aside
             since = "the start (no checkpoint yet)"
-            metrics = run_dir / "metrics.jsonl"
-            if metrics.exists():
-                metrics.rename(run_dir / f"metrics.attempt-{attempt}.jsonl")
+            for name in ("metrics.jsonl", "checkpoints"):
+                if (run_dir / name).exists():
+                    (run_dir / name).rename(run_dir / f"{name}.attempt-{attempt}")
         print(f"ray: trainer rank {outcome} (pid {where['trainer'][outcome]['pid']}) died; the run restarts from "
-              f"{since} (restart {attempt + 1} of {cfg.ray_max_restarts})", flush=True)
+              f"{since} (restart {attempt + 1} of {s.max_restarts})", flush=True)
     raise AssertionError("unreachable")
 
 
@@ -179,7 +182,9 @@ def _outcome(refs: list):
     index = {ref: i for i, ref in enumerate(refs)}
     pending, results, raised = list(refs), {}, None
     while pending:
-        ready, pending = ray.wait(pending, num_returns=1, timeout=None if raised is None else 30.0)
+        # once a rank raised, the others are given time to end: a rank lost with its node is reported
+        # dead only after Ray's health checks, well after its peers' collectives failed
+        ready, pending = ray.wait(pending, num_returns=1, timeout=None if raised is None else DEATH_WAIT)
         if not ready:
             break
         try:

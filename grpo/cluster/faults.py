@@ -1,7 +1,8 @@
 """Faults on purpose, for the tests of a cluster run: ``$GRPO_RAY_KILL`` names a process that sends itself
 SIGKILL (a real death, as the OOM killer's) at a set point, once: ``rollout:I:N`` rollout worker I during
 its N-th sampling call, ``reward:I:N`` reward worker I during its N-th scoring call, ``trainer:R:S``
-trainer rank R once step S's checkpoint is written (so during step S + 1). A restarted worker, and a run
+trainer rank R once step S's checkpoint is written (so during step S + 1; S = 0: once the first step is
+logged, before a checkpoint where save_steps is larger). A restarted worker, and a run
 restarted after a trainer's death, do not fire it again. Unset (every real run), nothing happens."""
 
 from __future__ import annotations

@@ -21,9 +21,9 @@ class Workers:
         """A builder of the training engine on the rollout workers (train/engines.Engines' ``remote``)."""
         from grpo.cluster.rollout import ClusterEngine
 
-        def build(policy, tokenizer, *, inner: str, kernels: str, options):
-            return ClusterEngine(policy, tokenizer, inner=inner, kernels=kernels, options=options,
-                                 workers=self.rollout, world=world, max_restarts=self.max_restarts)
+        def build(policy, tokenizer, *, inner: str, kernels: str, options, version: int, numbered: bool):
+            return ClusterEngine(policy, tokenizer, inner=inner, kernels=kernels, options=options, version=version,
+                                 numbered=numbered, workers=self.rollout, world=world, max_restarts=self.max_restarts)
         return build
 
     def attach_rewards(self, rewards) -> None:
@@ -47,7 +47,12 @@ def connect(address: str, *, cpus_needed: float):
 
     quiet = dict(logging_level=logging.WARNING, log_to_driver=True)
     if address:
-        return ray.init(address=address, namespace="grpo", **quiet)
+        try:
+            return ray.init(address=address, namespace="grpo", **quiet)
+        except (ConnectionError, ValueError, RuntimeError) as e:
+            raise ConfigError(f"ray_address: no Ray cluster answers at {address!r} ({type(e).__name__}: "
+                              f"{str(e)[:300]}); start one with `ray start --head`, or leave ray_address empty "
+                              "to start one here") from None
     return ray.init(num_cpus=max(os.cpu_count() or 1, int(-(-cpus_needed // 1))), include_dashboard=False,
                     namespace="grpo", **quiet)
 

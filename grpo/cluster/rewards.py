@@ -5,7 +5,9 @@ A worker sends back each completion's outcome (a value, or the exception that fa
 it; the trainer checks, counts and logs them exactly as it does its own (``score_completions``'s
 ``outcomes``), so a run's reward metrics do not depend on where its rewards ran. Rewards handed over as
 objects (the Python API) and a reward model (which scores with the model the trainer holds) run in the
-trainer. A batch-form (TRL) reward sees its worker's block of completions, not the whole step.
+trainer, and so do batch-form rewards in runs whose episodes hold environment instances. Each worker
+scores whole groups (a group-mode judge sees its group); a batch-form (TRL) reward sees its worker's
+block of groups, not the whole step, and what it logs (``log_metric``, ``log_extra``) comes back.
 
 A worker that dies mid-call is restarted by Ray (up to ``ray_max_restarts`` times) and its block is
 scored again from the same inputs, so no completion is scored twice or lost; each restart is one warning
@@ -50,23 +52,36 @@ class RewardWorker:
         return os.getpid()
 
     def outcomes(self, names: list[str], options, completions: list[str], samples: list[dict], extra: dict) -> dict:
-        """Each named reward's outcome per completion, and the deadlines they passed (``timeouts``)."""
+        """Each named reward's outcome per completion, what they logged, and the deadlines they passed."""
         from grpo.rewards.runner import RewardRunner
 
         self.calls += 1
         die_at("reward", self.index, self.calls, restarted=restarted())
-        key = (tuple(names), options)
+        key = (tuple(names), repr(options))
         if key not in self.runners:
             self.runners[key] = RewardRunner(list(names), None, options)
         runner = self.runners[key]
         before = runner.timeouts
         got = runner.outcomes(completions, samples, extra)
-        return {"outcomes": {n: [_portable(o) for o in v] for n, v in got.items()}, "timeouts": runner.timeouts - before}
+        got["outcomes"] = {n: [_portable(o) for o in v] for n, v in got["outcomes"].items()}
+        return {**got, "timeouts": runner.timeouts - before}
+
+
+def group_blocks(samples: list[dict], parts: int) -> list[list[int]]:
+    """The rows in at most ``parts`` contiguous blocks of whole groups (a group: consecutive rows of one
+    sample object, as the collector repeats a prompt's row for its completions), near-equal in groups."""
+    starts = [r for r in range(len(samples)) if r == 0 or samples[r] is not samples[r - 1]]
+    ends = starts[1:] + [len(samples)]
+    groups = [list(range(a, b)) for a, b in zip(starts, ends)]
+    return [[r for g in block for r in g] for block in blocks(groups, parts) if block]
 
 
 def _rows(extra: dict, rows: list[int]) -> dict:
-    """``extra``'s per-completion lists cut to ``rows``."""
-    return {k: [v[r] for r in rows] if isinstance(v, list) else v for k, v in extra.items()}
+    """``extra``'s per-completion lists cut to ``rows``; an episode's environment instance stays here."""
+    out = {k: [v[r] for r in rows] if isinstance(v, list) else v for k, v in extra.items()}
+    if out.get("episodes") is not None:
+        out["episodes"] = [{k: v for k, v in e.items() if k != "environment"} for e in out["episodes"]]
+    return out
 
 
 class RewardPool:
@@ -79,14 +94,17 @@ class RewardPool:
         self.pids = ray.get([w.pid.remote() for w in workers])
         self.restarted: set[tuple[int, int]] = set()  # (worker, pid of its new process) this rank saw
 
-    def outcomes(self, runner, completions: list[str], samples: list[dict], extra: dict) -> dict:
-        """The outcomes of ``runner``'s pooled rewards (RewardRunner.pooled_names) on every completion."""
+    def outcomes(self, runner, completions: list[str], samples: list[dict], extra: dict) -> dict | None:
+        """The outcomes of ``runner``'s pooled rewards (RewardRunner.pooled_names; batch-form ones stay in the
+        trainer where episodes hold environment instances, which they may read) on every completion, each
+        worker scoring whole groups, and what those rewards logged; None where none is pooled."""
         from ray.exceptions import RayActorError
 
-        names = runner.pooled_names
+        envs = any(e.get("environment") is not None for e in extra.get("episodes") or [])
+        names = [n for n in runner.pooled_names if not (envs and runner.fns[n].batch)]
         if not names or not completions:
-            return {}
-        parts = {i: b for i, b in enumerate(blocks(list(range(len(completions))), len(self.workers))) if b}
+            return None
+        parts = dict(enumerate(group_blocks(samples, len(self.workers))))
         got: dict[int, dict] = {}
         for _ in range(self.max_restarts + 2):
             refs = {i: self.workers[i].outcomes.remote(names, runner.options, [completions[r] for r in rows],
@@ -103,7 +121,13 @@ class RewardPool:
             raise RewardError(f"ray: reward worker(s) {sorted(set(parts) - set(got))} died more than "
                               f"ray_max_restarts={self.max_restarts} times")
         runner.timeouts += sum(g["timeouts"] for g in got.values())
-        return {n: [o for i in sorted(parts) for o in got[i]["outcomes"][n]] for n in names}
+        order = sorted(parts)
+        logs = {key: {} for key in ("log_metrics", "log_columns")}
+        for i in order:
+            for key, into in logs.items():
+                for name, values in got[i][key].items():
+                    into.setdefault(name, []).extend(values)
+        return {"outcomes": {n: [o for i in order for o in got[i]["outcomes"][n]] for n in names}, **logs}
 
     def _restarted(self, i: int, err: Exception, rows: int) -> None:
         from ray.exceptions import RayActorError

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -51,10 +52,13 @@ class ReplicaSpec:
     options: object
 
 
+NO_REPLICA, STALE = "no replica", "stale"  # a worker's answer where it cannot do what it was asked
+
+
 class RolloutWorker:
-    """One rollout worker (a Ray actor: launch.py applies ``ray.remote``). ``generate`` answers None where
-    it does not hold the version asked for, and ``load`` where it holds no replica (a restarted process holds
-    none): the engine then gives it the weights."""
+    """One rollout worker (a Ray actor: launch.py applies ``ray.remote``). ``generate`` and ``load`` answer
+    NO_REPLICA in a process that holds no replica (a restarted one), ``generate`` STALE where its weights
+    are older than those asked for: the engine then gives it the whole policy, or the newest weights."""
 
     def __init__(self, index: int, threads: int, working_dir: str):
         from grpo.infra.runtime import import_from
@@ -70,21 +74,23 @@ class RolloutWorker:
 
         return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(), "restarted": restarted()}
 
-    def setup(self, spec: ReplicaSpec, whole: dict) -> int:
-        """A replica of the policy with every weight ``whole`` holds, and the engine on it (version 0)."""
+    def setup(self, spec: ReplicaSpec, whole: dict, version: int) -> int:
+        """A replica of the policy with every weight ``whole`` holds (those of ``version``), and the engine on it."""
         if self.engine is not None:
             self.engine.close()
         self.model = replica_model(spec.model_config, getattr(torch, spec.dtype), spec.peft_config)
+        if torch.cuda.is_available():  # Ray made the GPUs it gave this worker (ray_rollout_gpus) the visible ones
+            self.model.to("cuda")
         self._copy(whole)
         self.engine = make_engine(spec.engine, self.model, spec.tokenizer, kernels=spec.kernels, options=spec.options)
-        self.version = 0
+        self.version = version
         return self.version
 
-    def load(self, weights: dict, version: int) -> int | None:
-        """The trainable weights of ``version`` into the replica, the engine told; None where this process
-        holds no replica (restarted)."""
+    def load(self, weights: dict, version: int) -> int | str:
+        """The trainable weights of ``version`` into the replica, the engine told; NO_REPLICA where this
+        process holds none (restarted)."""
         if self.engine is None:
-            return None
+            return NO_REPLICA
         self._copy(weights)
         self.engine.sync_weights(self.model)
         self.version = version
@@ -96,14 +102,17 @@ class RolloutWorker:
             for name, value in from_wire(wire).items():
                 mine[name].copy_(value)
 
-    def generate(self, version: int, request: dict) -> dict | None:
-        """One sampling call on weights ``version`` (``RolloutEngine.generate``'s keywords), packed; None
-        where this process does not hold that version."""
-        if self.engine is None or self.version != version:
-            return None
+    def generate(self, version: int, request: dict) -> dict | str:
+        """One sampling call on weights ``version`` or newer (``RolloutEngine.generate``'s keywords), packed,
+        with the version it sampled; NO_REPLICA where this process holds none, STALE where it holds older weights (a worker several
+        ranks share, which another rank's weights reached first)."""
+        if self.engine is None:
+            return NO_REPLICA
+        if self.version < version:
+            return STALE
         self.calls += 1
         die_at("rollout", self.index, self.calls, restarted=restarted())
-        return pack_rollout(self.engine.generate(**request))
+        return {"rollout": pack_rollout(self.engine.generate(**request)), "version": self.version}
 
 
 def my_workers(workers: list, rank: int, world_size: int) -> list[int]:
@@ -115,12 +124,15 @@ def my_workers(workers: list, rank: int, world_size: int) -> list[int]:
 
 class ClusterEngine(RolloutEngine):
     """The run's engine ``inner`` on this rank's rollout workers (module docstring). ``world``: the
-    trainer's (each rank drives its own workers; the restart count is summed over ranks)."""
+    trainer's (each rank drives its own workers; the restart count is summed over ranks). ``version``: the
+    optimizer steps behind the policy's weights now; ``numbered``: every rollout carries the version each
+    token was drawn with (asynchronous rollouts, whose producer thread samples while the trainer updates
+    and publishes: a publish waits for the sampling call a worker is in, then loads the new weights)."""
 
     name = "ray"
 
     def __init__(self, model, tokenizer, *, inner: str, kernels: str, options, workers: list, world,
-                 max_restarts: int):
+                 max_restarts: int, version: int = 0, numbered: bool = False):
         super().__init__(model, tokenizer)
         cls = engine_class(inner)
         self.same_tokens_for_keys, self.returns_sampling_logprobs = cls.same_tokens_for_keys, cls.returns_sampling_logprobs
@@ -136,16 +148,20 @@ class ClusterEngine(RolloutEngine):
         import ray
 
         self._ray = ray
-        self.whole_ref, self.latest_ref, self.version = ray.put(to_wire(whole)), None, 0
+        self.whole_ref, self.latest_ref, self.version, self.numbered = ray.put(to_wire(whole)), None, version, numbered
+        self.first_version = version  # the weights whole_ref holds
         self.restarted: set[tuple[int, int]] = set()  # (worker, pid of its new process) this rank saw
+        self._recovery = threading.Lock()  # the producer's sampling and the trainer's publish may both find a death
         self.where = dict(zip(self.indices, ray.get([w.where.remote() for w in self.workers.values()])))
-        self._on_each({i: ("setup", (self.spec, self.whole_ref)) for i in self.indices})
+        self._on_each({i: ("setup", (self.spec, self.whole_ref, version)) for i in self.indices})
         self.last_sync = {"bytes": 0, "seconds": 0.0}
 
     # ---- calls that survive a worker's death -------------------------------------------------------
     def _on_each(self, calls: dict[int, tuple[str, tuple]], what: str = "setting up") -> dict:
-        """``worker.method(*args)`` on each worker ``calls`` names, at once; a worker that died is brought
-        back (``_bring_back``) and asked again, one that answers None (no weights) is given them first."""
+        """``worker.method(*args)`` on each worker ``calls`` names, at once. A worker that died is brought
+        back (``_bring_back``) and asked again; one without a replica, or with older weights, is given the
+        whole policy or the newest weights first. Each such recovery (a death during it too) is one try
+        of ray_max_restarts + 2."""
         from ray.exceptions import RayActorError
 
         out, todo = {}, dict(calls)
@@ -154,21 +170,24 @@ class ClusterEngine(RolloutEngine):
             for i, ref in refs.items():
                 try:
                     got = self._ray.get(ref)
+                    if got in (NO_REPLICA, STALE):
+                        with self._recovery:
+                            self._give_weights(i, whole=got == NO_REPLICA)
+                        continue
                 except RayActorError as e:
-                    self._bring_back(i, e, what)
-                    continue
-                if got is None:  # a restarted process: no weights yet
-                    self._give_weights(i)
+                    with self._recovery:
+                        self._bring_back(i, e, what)
                     continue
                 out[i] = got
                 del todo[i]
             if not todo:
                 return out
         raise EngineError(f"ray: rollout worker(s) {sorted(todo)} could not complete {what} after "
-                          f"{self.max_restarts} restarts (ray_max_restarts)")
+                          f"{self.max_restarts + 2} tries (ray_max_restarts={self.max_restarts})")
 
     def _bring_back(self, i: int, err: Exception, what: str) -> None:
-        """Worker ``i`` died: Ray restarts it (or has given up: an EngineError); it gets the weights."""
+        """Worker ``i`` died: Ray restarts it (or has given up: an EngineError); its next call answers
+        NO_REPLICA and it gets the weights then."""
         from ray.exceptions import RayActorError
 
         old = self.where.get(i, {})
@@ -182,12 +201,14 @@ class ClusterEngine(RolloutEngine):
         log.warning("ray: rollout worker %d (pid %s) died while %s (%s); Ray restarted it as pid %s, which gets "
                     "the weights and draws its groups again from the same keys",
                     i, old.get("pid"), what, type(err).__name__, self.where[i]["pid"])
-        self._give_weights(i)
 
-    def _give_weights(self, i: int) -> None:
-        self._ray.get(self.workers[i].setup.remote(self.spec, self.whole_ref))
-        if self.latest_ref is not None:
-            self._ray.get(self.workers[i].load.remote(self.latest_ref, self.version))
+    def _give_weights(self, i: int, *, whole: bool) -> None:
+        """The whole policy (``whole``: the worker holds no replica) and the newest trainable weights to worker i."""
+        latest, version = self.latest_ref, self.version  # read together: publish may replace them meanwhile
+        if whole:
+            self._ray.get(self.workers[i].setup.remote(self.spec, self.whole_ref, self.first_version))
+        if latest is not None:
+            self._ray.get(self.workers[i].load.remote(latest, version))
 
     # ---- the engine's calls --------------------------------------------------------------------------
     def _generate(self, prompts, *, group_size: int, sampling: SamplingSettings, keys: list[int] | None,
@@ -202,22 +223,33 @@ class ClusterEngine(RolloutEngine):
                 prompts=[prompts[g] for g in groups], group_size=group_size, sampling=sampling,
                 keys=None if keys is None else [keys[r] for r in rows], with_logprobs=with_logprobs, greedy=greedy)))
         got = self._on_each(calls, "sampling")
-        ro = concat_rollouts([unpack_rollout({k: readonly_tensor(v) if isinstance(v, np.ndarray) else v
-                                              for k, v in got[i].items()}) for i, _ in parts], self.tokenizer.pad_token_id)
+        blocks_ = []
+        for i, _ in parts:
+            ro = unpack_rollout({k: readonly_tensor(v) if isinstance(v, np.ndarray) else v
+                                 for k, v in got[i]["rollout"].items()})
+            if self.numbered:  # every token of a call is drawn with the weights the worker held for it
+                ro.versions = torch.full_like(ro.completion_ids, got[i]["version"], dtype=torch.int64)  # [n, T]
+            blocks_.append(ro)
+        ro = concat_rollouts(blocks_, self.tokenizer.pad_token_id)
         ro.seconds, ro.engine = time.perf_counter() - t0, self.spec.engine  # wall time: the workers sample at once
         return rollout_to(ro, self.device)
 
     def sync_weights(self, policy) -> None:
-        """The trainable weights (gathered, dequantized: ``whole_weights``) put once in the object store and
-        loaded by this rank's workers."""
+        """``publish`` as the next version."""
+        self.publish(policy, version=self.version + 1)
+
+    def publish(self, policy, *, version: int) -> None:
+        """The trainable weights of ``version`` (gathered, dequantized: ``whole_weights``) put once in the
+        object store and loaded by this rank's workers; calls made after this one ask for them."""
         if policy is not self.model:
-            raise ValueError("rollout engine 'ray' samples a copy of the model it was built on; sync_weights got "
+            raise ValueError("rollout engine 'ray' samples a copy of the model it was built on; publish got "
                              "another one")
         t0 = time.perf_counter()
         wire = to_wire(whole_weights(policy, self.trainable))
-        self.version += 1
-        self.latest_ref = self._ray.put(wire)
-        self._on_each({i: ("load", (self.latest_ref, self.version)) for i in self.indices}, "loading weights")
+        ref = self._ray.put(wire)
+        self._on_each({i: ("load", (ref, version)) for i in self.indices}, "loading weights")
+        with self._recovery:
+            self.latest_ref, self.version = ref, version
         self.last_sync = {"bytes": wire_bytes(wire), "seconds": time.perf_counter() - t0}
 
     def sync_metrics(self) -> dict:

@@ -353,17 +353,24 @@ def _validate_cluster(c) -> None:
     for name in ("ray_trainer_gpus", "ray_rollout_gpus"):
         if getattr(c, name) < 0:
             raise ConfigError(f"{name}: must be >= 0, got {getattr(c, name)}")
+    if c.ray_trainer_gpus != int(c.ray_trainer_gpus):
+        raise ConfigError(f"ray_trainer_gpus: 0 or a whole number of GPUs per trainer rank, got {c.ray_trainer_gpus} "
+                          "(a rank trains on one device; ranks sharing a GPU cannot join one NCCL group)")
     if c.launcher != "ray":
         return
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError("launcher: ray is not installed here; pip install 'grpo[ray]' (or launcher=local)")
     if c.prompts_per_step % c.ray_trainers:
         raise ConfigError(f"ray_trainers: prompts_per_step ({c.prompts_per_step}) must divide evenly over "
                           f"{c.ray_trainers} trainer ranks")
     if c.rollout_engine == "vllm_server":
         raise ConfigError("rollout_engine: launcher=ray places its own rollout workers (rollout_engine fast, hf or "
                           "vllm, ray_rollout_workers of them); vllm_server is for servers started apart")
-    if c.async_rollouts:
-        raise ConfigError("async_rollouts: not available with launcher=ray (the rollout workers sample each step's "
-                          "groups between updates); set async_rollouts=false or launcher=local")
+    if c.async_rollouts and c.partial_rollouts:
+        raise ConfigError("partial_rollouts: not available with launcher=ray (a rollout worker takes new weights "
+                          "between sampling calls, not within one); set partial_rollouts=false or launcher=local")
 
 
 def _validate_consistency(c) -> None:

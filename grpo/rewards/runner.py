@@ -145,10 +145,15 @@ class RewardRunner:
         before = sum(f.timeouts for f in self._remote)
         extra = dict(episodes=episodes, completion_ids=completion_ids, trainer_state=trainer_state)
         try:
-            done = {} if self.pool is None else self.pool.outcomes(self, completions, samples, extra)
+            pooled = None if self.pool is None else self.pool.outcomes(self, completions, samples, extra)
+            done = {} if pooled is None else dict(pooled["outcomes"])
             done.update(self._in_workers([n for n in self.names if n not in done], completions, samples, extra))
-            return score_completions(completions, samples, self.fns, self.weights, logged=self.logged, outcomes=done,
-                                     **extra)
+            result = score_completions(completions, samples, self.fns, self.weights, logged=self.logged,
+                                       outcomes=done, **extra)
+            for key in ("log_metrics", "log_columns") if pooled else ():  # what the pooled rewards logged there
+                for name, values in pooled[key].items():
+                    getattr(result, key).setdefault(name, []).extend(values)
+            return result
         finally:  # async calls and HTTP requests past their deadline count as the workers' do
             self.timeouts += sum(f.timeouts for f in self._remote) - before
 
@@ -164,13 +169,15 @@ class RewardRunner:
 
     def outcomes(self, completions: list[str], samples: list[dict], extra: dict) -> dict:
         """Every reward's outcome per completion (a value, or the exception that failed it), run as ``score``
-        runs it (worker processes and deadlines included) but not yet checked or counted: what a cluster's
-        reward worker sends back. The keywords of ``extra``: ``score``'s."""
+        runs it (worker processes and deadlines included) but not yet checked or counted, and what TRL-form
+        rewards logged (``log_metrics``, ``log_columns``): what a cluster's reward worker sends back. The
+        keywords of ``extra``: ``score``'s."""
         before = sum(f.timeouts for f in self._remote)
         try:
             done = self._in_workers(self.names, completions, samples, extra)
             inputs = BatchInputs(list(completions), samples, **extra)
-            return {n: done[n] if n in done else reward_outcomes(n, self.fns[n], inputs) for n in self.names}
+            values = {n: done[n] if n in done else reward_outcomes(n, self.fns[n], inputs) for n in self.names}
+            return {"outcomes": values, "log_metrics": inputs.log.metrics, "log_columns": inputs.log.columns}
         finally:
             self.timeouts += sum(f.timeouts for f in self._remote) - before
 

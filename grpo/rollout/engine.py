@@ -118,6 +118,12 @@ class RolloutEngine:
             raise ValueError(f"rollout engine {self.name!r} samples from the model it was built on; "
                              "sync_weights got another one")
 
+    def publish(self, policy, *, version: int) -> None:
+        """``policy``'s current weights, those after ``version`` optimizer steps, are what the engine samples
+        next: ``sync_weights``, for an engine that does not number its weights (the trainer's Engines call
+        this after each update and after a resume)."""
+        self.sync_weights(policy)
+
     def sync_metrics(self) -> dict:
         """Metrics of the latest ``sync_weights`` (what it moved and how long it took); {} where it moves nothing."""
         return {}

@@ -292,6 +292,10 @@ class ProcessEngine(RolloutEngine):
     def sync_weights(self, policy) -> None:
         """Nothing: the process's weights arrive numbered, by ``publish`` (which the run's Engines call)."""
 
+    def sync_metrics(self) -> dict:
+        """The bytes the latest publish copied, against a publish of every weight."""
+        return {"async/publish_bytes": self.process.last_publish_bytes, "async/full_publish_bytes": self.process.full_bytes}
+
     def close(self) -> None:
         self.process.close()
         super().close()

@@ -38,15 +38,15 @@ class Engines:
     def train(self) -> RolloutEngine:
         """The training sampler, built where there is none or it was closed."""
         if self._train is None or self._train.closed:
+            if self.remote is not None:  # launcher=ray: the cluster's rollout workers (asynchronous: numbered)
+                self._train = self.remote(self.policy, self.tokenizer, inner=self.name, kernels=self.kernels,
+                                          options=self.options, version=self.version, numbered=self.process is not None)
+                return self._train
             if self.process is not None:
                 if threading.get_ident() != self._owner:  # the producer, after the trainer closed it
                     raise EngineError("the rollout engine process was closed")
                 proc = EngineProcess(self.policy, self.tokenizer, self.process, version=self.version)
                 self._train = ProcessEngine(self.policy, self.tokenizer, process=proc)
-                return self._train
-            if self.remote is not None:
-                self._train = self.remote(self.policy, self.tokenizer, inner=self.name, kernels=self.kernels,
-                                          options=self.options)
                 return self._train
             try:
                 if self.synced and self.name == "fast":  # FSDP2: the fast loop samples a whole copy
@@ -83,15 +83,9 @@ class Engines:
         the metrics say the bytes that publish copied against a publish of every weight."""
         self.version, metrics = version, {}
         for engine in self.opened():
-            if engine.closed:
-                continue
-            if isinstance(engine, ProcessEngine):  # every token it draws carries the version
+            if not engine.closed:  # an engine that numbers its weights tags every token it draws with them
                 engine.publish(self.policy, version=version)
-                metrics = {"async/publish_bytes": engine.process.last_publish_bytes,
-                           "async/full_publish_bytes": engine.process.full_bytes}
-            else:
-                engine.sync_weights(self.policy)
-            metrics.update(engine.sync_metrics())
+                metrics.update(engine.sync_metrics())
         return metrics
 
     def close(self) -> None:

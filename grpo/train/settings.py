@@ -319,3 +319,45 @@ def run_settings(cfg: Config, *, cores: int, cpu_alone: bool = True) -> RunSetti
         reward_model=reward_model_settings(cfg) if cfg.reward_model_train_steps else None,
         batch=batch_settings(cfg), logic_consistency=consistency_settings(cfg), update=update_settings(cfg),
         eval=eval_settings(cfg), critic=critic_settings(cfg))
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """launcher=ray: what the driver places, on what, and how often it brings the run back (Config ray_*)."""
+
+    address: str  # ray_address
+    trainers: int
+    rollout_workers: int
+    reward_workers: int
+    trainer_cpus: float
+    rollout_cpus: float
+    reward_cpus: float
+    trainer_gpus: float
+    rollout_gpus: float
+    max_restarts: int
+    start_timeout: float
+    trainer_threads: int  # num_threads, else the whole CPUs a rank reserves
+    run_dir: str  # output_dir made absolute (runs/<date-time> where empty): every rank's, on every attempt
+    working_dir: str  # working_dir, else the driver's folder
+    env_names: tuple[str, ...]  # the environment variables the config names (its *_env fields)
+
+    @property
+    def cpus(self) -> float:
+        """The CPUs every part of the run reserves together."""
+        return (self.trainers * self.trainer_cpus + self.rollout_workers * self.rollout_cpus
+                + self.reward_workers * self.reward_cpus)
+
+
+def cluster_settings(cfg: Config, *, cwd: str, stamp: str) -> ClusterSettings:
+    """The driver's settings; ``cwd``: the folder it runs in, ``stamp``: the date-time naming a run folder."""
+    import os
+
+    run_dir = os.path.abspath(os.path.join(cwd, cfg.output_dir or f"runs/{stamp}"))
+    return ClusterSettings(
+        address=cfg.ray_address, trainers=cfg.ray_trainers, rollout_workers=cfg.ray_rollout_workers,
+        reward_workers=cfg.ray_reward_workers, trainer_cpus=cfg.ray_trainer_cpus, rollout_cpus=cfg.ray_rollout_cpus,
+        reward_cpus=cfg.ray_reward_cpus, trainer_gpus=cfg.ray_trainer_gpus, rollout_gpus=cfg.ray_rollout_gpus,
+        max_restarts=cfg.ray_max_restarts, start_timeout=cfg.ray_start_timeout,
+        trainer_threads=cfg.num_threads or max(1, int(cfg.ray_trainer_cpus)), run_dir=run_dir,
+        working_dir=cfg.working_dir or cwd,
+        env_names=tuple(sorted({str(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name.endswith("_env")})))
