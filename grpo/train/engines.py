@@ -39,6 +39,8 @@ class Engines:
         """The training sampler, built where there is none or it was closed."""
         if self._train is None or self._train.closed:
             if self.remote is not None:  # launcher=ray: the cluster's rollout workers (asynchronous: numbered)
+                if threading.get_ident() != self._owner:  # the producer, after the trainer closed it
+                    raise EngineError("the rollout engine on the cluster's workers was closed")
                 self._train = self.remote(self.policy, self.tokenizer, inner=self.name, kernels=self.kernels,
                                           options=self.options, version=self.version, numbered=self.process is not None)
                 return self._train

@@ -106,7 +106,7 @@ class Trainer:
         self.cfg = cfg = _own_copy(cfg, working_dir=cfg.working_dir or os.getcwd())
         self.world = world = _start_process(cfg)
         self.settings = s = run_settings(cfg, cores=torch.get_num_threads(),  # every component's, once
-                                         cpu_alone=world.device.type == "cpu" and not world.distributed)
+                                         cpu_alone=world.device.type == "cpu" and not world.distributed and cluster is None)
         # Everything that can be wrong with the input is checked before the model loads.
         # the task (or a mixture's sources), rewards (given: callables handed over by the Python API),
         # prompt stream and evaluation suites (train/sources.py)

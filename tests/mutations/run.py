@@ -32,11 +32,14 @@ class Mutation:
 
 
 MUTATIONS = (
+    Mutation("a rollout worker keeps its replica from before the trainer ranks restarted", "grpo/cluster/rollout.py",
+             "if self.engine is not None and self.epoch == epoch:", "if self.engine is not None:",
+             ("tests/test_cluster.py::test_a_trainer_rank_killed_restarts_the_run_from_its_checkpoint_with_the_same_weights[ddp-before-a-checkpoint]",)),
     Mutation("a rollout worker's tokens carry no version", "grpo/cluster/rollout.py",
              "            if self.numbered:  # every token", "            if False:  # every token",
              ("tests/test_cluster.py::test_async_rollouts_on_ray_draw_ahead_with_tokens_of_older_weights",)),
     Mutation("a run restarted before any checkpoint keeps the dead attempt's files in the way", "grpo/cluster/driver.py",
-             "for name in (\"metrics.jsonl\", \"checkpoints\"):", "for name in ():",
+             "for name in (\"metrics.jsonl\", \"checkpoints\", \"samples.jsonl\", \"tensorboard\"):", "for name in ():",
              ("tests/test_cluster.py::test_a_trainer_rank_killed_restarts_the_run_from_its_checkpoint_with_the_same_weights[ddp-before-a-checkpoint]",)),
     Mutation("a restarted rollout worker gets the first weights as the newest", "grpo/cluster/rollout.py",
              "load.remote(latest, version))", "load.remote(self.whole_ref, version))",
