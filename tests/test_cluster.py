@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import import_or_skip_unless_ci
 from tests.test_distributed import LORA, STEPS, _adapters_start, _assert_same_metrics, _assert_same_weights, _env, \
-    _initial, _metrics, _run, _weights
+    _initial, _metrics, _run, _weights, data_file  # noqa: F401 (data_file: a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY_MISSING = "ray is not installed (pip install -e '.[ray]')"
@@ -55,11 +55,9 @@ def _on_ray(cluster: str, *, trainers: int = 2, rollout: int = 2, reward: int = 
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "sums.jsonl"
-    rows = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(1, 7) for b in range(1, 5)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+def data(data_file):
+    """The distributed tests' task (24 sums), so a Ray run is compared with the runs they compare."""
+    return data_file
 
 
 @pytest.fixture(scope="module")

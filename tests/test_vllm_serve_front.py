@@ -206,6 +206,16 @@ def test_a_server_that_accepts_and_never_answers_is_an_engine_error_naming_the_u
     assert len(server.held) == 1 and took < 10 * (1.0 + 8 * 0.01 + 5)
 
 
+def wait_for_a_logged_step(proc: subprocess.Popen, run: Path, timeout: float = 300) -> Path:
+    """The run's metrics.jsonl once `grpo train` (``proc``) has logged a step; it must still be running."""
+    metrics = run / "metrics.jsonl"
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline and not (metrics.exists() and metrics.read_text()):
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stderr.read()
+    return metrics
+
+
 def test_grpo_train_against_a_stopped_server_ends_with_a_checkpoint_and_a_one_line_error(
         tiny_model_dir, tiny_dataset, tmp_path):
     """`grpo train rollout_engine=vllm_server` (the real command) against the server, SIGSTOPped
@@ -222,11 +232,7 @@ def test_grpo_train_against_a_stopped_server_ends_with_a_checkpoint_and_a_one_li
                              f"vllm_server_port={server.port}", "vllm_server_request_timeout=15"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        metrics = run / "metrics.jsonl"
-        deadline = time.monotonic() + 300
-        while proc.poll() is None and time.monotonic() < deadline and not (metrics.exists() and metrics.read_text()):
-            time.sleep(0.1)
-        assert proc.poll() is None, proc.stderr.read()
+        metrics = wait_for_a_logged_step(proc, run)
         server.send_signal(signal.SIGSTOP)
         stopped = time.monotonic()
         rc = proc.wait(timeout=120)

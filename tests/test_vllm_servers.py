@@ -135,9 +135,8 @@ def test_grpo_train_on_two_servers_finishes_on_the_other_when_one_is_killed_mid_
     import os
     import subprocess
     import sys
-    import time
 
-    from tests.test_vllm_serve_front import ROOT
+    from tests.test_vllm_serve_front import ROOT, wait_for_a_logged_step
 
     dead, alive = start_standin(tiny_model_dir), start_standin(tiny_model_dir)
     run, steps = tmp_path / "run", 4
@@ -150,11 +149,7 @@ def test_grpo_train_on_two_servers_finishes_on_the_other_when_one_is_killed_mid_
                              "vllm_server_request_timeout=15"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        metrics = run / "metrics.jsonl"
-        deadline = time.monotonic() + 300
-        while proc.poll() is None and time.monotonic() < deadline and not (metrics.exists() and metrics.read_text()):
-            time.sleep(0.05)
-        assert proc.poll() is None, proc.stderr.read()
+        metrics = wait_for_a_logged_step(proc, run)
         dead.kill()
         rc = proc.wait(timeout=240)
     finally:
