@@ -106,20 +106,26 @@ def test_a_ray_run_with_two_trainer_ranks_and_two_rollout_workers_is_the_single_
     # two ranks each call every one of 3 reward workers: call 3 of worker 1 is one of step 2's; LoRA: the
     # adapters alone go to the rollout workers after each step
     (2, 3, "reward:1:3", "cluster/reward_restarts", "ray: reward worker 1 (pid", LORA),
-], ids=["rollout-worker", "reward-worker-lora"])
+    # a worker that stops answering (hung) in its call of step 2: past ray_call_timeout it is killed, Ray
+    # restarts it and its groups are drawn again
+    (1, 0, "hang-rollout:1:2", "cluster/rollout_restarts", "ray: rollout worker 1 (pid", ("ray_call_timeout=3",)),
+], ids=["rollout-worker", "reward-worker-lora", "rollout-worker-hung"])
 def test_a_worker_killed_mid_step_is_restarted_and_the_run_ends_with_the_same_weights(
         tmp_path, tiny_model_dir, data, cluster, single, single_lora, trainers, rewards, kill, metric, line, extra):
     run = tmp_path / "run"
     proc = _train(run, tiny_model_dir, data, _on_ray(cluster, trainers=trainers, reward=rewards) + list(extra),
                   env={"GRPO_RAY_KILL": kill})
     out = proc.stdout + proc.stderr
-    assert 1 <= out.count(line) <= trainers and "died while" in out, out[-3000:]  # each rank that saw it says so
+    assert 1 <= out.count(line) <= trainers and "died or hung while" in out, out[-3000:]  # each rank that saw it
+    if kill.startswith("hang"):
+        assert "no answer within its deadline (ray_call_timeout=3)" in out, out[-3000:]
     restarts = [x[metric] for x in _metrics(run)]
     assert restarts[0] == 0 and restarts[-1] == 1, restarts  # once, at step 2, counted for the run
-    one = single_lora if extra else single
-    _assert_same_weights(_weights(one), _weights(run), _adapters_start(one) if extra else _initial(tiny_model_dir))
+    lora = LORA[0] in extra
+    one = single_lora if lora else single
+    _assert_same_weights(_weights(one), _weights(run), _adapters_start(one) if lora else _initial(tiny_model_dir))
     _assert_same_metrics(_metrics(one), _metrics(run))
-    if extra:  # the adapters alone went to the rollout workers after each step, not the whole model
+    if lora:  # the adapters alone went to the rollout workers after each step, not the whole model
         adapters = sum(t.numel() * 4 for t in _weights(one).values())
         assert all(m["cluster/weight_sync_bytes"] == adapters for m in _metrics(run))
         assert adapters < 0.2 * sum(t.numel() * 4 for t in _initial(tiny_model_dir).values())

@@ -125,9 +125,9 @@ def train_on_ray(cfg) -> dict:
         actors += rollout + reward
         groups.append(_placed(_bundles(s.trainers, s.trainer_cpus, s.trainer_gpus), "PACK", "ray_trainers",
                               s.start_timeout))
-        where = {"rollout": ray.get([w.where.remote() for w in rollout]),
-                 "reward": ray.get([w.pid.remote() for w in reward])}
-        return _run_trainers(cfg, s, Workers(rollout, reward, s.max_restarts), groups[-1], env, where)
+        where = {"rollout": ray.get([w.where.remote() for w in rollout], timeout=s.start_timeout),
+                 "reward": ray.get([w.pid.remote() for w in reward], timeout=s.start_timeout)}
+        return _run_trainers(cfg, s, Workers(rollout, reward, s.max_restarts, s.call_timeout), groups[-1], env, where)
     finally:
         from ray.util.placement_group import remove_placement_group
 
@@ -148,9 +148,9 @@ def _run_trainers(cfg, s: ClusterSettings, workers: Workers, pg, env: dict, wher
         ranks = _actors(TrainerRank, pg, s.trainers, cpus=s.trainer_cpus, gpus=s.trainer_gpus, restarts=0, env=env,
                         args=lambda i: (i, s.trainers, s.working_dir, s.trainer_threads))
         try:
-            where["trainer"] = ray.get([r.where.remote() for r in ranks])
+            where["trainer"] = ray.get([r.where.remote() for r in ranks], timeout=s.start_timeout)
             _record(run_dir, where, attempt)
-            master = ray.get(ranks[0].master.remote())
+            master = ray.get(ranks[0].master.remote(), timeout=s.start_timeout)
             started = dataclasses.replace(workers, epoch=attempt)  # the workers rebuild their replicas for it
             outcome = _outcome([r.run.remote(cfg, master, started, attempt) for r in ranks])
         finally:

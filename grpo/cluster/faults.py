@@ -3,7 +3,8 @@ SIGKILL (a real death, as the OOM killer's) at a set point, once: ``rollout:I:N`
 its N-th sampling call, ``reward:I:N`` reward worker I during its N-th scoring call, ``trainer:R:S``
 trainer rank R once step S's checkpoint is written (so during step S + 1; S = 0: once the first step is
 logged, before a checkpoint where save_steps is larger). A restarted worker, and a run
-restarted after a trainer's death, do not fire it again. Unset (every real run), nothing happens."""
+restarted after a trainer's death, do not fire it again. ``hang-rollout:I:N`` and ``hang-reward:I:N``: the worker stops
+answering instead of dying (a hung process; ray_call_timeout). Unset (every real run), nothing happens."""
 
 from __future__ import annotations
 
@@ -25,9 +26,16 @@ def planned(role: str, index: int) -> int | None:
 
 
 def die_at(role: str, index: int, count: int, *, restarted: bool) -> None:
-    """SIGKILL this process when it is ``role`` ``index`` at its planned ``count`` (and not restarted)."""
-    if not restarted and planned(role, index) == count:
+    """SIGKILL this process when it is ``role`` ``index`` at its planned ``count`` (and not restarted); with
+    the role ``hang-<role>`` in the plan, stop answering instead (a hung worker: sleep until killed)."""
+    if restarted:
+        return
+    if planned(role, index) == count:
         os.kill(os.getpid(), signal.SIGKILL)
+    if planned(f"hang-{role}", index) == count:
+        import time
+
+        time.sleep(10**6)
 
 
 def restarted() -> bool:
@@ -53,8 +61,12 @@ def answer_after_restart(call):
     deadline = time.monotonic() + RESTART_WAIT
     while True:
         try:
-            return ray.get(call())
-        except RayActorError:
+            return ray.get(call(), timeout=RESTART_WAIT)
+        except (RayActorError, ray.exceptions.GetTimeoutError):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+
+
+class Hung(Exception):
+    """A worker that did not answer a call within its deadline (ray_call_timeout); it has been killed."""

@@ -16,6 +16,7 @@ class Workers:
     rollout: list
     reward: list
     max_restarts: int
+    call_timeout: float  # seconds a call may take beyond its work's share (ray_call_timeout)
     epoch: int = 0  # which start of the trainer ranks (0, then one more after each restart)
 
     def rollouts(self, world):
@@ -25,7 +26,7 @@ class Workers:
         def build(policy, tokenizer, *, inner: str, kernels: str, options, version: int, numbered: bool):
             return ClusterEngine(policy, tokenizer, inner=inner, kernels=kernels, options=options, version=version,
                                  numbered=numbered, workers=self.rollout, world=world, max_restarts=self.max_restarts,
-                                 epoch=self.epoch)
+                                 epoch=self.epoch, call_timeout=self.call_timeout)
         return build
 
     def attach_rewards(self, rewards) -> None:
@@ -34,7 +35,7 @@ class Workers:
             return
         from grpo.cluster.rewards import RewardPool
 
-        pool = RewardPool(self.reward, max_restarts=self.max_restarts)
+        pool = RewardPool(self.reward, max_restarts=self.max_restarts, call_timeout=self.call_timeout)
         for runner in getattr(rewards, "runners", {"": rewards}).values():
             runner.pool = pool
         rewards.pool = pool

@@ -19,8 +19,9 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import time
 
-from grpo.cluster.faults import RESTART_WAIT, answer_after_restart, die_at, restarted
+from grpo.cluster.faults import RESTART_WAIT, Hung, answer_after_restart, die_at, restarted
 from grpo.errors import RewardError
 from grpo.rollout.vllm.client import blocks
 
@@ -87,18 +88,18 @@ def _rows(extra: dict, rows: list[int]) -> dict:
 class RewardPool:
     """The trainer's side: a call's completions in contiguous blocks, one per worker, scored at once."""
 
-    def __init__(self, workers: list, *, max_restarts: int):
+    def __init__(self, workers: list, *, max_restarts: int, call_timeout: float):
         import ray
 
-        self._ray, self.workers, self.max_restarts = ray, workers, max_restarts
-        self.pids = ray.get([w.pid.remote() for w in workers])
+        self._ray, self.workers, self.max_restarts, self.call_timeout = ray, workers, max_restarts, call_timeout
+        self.pids = ray.get([w.pid.remote() for w in workers], timeout=call_timeout)
         self.restarted: set[tuple[int, int]] = set()  # (worker, pid of its new process) this rank saw
 
     def outcomes(self, runner, completions: list[str], samples: list[dict], extra: dict) -> dict | None:
         """The outcomes of ``runner``'s pooled rewards (RewardRunner.pooled_names; batch-form ones stay in the
         trainer where episodes hold environment instances, which they may read) on every completion, each
         worker scoring whole groups, and what those rewards logged; None where none is pooled."""
-        from ray.exceptions import RayActorError
+        from ray.exceptions import GetTimeoutError, RayActorError
 
         envs = any(e.get("environment") is not None for e in extra.get("episodes") or [])
         names = [n for n in runner.pooled_names if not (envs and runner.fns[n].batch)]
@@ -110,10 +111,15 @@ class RewardPool:
             refs = {i: self.workers[i].outcomes.remote(names, runner.options, [completions[r] for r in rows],
                                                        [samples[r] for r in rows], _rows(extra, rows))
                     for i, rows in parts.items() if i not in got}
-            for i, ref in refs.items():
+            t0 = time.monotonic()
+            for i, ref in refs.items():  # a call's deadline: ray_call_timeout (the rewards keep their own inside)
                 try:
-                    got[i] = self._ray.get(ref)
-                except RayActorError as e:
+                    try:
+                        got[i] = self._ray.get(ref, timeout=max(self.call_timeout - (time.monotonic() - t0), 0.0))
+                    except GetTimeoutError:  # hung: Ray restarts it once killed
+                        self._ray.kill(self.workers[i], no_restart=False)
+                        raise Hung(f"no answer within ray_call_timeout={self.call_timeout:g} s") from None
+                except (RayActorError, Hung) as e:
                     self._restarted(i, e, len(parts[i]))
             if len(got) == len(parts):
                 break
@@ -140,5 +146,5 @@ class RewardPool:
             raise RewardError(f"ray: reward worker {i} (pid {old}) died and was not restarted within "
                               f"{RESTART_WAIT:g} s (ray_max_restarts={self.max_restarts})") from None
         self.restarted.add((i, self.pids[i]))
-        log.warning("ray: reward worker %d (pid %s) died while scoring (%s); Ray restarted it as pid %s, which "
-                    "scores its %d completions again", i, old, type(err).__name__, self.pids[i], rows)
+        log.warning("ray: reward worker %d (pid %s) died or hung while scoring (%s: %s); Ray restarted it as pid %s, which "
+                    "scores its %d completions again", i, old, type(err).__name__, str(err)[:200], self.pids[i], rows)

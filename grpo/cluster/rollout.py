@@ -26,13 +26,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from grpo.cluster.faults import RESTART_WAIT, answer_after_restart, die_at, restarted
+from grpo.cluster.faults import RESTART_WAIT, Hung, answer_after_restart, die_at, restarted
 from grpo.cluster.wire import from_wire, readonly_tensor, to_wire, wire_bytes
 from grpo.errors import EngineError
 from grpo.rollout.engine import RolloutEngine, SamplingSettings, engine_class, make_engine
 from grpo.rollout.producer import pack_rollout, unpack_rollout
 from grpo.rollout.types import Rollout, concat_rollouts, rollout_to
-from grpo.rollout.vllm.client import blocks
+from grpo.rollout.vllm.client import blocks, call_deadline
 from grpo.rollout.whole import architecture, lora_config, replica_model, whole_weights
 
 log = logging.getLogger("grpo.cluster")
@@ -138,12 +138,12 @@ class ClusterEngine(RolloutEngine):
     name = "ray"
 
     def __init__(self, model, tokenizer, *, inner: str, kernels: str, options, workers: list, world,
-                 max_restarts: int, version: int = 0, numbered: bool = False, epoch: int = 0):
+                 max_restarts: int, call_timeout: float, version: int = 0, numbered: bool = False, epoch: int = 0):
         super().__init__(model, tokenizer)
         cls = engine_class(inner)
         self.same_tokens_for_keys, self.returns_sampling_logprobs = cls.same_tokens_for_keys, cls.returns_sampling_logprobs
         self.own_kernels = cls.own_kernels
-        self.world, self.max_restarts = world, max_restarts
+        self.world, self.max_restarts, self.call_timeout = world, max_restarts, call_timeout
         self.indices = my_workers(workers, world.rank, world.size)
         self.workers = {i: workers[i] for i in self.indices}
         self.device = next(model.parameters()).device
@@ -158,29 +158,39 @@ class ClusterEngine(RolloutEngine):
         self.first_version, self.epoch = version, epoch  # the weights whole_ref holds; the ranks' start
         self.restarted: set[tuple[int, int]] = set()  # (worker, pid of its new process) this rank saw
         self._recovery = threading.Lock()  # the producer's sampling and the trainer's publish may both find a death
-        self.where = dict(zip(self.indices, ray.get([w.where.remote() for w in self.workers.values()])))
+        self.where = dict(zip(self.indices, ray.get([w.where.remote() for w in self.workers.values()],
+                                                    timeout=call_timeout)))
         self._on_each({i: ("setup", (self.spec, self.whole_ref, version, epoch)) for i in self.indices})
         self.last_sync = {"bytes": 0, "seconds": 0.0}
 
     # ---- calls that survive a worker's death -------------------------------------------------------
-    def _on_each(self, calls: dict[int, tuple[str, tuple]], what: str = "setting up") -> dict:
+    def _on_each(self, calls: dict[int, tuple[str, tuple]], what: str = "setting up", tokens: dict | None = None) -> dict:
         """``worker.method(*args)`` on each worker ``calls`` names, at once. A worker that died is brought
         back (``_bring_back``) and asked again; one without a replica, or with older weights, is given the
         whole policy or the newest weights first. Each such recovery (a death during it too) is one try
-        of ray_max_restarts + 2."""
-        from ray.exceptions import RayActorError
+        of ray_max_restarts + 2. Each call has a deadline (``call_deadline``: ray_call_timeout plus the share of
+        the ``tokens`` it samples); a worker past it is taken as hung: killed, restarted and asked again."""
+        from ray.exceptions import GetTimeoutError, RayActorError
 
         out, todo = {}, dict(calls)
         for _ in range(self.max_restarts + 2):
             refs = {i: getattr(self.workers[i], m).remote(*args) for i, (m, args) in todo.items()}
+            t0 = time.monotonic()
             for i, ref in refs.items():
+                left = call_deadline(self.call_timeout, tokens=(tokens or {}).get(i, 0)) - (time.monotonic() - t0)
                 try:
-                    got = self._ray.get(ref)
+                    try:
+                        got = self._ray.get(ref, timeout=max(left, 0.0))
+                    except GetTimeoutError:  # hung: Ray restarts it once killed
+                        self._ray.kill(self.workers[i], no_restart=False)
+                        raise Hung(f"no answer within its deadline (ray_call_timeout={self.call_timeout:g})") from None
                     if got in (NO_REPLICA, STALE):
                         with self._recovery:
                             self._give_weights(i, whole=got == NO_REPLICA)
                         continue
-                except RayActorError as e:
+                except (RayActorError, GetTimeoutError, Hung) as e:  # GetTimeoutError: while given its weights
+                    if isinstance(e, GetTimeoutError):
+                        self._ray.kill(self.workers[i], no_restart=False)
                     with self._recovery:
                         self._bring_back(i, e, what)
                     continue
@@ -207,17 +217,18 @@ class ClusterEngine(RolloutEngine):
             return
         self.where[i] = now
         self.restarted.add((i, now["pid"]))
-        log.warning("ray: rollout worker %d (pid %s) died while %s (%s); Ray restarted it as pid %s, which gets "
+        log.warning("ray: rollout worker %d (pid %s) died or hung while %s (%s: %s); Ray restarted it as pid %s, which gets "
                     "the weights and draws its groups again from the same keys",
-                    i, old.get("pid"), what, type(err).__name__, self.where[i]["pid"])
+                    i, old.get("pid"), what, type(err).__name__, str(err)[:200], self.where[i]["pid"])
 
     def _give_weights(self, i: int, *, whole: bool) -> None:
         """The whole policy (``whole``: the worker holds no replica) and the newest trainable weights to worker i."""
         latest, version = self.latest_ref, self.version  # read together: publish may replace them meanwhile
         if whole:
-            self._ray.get(self.workers[i].setup.remote(self.spec, self.whole_ref, self.first_version, self.epoch))
+            self._ray.get(self.workers[i].setup.remote(self.spec, self.whole_ref, self.first_version, self.epoch),
+                          timeout=self.call_timeout)
         if latest is not None:
-            self._ray.get(self.workers[i].load.remote(latest, version))
+            self._ray.get(self.workers[i].load.remote(latest, version), timeout=self.call_timeout)
 
     # ---- the engine's calls --------------------------------------------------------------------------
     def _generate(self, prompts, *, group_size: int, sampling: SamplingSettings, keys: list[int] | None,
@@ -225,13 +236,14 @@ class ClusterEngine(RolloutEngine):
         """Each worker samples a contiguous block of whole groups (their rows' keys with them)."""
         t0 = time.perf_counter()
         parts = [(i, b) for i, b in zip(self.indices, blocks(list(range(len(prompts))), len(self.indices))) if b]
-        calls = {}
+        calls, tokens = {}, {}
         for i, groups in parts:
             rows = [r for g in groups for r in range(g * group_size, (g + 1) * group_size)]
             calls[i] = ("generate", (self.version, dict(
                 prompts=[prompts[g] for g in groups], group_size=group_size, sampling=sampling,
                 keys=None if keys is None else [keys[r] for r in rows], with_logprobs=with_logprobs, greedy=greedy)))
-        got = self._on_each(calls, "sampling")
+            tokens[i] = len(rows) * sampling.max_new_tokens
+        got = self._on_each(calls, "sampling", tokens)
         blocks_ = []
         for i, _ in parts:
             ro = unpack_rollout({k: readonly_tensor(v) if isinstance(v, np.ndarray) else v

@@ -503,6 +503,8 @@ class Config:
     """launcher=ray: GPUs each rollout worker reserves."""
     ray_max_restarts: int = 3
     """launcher=ray: how often Ray restarts each rollout and reward worker that dies, and how often the run restarts from its last checkpoint after a trainer rank dies."""
+    ray_call_timeout: float = 300.0
+    """launcher=ray: seconds a call to a rollout or reward worker may take beyond its work's share (10 ms per token it is asked to sample); a worker past it is taken as hung: killed, restarted by Ray and asked again."""
     ray_start_timeout: float = 300.0
     """launcher=ray: seconds to wait for the cluster to place every worker (the resources they reserve must exist)."""
 

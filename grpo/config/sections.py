@@ -90,7 +90,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("cluster", "Cluster (Ray)", "launcher=ray: trainer ranks, rollout and reward workers on a Ray cluster (grpo/cluster)", (
         "launcher", "ray_address", "ray_trainers", "ray_rollout_workers", "ray_reward_workers", "ray_trainer_cpus",
         "ray_rollout_cpus", "ray_reward_cpus", "ray_trainer_gpus", "ray_rollout_gpus", "ray_max_restarts",
-        "ray_start_timeout")),
+        "ray_call_timeout", "ray_start_timeout")),
 )
 
 SECTION_OF: dict[str, str] = {f: s.name for s in SECTIONS for f in s.fields}

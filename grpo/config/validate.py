@@ -347,7 +347,7 @@ def _validate_cluster(c) -> None:
     for name, low in (("ray_trainers", 1), ("ray_rollout_workers", 1), ("ray_reward_workers", 0), ("ray_max_restarts", 0)):
         if getattr(c, name) < low:
             raise ConfigError(f"{name}: must be >= {low}, got {getattr(c, name)}")
-    for name in ("ray_trainer_cpus", "ray_rollout_cpus", "ray_reward_cpus", "ray_start_timeout"):
+    for name in ("ray_trainer_cpus", "ray_rollout_cpus", "ray_reward_cpus", "ray_start_timeout", "ray_call_timeout"):
         if not getattr(c, name) > 0:
             raise ConfigError(f"{name}: must be > 0, got {getattr(c, name)}")
     for name in ("ray_trainer_gpus", "ray_rollout_gpus"):

@@ -336,6 +336,7 @@ class ClusterSettings:
     rollout_gpus: float
     max_restarts: int
     start_timeout: float
+    call_timeout: float  # ray_call_timeout
     trainer_threads: int  # num_threads, else the whole CPUs a rank reserves
     run_dir: str  # output_dir made absolute (runs/<date-time> where empty): every rank's, on every attempt
     working_dir: str  # working_dir, else the driver's folder
@@ -357,7 +358,7 @@ def cluster_settings(cfg: Config, *, cwd: str, stamp: str) -> ClusterSettings:
         address=cfg.ray_address, trainers=cfg.ray_trainers, rollout_workers=cfg.ray_rollout_workers,
         reward_workers=cfg.ray_reward_workers, trainer_cpus=cfg.ray_trainer_cpus, rollout_cpus=cfg.ray_rollout_cpus,
         reward_cpus=cfg.ray_reward_cpus, trainer_gpus=cfg.ray_trainer_gpus, rollout_gpus=cfg.ray_rollout_gpus,
-        max_restarts=cfg.ray_max_restarts, start_timeout=cfg.ray_start_timeout,
+        max_restarts=cfg.ray_max_restarts, start_timeout=cfg.ray_start_timeout, call_timeout=cfg.ray_call_timeout,
         trainer_threads=cfg.num_threads or max(1, int(cfg.ray_trainer_cpus)), run_dir=run_dir,
         working_dir=cfg.working_dir or cwd,
         env_names=tuple(sorted({str(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name.endswith("_env")})))

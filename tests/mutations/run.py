@@ -32,6 +32,10 @@ class Mutation:
 
 
 MUTATIONS = (
+    Mutation("a hung rollout worker is waited for without a deadline", "grpo/cluster/rollout.py",
+             "got = self._ray.get(ref, timeout=max(left, 0.0))", "got = self._ray.get(ref)",
+             ("tests/test_cluster.py::test_a_worker_killed_mid_step_is_restarted_and_the_run_ends_with_the_same_weights"
+              "[rollout-worker-hung]",)),
     Mutation("a rollout worker keeps its replica from before the trainer ranks restarted", "grpo/cluster/rollout.py",
              "if self.engine is not None and self.epoch == epoch:", "if self.engine is not None:",
              ("tests/test_cluster.py::test_a_trainer_rank_killed_restarts_the_run_from_its_checkpoint_with_the_same_weights[ddp-before-a-checkpoint]",)),
