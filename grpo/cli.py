@@ -184,7 +184,8 @@ def _sft_model_settings(cfg):
     return SFTModelSettings(model=cfg.model, dtype=cfg.dtype, bf16=cfg.bf16, use_peft=cfg.use_peft, lora_r=cfg.lora_r,
                             lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                             lora_target_modules=cfg.lora_target_modules, load_in_4bit=cfg.load_in_4bit,
-                            gradient_checkpointing=cfg.gradient_checkpointing)
+                            gradient_checkpointing=cfg.gradient_checkpointing,
+                            chat_template_kwargs=cfg.chat_template_kwargs)
 
 
 def _sft_settings(cfg, run_dir: Path):
@@ -268,7 +269,8 @@ def _eval(argv: list[str]) -> int:
     import_from(cfg.working_dir, os.getcwd())  # the run's own folder first: its modules, as in training
     verifier = resolve_reward(cfg.reward_names[0], reward_options(cfg))
     samples, held_out = _eval_samples(cfg, run)
-    models = load_models(cfg.model, dtype=cfg.dtype, need_reference=False)
+    models = load_models(cfg.model, dtype=cfg.dtype, need_reference=False,
+                         chat_template_kwargs=cfg.chat_template_kwargs)
     # the engine evaluation inside `train` samples with: the run's where it serves evaluation (vLLM; a shared
     # server's engine in this process), else generate
     run_engine = engine_class(cfg.rollout_engine)

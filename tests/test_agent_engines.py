@@ -15,6 +15,7 @@ import torch
 
 from grpo import core
 from grpo.agent import AgentSampler, make_tool
+from grpo.agent.call_base import Block
 from grpo.agent.episodes import result_turn_ids
 from grpo.agent.formats import Call, CallFormat
 from grpo.rollout import ROLLOUT_ENGINES, make_engine
@@ -32,10 +33,19 @@ class FirstAlnum(CallFormat):
         return "Tools: echo."
 
     def find_call(self, text):
+        # the first letter or digit at the start or after blank text: a call (the untrained model writes one
+        # in most turns; a chat template's role names and markers are not calls)
         for i, c in enumerate(text):
-            if c.isascii() and c.isalnum():
-                return 0, i + 1
+            if c.isascii() and c.isalnum() and (i == 0 or text[i - 1].isspace()):
+                return i, i + 1
         return None
+
+    def block(self, text):  # one call per turn
+        span = self.find_call(text)
+        return None if span is None else Block([span], open=False)
+
+    def render_call(self, name, arguments):
+        return arguments["text"]
 
     def parse(self, text, tools):
         return Call("echo", {"text": text[-1]}, text)
@@ -95,7 +105,7 @@ def _tool_positions(tok, ro) -> torch.Tensor:
         row = ro.completion_ids[i, :c_len].tolist()
         at = 0
         for m in [m for m in info["transcript"] if m["role"] == "tool"]:
-            ids = result_turn_ids(tok, [m])
+            ids = result_turn_ids(tok, FirstAlnum(), [Call("echo", {"text": m["content"][1]}, "")], [m["content"]])
             while row[at:at + len(ids)] != ids[:c_len - at]:  # the budget may cut the last one
                 at += 1
                 assert at < c_len, "a tool turn is missing from the row"

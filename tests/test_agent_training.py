@@ -52,7 +52,7 @@ def _teach_to_call(model_dir, out, cfg: Config, *, max_steps: int = 400, target_
                                       keys=None)
     assert ep.prompt == other.prompt  # the cut prompts of two problems: one context
     call = tok(CALL, add_special_tokens=False)["input_ids"]
-    result = result_turn_ids(tok, sampler.fmt.result_messages(Call("calc", {"expression": "2 + 3"}, CALL), RESULT))
+    result = result_turn_ids(tok, sampler.fmt, [Call("calc", {"expression": "2 + 3"}, CALL)], [RESULT])
     answer = tok(ANSWER, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     pairs = [(ep.prompt, call), (ep.prompt + call + result, answer)]  # (context, what to write after it)
     width = max(len(c) + len(t) for c, t in pairs)

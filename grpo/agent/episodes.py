@@ -1,11 +1,12 @@
 """The episode runner: G independent multi-turn episodes per prompt, one batched engine call per turn.
 
 Each turn every live episode's context (its exact token ids so far, never re-tokenized text) is
-sampled by the engine; the first complete call in what it wrote is found (``CallFormat.find_call``)
-and the turn is cut right after it (the tokens sampled later do not change the tokens before them,
-so the cut turn is exactly what sampling would give had it stopped there); the calls of all episodes
-run concurrently (``execute.run_calls``); the result turn (the chat template's tokens around the
-format's result messages) is appended. An episode ends at EOS or a turn without a call, at
+sampled by the engine; the block of calls it wrote is found (``CallFormat.block``: one or several
+calls in a row) and the turn is cut right after its last call (the tokens sampled later do not change
+the tokens before them, so the cut turn is exactly what sampling would give had it stopped there);
+every call of every episode runs concurrently (``execute.run_calls``, each under its deadline); the
+result turn (the chat template's tokens around the format's result messages, in the order the calls
+were written) is appended. An episode ends at EOS or a turn without a call, at
 ``max_turns`` model turns (flagged; a call in the last turn is counted but not run) or when its
 tokens (model and tool tokens together) reach the budget, ``max_completion_length``.
 
@@ -31,7 +32,6 @@ from grpo.rollout.types import Rollout, eos_token_ids
 from grpo.rollout.engine import RolloutEngine, SamplingSettings
 from grpo.rollout.keys import _mix64
 
-SENTINEL = "\u2063GRPO-TURN-END\u2063"  # marks where the model's text ends in a rendered conversation
 
 
 def turn_key(key: int, turn: int) -> int:
@@ -85,29 +85,48 @@ class Episode:
                 "tool_timeouts": self.timeouts, "max_turns_hit": self.max_turns_hit, "environment": self.env}
 
 
-def result_turn_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """The token ids between the end of the model's text and the start of its next turn: the chat
-    template's end of the assistant turn, ``messages`` (the tool's result), and the generation prompt.
-    Found by rendering a conversation with and without them after a sentinel assistant text."""
+USER_MARK = "\u2063GRPO-USER\u2063"  # the user's text in a conversation rendered to find a result turn
+
+
+def decode_for(fmt: CallFormat, tokenizer, ids: list[int]) -> str:
+    """The text the format reads calls in: with special tokens where the family's markers are special."""
+    return tokenizer.decode(ids, skip_special_tokens=not fmt.special_tokens)
+
+
+def result_turn_ids(tokenizer, fmt: CallFormat, calls: list[Call], results: list[str]) -> list[int]:
+    """The token ids between the end of the model's calls and the start of its next turn: the chat
+    template's end of the calling turn, the results (``fmt.result_messages``, in the calls' order) and the
+    generation prompt. Found by rendering a conversation that makes the same calls (the template's own
+    rendering of them) and taking the text after the call block the format finds in it; so the model's
+    sampled tokens are never re-rendered, whatever the template does to past turns."""
+    results_msgs = [m for c, r in zip(calls, results) for m in fmt.result_messages(c, r)]
     if not getattr(tokenizer, "chat_template", None):
-        text = "\n" + "\n".join(m["content"] for m in messages) + "\n"
-    else:
-        base = [{"role": "user", "content": "?"}, {"role": "assistant", "content": SENTINEL}]
-        full = tokenizer.apply_chat_template(base + messages, tokenize=False, add_generation_prompt=True)
-        cut = full.find(SENTINEL)
-        if cut < 0:
-            raise ValueError("chat template: the assistant's text does not appear in the rendered conversation")
-        text = full[cut + len(SENTINEL):]
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+        return tokenizer("\n" + "\n".join(m["content"] for m in results_msgs) + "\n",
+                         add_special_tokens=False)["input_ids"]
+    # the family's own call message first; a template that does not render tool_calls gets the calls as text
+    as_text = {"role": "assistant", "content": "\n".join(fmt.render_call(c.name, c.arguments or {}) for c in calls)}
+    for call_msg in (fmt.calls_message(calls), as_text):
+        try:
+            full = tokenizer.apply_chat_template([{"role": "user", "content": USER_MARK}, call_msg] + results_msgs,
+                                                 tokenize=False, add_generation_prompt=True)
+        except Exception:  # noqa: BLE001  a template that refuses this shape (Llama 3.x: one call per turn)
+            continue
+        at = full.rfind(USER_MARK) + len(USER_MARK)
+        block = fmt.block(full[at:]) if at >= len(USER_MARK) else None
+        if block is not None and sum(len(fmt.parse_all(full[at + s:at + e], {})) for s, e in block.spans) == len(calls):
+            return tokenizer(full[at + block.end:], add_special_tokens=False)["input_ids"]
+    raise ValueError(f"chat template: the {fmt.name} format finds no call in the template's rendering of one "
+                     "(tool_format does not match this chat template)")
 
 
-def _first_call_prefix(tokenizer, ids: list[int], fmt: CallFormat) -> int:
-    """The fewest leading tokens of ``ids`` whose text holds a complete call (a call complete in a
-    prefix stays complete in every longer one, so a binary search finds it)."""
+def _calls_prefix(tokenizer, ids: list[int], fmt: CallFormat, units: int) -> int:
+    """The fewest leading tokens of ``ids`` whose text holds ``units`` complete units of the first call
+    block (the count only grows with the prefix, so a binary search finds it)."""
     lo, hi = 1, len(ids)
     while lo < hi:
         mid = (lo + hi) // 2
-        if fmt.find_call(tokenizer.decode(ids[:mid], skip_special_tokens=True)) is not None:
+        block = fmt.block(decode_for(fmt, tokenizer, ids[:mid]))
+        if block is not None and len(block.spans) >= units:
             hi = mid
         else:
             lo = mid + 1
@@ -115,35 +134,39 @@ def _first_call_prefix(tokenizer, ids: list[int], fmt: CallFormat) -> int:
 
 
 def _model_turn(tokenizer, ep: Episode, ids: list[int], logp: list[float] | None, eos: set[int],
-                fmt: CallFormat, versions: list[int] | None = None) -> Call | None:
-    """Append the model's turn (cut after its first call); the call, or None when the episode ends."""
-    text = tokenizer.decode(ids, skip_special_tokens=True)
-    span = fmt.find_call(text) if ep.tools else None
-    if span is not None:
-        k = _first_call_prefix(tokenizer, ids, fmt)
+                fmt: CallFormat, versions: list[int] | None = None) -> list[Call]:
+    """Append the model's turn, cut after its block of calls; the calls in the order written, [] when
+    the episode ends."""
+    block = fmt.block(decode_for(fmt, tokenizer, ids)) if ep.tools else None
+    if block is not None:
+        k = _calls_prefix(tokenizer, ids, fmt, len(block.spans))
         ids, logp = ids[:k], None if logp is None else logp[:k]
         versions = None if versions is None else versions[:k]
-        text = tokenizer.decode(ids, skip_special_tokens=True)
-        span = fmt.find_call(text)
+        text = decode_for(fmt, tokenizer, ids)
+        block = fmt.block(text)
     ep.add(ids, trained=True, logp=logp, versions=versions)
     ep.turns += 1
-    ep.final_text = text
-    ep.messages.append({"role": "assistant", "content": text})
-    if span is None:
+    ep.final_text = tokenizer.decode(ids, skip_special_tokens=True)
+    ep.messages.append({"role": "assistant", "content": ep.final_text})
+    if block is None:
         ep.done = True
         ep.truncated = not (ids and ids[-1] in eos)
-        return None
-    ep.calls += 1
-    return fmt.parse(text[span[0]:span[1]], ep.tools)
+        return []
+    calls = [c for s, e in block.spans for c in fmt.parse_all(text[s:e], ep.tools)]
+    if fmt.native:  # the transcript keeps the calls as tool_calls and the text before them as the content
+        ep.messages[-1] = {**fmt.calls_message(calls), "content": text[:block.spans[0][0]].strip()}
+    ep.calls += len(calls)
+    return calls
 
 
-def _result_turn(tokenizer, ep: Episode, call: Call, res: ToolResult, fmt: CallFormat, budget: int) -> None:
-    msgs = fmt.result_messages(call, res.text)
-    ep.well_formed += int(res.ran)
-    ep.errors += int(res.error)
-    ep.timeouts += int(res.timeout)
-    ep.messages += msgs
-    ids = result_turn_ids(tokenizer, msgs)
+def _result_turn(tokenizer, ep: Episode, calls: list[Call], results: list[ToolResult], fmt: CallFormat,
+                 budget: int) -> None:
+    for call, res in zip(calls, results):
+        ep.well_formed += int(res.ran)
+        ep.errors += int(res.error)
+        ep.timeouts += int(res.timeout)
+        ep.messages += fmt.result_messages(call, res.text)
+    ids = result_turn_ids(tokenizer, fmt, calls, [r.text for r in results])
     room = budget - len(ep.ids)
     ep.add(ids[:room], trained=False)
     if len(ids) >= room:  # no room left for the model to answer
@@ -151,9 +174,13 @@ def _result_turn(tokenizer, ep: Episode, call: Call, res: ToolResult, fmt: CallF
 
 
 def _call_stop(tok, fmt: CallFormat, has_tools: list[bool]):
-    """``stop(row, new_ids)`` for RolloutEngine.generate: true once the row's text holds a complete call."""
+    """``stop(row, new_ids)`` for RolloutEngine.generate: true once the row's text holds a call block that
+    cannot go on (text after its last call that starts no other call)."""
     def stop(row: int, ids: list[int]) -> bool:
-        return has_tools[row] and fmt.find_call(tok.decode(ids, skip_special_tokens=True)) is not None
+        if not has_tools[row]:
+            return False
+        block = fmt.block(decode_for(fmt, tok, ids))
+        return block is not None and not block.open
 
     return stop
 
@@ -189,18 +216,19 @@ def run_episodes(engine: RolloutEngine, episodes: list[Episode], *, fmt: CallFor
             n = min(int(ro.completion_mask[i].sum()), room[i])
             logp = ro.sampling_logp[i, :n].tolist() if ro.sampling_logp is not None else None
             vers = ro.versions[i, :n].tolist() if ro.versions is not None else None
-            call = _model_turn(tok, ep, ro.completion_ids[i, :n].tolist(), logp, eos, fmt, vers)
-            if call is None:
+            calls = _model_turn(tok, ep, ro.completion_ids[i, :n].tolist(), logp, eos, fmt, vers)
+            if not calls:
                 continue
             if turn == max_turns - 1:  # no turn left to read the result in
                 ep.done = ep.max_turns_hit = True
             elif len(ep.ids) >= budget:
                 ep.done = ep.truncated = True
             else:
-                jobs.append((ep, call))
-        results = run_calls([(c, ep.tools) for ep, c in jobs], timeout=tool_timeout)
-        for (ep, call), res in zip(jobs, results):
-            _result_turn(tok, ep, call, res, fmt, budget)
+                jobs += [(ep, c) for c in calls]
+        results = run_calls([(c, ep.tools) for ep, c in jobs], timeout=tool_timeout)  # every call of every episode at once
+        for ep in {id(ep): ep for ep, _ in jobs}.values():
+            mine = [(c, r) for (e, c), r in zip(jobs, results) if e is ep]
+            _result_turn(tok, ep, [c for c, _ in mine], [r for _, r in mine], fmt, budget)
         live = [ep for ep in live if not ep.done]
         if not live:
             break

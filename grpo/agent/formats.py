@@ -1,10 +1,11 @@
 """Call formats: how tools are shown to the model, how its calls are found and read, how results go back.
 
-A format is an entry of ``CALL_FORMATS`` with one interface (``CallFormat``): render the tools' description
-and a worked example exchange into the start of the conversation, find the first complete call in the
-text the model generated (its end is where the model's turn is cut), parse it, and render the tool's
-result as the messages of the next turn. ``tool_format=auto`` picks ``hermes`` when the tokenizer's chat
-template renders tools itself, else ``DEFAULT_FORMAT``.
+A format is an entry of ``CALL_FORMATS`` with one interface (``grpo.agent.call_base.CallFormat``). The
+families users bring (``grpo.agent.families``): Hermes / Qwen, Llama 3.x JSON, Mistral, DeepSeek,
+pythonic lists, gpt-oss harmony; and ``python``, for templates without tool support. A turn may hold
+several calls (``CallFormat.block``); they run concurrently and their results return in the order the
+model wrote them. ``tool_format=auto`` reads the tokenizer's chat template: the family whose markers it
+holds (``CallFormat.markers``), else ``hermes`` when it renders a ``tools`` list, else ``DEFAULT_FORMAT``.
 
 - ``hermes`` (Hermes / Qwen): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; the template
   renders the tools (``apply_chat_template(..., tools=...)``) and results are ``tool`` messages.
@@ -24,21 +25,11 @@ from __future__ import annotations
 import ast
 import json
 import re
-from dataclasses import dataclass
-from typing import ClassVar
 
+from grpo.agent.call_base import Call, CallFormat, arguments_of, json_value, tool_calls_field
+from grpo.agent.families import FAMILIES
 from grpo.agent.tools import Tool
 from grpo.registry import Registry
-
-
-@dataclass
-class Call:
-    """One call as the model wrote it: ``error`` says why it could not be read (malformed)."""
-
-    name: str
-    arguments: dict | None
-    text: str
-    error: str | None = None
 
 
 def supports_tools(tokenizer) -> bool:
@@ -47,57 +38,12 @@ def supports_tools(tokenizer) -> bool:
     return isinstance(template, str) and re.search(r"\btools\b", template) is not None
 
 
-class CallFormat:
-    """The interface of a call format (see the module docstring)."""
-
-    name: ClassVar[str] = ""
-    native: ClassVar[bool] = False  # the chat template renders the tools (apply_chat_template(tools=...))
-
-    def describe(self, tools: list[Tool]) -> str:
-        """Text for the system message that tells the model about ``tools`` ('' when the template does)."""
-        raise NotImplementedError
-
-    def render_call(self, name: str, arguments: dict) -> str:
-        """The call as the model should write it (worked examples)."""
-        raise NotImplementedError
-
-    def find_call(self, text: str) -> tuple[int, int] | None:
-        """(start, end) character offsets of the first complete call in ``text``, else None."""
-        raise NotImplementedError
-
-    def parse(self, text: str, tools: dict[str, Tool]) -> Call:
-        """The call ``text`` (a span ``find_call`` found) read into name and arguments."""
-        raise NotImplementedError
-
-    def result_messages(self, call: Call, result: str) -> list[dict]:
-        """The messages that show ``result`` of ``call`` to the model."""
-        raise NotImplementedError
-
-    # which parts of a task's worked exchange the conversation shows, in order (a tuning knob: the
-    # untrained model imitates the last assistant turn it saw, see the module docstring)
-    example_parts: ClassVar[tuple[str, ...]] = ("question", "call", "result", "answer")
-
-    def example_messages(self, example: dict) -> list[dict]:
-        """A worked exchange: {"question", "call": {"name", "arguments"}, "result", "answer"} as
-        messages, the parts ``example_parts`` names that the example has (a run-level example has
-        no result or answer: grpo.agent.examples)."""
-        call = Call(example["call"]["name"], example["call"]["arguments"], "")
-        parts = {"question": lambda: [{"role": "user", "content": example["question"]}],
-                 "call": lambda: [self.call_message(call.name, call.arguments)],
-                 "result": lambda: self.result_messages(call, str(example["result"])),
-                 "answer": lambda: [{"role": "assistant", "content": example["answer"]}]}
-        return [m for p in self.example_parts if p in example for m in parts[p]()]
-
-    def call_message(self, name: str, arguments: dict) -> dict:
-        """The assistant message that makes a call (worked examples)."""
-        return {"role": "assistant", "content": self.render_call(name, arguments)}
-
-
 class HermesFormat(CallFormat):
-    """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Hermes, Qwen 2.5 / 3)."""
+    """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Hermes, Qwen 2.5 / 3), one or more per turn."""
 
     name = "hermes"
     native = True
+    markers = ("<tool_call>",)
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
     def describe(self, tools: list[Tool]) -> str:
@@ -109,6 +55,9 @@ class HermesFormat(CallFormat):
     def render_call(self, name: str, arguments: dict) -> str:
         return f"{self.OPEN}\n{json.dumps({'name': name, 'arguments': arguments})}\n{self.CLOSE}"
 
+    def openers(self) -> tuple[str, ...]:
+        return (self.OPEN,)
+
     def find_call(self, text: str) -> tuple[int, int] | None:
         start = text.find(self.OPEN)
         if start < 0:
@@ -118,26 +67,14 @@ class HermesFormat(CallFormat):
 
     def parse(self, text: str, tools: dict[str, Tool]) -> Call:
         body = text[len(self.OPEN):-len(self.CLOSE)].strip()
-        try:
-            obj = json.loads(body)
-        except json.JSONDecodeError as e:
-            return Call("", None, text, f"the call is not valid JSON ({e.msg})")
+        obj = json_value(body)
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            return Call("", None, text, 'the call must be {"name": ..., "arguments": {...}}')
-        args = obj.get("arguments", {})
-        if isinstance(args, str):  # some models write the arguments as a JSON string
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                return Call(obj["name"], None, text, "the arguments are not a JSON object")
-        return Call(obj["name"], args, text)
+            why = "the call is not valid JSON" if obj is None else 'the call must be {"name": ..., "arguments": {...}}'
+            return Call("", None, text, why)
+        return arguments_of(obj["name"], obj.get("arguments", {}), text)
 
-    def result_messages(self, call: Call, result: str) -> list[dict]:
-        return [{"role": "tool", "name": call.name, "content": result}]
-
-    def call_message(self, name: str, arguments: dict) -> dict:
-        return {"role": "assistant", "content": "",
-                "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}]}
+    def calls_message(self, calls: list[Call]) -> dict:
+        return {"role": "assistant", "content": "", "tool_calls": tool_calls_field(calls)}
 
 
 class PythonCallFormat(CallFormat):
@@ -152,6 +89,10 @@ class PythonCallFormat(CallFormat):
              "The result is sent back to you; then give the final answer.\nTools:\n{listing}")
     example_parts = ("question", "call")  # the exchange ends on the call (module docstring)
     _START = re.compile(r"(?m)^[ \t]*([A-Za-z_]\w*)\(")
+    _OPENING = re.compile(r"[A-Za-z_]\w*(\(.*)?", re.S)  # a call being written: a name, its arguments begun
+
+    def may_open(self, rest: str) -> bool:
+        return self._OPENING.fullmatch(rest) is not None or rest == ""
 
     def describe(self, tools: list[Tool]) -> str:
         lines = []
@@ -223,12 +164,24 @@ class PythonCallFormat(CallFormat):
 CALL_FORMATS: Registry[CallFormat] = Registry("call format", field="tool_format")
 CALL_FORMATS.register(HermesFormat(), doc=HermesFormat.__doc__)
 CALL_FORMATS.register(PythonCallFormat(), doc=PythonCallFormat.__doc__)
+for _family in FAMILIES:
+    CALL_FORMATS.register(_family(), doc=_family.__doc__)
 DEFAULT_FORMAT = "python"  # for chat templates without tool support
 
 
+def detect_format(tokenizer) -> str:
+    """The format a tokenizer's chat template speaks (``tool_format=auto``): the first family whose
+    markers the template holds, else ``hermes`` where it renders a ``tools`` list, else DEFAULT_FORMAT."""
+    template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
+    template = template if isinstance(template, str) else ""
+    for name, fmt in CALL_FORMATS.items():
+        if fmt.markers and all(m in template for m in fmt.markers):
+            return name
+    return "hermes" if tokenizer is not None and supports_tools(tokenizer) else DEFAULT_FORMAT
+
+
 def call_format(name: str, tokenizer=None) -> CallFormat:
-    """The format ``tool_format`` names; ``auto``: hermes where the chat template renders tools, else
-    DEFAULT_FORMAT. An unknown name lists the valid ones."""
+    """The format ``tool_format`` names; ``auto``: ``detect_format``. An unknown name lists the valid ones."""
     if name == "auto":
-        return CALL_FORMATS["hermes" if tokenizer is not None and supports_tools(tokenizer) else DEFAULT_FORMAT]
+        return CALL_FORMATS[detect_format(tokenizer)]
     return CALL_FORMATS.lookup(name, also=("auto",))

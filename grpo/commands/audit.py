@@ -75,7 +75,8 @@ def main(argv: list[str]) -> int:
     results = {}
     labels = _models(args, cfg.model)
     for label, name in labels.items():
-        models = load_models(name, dtype=cfg.dtype, need_reference=False)
+        models = load_models(name, dtype=cfg.dtype, need_reference=False,
+                             chat_template_kwargs=cfg.chat_template_kwargs)
         engine = make_engine("hf", models.policy, models.tokenizer)
         try:
             results[label] = audit_model(engine, problems, verifier, settings, verifier_name=cfg.reward_names[0])

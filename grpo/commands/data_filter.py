@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _candidates(models: list[str], rows: list[dict], *, sampling, samples: int, dtype: str,
-                system_prompt: str) -> list[list[dict]]:
+                system_prompt: str, template_kwargs: dict | None = None) -> list[list[dict]]:
     """Per row, every model's ``samples`` answers drawn with ``sampling`` (a rollout SamplingSettings):
     [{"model", "completion"}]."""
     from grpo.data import render_prompt
@@ -44,7 +44,7 @@ def _candidates(models: list[str], rows: list[dict], *, sampling, samples: int, 
 
     out: list[list[dict]] = [[] for _ in rows]
     for name in models:
-        models_ = load_models(name, dtype=dtype, need_reference=False)
+        models_ = load_models(name, dtype=dtype, need_reference=False, chat_template_kwargs=template_kwargs)
         engine = make_engine("hf", models_.policy, models_.tokenizer)
         try:
             for lo in range(0, len(rows), 8):
@@ -103,6 +103,7 @@ def main(argv: list[str]) -> int:
         sampling = SamplingSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                     max_prompt_length=cfg.max_prompt_length)
         cands = _candidates(models, rows, sampling=sampling, samples=args.samples, dtype=cfg.dtype,
+                            template_kwargs=cfg.chat_template_kwargs,
                             system_prompt=cfg.system_prompt)
         _score(cands, rows, judge)
         rows = [{**r, **select_anchors(cs, high=args.high, low=args.low)} for r, cs in zip(rows, cands)]

@@ -49,6 +49,8 @@ class Config:
     """Column holding the gold answer in a user dataset (passed to rewards as sample['answer'])."""
     system_prompt: str = ""
     """System message put before every prompt when the chat template is applied ('' for none)."""
+    chat_template_kwargs: dict | None = None
+    """Variables for the chat template (TRL's name), e.g. `{enable_thinking: false}` for Qwen3: given to every rendering of a conversation (training, episodes, evaluation, SFT, and the served and exported model, whose saved template carries them as its defaults; a request may still set them)."""
     arithmetic_max_operand: int = 20
     """Built-in arithmetic task: operands are drawn from 1..this value (the difficulty knob)."""
     arithmetic_ops: str = "+"
@@ -379,7 +381,7 @@ class Config:
     max_turns: int = 4
     """Most model turns of an episode (tools/environment runs); an episode still calling a tool then ends and is counted in tools/max_turns_share."""
     tool_format: str = "auto"
-    """How tools are shown and calls are read: auto (hermes where the chat template renders tools, else python), hermes (<tool_call>{json}</tool_call>, results as tool messages) or python (a line name(args), e.g. calc(12 * 34); results as a tool message with the bare value); grpo/agent/formats.py."""
+    """How tools are shown and calls are read: auto (the family whose markers the chat template holds; else hermes where it renders tools, else python), hermes (Hermes / Qwen: <tool_call>{json}</tool_call>), llama3_json (Llama 3.x: {"name", "parameters"}), mistral ([TOOL_CALLS][...]), deepseek (<｜tool▁calls▁begin｜>...), pythonic ([f(x=1), g(y=2)]), harmony (gpt-oss: to=functions.NAME ... <|call|>) or python (a line name(args), e.g. calc(12 * 34)). A turn may make several calls: they run at once, each under tool_timeout, and their results come back in the order written; grpo/agent/formats.py."""
     tool_example_call: str = ""
     """Tools runs: the call of the worked exchange (a question, then the assistant's call) shown before every prompt whose row has no `tool_example`, written as a Python call (`lookup(city="Paris")`; a tool of one text argument may take the raw text, `calc(12 * 34)`): an untrained small model calls a tool it has seen called (docs/benchmarks/tool-format.md). '': built from the first tool's schema (each argument's 'for example ...' from its docstring, else a placeholder of its type); 'none': no worked exchange."""
     tool_example_question: str = ""

@@ -23,6 +23,11 @@ def parse_value(key: str, raw: Any, hint: Any) -> Any:
         raise ConfigError(f"{key}: may not be null")
     origin = typing.get_origin(base)
     try:
+        if base is dict or origin is dict:  # a YAML mapping, or on the command line a YAML / JSON flow mapping
+            value = raw if isinstance(raw, dict) else yaml.safe_load(str(raw))
+            if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+                raise ValueError
+            return value
         if origin is list:
             items = raw if isinstance(raw, list) else yaml.safe_load(raw) if str(raw).startswith("[") \
                 else str(raw).split(",")
@@ -52,5 +57,6 @@ def parse_value(key: str, raw: Any, hint: Any) -> Any:
             return str(raw)
     except (TypeError, ValueError):
         pass
-    name = getattr(base, "__name__", str(base))
+    name = "a mapping such as {enable_thinking: false}" if base is dict or origin is dict else \
+        getattr(base, "__name__", str(base))
     raise ConfigError(f"{key}: expected {name}{' or null' if optional else ''}, got {raw!r}")

@@ -22,7 +22,7 @@ class Section:
 
 SECTIONS: tuple[Section, ...] = (
     Section("model", "Model and data", "model loading (grpo/models), LoRA / QLoRA, the task and its prompts (grpo/data)", (
-        "model", "task", "task_split", "prompt_field", "answer_field", "system_prompt", "arithmetic_max_operand",
+        "model", "task", "task_split", "prompt_field", "answer_field", "system_prompt", "chat_template_kwargs", "arithmetic_max_operand",
         "arithmetic_ops", "use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "load_in_4bit")),
     Section("sampling", "Sampling and engines", "the collector and the rollout engines (grpo/rollout, train/collect.py)", (
         "num_generations", "prompts_per_step", "max_prompt_length", "max_completion_length", "temperature", "top_p",

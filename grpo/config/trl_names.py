@@ -167,8 +167,8 @@ TRL_NAMES: dict[str, TrlName] = {
                                   "assumes)", 1.0),
     "generation_kwargs": refused("generation_kwargs: grpo samples with temperature, top_p, top_k and "
                                  "max_completion_length", None),
-    "chat_template_kwargs": refused("chat_template_kwargs: grpo renders with the tokenizer's chat template and "
-                                    "system_prompt", None),
+    "chat_template_kwargs": same("given to every rendering with the chat template, and kept as the saved template's "
+                                 "defaults"),
     "vllm_model_impl": refused("vllm_model_impl: grpo uses vLLM's own model implementations", "vllm"),
     "vllm_structured_outputs_regex": refused("vllm_structured_outputs_regex: not offered", None),
     "vllm_max_model_length": refused("vllm_max_model_length: grpo sizes vLLM from max_prompt_length and "

@@ -8,6 +8,7 @@ folder and loaded from there afterwards, which takes about a second.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from grpo.errors import ModelNotFoundError
+from grpo.errors import ConfigError, ModelNotFoundError
 from grpo.infra.cache_folder import cache_dir  # where the dequantized embedded model lives
 from grpo.infra.checkpoint import newest_checkpoint
 from grpo.infra.quiet import no_weight_progress_bars
@@ -189,12 +190,47 @@ def load_tokenizer(path: str):
     return tok
 
 
+def _jinja_literal(value, where: str) -> str:
+    """``value`` (from YAML: booleans, numbers, strings, None, lists, mappings) as a Jinja expression."""
+    if value is None or isinstance(value, bool):
+        return {None: "none", True: "true", False: "false"}[value]
+    if isinstance(value, (int, float, str)):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_jinja_literal(v, where) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))}: {_jinja_literal(v, where)}" for k, v in value.items()) + "}"
+    raise ConfigError(f"{where}: {value!r} is not a YAML value (bool, number, string, list, mapping)")
+
+
+def set_template_defaults(tokenizer, kwargs: dict | None) -> None:
+    """Make ``kwargs`` (chat_template_kwargs) the defaults of the tokenizer's chat template: every call
+    that renders with it (the trainer's, the agent's, evaluation's, SFT's, and the saved template's
+    users: the server, an export) sees them, and a caller that passes one still overrides it."""
+    if not kwargs:
+        return
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        raise ConfigError("chat_template_kwargs: the model's tokenizer has no chat template to give them to")
+    head = ""
+    for name, value in kwargs.items():
+        if not str(name).isidentifier():
+            raise ConfigError(f"chat_template_kwargs: {name!r} is not a template variable name")
+        head += (f"{{%- if {name} is not defined %}}{{%- set {name} = "
+                 f"{_jinja_literal(value, f'chat_template_kwargs.{name}')} %}}{{%- endif %}}")
+    if isinstance(template, dict):  # several named templates: each gets the defaults
+        tokenizer.chat_template = {k: head + v for k, v in template.items()}
+    else:
+        tokenizer.chat_template = head + template
+
+
 def load_models(name: str, *, dtype: str = "float32", need_reference: bool = True, lora_r: int = 0,
                 lora_alpha: int = 16, lora_dropout: float = 0.0,
                 lora_target_modules: str = "all-linear", load_in_4bit: bool = False,
-                device: torch.device | None = None) -> LoadedModels:
+                device: torch.device | None = None, chat_template_kwargs: dict | None = None) -> LoadedModels:
     """Load policy (optionally wrapped with LoRA), tokenizer and reference. ``load_in_4bit`` (QLoRA,
-    with LoRA): the base's linear layers in 4-bit NF4 on ``device`` (default CPU), checked first."""
+    with LoRA): the base's linear layers in 4-bit NF4 on ``device`` (default CPU), checked first.
+    ``chat_template_kwargs``: defaults of the tokenizer's chat template (``set_template_defaults``)."""
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(name)
@@ -208,6 +244,7 @@ def load_models(name: str, *, dtype: str = "float32", need_reference: bool = Tru
     keep_trainable(policy)  # QLoRA: sampling must not switch the 4-bit layers to a kernel without backward
     policy.config.use_cache = True
     tokenizer = load_tokenizer(path)
+    set_template_defaults(tokenizer, chat_template_kwargs)
     reference = None
     if lora_r > 0:
         from peft import LoraConfig, get_peft_model

@@ -20,6 +20,7 @@ class SFTModelSettings:
     lora_dropout: float = 0.0  # lora_dropout: dropout on the adapters' input
     lora_target_modules: str = "all-linear"  # lora_target_modules: which linear layers get adapters
     load_in_4bit: bool = False  # load_in_4bit: QLoRA's 4-bit NF4 base
+    chat_template_kwargs: dict | None = None  # chat_template_kwargs: the chat template's variables
     gradient_checkpointing: bool = False  # gradient_checkpointing: recompute activations in the backward
 
 

@@ -53,7 +53,8 @@ def _load(models: SFTModelSettings, device: torch.device):
     loaded = load_models(models.model, dtype=models.dtype, need_reference=False,
                          lora_r=models.lora_r if models.use_peft else 0, lora_alpha=models.lora_alpha,
                          lora_dropout=models.lora_dropout, lora_target_modules=models.lora_target_modules,
-                         load_in_4bit=models.load_in_4bit, device=device)
+                         load_in_4bit=models.load_in_4bit, device=device,
+                         chat_template_kwargs=models.chat_template_kwargs)
     if device.type != "cpu" and not models.load_in_4bit:  # a 4-bit base loads onto the device
         loaded.policy.to(device)
     return loaded

@@ -94,7 +94,8 @@ def _load_models(cfg: Config, path: str, world: distributed.World):
     models = load_models(path, dtype=cfg.dtype, need_reference=cfg.beta > 0 and not cfg.teacher,
                          lora_r=cfg.lora_r if cfg.use_peft else 0, lora_alpha=cfg.lora_alpha,
                          lora_dropout=cfg.lora_dropout, lora_target_modules=cfg.lora_target_modules,
-                         load_in_4bit=cfg.load_in_4bit, device=world.device)
+                         load_in_4bit=cfg.load_in_4bit, device=world.device,
+                         chat_template_kwargs=cfg.chat_template_kwargs)
     if cfg.teacher:
         models.reference = load_teacher(cfg.teacher, dtype=cfg.dtype, student_tokenizer=models.tokenizer)
     return models
