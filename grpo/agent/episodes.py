@@ -273,13 +273,18 @@ def episodes_rollout(episodes: list[Episode], *, pad_id: int, with_logprobs: boo
 
 def episode_counts(info: dict) -> dict:
     """An episode's info without its transcripts and environment instance: what crosses processes."""
-    return {k: v for k, v in info.items() if k not in ("transcript", "completion_messages", "environment")}
+    return {k: v for k, v in info.items() if k not in ("transcript", "completion_messages", "environment", "agent_calls")}
 
 
 def episode_metrics(infos: list[dict]) -> dict:
     """Per-step tool metrics of the episodes' infos: the tool-call rate (share with at least one
     well-formed call), calls and turns per episode, tool errors and timeouts, share ended by max_turns."""
     n = max(len(infos), 1)
+    if any("agent_call_count" in e for e in infos):  # agent programs (grpo.agent.programs)
+        return {"agent/calls_per_episode": sum(e.get("agent_call_count", 0) for e in infos) / n,
+                "agent/errors": sum(bool(e.get("agent_error")) for e in infos),
+                "agent/restarted_chains": sum(max(e.get("agent_chains", 1) - 1, 0) for e in infos),
+                "agent/truncated_share": sum(bool(e.get("agent_truncated")) for e in infos) / n}
     return {"tools/call_rate": sum(e["well_formed_calls"] > 0 for e in infos) / n,
             "tools/calls_per_episode": sum(e["tool_calls"] for e in infos) / n,
             "tools/turns": sum(e["turns"] for e in infos) / n,

@@ -41,11 +41,13 @@ class AgentSettings:
     example_call: str  # tool_example_call ('': from the first tool's schema; 'none': no worked exchange)
     example_question: str  # tool_example_question
     environment_column: str = "task"  # environment_column: the column a dict environment_factory routes by
+    program: str = ""  # agent: module:function, an agent program on the OpenAI API ('': none)
+    program_timeout: float = 300.0  # agent_timeout: seconds an episode's program may take
 
     @property
     def enabled(self) -> bool:
-        """Whether rollouts are episodes: tools or an environment are named."""
-        return bool(self.tools.strip() or self.environment_factory.strip())
+        """Whether rollouts are episodes: tools, an environment or an agent program are named."""
+        return bool(self.tools.strip() or self.environment_factory.strip() or self.program.strip())
 
 
 class AgentSampler:
@@ -71,12 +73,16 @@ class AgentSampler:
         self.last_metrics: dict = {}
 
     @classmethod
-    def from_settings(cls, settings: AgentSettings, tokenizer) -> "AgentSampler | None":
-        """The sampler ``settings`` ask for, its tools and environment class imported; None when they
-        name neither tools nor an environment."""
+    def from_settings(cls, settings: AgentSettings, tokenizer):
+        """The sampler ``settings`` ask for, its tools and environment class imported (an agent program's
+        ProgramSampler where ``program`` is named); None when they name none of them."""
         s = settings
         if not s.enabled:
             return None
+        if s.program.strip():
+            from grpo.agent.programs import ProgramSampler, load_program
+
+            return ProgramSampler(tokenizer, load_program(s.program), max_turns=s.max_turns, timeout=s.program_timeout)
         spec, tools = s.environment_factory.strip(), resolve_tools(s.tools)
         routes = {k: (tools, f) for k, f in load_factories(spec).items()} if is_routed(spec) else None
         factory = load_factory(spec) if spec and routes is None else None
@@ -84,6 +90,9 @@ class AgentSampler:
                    max_turns=s.max_turns, tool_timeout=s.tool_timeout, example_call=s.example_call,
                    example_question=s.example_question, routes=routes, column=s.environment_column,
                    strict=routes is not None)
+
+    def close(self) -> None:
+        """Nothing to release (an agent program's sampler stops its endpoint)."""
 
     def route(self, sample: dict) -> tuple[list[Tool], object]:
         """The tools and environment factory of ``sample`` (its ``column`` value's route)."""

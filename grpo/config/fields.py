@@ -378,6 +378,10 @@ class Config:
     """module:Class of an environment in TRL's environment_factory form: a fresh instance per completion, reset(**fields) may return the first user message, its public methods are tools, an optional get_reward() reaches rewards as the `environment` reward. TRL's dict form, `value=module:Class,...`, routes each row to the class of its `environment_column` value."""
     environment_column: str = "task"
     """The dataset column whose value picks a row's environment when environment_factory is TRL's dict form (`value=module:Class,...`; the Python API takes a dict); each value's rows are logged and evaluated as a suite of that name."""
+    agent: str = ""
+    """module:function, an agent program written against the OpenAI API: function(client, row) gets an openai.OpenAI client whose base URL is grpo's recording endpoint (loopback, sampling from the policy, recording each call's tokens and log-probs) and the row; it calls the model as it likes (at most max_turns calls) and returns a reward (the built-in reward `agent`) or None (the run's rewards grade its last reply). Each episode trains as one sample of its group (docs/guides/agents.md). Needs the `openai` package."""
+    agent_timeout: float = 300.0
+    """Seconds an agent program's episode may take in all; past that it is abandoned and its reward counts as failed."""
     max_turns: int = 4
     """Most model turns of an episode (tools/environment runs); an episode still calling a tool then ends and is counted in tools/max_turns_share."""
     tool_format: str = "auto"

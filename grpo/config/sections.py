@@ -70,7 +70,7 @@ SECTIONS: tuple[Section, ...] = (
         "reward_model_buffer_size", "reward_model_batch_size", "reward_model_lr", "reward_model_heldout",
         "reward_model_teacher", "reward_model_distill_temperature", "reward_model_warmup_draws")),
     Section("agent", "Agent: tools and environments", "multi-turn episodes (grpo/agent)", (
-        "tools", "environment_factory", "environment_column", "max_turns", "tool_format", "tool_example_call",
+        "tools", "environment_factory", "environment_column", "agent", "agent_timeout", "max_turns", "tool_format", "tool_example_call",
         "tool_example_question", "tool_timeout")),
     Section("distill", "Distillation", "on-policy distillation: the teacher as the reference (models/teacher.py), policy_loss=distill (core/distill.py)", (
         "teacher", "distill_grpo_weight")),

@@ -394,7 +394,12 @@ def _validate_agent(c) -> None:
         raise ConfigError(f"max_turns: must be >= 1, got {c.max_turns}")
     if c.tool_timeout < 0:
         raise ConfigError(f"tool_timeout: must be >= 0 (0 = no deadline), got {c.tool_timeout}")
-    if (c.tools.strip() or c.environment_factory.strip()) and c.resample_invalid_rounds:
+    if c.agent.strip() and (c.tools.strip() or c.environment_factory.strip()):
+        raise ConfigError("agent: an agent program runs its own tools; it does not run with tools or "
+                          "environment_factory (set those to '')")
+    if c.agent_timeout <= 0:
+        raise ConfigError(f"agent_timeout: must be > 0 seconds, got {c.agent_timeout}")
+    if (c.tools.strip() or c.environment_factory.strip() or c.agent.strip()) and c.resample_invalid_rounds:
         raise ConfigError("resample_invalid_rounds: not supported with tools / environment_factory (an episode "
                           "cannot be resampled row by row); set it to 0")
 

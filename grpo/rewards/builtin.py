@@ -88,6 +88,13 @@ def incompleteness_zh_reward(completion: str, sample: dict) -> float:
     return incompleteness(completion, language="zh")
 
 
+def agent_reward(completion: str, sample: dict) -> float | None:
+    """The reward an agent program (``agent=module:function``) returned for the episode (grpo.agent.programs
+    puts it in the sample as "agent_reward"); None (a counted failure) when it returned none or failed."""
+    value = sample.get("agent_reward")
+    return None if value is None else float(value)
+
+
 def environment_reward(completion: str, sample: dict) -> float | None:
     """The episode's environment score: ``get_reward()`` of the environment_factory instance it ran
     in (grpo.agent puts it in the sample as "environment_reward"); None (a counted failure) without one."""
@@ -116,6 +123,7 @@ REWARDS.register(_code_reward("code_generated", code_generated_batch_reward))  #
 REWARDS.register(Reward("code_style", code_style_reward))  # type hints, docstrings, exception handling; never run
 REWARDS.register(Reward("reward_model", no_reward_model, batch=True, doc=RewardModelReward.__doc__,
                         build=lambda o: RewardModelReward(o.reward_model, transform=o.reward_model_transform)))
+REWARDS.register(Reward("agent", agent_reward))  # an agent program's returned reward
 REWARDS.register(Reward("environment", environment_reward))  # an environment_factory episode's get_reward()
 # a chat model behind an OpenAI-compatible API; HttpReward's deadline, retries and timeout count
 REWARDS.register(Reward("judge", no_judge, batch=True, own_deadline=True, doc=JudgeReward.__doc__,

@@ -223,7 +223,8 @@ def eval_settings(cfg: Config) -> EvalSettings:
 def agent_settings(cfg: Config) -> AgentSettings:
     return AgentSettings(tools=cfg.tools, environment_factory=cfg.environment_factory, tool_format=cfg.tool_format,
                          max_turns=cfg.max_turns, tool_timeout=cfg.tool_timeout, example_call=cfg.tool_example_call,
-                         example_question=cfg.tool_example_question, environment_column=cfg.environment_column)
+                         example_question=cfg.tool_example_question, environment_column=cfg.environment_column,
+                         program=cfg.agent, program_timeout=cfg.agent_timeout)
 
 
 def sources_settings(cfg: Config) -> SourcesSettings:

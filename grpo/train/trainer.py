@@ -446,6 +446,8 @@ class Trainer:
             self.async_rollouts.join()
         self.rewards.close()
         self.sources.close()
+        if self.agent is not None:
+            self.agent.close()
 
     def _should_stop(self) -> bool:
         """A signal stops every process at the same step (one that stopped alone would leave the
