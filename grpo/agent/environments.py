@@ -14,14 +14,18 @@ from __future__ import annotations
 import asyncio
 import inspect
 
+from grpo.agent.openenv import is_openenv, openenv_factory
 from grpo.agent.tools import Tool, check_unique, make_tool, resolve_callable
 from grpo.errors import ConfigError
 
-RESERVED = ("reset", "get_reward")
+RESERVED = ("reset", "get_reward", "described_tools")
 
 
 def load_factory(spec: str):
-    """The callable ``environment_factory`` names (``module:Class``)."""
+    """The callable ``environment_factory`` names (``module:Class``, or ``openenv:URL``: sessions of an
+    OpenEnv server, grpo.agent.openenv)."""
+    if is_openenv(spec):
+        return openenv_factory(spec)
     factory = resolve_callable(spec.strip(), "environment_factory")
     if not callable(factory):
         raise ConfigError(f"environment_factory: {spec!r} is not callable")
@@ -56,7 +60,13 @@ def new_environment(factory, where: str = "environment_factory"):
 
 
 def environment_tools(env) -> list[Tool]:
-    """The instance's public methods (those of its class: no property is evaluated) as tools."""
+    """The instance's public methods (those of its class: no property is evaluated) as tools; an
+    instance that describes its tools itself (``described_tools()``, e.g. an OpenEnv session whose
+    tool's schema is the server's) gives those."""
+    if callable(getattr(type(env), "described_tools", None)):
+        tools = env.described_tools()
+        check_unique(tools, "environment_factory")
+        return tools
     names = [n for n, _ in inspect.getmembers(type(env), predicate=inspect.isfunction)
              if n not in RESERVED and not n.startswith("_")]
     tools = [make_tool(getattr(env, n), f"environment_factory ({type(env).__name__}.{n})") for n in names]

@@ -375,7 +375,7 @@ class Config:
     tools: str = ""
     """Comma-separated tools the model may call during a rollout: builtin:calculator or module:function paths (typed functions with a Google-style docstring; `async def` allowed). Set (or environment_factory set), every rollout and the held-out evaluation are multi-turn episodes."""
     environment_factory: str = ""
-    """module:Class of an environment in TRL's environment_factory form: a fresh instance per completion, reset(**fields) may return the first user message, its public methods are tools, an optional get_reward() reaches rewards as the `environment` reward. TRL's dict form, `value=module:Class,...`, routes each row to the class of its `environment_column` value."""
+    """module:Class of an environment in TRL's environment_factory form: a fresh instance per completion, reset(**fields) may return the first user message, its public methods are tools, an optional get_reward() reaches rewards as the `environment` reward. `openenv:http://HOST:PORT`: an OpenEnv server over its own protocol (one WebSocket session per episode; the tool `step` takes the server's action schema; the steps' rewards add up to the `environment` reward; needs the envs extra). TRL's dict form, `value=module:Class,...`, routes each row to the class of its `environment_column` value."""
     environment_column: str = "task"
     """The dataset column whose value picks a row's environment when environment_factory is TRL's dict form (`value=module:Class,...`; the Python API takes a dict); each value's rows are logged and evaluated as a suite of that name."""
     agent: str = ""
