@@ -35,7 +35,7 @@ def test_weights_from_the_update_forward_equal_a_separate_forward(tmp_path, tiny
     assert len(batch.deferred) == 1 and batch.old_logp is None
     assert "rollout_is_weight_mean" not in metrics, "the weight was computed before the update"
     plain = replace(batch, deferred=())
-    now, now_metrics = apply_logp_weight(plain, batch.deferred[0], t.batches.old_logps(ro, t.knobs.temperature))
+    now, now_metrics = apply_logp_weight(plain, batch.deferred[0], t.batches.old_logps(ro, t.knobs.temperature)["logp"])
     assert not torch.allclose(now.advantages, plain.advantages), "the weights are all 1: nothing is checked"
     assert now_metrics["rollout_is_clipped_share"] > 0
 

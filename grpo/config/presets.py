@@ -64,3 +64,30 @@ def apply_lr_preset(c) -> None:
     """Fill the fields of ``c.lr_preset`` still at their defaults (an explicit setting wins); an unknown
     preset lists the valid ones."""
     _fill_defaults(c, LR_PRESETS[c.lr_preset])
+
+
+# generation_kwargs (TRL's name): the keys grpo's engines and trainer honour, each also a field of its own
+GENERATION_KEYS = ("top_p", "top_k", "min_p", "repetition_penalty")
+GENERATION_REFUSED = {
+    "temperature": "use the temperature field (its schedule and the loss read it)",
+    "do_sample": "grpo samples (greedy only for evaluation)",
+    "max_new_tokens": "use max_completion_length", "max_tokens": "use max_completion_length",
+}
+
+
+def apply_generation_kwargs(c) -> None:
+    """generation_kwargs' entries as the fields of their names (a field set to another value is an error);
+    a key no engine can honour with right log-probs is refused, naming it and why."""
+    from grpo.errors import ConfigError
+
+    for key, value in (c.generation_kwargs or {}).items():
+        if key not in GENERATION_KEYS:
+            why = GENERATION_REFUSED.get(key, "the trainer cannot recompute the sampling distribution's log-probs "
+                                              "under it, so the importance corrections would be biased")
+            raise ConfigError(f"generation_kwargs.{key}: not honoured: {why}; grpo takes {', '.join(GENERATION_KEYS)}")
+        default = type(c).__dataclass_fields__[key].default
+        current = getattr(c, key)
+        value = type(default)(value)
+        if current != default and current != value:
+            raise ConfigError(f"generation_kwargs.{key}: {value} differs from {key}={current}; set one of them")
+        setattr(c, key, value)

@@ -26,7 +26,7 @@ SECTIONS: tuple[Section, ...] = (
         "arithmetic_ops", "use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "load_in_4bit")),
     Section("sampling", "Sampling and engines", "the collector and the rollout engines (grpo/rollout, train/collect.py)", (
         "num_generations", "prompts_per_step", "max_prompt_length", "max_completion_length", "temperature", "top_p",
-        "top_k", "rollout_engine", "decode_kernels", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode",
+        "top_k", "min_p", "repetition_penalty", "generation_kwargs", "rollout_engine", "decode_kernels", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode",
         "vllm_enforce_eager", "vllm_server_host", "vllm_server_port", "vllm_server_urls", "vllm_server_timeout",
         "vllm_server_request_timeout", "vllm_server_weight_dir", "rollout_correction", "rollout_correction_level",
         "rollout_correction_low", "rollout_correction_high", "resample_invalid_rounds")),

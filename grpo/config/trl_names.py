@@ -162,11 +162,9 @@ TRL_NAMES: dict[str, TrlName] = {
                                "config", False),
     "num_generations_eval": refused("num_generations_eval: grpo evaluates greedily, and pass@k with eval_pass_k samples "
                                     "per prompt", None),
-    "min_p": refused("min_p: grpo samples with temperature, top_p and top_k", None),
-    "repetition_penalty": refused("repetition_penalty: not offered (it changes the sampling distribution the loss "
-                                  "assumes)", 1.0),
-    "generation_kwargs": refused("generation_kwargs: grpo samples with temperature, top_p, top_k and "
-                                 "max_completion_length", None),
+    "min_p": same("min_p=None in TRL is min_p=0 here (off)", convert=lambda v, _: {"min_p": 0.0 if v is None else v}),
+    "repetition_penalty": same("every rollout engine applies it; the trainer's log-probs for the corrections too"),
+    "generation_kwargs": same("top_p, top_k, min_p, repetition_penalty (other keys refused with the reason)"),
     "chat_template_kwargs": same("given to every rendering with the chat template, and kept as the saved template's "
                                  "defaults"),
     "vllm_model_impl": refused("vllm_model_impl: grpo uses vLLM's own model implementations", "vllm"),

@@ -19,6 +19,7 @@ from grpo.core.token_masks import high_entropy_mask, off_policy_sequence_mask, p
 from grpo.core.reward_model import (bradley_terry_loss, distillation_loss, group_pairs, head_scores,
                                     pairwise_accuracy, pointwise_accuracy, pointwise_loss)
 from grpo.core.token_weights import token_weights, weighted_advantages
+from grpo.core.sampling import processed_logprobs, processed_scores, seen_tokens, truncates
 from grpo.core.rollout_correction import (CORRECTION_LEVELS, CORRECTION_MODES, Correction, correction_weights,
                                          mismatch_kl)
 
@@ -36,7 +37,7 @@ __all__ = [
     "MULTI_OBJECTIVE_AGGREGATIONS", "gdpo_advantages",
     "distinct_n", "group_advantage_std", "group_outcome_shares", "loop_flags", "REWARD_TRANSFORMS",
     "transform_scores",
-    "token_weights", "weighted_advantages",
+    "token_weights", "weighted_advantages", "processed_logprobs", "processed_scores", "seen_tokens", "truncates",
     "bradley_terry_loss", "distillation_loss", "group_pairs", "head_scores", "pairwise_accuracy",
     "pointwise_accuracy", "pointwise_loss",
     "distill_loss", "reverse_kl_tokens",

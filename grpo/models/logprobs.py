@@ -75,7 +75,7 @@ def completion_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completi
                         completion_mask: Tensor, *, temperature: float, with_entropy: bool = False,
                         autocast: bool = False, share_prompt: bool = False,
                         attn_implementation: str = "sdpa", max_row_tokens: int = 0,
-                        loss_mask: Tensor | None = None) -> dict:
+                        loss_mask: Tensor | None = None, processing: dict | None = None) -> dict:
     """Run the model on prompt + completion and return {"logp": [N, T], "entropy": [N, T]} for the
     completion tokens (zero beyond each completion's mask); the entropy is detached unless
     ``with_entropy`` (then it carries a gradient, for an entropy term in the loss).
@@ -92,6 +92,10 @@ def completion_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completi
     completion token go through the LM head (``logits_to_keep``), and no full-vocabulary copy of
     the logits is made. ``autocast`` runs the
     transformer body in bf16 (see ``grpo.models.precision.keep_head_fp32`` for the head).
+
+    ``processing`` (top_k, top_p, min_p, repetition_penalty: the run's sampling beside the temperature):
+    also "qlogp" [N, T], log q of each token under the sampling distribution (grpo.core.sampling),
+    without gradient, for the importance corrections.
     """
     n, t_full = completion_ids.shape
     pk = pack_sequences(prompt_ids, prompt_mask, completion_ids, completion_mask, share_prompt=share_prompt,
@@ -114,8 +118,37 @@ def completion_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completi
     ent = torch.where(pk["loss"], out["entropy"], 0.0)  # [N, T']
     if not with_entropy:
         ent = ent.detach()
+    out = {"logp": logp, "entropy": ent}
+    if processing is not None:
+        flat = logits.reshape(-1, logits.shape[-1])  # [K, V]
+        out["qlogp"] = torch.where(pk["loss"], _sampling_logprobs(flat, pk, prompt_ids, prompt_mask, completion_ids,
+                                                                  temperature=temperature, processing=processing), 0.0)
     pad = t_full - logp.shape[1]
-    if pad:
-        logp = torch.nn.functional.pad(logp, (0, pad))  # [N, T]
-        ent = torch.nn.functional.pad(ent, (0, pad))  # [N, T]
-    return {"logp": logp, "entropy": ent}
+    return {k: torch.nn.functional.pad(v, (0, pad)) if pad else v for k, v in out.items()}  # [N, T] each
+
+
+Q_FLOOR = -1e4  # log q of a token the trainer's q does not keep: its weight exp(q - q_engine) is 0, and stays finite
+
+
+@torch.no_grad()
+def _sampling_logprobs(flat: Tensor, pk: dict, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, *,
+                       temperature: float, processing: dict) -> Tensor:
+    """log q [N, T'] of the scored tokens (core.processed_logprobs), row by row; the context of position t
+    is the prompt's real tokens and the completion's first t (for the repetition penalty)."""
+    from grpo import core
+
+    n, width = pk["tokens"].shape
+    vocab = flat.shape[-1]
+    out = torch.zeros(n, width, device=flat.device)  # [N, T']
+    penalized = processing.get("repetition_penalty", 1.0) != 1.0
+    for i in range(n):
+        seen = None
+        if penalized:  # [T', V]: the prompt's tokens, and each completion token from the position after it
+            first = torch.full((vocab,), width, dtype=torch.long, device=flat.device)  # [V]
+            first.scatter_reduce_(0, completion_ids[i, :width], torch.arange(width, device=flat.device), "amin")
+            base = core.seen_tokens(prompt_ids[i:i + 1], prompt_mask[i:i + 1], vocab)  # [1, V]
+            seen = base | (first[None, :] < torch.arange(width, device=flat.device)[:, None])  # [T', V]
+        q = core.processed_logprobs(flat[pk["index"][i]], pk["tokens"][i], temperature=temperature, seen=seen,
+                                    **processing)  # [T']
+        out[i] = q.clamp(min=Q_FLOOR)
+    return out

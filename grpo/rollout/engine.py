@@ -32,6 +32,13 @@ class SamplingSettings:
     max_prompt_length: int  # max_prompt_length: likewise
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+
+    def processing(self) -> dict:
+        """The keyword settings of ``core.processed_scores`` (the distribution q the engines draw from)."""
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p,
+                "repetition_penalty": self.repetition_penalty}
 
     def as_kwargs(self) -> dict:
         """The settings as the keyword arguments of ``generate_rollout`` / ``fast_rollout``."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.core import token_logprobs
+from grpo import core
 from grpo.models.packing import base_model
 from grpo.rollout.types import Rollout, encode_for_rollout, finish_rollout
 from grpo.rollout.engine import ROLLOUT_ENGINES, RolloutEngine, SamplingSettings, row_stopper
@@ -52,16 +52,16 @@ def fast_unsupported_reason(model, *, synced: bool = False) -> str | None:
     return None
 
 
-def _pick(scores: torch.Tensor, sampler: KeyedSampler | None, t: int, keys: list[int] | None) -> torch.Tensor:
+def _pick(scores: torch.Tensor, sampler: KeyedSampler | None, t: int, keys: list[int] | None,
+          seen: torch.Tensor | None = None) -> torch.Tensor:
     """Next token of each live row from its float32 scores [n, V]: greedy, keyed Gumbel-max, or
-    (no keys) a multinomial draw from the warped softmax, as ``generate(do_sample=True)``."""
+    (no keys) a multinomial draw from q's softmax, as ``generate(do_sample=True)``; ``seen`` [n, V]:
+    the rows' context tokens (the repetition penalty)."""
     if sampler is None:
         return scores.argmax(-1)  # [n]
     if keys is not None:
-        return sampler.draw(scores, t, keys)  # [n]
-    for w in sampler.warpers:
-        scores = w(None, scores)
-    return torch.multinomial(torch.softmax(scores, -1), 1)[:, 0]  # [n]
+        return sampler.draw(scores, t, keys, seen=seen)  # [n]
+    return torch.multinomial(torch.softmax(sampler.process(scores, seen), -1), 1)[:, 0]  # [n]
 
 
 def _buffer_cache(model, capacity: int):
@@ -167,7 +167,8 @@ def step_products(model, rows: int, kernels: str = "auto", *, use_native: bool =
 
 @torch.no_grad()
 def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_new_tokens: int,
-                 temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, greedy: bool = False,
+                 temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0,
+                 repetition_penalty: float = 1.0, greedy: bool = False,
                  max_prompt_length: int = 1024, with_logprobs: bool = True, keys: list[int] | None = None,
                  synced: bool = False, kernels: str = "auto", use_native: bool = True, stop=None) -> Rollout:
     """``generate_rollout``'s signature and Rollout (engine="fast"); see the module docstring.
@@ -182,7 +183,8 @@ def fast_rollout(model, tokenizer, prompts: list[str], *, group_size: int, max_n
     enc = encode_for_rollout(model, tokenizer, prompts, group_size=group_size, max_prompt_length=max_prompt_length,
                              keys=keys)
     ids, pmask, eos, g = enc.ids, enc.mask, enc.eos, group_size  # [B, P] each
-    sampler = None if greedy else KeyedSampler([], ids.shape[1], temperature=temperature, top_p=top_p, top_k=top_k)
+    sampler = None if greedy else KeyedSampler([], ids.shape[1], temperature=temperature, top_p=top_p, top_k=top_k,
+                                               min_p=min_p, repetition_penalty=repetition_penalty)
     was_training = model.training
     model.eval()
     try:
@@ -298,12 +300,18 @@ def _decode(model, ids: torch.Tensor, pmask: torch.Tensor, *, g: int, max_new_to
     tokens = torch.full((n_rows, max_new_tokens), fill, dtype=torch.long, device=device)  # [N, Tmax]
     logps = torch.zeros(n_rows, max_new_tokens, device=device) if with_logprobs else None  # [N, Tmax]
     live_keys = keys
+    # the rows' context tokens, for the repetition penalty: [N, V]
+    seen = core.seen_tokens(ids.repeat_interleave(g, 0), pmask.repeat_interleave(g, 0), scores.shape[-1]) \
+        if sampler is not None and sampler.penalized else None
     t = 0
     while t < max_new_tokens:
-        tok = _pick(scores, sampler, t, live_keys)  # [n]
+        mine = seen[live] if seen is not None else None  # [n, V]
+        tok = _pick(scores, sampler, t, live_keys, mine)  # [n]
         tokens[live, t] = tok
-        if logps is not None:
-            logps[live, t] = token_logprobs(scores[:, None], tok[:, None], temperature=temperature)[:, 0]
+        if logps is not None:  # log q of the drawn token (core.sampling: the distribution it was drawn from)
+            logps[live, t] = core.processed_logprobs(scores, tok, seen=mine, **sampler.settings)
+        if seen is not None:
+            seen[live, tok] = True
         t += 1
         ended = torch.isin(tok, eos_t)  # [n]
         if stop_rows is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from grpo import core
 from grpo.rollout import native
 
 
@@ -56,8 +57,8 @@ def keyed_gumbel(bases: list[int], vocab: int, device=None) -> torch.Tensor:
 
 
 class KeyedSampler:
-    """Sampling as a logits processor for greedy ``generate``: temperature, top-k and top-p exactly as
-    ``generate`` applies them, then the Gumbel-max trick, argmax(logits + Gumbel noise), which draws
+    """Sampling as a logits processor for greedy ``generate``: the repetition penalty, temperature, top-k,
+    top-p and min-p exactly as ``generate`` applies them (core.processed_scores), then the Gumbel-max trick, argmax(logits + Gumbel noise), which draws
     exactly from softmax(logits) (Gumbel 1954; Maddison et al. 2014).
 
     The noise of row n at decoding step t is a stream fixed by (keys[n], t) (``keyed_gumbel``), so a
@@ -74,28 +75,35 @@ class KeyedSampler:
     perturbed scores are that close.)
     """
 
-    def __init__(self, keys: list[int], prompt_len: int, *, temperature: float, top_p: float, top_k: int):
-        from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
-                                                            TopPLogitsWarper)
+    def __init__(self, keys: list[int], prompt_len: int, *, temperature: float, top_p: float = 1.0, top_k: int = 0,
+                 min_p: float = 0.0, repetition_penalty: float = 1.0, prompt_mask: torch.Tensor | None = None):
+        self.keys, self.prompt_len, self.prompt_mask = keys, prompt_len, prompt_mask  # mask [n, P]: 1 on real tokens
+        self.settings = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
+                         "repetition_penalty": repetition_penalty}
+        self.penalized = repetition_penalty != 1.0  # the context's tokens are needed (``seen``)
 
-        self.keys, self.prompt_len = keys, prompt_len
-        self.warpers = [TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []
-        if top_k:
-            self.warpers.append(TopKLogitsWarper(top_k))
-        if top_p < 1.0:
-            self.warpers.append(TopPLogitsWarper(top_p))
+    def process(self, scores: torch.Tensor, seen: torch.Tensor | None = None) -> torch.Tensor:
+        """q's scores [n, V] (core.processed_scores; ``seen`` [n, V] the context's tokens, for the penalty)."""
+        return core.processed_scores(scores, seen=seen, **self.settings)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """Scores for greedy ``generate``: 0 at the drawn token of each row, -inf elsewhere."""
-        tokens = self.draw(scores, input_ids.shape[1] - self.prompt_len, self.keys)  # [n]
+        seen = core.seen_tokens(input_ids, self._real(input_ids), scores.shape[-1]) if self.penalized else None
+        tokens = self.draw(scores, input_ids.shape[1] - self.prompt_len, self.keys, seen=seen)  # [n]
         return torch.full_like(scores, float("-inf")).scatter_(1, tokens[:, None], 0.0)  # [n, V]
 
-    def draw(self, scores: torch.Tensor, t: int, keys: list[int], *, use_native: bool = True) -> torch.Tensor:
+    def _real(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[n, L] 1 on the real tokens of ``generate``'s rows (its left padding is not context)."""
+        real = torch.ones_like(input_ids)
+        if self.prompt_mask is not None:
+            real[:, :self.prompt_mask.shape[1]] = self.prompt_mask
+        return real
+
+    def draw(self, scores: torch.Tensor, t: int, keys: list[int], *, use_native: bool = True,
+             seen: torch.Tensor | None = None) -> torch.Tensor:
         """The sampled token [n] of rows ``keys`` at decoding step ``t`` from their scores [n, V] (also
         used by the fast backend on its live rows)."""
-        for w in self.warpers:
-            scores = w(None, scores)  # [n, V]
-        scores = scores.float().contiguous()
+        scores = self.process(scores, seen).contiguous()  # [n, V] float32
         bases = [row_base(k, t) for k in keys]
         lib = native.library() if use_native and scores.device.type == "cpu" else None
         if lib is None:

@@ -225,7 +225,7 @@ class AsyncRollouts:
             return st.stale_correction(train_logp, engine[rows].to(train_logp.dtype), mask[rows], stale[rows],
                                        level=s.correction_level, mode=s.correction,
                                        low=s.correction_low, high=s.correction_high)
-        batch, corr_metrics = apply_logp_weight(batch, LogpWeight(prefix="async/", weigh=weigh), batch.old_logp)
+        batch, corr_metrics = apply_logp_weight(batch, LogpWeight(prefix="async/", weigh=weigh), batch.correction_logp)
         return batch, {**out, **corr_metrics}
 
     def _take(self):

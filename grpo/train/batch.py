@@ -36,6 +36,14 @@ class Batch:
     # importance weights that read the trainer's log-probs, left to the update's own forward (LogpWeight)
     deferred: tuple["LogpWeight", ...] = ()
     weights: torch.Tensor | None = None  # [N, T] the importance weights applied to the advantages (None: none)
+    # [N, T] log q of the old policy (grpo.core.sampling) where the run's q is not pi_T and a correction weighs
+    old_qlogp: torch.Tensor | None = None
+
+    @property
+    def correction_logp(self) -> torch.Tensor | None:
+        """The trainer's log-probs an importance correction compares with the engine's: log q (the sampling
+        distribution, as the engine reports) where it differs from pi_T, else the old policy's."""
+        return self.old_qlogp if self.old_qlogp is not None else self.old_logp
 
 
 @dataclass(frozen=True)
@@ -134,9 +142,11 @@ class BatchMaker:
             with self.policy.disable_adapter():  # LoRA: the base model is the reference
                 return self.frozen_logps(self.policy, ro, temperature)
 
-    def old_logps(self, ro: Rollout, temperature: float) -> torch.Tensor:
+    def old_logps(self, ro: Rollout, temperature: float) -> dict:
+        """{"logp": [N, T]} of the old policy, and "qlogp" where the corrections compare log q."""
         with self.timer.stage("old_logp"):
-            return self.frozen_logps(self.policy, ro, temperature)
+            return self.forwards.frozen(self.policy, ro, temperature=temperature,
+                                        micro_batch=self.settings.micro_batch, with_q=True)
 
     def make(self, ro: Rollout, rewards: torch.Tensor, samples: list[dict] | None, *, temperature: float,
              beta: float, per_reward: torch.Tensor | None = None) -> tuple[Batch, dict]:
@@ -163,7 +173,7 @@ class BatchMaker:
             marked = core.token_weights(ro.completion_ids, vocab, gamma=2.0) > 1  # [n, T]
             metrics["weighted_token_share"] = float(core.masked_mean(marked.float(), batch.mask))
         if s.correction != "none":  # w >= 0 scales the surrogate term only
-            batch, corr_metrics = apply_logp_weight(batch, self.correction(batch), batch.old_logp)
+            batch, corr_metrics = apply_logp_weight(batch, self.correction(batch), batch.correction_logp)
             metrics.update(corr_metrics)
         return batch, metrics
 
@@ -202,7 +212,8 @@ class BatchMaker:
         filled = torch.where(failed, group_mean.expand_as(rewards), rewards)  # [B, G]
         mask = ro.loss_mask * (~failed & keep).reshape(-1, 1)[rows]  # [n, T] trained tokens that count
         # the sampling policy's log-probs, once the policy can have moved: after the first epoch or mini-batch
-        old_logp = self.old_logps(ro, temperature) if s.old_logp else None
+        old = self.old_logps(ro, temperature) if s.old_logp else {}
+        old_logp, old_q = old.get("logp"), old.get("qlogp")
         ref_logp = self.reference_logps(ro, temperature) if s.reference else None
         metrics = {"reward_mean": float(torch.nanmean(rewards)),
                    "reward_std": float(rewards[~failed].std(correction=0)) if (~failed).sum() > 1 else 0.0,
@@ -215,16 +226,17 @@ class BatchMaker:
                 self.step_reward, self.tok, ro, samples, mask, group_size=s.group_size,
                 std_eps=s.std_eps, unbiased_std=s.unbiased_std)  # [N, T]
             metrics.update(step_metrics)
-            return Batch(ro, adv_tok, mask, old_logp, ref_logp), metrics
+            return Batch(ro, adv_tok, mask, old_logp, ref_logp, old_qlogp=old_q), metrics
         if self.critic is None:
             adv = self._advantages(filled, failed, per_reward)  # [B, G]
             adv_tok = adv.reshape(-1, 1)[rows].expand_as(mask).contiguous()  # [n, T]
             metrics["advantage_variance"] = float(core.advantage_group_variance(adv))
             if s.multi_objective_aggregation == "normalize_then_sum":  # GDPO scales the batch to std 1
                 metrics["advantage_batch_std"] = float(adv.std(correction=1 if adv.numel() > 1 else 0))
-            return Batch(ro, adv_tok, mask, old_logp, ref_logp), metrics
-        return self._ppo(ro, filled.flatten()[rows], filled.shape, mask, old_logp, ref_logp, metrics,
-                         temperature=temperature, beta=beta)
+            return Batch(ro, adv_tok, mask, old_logp, ref_logp, old_qlogp=old_q), metrics
+        batch, metrics = self._ppo(ro, filled.flatten()[rows], filled.shape, mask, old_logp, ref_logp, metrics,
+                                   temperature=temperature, beta=beta)
+        return replace(batch, old_qlogp=old_q), metrics
 
     def _ppo(self, ro, scores, shape, mask, old_logp, ref_logp, metrics, *, temperature: float,
              beta: float) -> tuple[Batch, dict]:

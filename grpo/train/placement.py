@@ -25,6 +25,7 @@ class PlacementSettings:
     strategy: str  # distributed_strategy: ddp or fsdp2
     group_size: int  # num_generations (G)
     max_tokens_per_forward: int  # max_tokens_per_forward
+    processing: dict | None = None  # top_k, top_p, min_p, repetition_penalty where the corrections need log q
 
 
 @dataclass(frozen=True)
@@ -68,5 +69,5 @@ def place_models(policy, reference, world: distributed.World, settings: Placemen
         distributed.shard(reference)
     forwards = Forwards(group_size=s.group_size, share_prompt=share, attn_implementation=attn or "sdpa",
                         autocast=amp, max_tokens=s.max_tokens_per_forward, sharded=sharded,
-                        tied_grad_in_place=not world.distributed)
+                        tied_grad_in_place=not world.distributed, processing=s.processing)
     return Placement(module=module, forwards=forwards, amp=amp, sharded=sharded)

@@ -89,8 +89,16 @@ def sampling_settings(cfg: Config, *, max_new_tokens: int | None = None) -> Samp
     """The run's sampling: its warpers and prompt cut at the configured temperature (the knob's, per
     step, replaces it in training); ``max_new_tokens``: max_completion_length unless given."""
     return SamplingSettings(max_new_tokens=cfg.max_completion_length if max_new_tokens is None else max_new_tokens,
-                            temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                            max_prompt_length=cfg.max_prompt_length)
+                            temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, min_p=cfg.min_p,
+                            repetition_penalty=cfg.repetition_penalty, max_prompt_length=cfg.max_prompt_length)
+
+
+def q_processing(cfg: Config) -> dict | None:
+    """The sampling settings beside the temperature with which the trainer computes log q for the importance
+    corrections (grpo.core.sampling), where the run corrects and its q is not pi_T; else None."""
+    kw = {"top_k": cfg.top_k, "top_p": cfg.top_p, "min_p": cfg.min_p, "repetition_penalty": cfg.repetition_penalty}
+    corrects = rollout_correction(cfg) != "none" or cfg.async_rollouts
+    return kw if corrects and core.truncates(**kw) else None
 
 
 def rollout_correction(cfg: Config) -> str:
@@ -255,7 +263,7 @@ def placement_settings(cfg: Config) -> PlacementSettings:
     return PlacementSettings(load_in_4bit=cfg.load_in_4bit, bf16=cfg.bf16, dtype=cfg.dtype,
                              shared_prefix=cfg.shared_prefix, gradient_checkpointing=cfg.gradient_checkpointing,
                              strategy=cfg.distributed_strategy, group_size=cfg.num_generations,
-                             max_tokens_per_forward=cfg.max_tokens_per_forward)
+                             max_tokens_per_forward=cfg.max_tokens_per_forward, processing=q_processing(cfg))
 
 
 def critic_settings(cfg: Config) -> CriticSettings | None:

@@ -210,16 +210,19 @@ class Updater:
         which are also written to ``seen`` [n, T] for their metrics."""
         ro = batch.rollout
         cur = self.forwards.logprobs(self.module, ro, idx, temperature=temperature,
-                                     with_entropy=self.loss.needs_entropy(loss))
+                                     with_entropy=self.loss.needs_entropy(loss),
+                                     with_q=bool(batch.deferred) and batch.old_qlogp is None)
         logp = cur["logp"]  # [n, T]
         old = batch.old_logp[idx] if batch.old_logp is not None else logp.detach()
+        # what the deferred corrections compare with the engine's log q: the trainer's log q where q is not pi_T
+        old_q = batch.old_qlogp[idx] if batch.old_qlogp is not None else cur["qlogp"] if "qlogp" in cur else old
         advantages = batch.advantages[idx]  # [n, T]
         weights = batch.weights[idx] if batch.weights is not None else None  # [n, T]
         for weight in batch.deferred:  # w >= 0 scales the advantages (and a term without them: LossInputs.weight)
-            w = weight.weigh(old, idx).weights  # [n, T]
+            w = weight.weigh(old_q, idx).weights  # [n, T]
             advantages, weights = advantages * w, w if weights is None else weights * w
         if seen is not None:
-            seen[idx] = old
+            seen[idx] = old_q
         return self._policy_loss(
             logp, old, advantages, batch.mask[idx], name=self.settings.policy_loss,
             ref_logp=batch.ref_logp[idx] if batch.ref_logp is not None else None,

@@ -77,6 +77,8 @@ def sampling_params(p, i: int, *, vocab: int | None, limits: SamplingLimits) -> 
         "temperature": lambda v, f: _float(v, f, 0.0, 100.0),
         "top_p": lambda v, f: _float(v, f, 1e-9, 1.0),
         "top_k": lambda v, f: -1 if v == -1 and not isinstance(v, bool) else _int(v, f, 1, top + 1),
+        "min_p": lambda v, f: _float(v, f, 0.0, 1.0),
+        "repetition_penalty": lambda v, f: _float(v, f, 1e-6, 100.0),
         "seed": lambda v, f: None if v is None else _int(v, f, 0, 2 ** 63 - 1),
         "logprobs": lambda v, f: None if v is None else _int(v, f, 0, limits.max_logprobs),
         "ignore_eos": _bool, "detokenize": _bool,

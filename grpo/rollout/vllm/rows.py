@@ -65,7 +65,8 @@ def request_params(sampling: SamplingSettings, *, greedy: bool, seed: int | None
     with n > 1, and a row seeded alone draws the same tokens in any batch)."""
     return {"n": 1, "max_tokens": sampling.max_new_tokens, "stop_token_ids": list(eos), "ignore_eos": False,
             "temperature": 0.0 if greedy else sampling.temperature, "top_p": sampling.top_p,
-            "top_k": sampling.top_k if sampling.top_k > 0 else -1,
+            "top_k": sampling.top_k if sampling.top_k > 0 else -1, "min_p": sampling.min_p,
+            "repetition_penalty": sampling.repetition_penalty,
             "seed": None if greedy or seed is None else seed % (2 ** 63),
             "logprobs": 0 if with_logprobs and not greedy else None, "detokenize": False}
 
