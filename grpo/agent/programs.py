@@ -37,7 +37,15 @@ WINDOW_S = 0.05  # a batch waits this long for more episodes' calls when not eve
 
 
 def load_program(spec: str):
-    """The function ``agent`` names (``module:function``)."""
+    """The function ``agent`` names (``module:function``), or a verifiers environment's episodes
+    (``verifiers:<id>``, grpo.agent.verifiers_env)."""
+    if spec.strip().startswith("verifiers:"):
+        try:
+            from grpo.agent.verifiers_env import VerifiersProgram
+        except ImportError:
+            raise ConfigError("agent: a verifiers environment needs the verifiers package (pip install -e '.[envs]')") \
+                from None
+        return VerifiersProgram(spec)
     fn = resolve_callable(spec.strip(), "agent")
     if not callable(fn):
         raise ConfigError(f"agent: {spec!r} is not callable")
@@ -95,6 +103,7 @@ class ProgramSampler:
 
     def __init__(self, tokenizer, fn, *, max_turns: int, timeout: float):
         self.tok, self.fn, self.max_turns, self.timeout = tokenizer, fn, max_turns, timeout
+        self.routes: dict = {}  # as AgentSampler's: a program routes no row to tools of its own
         self.key = secrets.token_urlsafe(24)
         self._episodes: dict[str, _Episode] = {}
         self._pending: list[_Call] = []

@@ -6,8 +6,10 @@ from __future__ import annotations
 from dataclasses import fields
 
 from grpo.data.mixture import parse_mixture
-from grpo.data.tasks import TASKS, task_rewards
+from grpo.data.tasks import TASKS, VERIFIERS, task_rewards
 from grpo.registry import Registry
+
+VERIFIERS_MAX_CALLS = 32  # a verifiers environment's episodes: model calls allowed (its own max_turns decides first)
 
 MONITOR_PRESETS: Registry[dict] = Registry("monitor preset", field="monitor_preset")
 MONITOR_PRESETS.register("none", {}, doc="No monitor settings.")
@@ -50,6 +52,8 @@ def apply_task_preset(c) -> None:
     unset, each source is scored with its own (grpo.config.mixture_settings)."""
     if c.task in TASKS:
         _fill_defaults(c, dict(TASKS[c.task].presets))
+    if c.task.startswith(VERIFIERS):  # the environment's own protocol runs each episode as an agent program
+        _fill_defaults(c, {"agent": c.task, "max_turns": VERIFIERS_MAX_CALLS})
     if not c.rewards.strip() and parse_mixture(c.task) is None:
         c.rewards = task_rewards(c.task)
 

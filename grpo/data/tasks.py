@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from grpo.data.prompt_fit import chat_messages, fit_rendered
-from grpo.errors import DataError
+from grpo.errors import ConfigError, DataError
 from grpo.registry import Registry
 
 GSM8K_HUB_ID = "openai/gsm8k"
 DATASET_REWARDS = "numeric"  # a dataset's rewards unless `rewards` is set: its answer column as a number
 BUILTIN_HELD_OUT = 200  # a built-in task's held-out prompts unless eval_prompts says otherwise
+VERIFIERS = "verifiers:"  # task=verifiers:<environment id> (grpo.agent.verifiers_env)
 HELD_OUT_SHARE, HELD_OUT_FLOOR, HELD_OUT_CEILING = 0.1, 5, 200  # a dataset's, by its size
 
 
@@ -342,7 +343,10 @@ TASKS.register(BuiltinTask(
 
 def task_rewards(name: str) -> str:
     """The rewards a run on task ``name`` is scored with when ``rewards`` is not set: the built-in
-    task's own, else DATASET_REWARDS."""
+    task's own, a verifiers environment's (its rubric, returned by its episodes: ``agent``), else
+    DATASET_REWARDS."""
+    if name.startswith(VERIFIERS):
+        return "agent"
     return TASKS[name].rewards if name in TASKS else DATASET_REWARDS
 
 
@@ -354,6 +358,13 @@ def load_task(name: str, *, eval_size: int | None, loading: TaskLoading = TaskLo
     if name in TASKS:
         size = BUILTIN_HELD_OUT if eval_size is None else eval_size
         return TASKS[name].make(TaskOptions(size, max_operand=loading.max_operand, ops=loading.ops))
+    if name.startswith(VERIFIERS):  # a verifiers environment's taskset (grpo.agent.verifiers_env)
+        try:
+            from grpo.data.verifiers_tasks import verifiers_rows
+        except ImportError:
+            raise ConfigError("task: a verifiers environment needs the verifiers package (pip install -e '.[envs]')") \
+                from None
+        return rows_task(name, verifiers_rows(name), where=name, eval_size=eval_size, seed=0)
     return user_task(name, prompt_field=loading.prompt_field, answer_field=loading.answer_field, split=loading.split,
                      eval_size=eval_size, seed=0)
 

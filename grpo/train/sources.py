@@ -25,7 +25,7 @@ from grpo.agent.tools import resolve_callable, resolve_tools
 from grpo.data import PromptSampler, Task
 from grpo.data.difficulty import DifficultySampler
 from grpo.data.mixture import SOURCE_COLUMN, MixtureSampler, Source, SourceSpec, tag_rows
-from grpo.data.tasks import TaskLoading, load_task, rows_task
+from grpo.data.tasks import VERIFIERS, TaskLoading, load_task, rows_task
 from grpo.errors import ConfigError, DataError
 from grpo.eval.suites import Suite
 from grpo.rewards.reward import RewardOptions
@@ -85,7 +85,7 @@ class SourceRun:
 def _owned_dataset(name: str):
     """The environment class a ``module:Class`` source names when that class owns its dataset (a
     ``dataset`` attribute: rows, or a function returning them), else None."""
-    if ":" not in name or Path(name).exists():
+    if ":" not in name or Path(name).exists() or name.startswith(VERIFIERS):
         return None
     cls = resolve_callable(name, "task")
     if not hasattr(cls, "dataset"):
