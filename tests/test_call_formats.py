@@ -171,9 +171,9 @@ def test_two_calls_in_one_turn_of_the_embedded_model_reach_both_tools(tok):
 
     models = load_models("embedded:SmolLM2-135M-Instruct", need_reference=False)
     fmt = call_format("auto", models.tokenizer)
-    example = {"question": "What is 2 plus 3, and the weather in Rome?", "call": {"name": "add", "arguments": {}}}
+    example = {"question": "What is 2 plus 3, and the weather in Rome?",  # a worked turn making two calls
+               "calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}, {"name": "weather", "arguments": {"city": "Rome"}}]}
     sampler = AgentSampler(models.tokenizer, tools=TOOLS, fmt=fmt, max_turns=2, tool_timeout=10.0)
-    sampler.fmt = _TwoCallExample()
     rows = [{"prompt": f"What is {a} plus {b}, and the weather in {c}?", "answer": "", "tool_example": example}
             for a, b, c in ((7, 8, "Paris"), (10, 4, "Oslo"), (1, 9, "Lima"), (6, 6, "Tokyo"))]
     engine = make_engine("fast", models.policy, models.tokenizer, kernels="mkl")
@@ -199,14 +199,6 @@ def test_two_calls_in_one_turn_of_the_embedded_model_reach_both_tools(tok):
                 else None
             assert r == want if want is not None else (r.startswith("sunny in") or r.startswith("Error"))
     assert two >= 1
-
-
-class _TwoCallExample(type(CALL_FORMATS["python"])):
-    """The python format whose worked exchange's call turn makes two calls."""
-
-    def example_messages(self, example: dict) -> list[dict]:
-        return [{"role": "user", "content": example["question"]},
-                {"role": "assistant", "content": 'add(a=2, b=3)\nweather(city="Rome")'}]
 
 
 def test_episode_tokens_are_the_sampled_ones_where_the_template_re_renders_past_turns(tok):

@@ -161,13 +161,17 @@ class CallFormat:
 
     def example_messages(self, example: dict) -> list[dict]:
         """A worked exchange {"question", "call": {"name", "arguments"}, "result", "answer"} as messages,
-        the parts ``example_parts`` names that the example has."""
-        call = Call(example["call"]["name"], example["call"]["arguments"], "", id=example_call_id(0))
+        the parts ``example_parts`` names that the example has; "calls" (a list of calls, and "results"
+        a list of their results) shows a turn that makes several calls."""
+        specs = example.get("calls") or [example["call"]]
+        calls = [Call(c["name"], c["arguments"], "", id=example_call_id(i)) for i, c in enumerate(specs)]
+        results = example.get("results") or [example.get("result")]
         parts = {"question": lambda: [{"role": "user", "content": example["question"]}],
-                 "call": lambda: [self.calls_message([call])],
-                 "result": lambda: self.result_messages(call, str(example["result"])),
+                 "call": lambda: [self.calls_message(calls)],
+                 "result": lambda: [m for c, r in zip(calls, results) for m in self.result_messages(c, str(r))],
                  "answer": lambda: [{"role": "assistant", "content": example["answer"]}]}
-        return [m for p in self.example_parts if p in example for m in parts[p]()]
+        present = {"call": "call" in example or "calls" in example, "result": "result" in example or "results" in example}
+        return [m for p in self.example_parts if present.get(p, p in example) for m in parts[p]()]
 
 
 def example_call_id(i: int) -> str:
