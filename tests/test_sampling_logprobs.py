@@ -61,3 +61,14 @@ def test_a_corrected_run_under_truncation_weighs_its_own_tokens_by_one(tmp_path,
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     for line in lines:
         assert abs(line["rollout_is_weight_mean"] - 1.0) < 1e-3 and line["rollout_is_weight_min"] > 0.99, line
+
+
+def test_a_models_own_generation_config_does_not_change_what_the_engines_draw():
+    """A Hub model may ship a repetition penalty or min_p in its generation_config (Qwen2.5-Instruct ships
+    1.05): generate must not apply them beside the run's q, so hf draws what fast draws."""
+    tok = build_tokenizer()
+    model = build_tiny_model(len(tok), seed=TEST_SEED, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    model.generation_config.repetition_penalty, model.generation_config.min_p = 50.0, 0.3
+    kw = dict(group_size=2, max_new_tokens=10, keys=row_keys(TEST_SEED, 1, 0, 6), temperature=1.0)
+    hf, fast = generate_rollout(model, tok, PROMPTS, **kw), fast_rollout(model, tok, PROMPTS, kernels="mkl", **kw)
+    assert torch.equal(hf.completion_ids, fast.completion_ids)

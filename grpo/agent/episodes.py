@@ -166,7 +166,12 @@ def _result_turn(tokenizer, ep: Episode, calls: list[Call], results: list[ToolRe
         ep.errors += int(res.error)
         ep.timeouts += int(res.timeout)
         ep.messages += fmt.result_messages(call, res.text)
-    ids = result_turn_ids(tokenizer, fmt, calls, [r.text for r in results])
+    try:
+        ids = result_turn_ids(tokenizer, fmt, calls, [r.text for r in results])
+    except ValueError:  # the template cannot render these calls (e.g. an id it refuses): the episode ends here
+        ep.errors += 1
+        ep.done = True
+        return
     room = budget - len(ep.ids)
     ep.add(ids[:room], trained=False)
     if len(ids) >= room:  # no room left for the model to answer

@@ -18,8 +18,8 @@ import ast
 import json
 import re
 
-from grpo.agent.call_base import (Block, Call, CallFormat, arguments_of, json_object_end, json_value,
-                                  tool_calls_field)
+from grpo.agent.call_base import (Block, Call, CallFormat, arguments_of, example_call_id, json_object_end,
+                                  json_value, tool_calls_field)
 from grpo.agent.tools import Tool
 
 
@@ -115,14 +115,22 @@ class MistralFormat(CallFormat):
         items = json_value(body)
         if not isinstance(items, list) or not items:
             return [Call("", None, text, "the calls are not a JSON list of {\"name\", \"arguments\"}")]
-        return [arguments_of(it.get("name", ""), it.get("arguments"), text, str(it.get("id", "")))
-                if isinstance(it, dict) else Call("", None, text, "a call is not a JSON object") for it in items]
+        # the template requires ids of 9 letters and digits: one the model did not write (or wrote otherwise)
+        # is given by position, the same in the calls' and the results' rendering
+        return [arguments_of(it.get("name", ""), it.get("arguments"), text, _mistral_id(it.get("id"), i))
+                if isinstance(it, dict) else Call("", None, text, "a call is not a JSON object")
+                for i, it in enumerate(items)]
 
     def result_messages(self, call: Call, result: str) -> list[dict]:
-        return [{"role": "tool", "name": call.name, "content": result, "tool_call_id": call.id or "call00000"}]
+        return [{"role": "tool", "name": call.name, "content": result, "tool_call_id": call.id or example_call_id(0)}]
 
     def calls_message(self, calls: list[Call]) -> dict:
         return {"role": "assistant", "content": "", "tool_calls": tool_calls_field(calls)}
+
+
+def _mistral_id(given, i: int) -> str:
+    """The call's id as the model wrote it where it is 9 letters and digits, else one by position."""
+    return given if isinstance(given, str) and len(given) == 9 and given.isalnum() else example_call_id(i)
 
 
 class DeepSeekFormat(CallFormat):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import threading
 import urllib.request
 
 from grpo.agent.tools import Tool
@@ -45,6 +46,7 @@ class OpenEnvSession:
     def __init__(self, url: str, step_schema: dict):
         self.url, self.step_schema = url.rstrip("/"), step_schema
         self.ws = None
+        self.stepping = threading.Lock()  # a step abandoned at its deadline still holds it: the session is spent
         self.rewards: list[float] = []
         self.done = False
 
@@ -80,7 +82,13 @@ class OpenEnvSession:
     def step(self, **action) -> str:
         if self.done:
             raise RuntimeError("the episode has ended; give the final answer")
-        out = self._exchange({"type": "step", "data": action}, OPENENV_TIMEOUT)
+        if not self.stepping.acquire(blocking=False):  # the last step passed its deadline and still waits
+            self.done = True
+            raise RuntimeError("the environment did not answer the last step in time; the episode has ended")
+        try:
+            out = self._exchange({"type": "step", "data": action}, OPENENV_TIMEOUT)
+        finally:
+            self.stepping.release()
         if out.get("reward") is not None:
             self.rewards.append(float(out["reward"]))
         self.done = bool(out.get("done"))

@@ -34,6 +34,15 @@ from grpo.rollout.types import Rollout, eos_token_ids
 
 MARK = "\u2063GRPO-REPLY\u2063"  # stands for the last reply when the turn after it is rendered
 WINDOW_S = 0.05  # a batch waits this long for more episodes' calls when not every live episode has called
+MAX_EPISODES = 1024  # episodes of one step (prompts_per_step * num_generations per process) the endpoint serves
+# request fields that would change what is sampled (the loss assumes the run's own sampling) or that this
+# endpoint does not serve: refused by name rather than ignored
+REFUSED = {"stream": "one reply, not streamed", "tools": "run tools in the program and send their results as "
+           "messages", "tool_choice": "no tools", "functions": "no tools", "response_format": "no constrained output",
+           "stop": "the reply ends at the model's end of turn", "logit_bias": "the policy samples unchanged",
+           "top_p": "the run's top_p applies", "top_k": "the run's top_k applies", "min_p": "the run's min_p applies",
+           "presence_penalty": "the run's sampling applies", "frequency_penalty": "the run's sampling applies",
+           "repetition_penalty": "the run's repetition_penalty applies", "seed": "each call draws from its episode's key"}
 
 
 def load_program(spec: str):
@@ -94,6 +103,8 @@ class _Episode:
     result: object = None
     error: str = ""
     finished: bool = False
+    busy: bool = False  # a call is waiting for its reply (one at a time: the calls of an episode form one context)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class ProgramSampler:
@@ -108,6 +119,7 @@ class ProgramSampler:
         self._episodes: dict[str, _Episode] = {}
         self._pending: list[_Call] = []
         self._cv = threading.Condition()
+        self._one_step = threading.Lock()
         self._ctx: dict = {}
         self.last_metrics: dict = {}
         self.server: GuardedServer | None = None
@@ -115,7 +127,9 @@ class ProgramSampler:
     def _serve(self) -> str:
         """The endpoint's base URL, started on a free loopback port the first time (again after close)."""
         if self.server is None:
-            self.server = GuardedServer(("127.0.0.1", 0), _Routes(self), api_key=self.key, limits=HttpLimits())
+            # every live episode holds one connection while its call waits for the batch
+            self.server = GuardedServer(("127.0.0.1", 0), _Routes(self), api_key=self.key,
+                                        limits=HttpLimits(max_connections=MAX_EPISODES))
             threading.Thread(target=self.server.serve_forever, name="grpo-agent-endpoint", daemon=True).start()
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
@@ -133,32 +147,48 @@ class ProgramSampler:
     def chat(self, token: str, body: bytes) -> dict:
         """One chat completion of episode ``token`` (an HttpError for a request it cannot serve)."""
         ep = self._episodes.get(token)
-        if ep is None or ep.finished:
-            raise HttpError(404, None, "no running episode at this address")
         req = parse_json(body, max_depth=32)
-        for name, ok in (("stream", not req.get("stream")), ("n", req.get("n", 1) == 1), ("tools", not req.get("tools"))):
-            if not ok:
-                raise HttpError(400, name, f"{name}: the recording endpoint answers one non-streamed reply without "
-                                "tools (run tools in the program and send their results as messages)")
-        t = req.get("temperature")
-        if t is not None and abs(float(t) - self._ctx["sampling"].temperature) > 1e-9:
-            raise HttpError(400, "temperature", f"temperature: the policy samples at the run's "
-                            f"{self._ctx['sampling'].temperature:g} (the loss assumes it); leave it unset")
-        if len(ep.calls) >= self.max_turns:
-            raise HttpError(429, None, f"max_turns: the episode already made {len(ep.calls)} calls")
+        self._check(req)
         cap = req.get("max_completion_tokens", req.get("max_tokens"))
         if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
             raise HttpError(400, "max_tokens", f"max_tokens: a whole number >= 1, got {cap!r}")
         msgs = _messages(req)
-        call = self._context(ep, msgs)
-        if cap is not None:
-            call.room = min(call.room, cap)
-        with self._cv:
-            self._pending.append(call)
-            self._cv.notify_all()
-        if not call.done.wait(self.timeout):
-            raise HttpError(504, None, "the policy did not answer within the episode's deadline")
-        return call.reply
+        if ep is None:
+            raise HttpError(404, None, "no running episode at this address")
+        with ep.lock:
+            if ep.finished:
+                raise HttpError(404, None, "no running episode at this address (it ended)")
+            if ep.busy:
+                raise HttpError(409, None, "the episode's last call has not been answered: its calls are one "
+                                "conversation, made one after the other")
+            if len(ep.calls) >= self.max_turns:
+                raise HttpError(429, None, f"max_turns: the episode already made {len(ep.calls)} calls")
+            call = self._context(ep, msgs)
+            ep.busy = True
+        try:
+            if cap is not None:
+                call.room = min(call.room, cap)
+            with self._cv:
+                self._pending.append(call)
+                self._cv.notify_all()
+            if not call.done.wait(self.timeout) or call.reply is None:
+                raise HttpError(503, None, "the policy gave no answer (the episode's deadline passed or the step ended)")
+            return call.reply
+        finally:
+            with ep.lock:
+                ep.busy = False
+
+    def _check(self, req: dict) -> None:
+        """400 for a request whose settings this endpoint cannot honour, naming the field and why."""
+        for name, why in REFUSED.items():
+            if req.get(name) not in (None, False, [], {}):
+                raise HttpError(400, name, f"{name}: not served by the recording endpoint ({why})")
+        if req.get("n", 1) != 1:
+            raise HttpError(400, "n", "n: one reply per call (the group is the episodes of a row)")
+        t = req.get("temperature")
+        if t is not None and (not isinstance(t, (int, float)) or abs(float(t) - self._ctx["sampling"].temperature) > 1e-9):
+            raise HttpError(400, "temperature", f"temperature: the policy samples at the run's "
+                            f"{self._ctx['sampling'].temperature:g} (the loss assumes it); leave it unset")
 
     def _context(self, ep: _Episode, msgs: list[dict]) -> _Call:
         """The call's exact token context: the last call's tokens and the new messages' turn where the
@@ -167,6 +197,10 @@ class ProgramSampler:
         n = len(ep.history)
         if n and msgs[:n] == ep.history:
             turn = self._turn_after_reply(msgs[n:])
+            if turn and ep.trained and ep.trained[-1] and ep.ids[-1] == turn[0] and turn[0] in self._ctx["eos"]:
+                turn = turn[1:]  # the reply's own end of turn is the sampled (trained) one
+            turn = turn[:max(0, budget - len(ep.ids))]  # the episode's token budget holds the turns between too
+            ep.truncated |= len(ep.ids) + len(turn) >= budget
             ep.ids += turn
             ep.trained += [0] * len(turn)
             ep.logp += [0.0] * len(turn)
@@ -184,16 +218,31 @@ class ProgramSampler:
         messages, the generation prompt (the text after a stand-in reply in the template's rendering)."""
         full = self.tok.apply_chat_template([{"role": "user", "content": "?"}, {"role": "assistant", "content": MARK}]
                                             + new, tokenize=False, add_generation_prompt=True)
+        if MARK not in full:
+            raise HttpError(400, "messages", "messages: the chat template does not render an assistant turn's text "
+                            "as given, so the conversation cannot continue the recorded tokens")
         return self.tok(full[full.find(MARK) + len(MARK):], add_special_tokens=False)["input_ids"]
 
     # ---- the sampling side ---------------------------------------------------------------------
     def generate(self, engine: RolloutEngine, samples: list[dict], *, group_size: int, sampling: SamplingSettings,
                  system_prompt: str = "", keys: list[int] | None = None, with_logprobs: bool = False,
                  greedy: bool = False) -> Rollout:
-        """``group_size`` episodes per sample, grouped by sample, as one Rollout (episodes_rollout)."""
+        """``group_size`` episodes per sample, grouped by sample, as one Rollout (episodes_rollout). One call
+        at a time: the endpoint serves one step's episodes."""
+        if len(samples) * group_size > MAX_EPISODES:
+            raise ConfigError(f"agent: {len(samples) * group_size} episodes at once; the endpoint serves at most "
+                              f"{MAX_EPISODES} (lower prompts_per_step or num_generations)")
+        with self._one_step:
+            return self._generate(engine, samples, group_size=group_size, sampling=sampling, keys=keys,
+                                  with_logprobs=with_logprobs, greedy=greedy)
+
+    def _generate(self, engine: RolloutEngine, samples: list[dict], *, group_size: int, sampling: SamplingSettings,
+                  keys: list[int] | None, with_logprobs: bool, greedy: bool) -> Rollout:
         start = time.perf_counter()
+        # the recorded log-probs are every call's (whatever the step asks: they are what the episode logs)
         self._ctx = {"sampling": sampling, "engine": engine, "greedy": greedy,
-                     "logprobs": engine.returns_sampling_logprobs and not greedy}
+                     "logprobs": engine.returns_sampling_logprobs and not greedy,
+                     "eos": set(eos_token_ids(engine.model, self.tok))}
         eps = [_Episode(row=s, key=None if keys is None else keys[i * group_size + j], token=secrets.token_hex(12))
                for i, s in enumerate(samples) for j in range(group_size)]
         self._episodes = {ep.token: ep for ep in eps}
@@ -206,10 +255,13 @@ class ProgramSampler:
         while any(th.is_alive() for th in threads) and time.monotonic() < deadline:
             self._serve_batch(sum(th.is_alive() for th in threads))
         for ep in eps:
-            if not ep.finished:
-                ep.finished, ep.error = True, f"the program took longer than {self.timeout:g} s"
+            with ep.lock:
+                if not ep.finished:
+                    ep.finished, ep.error = True, f"the program took longer than {self.timeout:g} s"
         with self._cv:  # calls of abandoned programs get no answer
-            self._pending.clear()
+            late, self._pending = self._pending, []
+        for c in late:
+            c.done.set()
         return self._rollout(engine, eps, with_logprobs=with_logprobs, seconds=time.perf_counter() - start)
 
     def _run(self, ep: _Episode, base: str) -> None:
@@ -237,13 +289,21 @@ class ProgramSampler:
             first = time.monotonic()
             self._cv.wait_for(lambda: len(self._pending) >= live or time.monotonic() - first > WINDOW_S, timeout=WINDOW_S)
             batch, self._pending = self._pending, []
-        ready = [c for c in batch if c.room > 0]
+        current = [c for c in batch if self._episodes.get(c.ep.token) is c.ep]
         for c in batch:
+            if c not in current:  # a call of an earlier step's abandoned program: no answer
+                c.done.set()
+        ready = [c for c in current if c.room > 0]
+        for c in current:
             if c.room <= 0:  # the episode's token budget is spent
                 c.ep.truncated = True
                 self._answer(c, [], [], "length")
         if ready:
-            self._sample(ready)
+            try:
+                self._sample(ready)
+            finally:  # an engine failure answers every waiting call (with nothing) before it propagates
+                for c in ready:
+                    c.done.set()
 
     def _sample(self, batch: list[_Call]) -> None:
         s, engine = self._ctx["sampling"], self._ctx["engine"]
@@ -266,13 +326,13 @@ class ProgramSampler:
     def _answer(self, c: _Call, ids: list[int], logp: list[float], finish: str) -> None:
         ep = c.ep
         text = self.tok.decode(ids, skip_special_tokens=True)
-        kept = ids[:-1] if finish == "stop" else ids  # the end of turn is the template's, as in episodes
-        ep.ids += kept
-        ep.trained += [1] * len(kept)
-        ep.logp += logp[:len(kept)]
-        ep.history = ep.history + [{"role": "assistant", "content": text}]
-        ep.calls.append({"messages": ep.history[:-1], "reply": text, "prompt_tokens": len(c.context),
-                         "completion_tokens": len(ids)})
+        with ep.lock:  # the reply's tokens, its end of turn included, are the model's own: trained
+            ep.ids += ids
+            ep.trained += [1] * len(ids)
+            ep.logp += logp[:len(ids)]
+            ep.history = ep.history + [{"role": "assistant", "content": text}]
+            ep.calls.append({"messages": ep.history[:-1], "reply": text, "prompt_tokens": len(c.context),
+                             "completion_tokens": len(ids)})
         c.reply = {"id": f"chatcmpl-{ep.token}-{len(ep.calls)}", "object": "chat.completion", "created": int(time.time()),
                    "model": "policy", "choices": [{"index": 0, "finish_reason": finish, "logprobs": None,
                                                    "message": {"role": "assistant", "content": text}}],
@@ -283,6 +343,10 @@ class ProgramSampler:
     def _rollout(self, engine: RolloutEngine, eps: list[_Episode], *, with_logprobs: bool, seconds: float) -> Rollout:
         out = []
         for ep in eps:
+            with ep.lock:  # an abandoned program's thread may still be writing: a copy of what it recorded
+                ep.ids, ep.trained, ep.logp = list(ep.ids), list(ep.trained), list(ep.logp)
+                n = min(len(ep.ids), len(ep.trained), len(ep.logp))
+                ep.ids, ep.trained, ep.logp = ep.ids[:n], ep.trained[:n], ep.logp[:n]
             if not ep.prompt:  # the program never called the model: an empty sample whose reward fails
                 ep.prompt = self.tok(self.tok.apply_chat_template(
                     [{"role": "user", "content": str(ep.row.get("prompt", ""))}], tokenize=False,

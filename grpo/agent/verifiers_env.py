@@ -308,6 +308,10 @@ class VerifiersProgram:
         self.tasks = {task.key: task for task in self.env.taskset}
         for task in self.tasks.values():  # what only verifiers' harness can run is refused before training
             _check_supported(task)
+        seats = [name for name, value in self.env.config if isinstance(value, vf.AgentConfig)]
+        if len(seats) != 1:  # every seat would call the one recording client: their turns would interleave
+            raise Unsupported(f"{self.env.config.env_id}: {len(seats)} agent seats ({', '.join(seats) or 'none'}); "
+                              "grpo trains environments with one agent seat (no simulated user or second agent)")
 
     def __call__(self, client, row: dict) -> float | None:
         task = self.tasks.get(row.get("verifiers_key"))

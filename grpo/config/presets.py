@@ -76,6 +76,8 @@ GENERATION_REFUSED = {
     "temperature": "use the temperature field (its schedule and the loss read it)",
     "do_sample": "grpo samples (greedy only for evaluation)",
     "max_new_tokens": "use max_completion_length", "max_tokens": "use max_completion_length",
+    "stop": "a completion ends at the model's end of turn (rewards see the whole completion)",
+    "stop_token_ids": "a completion ends at the model's end of turn (rewards see the whole completion)",
 }
 
 
@@ -91,7 +93,10 @@ def apply_generation_kwargs(c) -> None:
             raise ConfigError(f"generation_kwargs.{key}: not honoured: {why}; grpo takes {', '.join(GENERATION_KEYS)}")
         default = type(c).__dataclass_fields__[key].default
         current = getattr(c, key)
-        value = type(default)(value)
+        try:
+            value = type(default)(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"generation_kwargs.{key}: expected a {type(default).__name__}, got {value!r}") from None
         if current != default and current != value:
             raise ConfigError(f"generation_kwargs.{key}: {value} differs from {key}={current}; set one of them")
         setattr(c, key, value)

@@ -109,16 +109,7 @@ def _validate_values(c) -> None:
         raise ConfigError(f"num_train_epochs: must be > 0 (or null: max_steps decides), got {c.num_train_epochs}")
     if c.temperature <= 0:
         raise ConfigError(f"temperature: must be > 0, got {c.temperature}")
-    if not 0 < c.top_p <= 1:
-        raise ConfigError(f"top_p: must be in (0, 1], got {c.top_p}")
-    if not 0 <= c.min_p < 1:
-        raise ConfigError(f"min_p: must be in [0, 1), got {c.min_p}")
-    if not c.repetition_penalty > 0:
-        raise ConfigError(f"repetition_penalty: must be > 0 (1.0 = off), got {c.repetition_penalty}")
-    if c.min_p > 0 and c.top_p < 1 and c.rollout_engine in ("vllm", "vllm_server"):
-        raise ConfigError("min_p: with top_p < 1 on rollout_engine=vllm the kept tokens differ from the trainer's "
-                          "(vLLM applies min_p before top_p, transformers after), so the corrections would compare "
-                          "two distributions; set one of min_p and top_p")
+    _validate_sampling(c)
     if not 0 <= c.epsilon < 1 or c.eps_high < 0:
         raise ConfigError(f"epsilon/epsilon_high: need 0 <= epsilon < 1 and epsilon_high >= 0, "
                           f"got {c.epsilon}, {c.epsilon_high}")
@@ -391,6 +382,20 @@ def _validate_consistency(c) -> None:
         raise ConfigError("logic_consistency: needs num_generations >= 2 (a leave-one-out baseline)")
     if importlib.util.find_spec("sentence_transformers") is None:
         raise ConfigError("logic_consistency: needs sentence-transformers (pip install -e '.[consistency]')")
+
+
+def _validate_sampling(c) -> None:
+    """The sampling distribution's settings (grpo.core.sampling) and what an engine cannot match."""
+    if not 0 < c.top_p <= 1:
+        raise ConfigError(f"top_p: must be in (0, 1], got {c.top_p}")
+    if not 0 <= c.min_p < 1:
+        raise ConfigError(f"min_p: must be in [0, 1), got {c.min_p}")
+    if not c.repetition_penalty > 0:
+        raise ConfigError(f"repetition_penalty: must be > 0 (1.0 = off), got {c.repetition_penalty}")
+    if c.min_p > 0 and c.top_p < 1 and c.rollout_engine in ("vllm", "vllm_server"):
+        raise ConfigError("min_p: with top_p < 1 on rollout_engine=vllm the kept tokens differ from the trainer's "
+                          "(vLLM applies min_p before top_p, transformers after), so the corrections would compare "
+                          "two distributions; set one of min_p and top_p")
 
 
 def _validate_agent(c) -> None:

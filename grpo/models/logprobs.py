@@ -128,13 +128,14 @@ def completion_logprobs(model, prompt_ids: Tensor, prompt_mask: Tensor, completi
 
 
 Q_FLOOR = -1e4  # log q of a token the trainer's q does not keep: its weight exp(q - q_engine) is 0, and stays finite
+Q_CHUNK = 256  # positions per pass: each pass holds a few [chunk, V] tensors (the sort of top-p among them)
 
 
 @torch.no_grad()
 def _sampling_logprobs(flat: Tensor, pk: dict, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, *,
                        temperature: float, processing: dict) -> Tensor:
-    """log q [N, T'] of the scored tokens (core.processed_logprobs), row by row; the context of position t
-    is the prompt's real tokens and the completion's first t (for the repetition penalty)."""
+    """log q [N, T'] of the scored tokens (core.processed_logprobs), row by row in chunks of Q_CHUNK positions;
+    the context of position t is the prompt's real tokens and the completion's first t (the penalty's)."""
     from grpo import core
 
     n, width = pk["tokens"].shape
@@ -142,13 +143,14 @@ def _sampling_logprobs(flat: Tensor, pk: dict, prompt_ids: Tensor, prompt_mask: 
     out = torch.zeros(n, width, device=flat.device)  # [N, T']
     penalized = processing.get("repetition_penalty", 1.0) != 1.0
     for i in range(n):
-        seen = None
-        if penalized:  # [T', V]: the prompt's tokens, and each completion token from the position after it
+        if penalized:  # the position each token first appears at in the completion (width: never)
             first = torch.full((vocab,), width, dtype=torch.long, device=flat.device)  # [V]
             first.scatter_reduce_(0, completion_ids[i, :width], torch.arange(width, device=flat.device), "amin")
             base = core.seen_tokens(prompt_ids[i:i + 1], prompt_mask[i:i + 1], vocab)  # [1, V]
-            seen = base | (first[None, :] < torch.arange(width, device=flat.device)[:, None])  # [T', V]
-        q = core.processed_logprobs(flat[pk["index"][i]], pk["tokens"][i], temperature=temperature, seen=seen,
-                                    **processing)  # [T']
-        out[i] = q.clamp(min=Q_FLOOR)
+        for lo in range(0, width, Q_CHUNK):
+            pos = torch.arange(lo, min(lo + Q_CHUNK, width), device=flat.device)  # [c]
+            seen = base | (first[None, :] < pos[:, None]) if penalized else None  # [c, V]
+            q = core.processed_logprobs(flat[pk["index"][i, pos]], pk["tokens"][i, pos], temperature=temperature,
+                                        seen=seen, **processing)  # [c]
+            out[i, pos] = q.clamp(min=Q_FLOOR)
     return out

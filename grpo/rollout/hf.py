@@ -12,6 +12,12 @@ from grpo.rollout.engine import ROLLOUT_ENGINES, RolloutEngine, SamplingSettings
 from grpo.rollout.keys import KeyedSampler
 
 
+# what a model's own generation_config may ship (Qwen2.5-Instruct: repetition_penalty 1.05) and generate would
+# apply beside grpo's processor: the engines draw from the run's q alone (core.sampling)
+NOT_THE_MODELS = dict(repetition_penalty=None, min_p=None, typical_p=None, epsilon_cutoff=None, eta_cutoff=None,
+                      no_repeat_ngram_size=None, encoder_repetition_penalty=None, top_h=None)
+
+
 class _Stop:
     """``stop(row, new_ids)`` as a transformers stopping criterion (bool [N] per step)."""
 
@@ -42,7 +48,8 @@ def generate_rollout(model, tokenizer, prompts: list[str], *, group_size: int, m
     prompt_ids, prompt_mask = enc.rows()  # [N, P] each
     eos = enc.eos
     kwargs = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id,
-                  return_dict_in_generate=True, output_logits=with_logprobs and not greedy, synced_gpus=synced)
+                  return_dict_in_generate=True, output_logits=with_logprobs and not greedy, synced_gpus=synced,
+                  **NOT_THE_MODELS)
     proc = KeyedSampler(keys if keyed else [], prompt_ids.shape[1], temperature=temperature, top_p=top_p, top_k=top_k,
                         min_p=min_p, repetition_penalty=repetition_penalty, prompt_mask=prompt_mask)
     if keyed:

@@ -98,8 +98,14 @@ def load_policy(src: ServedSource):
 
 
 def load_base(src: ServedSource):
-    """The source's base model and its tokenizer (a plain model: itself again, a second copy)."""
-    return _load(src.base), load_tokenizer(resolve_model_path(src.base))
+    """The source's base model and its tokenizer (a plain model: itself again, a second copy); the tokenizer
+    renders with the trained model's saved chat template (which carries the run's chat_template_kwargs), so
+    both answer the same prompt text."""
+    tok = load_tokenizer(resolve_model_path(src.base))
+    trained = load_tokenizer(src.weights if src.lora else resolve_model_path(src.weights))
+    if getattr(trained, "chat_template", None):
+        tok.chat_template = trained.chat_template
+    return _load(src.base), tok
 
 
 def same_weights(a: ServedSource, b: ServedSource) -> bool:

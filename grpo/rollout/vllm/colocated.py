@@ -12,8 +12,8 @@ Sampling: every row is its own request (n = 1) seeded with its row key where key
 row's tokens depend on its key and not on the batch it is drawn in (vLLM's CPU build cannot seed a
 request with n > 1); the tokens differ from hf's and fast's for the same key (vLLM has its own
 sampler: ``same_tokens_for_keys`` is False). The sampled tokens' log-probs come back with them,
-after temperature (``logprobs_mode="processed_logprobs"``): the engine's pi_engine, compared with
-the trainer's pi_train by the mismatch correction (core/rollout_correction.py).
+after the run's sampling settings (``logprobs_mode="processed_logprobs"``: log q, grpo.core.sampling),
+compared with the trainer's log q by the mismatch correction (core/rollout_correction.py).
 
 Options (``VLLMOptions``, config fields ``vllm_*``): gpu_memory_utilization, enable_sleep_mode (GPU:
 weights and KV cache released between rollout and update), enforce_eager (None: eager on the CPU).

@@ -4,8 +4,8 @@ them, and the engine base class that turns their answers into a Rollout.
 
 A row's sampling settings travel as a dict of ``SamplingParams`` keyword arguments
 (``request_params``), so the same settings reach vLLM in this process or over HTTP; the answers are
-token ids and, per sampled token, its log-prob after temperature (``logprobs_mode="processed_logprobs"``):
-the engine's pi_engine that the mismatch correction compares with the trainer's pi_train.
+token ids and, per sampled token, its log q (``logprobs_mode="processed_logprobs"``: after the penalty,
+temperature and truncation), which the mismatch correction compares with the trainer's log q.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Endpoints (JSON unless said otherwise; with a key, every one needs ``Authorizati
 - ``GET /health``: {"ok", "model", "dtype", "pid"}.
 - ``POST /generate`` {"prompts": [[token ids]], "params": [SamplingParams keyword arguments]}, one
   request per row: {"token_ids": [[...]], "logprobs": [[...]] or null} (each sampled token's log-prob
-  after temperature). The settings are checked (grpo.rollout.vllm.requests): known names, types and
+  after the sampling settings: log q). The settings are checked (grpo.rollout.vllm.requests): known names, types and
   ranges (``--max-tokens``, ``--max-logprobs``, n = 1), token ids inside the vocabulary, at most
   ``--max-rows`` rows.
 - ``POST /score`` {"rows": [[token ids]]}: {"logprobs": [[...]]}, each token's log-prob given the ones
