@@ -255,3 +255,16 @@ def test_chat_template_kwargs_reach_the_rendered_prompt_and_the_saved_template(t
     from transformers import AutoTokenizer
 
     assert render_prompt(AutoTokenizer.from_pretrained(tmp_path), "What is 2 + 3?") == after
+
+
+def test_rewards_grade_the_final_channel_of_a_harmony_turn_and_mistral_ids_follow_their_calls():
+    harmony = CALL_FORMATS["harmony"]
+    raw = "<|channel|>analysis<|message|>2 + 3 is 5<|end|><|start|>assistant<|channel|>final<|message|>It is 5.<|return|>"
+    assert harmony.answer_text(raw, "analysis2 + 3 is 5assistantfinalIt is 5.") == "It is 5."
+    mistral = CALL_FORMATS["mistral"]
+    calls = mistral.parse_all('[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 2}}, '
+                              '{"name": "add", "arguments": {"a": 3, "b": 4}, "id": "1"}]', {})
+    ids = [c.id for c in calls]  # none written, one not of the template's form: given by position
+    assert ids == ["call00000", "call00001"]
+    assert [m["tool_call_id"] for c in calls for m in mistral.result_messages(c, "x")] == ids
+    assert [t["id"] for t in mistral.calls_message(calls)["tool_calls"]] == ids

@@ -147,6 +147,11 @@ class CallFormat:
             base = spans[-1][1] + gap
             spans.append((base, base + nxt[1]))
 
+    def answer_text(self, raw: str, plain: str) -> str:
+        """What rewards grade of a model turn: ``plain`` (its text without special tokens) unless the family
+        writes channels (``raw``: decoded with them)."""
+        return plain
+
     def result_messages(self, call: Call, result: str) -> list[dict]:
         """The messages that show ``result`` of ``call`` to the model."""
         return [{"role": "tool", "name": call.name, "content": result}]

@@ -146,7 +146,7 @@ def _model_turn(tokenizer, ep: Episode, ids: list[int], logp: list[float] | None
         block = fmt.block(text)
     ep.add(ids, trained=True, logp=logp, versions=versions)
     ep.turns += 1
-    ep.final_text = tokenizer.decode(ids, skip_special_tokens=True)
+    ep.final_text = fmt.answer_text(decode_for(fmt, tokenizer, ids), tokenizer.decode(ids, skip_special_tokens=True))
     ep.messages.append({"role": "assistant", "content": ep.final_text})
     if block is None:
         ep.done = True

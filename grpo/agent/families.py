@@ -277,6 +277,11 @@ class HarmonyFormat(CallFormat):
         m = self.CALL.search(text)
         return arguments_of(m.group(1), json_value(m.group(3).strip()), text)
 
+    def answer_text(self, raw: str, plain: str) -> str:
+        """The final channel's message (the analysis channel is the model's reasoning, not its answer)."""
+        m = re.search(r"<\|channel\|>final<\|message\|>(.*?)(?:<\|return\|>|<\|end\|>|$)", raw, re.S)
+        return m.group(1).strip() if m else plain
+
     def calls_message(self, calls: list[Call]) -> dict:
         return {"role": "assistant", "content": "", "tool_calls": tool_calls_field(calls)}
 

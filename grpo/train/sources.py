@@ -156,6 +156,9 @@ class RunSources:
         needed = any(tools or factory for tools, factory in routes.values())
         if not needed:
             return train, train
+        if train is not None and not isinstance(train, AgentSampler):
+            raise ConfigError("agent: an agent program runs its own tools; it does not run with sources that bring "
+                              "tools or an environment_factory")
         base = train or AgentSampler(tokenizer, tools=[], fmt=call_format(settings.tool_format, tokenizer),
                                      max_turns=settings.max_turns, tool_timeout=settings.tool_timeout,
                                      example_call=settings.example_call, example_question=settings.example_question)
