@@ -14,7 +14,7 @@ from grpo.agent.sampler import AgentSettings
 from grpo.data import fit_prompt, render_prompt
 from grpo.data.prompt_fit import check_prompt_room, cut_middle, system_head
 from grpo.errors import ConfigError
-from grpo.models import DEFAULT_MODEL, resolve_model_path
+from grpo.models.loading import embedded_tokenizer
 from grpo.train.trainer import Trainer
 
 from tests.test_trainer import make_cfg
@@ -69,7 +69,7 @@ def test_a_long_single_turn_prompt_keeps_its_system_message(tiny_model_dir):
 @pytest.fixture(scope="module")
 def hermes_tokenizer():
     """The embedded SmolLM2 tokenizer with a Hermes/Qwen tool template."""
-    tok = AutoTokenizer.from_pretrained(resolve_model_path(DEFAULT_MODEL))
+    tok = embedded_tokenizer()  # no weights converted for it
     tok.chat_template = HERMES_TEMPLATE
     return tok
 

@@ -60,6 +60,22 @@ def materialize_embedded(dest: Path | None = None) -> Path:
     return dest
 
 
+def embedded_tokenizer():
+    """The embedded model's tokenizer (as ``load_tokenizer`` sets it up), read from the dequantized folder where
+    it exists, else from the GGUF file: no weights are converted for it."""
+    from transformers import AutoTokenizer
+
+    cached = cache_dir() / "SmolLM2-135M-Instruct"
+    if (cached / "config.json").is_file():
+        return load_tokenizer(str(cached))
+    gguf = embedded_gguf_path()
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
 def _dequantize(folder: str, name: str, dest: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
