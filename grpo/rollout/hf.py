@@ -82,7 +82,7 @@ class _Processed:
         self.sampler = sampler
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        seen = core.seen_tokens(input_ids, self.sampler._real(input_ids), scores.shape[-1]) \
+        seen = core.seen_tokens(input_ids, self.sampler.real_tokens(input_ids), scores.shape[-1]) \
             if self.sampler.penalized else None
         return self.sampler.process(scores, seen)
 

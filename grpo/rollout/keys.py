@@ -88,11 +88,11 @@ class KeyedSampler:
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """Scores for greedy ``generate``: 0 at the drawn token of each row, -inf elsewhere."""
-        seen = core.seen_tokens(input_ids, self._real(input_ids), scores.shape[-1]) if self.penalized else None
+        seen = core.seen_tokens(input_ids, self.real_tokens(input_ids), scores.shape[-1]) if self.penalized else None
         tokens = self.draw(scores, input_ids.shape[1] - self.prompt_len, self.keys, seen=seen)  # [n]
         return torch.full_like(scores, float("-inf")).scatter_(1, tokens[:, None], 0.0)  # [n, V]
 
-    def _real(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def real_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[n, L] 1 on the real tokens of ``generate``'s rows (its left padding is not context)."""
         real = torch.ones_like(input_ids)
         if self.prompt_mask is not None:
