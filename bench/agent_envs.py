@@ -72,7 +72,9 @@ def main() -> None:
     try:
         report["openenv"] = _train(out / "openenv", env, f"task={rows}", f"environment_factory=openenv:http://127.0.0.1:{port}",
                                    "rewards=environment", f"max_steps={args.steps}", "max_turns=2",
-                                   "max_completion_length=64", "eval_prompts=8", "rollout_engine=fast")
+                                   "tool_example_call=step(guess=50)",
+                                   "tool_example_question=Guess my number between 1 and 100.",
+                                   "max_completion_length=64", "eval_prompts=8", "eval_pass_k=0", "rollout_engine=fast")
     finally:
         server.terminate()
         server.wait(timeout=20)

@@ -50,4 +50,4 @@ class GuessEnvironment(Environment[GuessAction, GuessObservation, GuessState]):
         return self._state
 
 
-app = create_app(GuessEnvironment, GuessAction, GuessObservation, env_name="guess", max_concurrent_envs=16)
+app = create_app(GuessEnvironment, GuessAction, GuessObservation, env_name="guess", max_concurrent_envs=64)

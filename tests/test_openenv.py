@@ -115,3 +115,17 @@ def _teach_to_guess(model_dir, out, cfg: Config) -> None:
                                                ["feedback: too low\n(the episode has ended)"])
     teach(model_dir, out, [(ep.prompt, call), (after, tok("Done.", add_special_tokens=False)["input_ids"]
                                                 + [tok.eos_token_id])])
+
+
+def test_a_server_at_capacity_is_an_error_naming_its_limit(server):
+    factory = load_factory(f"openenv:{server}")
+    envs = []
+    try:
+        with pytest.raises(ConfigError, match="max_concurrent_envs"):
+            for _ in range(70):  # the test server holds 64 sessions
+                env = new_environment(factory)
+                reset_environment(env, {"seed": 1})
+                envs.append(env)
+    finally:
+        for env in envs:
+            env.close()

@@ -34,10 +34,10 @@ def is_openenv(spec: str) -> bool:
 
 def _observation_text(obs: dict) -> str:
     """An observation's own fields as text: a single text field as it is, else ``name: value`` lines."""
-    own = {k: v for k, v in obs.items() if k not in ("done", "reward", *_META)}
+    own = {k: v for k, v in obs.items() if k not in ("done", "reward", *_META) and v not in ("", None)}
     if len(own) == 1 and isinstance(next(iter(own.values())), str):
         return next(iter(own.values()))
-    return "\n".join(f"{k}: {v if isinstance(v, str) else json.dumps(v)}" for k, v in own.items() if v not in ("", None))
+    return "\n".join(f"{k}: {v if isinstance(v, str) else json.dumps(v)}" for k, v in own.items())
 
 
 class OpenEnvSession:
@@ -51,8 +51,13 @@ class OpenEnvSession:
         self.done = False
 
     def _exchange(self, message: dict, timeout: float) -> dict:
-        self.ws.send(json.dumps(message))
-        reply = json.loads(self.ws.recv(timeout=timeout))
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            self.ws.send(json.dumps(message))
+            reply = json.loads(self.ws.recv(timeout=timeout))
+        except (ConnectionClosed, TimeoutError) as e:  # the server closed the session (at capacity) or went quiet
+            raise RuntimeError(f"the session closed or did not answer ({type(e).__name__}: {e})") from None
         if reply.get("type") == "error":
             data = reply.get("data") or {}
             raise RuntimeError(f"{data.get('code', 'error')}: {data.get('message', reply)}")
@@ -74,9 +79,10 @@ class OpenEnvSession:
             out = self._exchange({"type": "reset", "data": data}, OPENENV_TIMEOUT)
         except RuntimeError as e:
             self.close()
-            raise ConfigError(f"environment_factory: the OpenEnv server at {self.url} refused a reset ({e}); "
-                              "a server holds max_concurrent_envs sessions: num_generations * prompts_per_step "
-                              "episodes are open at once") from None
+            raise ConfigError(f"environment_factory: the OpenEnv server at {self.url} refused a reset ({e}); a server "
+                              "holds max_concurrent_envs sessions and a step opens one per episode at once "
+                              "(prompts_per_step * num_generations; an evaluation its prompts times eval_pass_k)") \
+                from None
         return _observation_text(out.get("observation") or {})
 
     def step(self, **action) -> str:
