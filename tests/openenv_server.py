@@ -1,5 +1,6 @@
 """An OpenEnv environment served the way OpenEnv serves one (``openenv.core.env_server.create_app``),
-started by tests/test_openenv.py as a process: guess a number from 1 to 100, rewarded by closeness.
+started by tests/test_openenv.py as a process: guess a number from 1 to 100 (two guesses), each rewarded by
+its closeness.
 
     python -m uvicorn tests.openenv_server:app --host 127.0.0.1 --port PORT
 """
@@ -43,7 +44,8 @@ class GuessEnvironment(Environment[GuessAction, GuessObservation, GuessState]):
         self._state.step_count += 1
         secret = self._state.secret
         feedback = "correct" if action.guess == secret else "too low" if action.guess < secret else "too high"
-        return GuessObservation(feedback=feedback, done=True, reward=1.0 - abs(action.guess - secret) / 100)
+        done = action.guess == secret or self._state.step_count >= 2  # two guesses at most
+        return GuessObservation(feedback=feedback, done=done, reward=1.0 - abs(action.guess - secret) / 100)
 
     @property
     def state(self) -> GuessState:

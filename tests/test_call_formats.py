@@ -88,6 +88,7 @@ def test_each_family_round_trips_on_its_published_template(tok, template):
     after = tok.decode(result_turn_ids(tok, fmt, calls, results))
     at = [after.find(r) for r in results]
     assert all(a >= 0 for a in at) and at == sorted(at), after
+    assert fmt.block(after) is None, after  # it starts after the calls: none of them is in it again
 
 
 def _written(name: str, fmt, calls: list[Call]) -> str:
@@ -219,6 +220,9 @@ def test_episode_tokens_are_the_sampled_ones_where_the_template_re_renders_past_
                  greedy=True)
     sampled = scripted[0][:-1]  # cut after the call: the end of turn is the template's
     result = result_turn_ids(tok, fmt, [Call("add", {"a": 2, "b": 3}, "")], ["5"])
+    # what Qwen3's published template writes after a call and before the next assistant turn, by hand
+    assert tok.decode(result) == ("<|im_end|>\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n"
+                                  "<|im_start|>assistant\n")
     assert ep.ids == sampled + result + scripted[1]
     assert ep.trained == [1] * len(sampled) + [0] * len(result) + [1] * len(scripted[1])
     # once the conversation goes on, the template renders that turn without its reasoning; the tokens keep it

@@ -59,11 +59,13 @@ def test_a_session_resets_steps_with_the_servers_action_schema_and_adds_its_rewa
     import random
 
     secret = random.Random(3).randint(1, 100)
+    assert secret not in (50, 51)
     text = tool.fn(guess=50)
-    assert ("too low" if 50 < secret else "too high" if 50 > secret else "correct") in text
+    assert ("too low" if 50 < secret else "too high") in text and "ended" not in text
+    assert "ended" in tool.fn(guess=51)  # the server's second guess ends the episode
     with pytest.raises(RuntimeError, match="ended"):
-        tool.fn(guess=51)
-    assert env.get_reward() == pytest.approx(1 - abs(50 - secret) / 100)
+        tool.fn(guess=52)
+    assert env.get_reward() == pytest.approx(2 - (abs(50 - secret) + abs(51 - secret)) / 100)  # the steps' sum
 
 
 def test_no_server_is_an_error_naming_the_field():
