@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 
-import torch
-
 from grpo.agent import AgentSampler
 from grpo.agent.episodes import result_turn_ids
 from grpo.agent.formats import Call
@@ -21,6 +19,7 @@ from grpo.data.tasks import calculator_task
 from grpo.train.settings import agent_settings
 from grpo.train.trainer import Trainer
 from tests.conftest import TEST_BF16, TEST_SEED
+from tests.teaching import teach
 
 PROMPT_TOKENS = 14  # "?<|im_end|>\n<|im_start|>assistant\n" in the byte-level test tokenizer
 
@@ -39,13 +38,12 @@ def calculator_prompt_limit(model_dir) -> int:
 CALL, RESULT, ANSWER = "calc(2 + 3)", "5", "5"
 
 
-def _teach_to_call(model_dir, out, cfg: Config, *, max_steps: int = 400, target_loss: float = 0.003):
+def _teach_to_call(model_dir, out, cfg: Config) -> None:
     """Fine-tune the tiny model at ``model_dir`` to call the calculator (the module docstring) on the
     contexts the run's own sampler builds, and save it at ``out``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
     sampler = AgentSampler.from_settings(agent_settings(cfg), tok)
     (ep, other), _ = sampler.episodes(calculator_task(eval_size=0, seed=0).train[:2], group_size=1,
                                       system_prompt=cfg.system_prompt, max_prompt_length=cfg.max_prompt_length,
@@ -54,31 +52,7 @@ def _teach_to_call(model_dir, out, cfg: Config, *, max_steps: int = 400, target_
     call = tok(CALL, add_special_tokens=False)["input_ids"]
     result = result_turn_ids(tok, sampler.fmt, [Call("calc", {"expression": "2 + 3"}, CALL)], [RESULT])
     answer = tok(ANSWER, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    pairs = [(ep.prompt, call), (ep.prompt + call + result, answer)]  # (context, what to write after it)
-    width = max(len(c) + len(t) for c, t in pairs)
-    ids = torch.full((2, width), tok.pad_token_id)  # [2, L]
-    mask = torch.zeros(2, width, dtype=torch.long)  # [2, L]
-    labels = torch.full((2, width), -100)  # [2, L] loss on the written part only
-    for i, (ctx, target) in enumerate(pairs):
-        n = len(ctx) + len(target)
-        ids[i, :n], mask[i, :n] = torch.tensor(ctx + target), 1
-        labels[i, len(ctx):n] = torch.tensor(target)
-    opt = torch.optim.Adam(model.parameters(), lr=2e-2)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # two short rows: more threads only wait on each other (on a busy machine, long)
-    try:
-        for _ in range(max_steps):
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-            if loss.item() < target_loss:
-                break
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    finally:
-        torch.set_num_threads(threads)
-    assert loss.item() < target_loss, f"the tiny model did not learn to call the tool (loss {loss.item():.4f})"
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
+    teach(model_dir, out, [(ep.prompt, call), (ep.prompt + call + result, answer)])  # (context, what follows)
 
 
 def test_calculator_with_tools_trains_and_logs_tool_metrics(tmp_path, tiny_model_dir):

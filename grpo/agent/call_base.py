@@ -98,6 +98,7 @@ class CallFormat:
     markers: ClassVar[tuple[str, ...]] = ()  # text in a chat template that says it is this family's (auto)
     special_tokens: ClassVar[bool] = False  # the family's markers are special tokens: decode without skipping them
     separator: ClassVar[str] = ""  # what may stand between two units of a block besides blank text
+    OPEN: ClassVar[str] = ""  # the text a unit starts with, for the families that mark their calls
     # which parts of a task's worked exchange the conversation shows, in order (a tuning knob: an untrained
     # model imitates the last assistant turn it saw; grpo.agent.examples)
     example_parts: ClassVar[tuple[str, ...]] = ("question", "call", "result", "answer")
@@ -128,8 +129,8 @@ class CallFormat:
         return rest == "" or any(m.startswith(rest[:len(m)]) for m in self.openers())
 
     def openers(self) -> tuple[str, ...]:
-        """The texts a unit starts with (``may_open``)."""
-        return ()
+        """The texts a unit starts with (``may_open``): ``OPEN`` where the family has one."""
+        return (self.OPEN,) if self.OPEN else ()
 
     def block(self, text: str) -> Block | None:
         """The units of the first call block in ``text`` (the module docstring), None when it has none."""

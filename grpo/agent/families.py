@@ -85,9 +85,6 @@ class MistralFormat(CallFormat):
     def render_call(self, name: str, arguments: dict) -> str:
         return f"{self.OPEN}{json.dumps([{'name': name, 'arguments': arguments}])}"
 
-    def openers(self) -> tuple[str, ...]:
-        return (self.OPEN,)
-
     def find_call(self, text: str) -> tuple[int, int] | None:
         start = text.find(self.OPEN)
         if start < 0:
@@ -150,9 +147,6 @@ class DeepSeekFormat(CallFormat):
     def render_call(self, name: str, arguments: dict) -> str:
         return (f"{self.OPEN}<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{json.dumps(arguments)}\n```"
                 f"<｜tool▁call▁end｜>{self.CLOSE}")
-
-    def openers(self) -> tuple[str, ...]:
-        return (self.OPEN,)
 
     def find_call(self, text: str) -> tuple[int, int] | None:
         start = text.find(self.OPEN)

@@ -55,9 +55,6 @@ class HermesFormat(CallFormat):
     def render_call(self, name: str, arguments: dict) -> str:
         return f"{self.OPEN}\n{json.dumps({'name': name, 'arguments': arguments})}\n{self.CLOSE}"
 
-    def openers(self) -> tuple[str, ...]:
-        return (self.OPEN,)
-
     def find_call(self, text: str) -> tuple[int, int] | None:
         start = text.find(self.OPEN)
         if start < 0:
