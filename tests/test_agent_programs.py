@@ -85,6 +85,18 @@ def test_the_endpoint_refuses_what_it_cannot_record_and_unknown_episodes(sampled
             return e.code, json.loads(e.read())
 
     msgs = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+    for field, value in (("stream", True), ("tools", [{"type": "function"}]), ("n", 2), ("temperature", 0.3),
+                         ("top_p", 0.5), ("max_tokens", 0)):
+        status, body = post("/e/nobody/v1/chat/completions", {**msgs, field: value})
+        assert status == 400 and body["error"]["field"] == field, (field, body)
+    req = urllib.request.Request(base + "/e/nobody/v1/chat/completions", data=b"{not json", method="POST",
+                                 headers={"Authorization": f"Bearer {sampler.key}", "Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(req, timeout=10)
+        raise AssertionError("malformed JSON was answered 200")
+    except urllib.error.HTTPError as e:
+        assert e.code == 400
+    # and it keeps serving after them
     assert post("/e/nobody/v1/chat/completions", msgs)[0] == 404
     assert post("/e/nobody/v1/chat/completions", msgs, key="wrong")[0] == 401
     assert post("/v1/chat/completions", msgs)[0] == 404
