@@ -313,7 +313,7 @@ class ProgramSampler:
             [turn_key(c.ep.key, len(c.ep.calls)) for c in batch]
         ro = engine.generate([c.context for c in batch], group_size=1, sampling=sampling, keys=keys,
                              with_logprobs=self._ctx["logprobs"], greedy=self._ctx["greedy"])
-        eos = set(eos_token_ids(engine.model, self.tok))
+        eos = self._ctx["eos"]
         for i, c in enumerate(batch):
             n = min(int(ro.completion_mask[i].sum()), c.room)
             ids = ro.completion_ids[i, :n].tolist()
