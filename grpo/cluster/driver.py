@@ -127,7 +127,8 @@ def train_on_ray(cfg) -> dict:
                               s.start_timeout))
         where = {"rollout": ray.get([w.where.remote() for w in rollout], timeout=s.start_timeout),
                  "reward": ray.get([w.pid.remote() for w in reward], timeout=s.start_timeout)}
-        return _run_trainers(cfg, s, Workers(rollout, reward, s.max_restarts, s.call_timeout), groups[-1], env, where)
+        workers = Workers(rollout, reward, s.max_restarts, s.call_timeout, s.start_timeout)
+        return _run_trainers(cfg, s, workers, groups[-1], env, where)
     finally:
         from ray.util.placement_group import remove_placement_group
 

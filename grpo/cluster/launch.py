@@ -17,6 +17,7 @@ class Workers:
     reward: list
     max_restarts: int
     call_timeout: float  # seconds a call may take beyond its work's share (ray_call_timeout)
+    start_timeout: float  # seconds a worker may take to build its replica (ray_start_timeout)
     epoch: int = 0  # which start of the trainer ranks (0, then one more after each restart)
 
     def rollouts(self, world):
@@ -26,7 +27,8 @@ class Workers:
         def build(policy, tokenizer, *, inner: str, kernels: str, options, version: int, numbered: bool):
             return ClusterEngine(policy, tokenizer, inner=inner, kernels=kernels, options=options, version=version,
                                  numbered=numbered, workers=self.rollout, world=world, max_restarts=self.max_restarts,
-                                 epoch=self.epoch, call_timeout=self.call_timeout)
+                                 epoch=self.epoch, call_timeout=self.call_timeout,
+                                 start_timeout=self.start_timeout)
         return build
 
     def attach_rewards(self, rewards) -> None:

@@ -138,12 +138,14 @@ class ClusterEngine(RolloutEngine):
     name = "ray"
 
     def __init__(self, model, tokenizer, *, inner: str, kernels: str, options, workers: list, world,
-                 max_restarts: int, call_timeout: float, version: int = 0, numbered: bool = False, epoch: int = 0):
+                 max_restarts: int, call_timeout: float, start_timeout: float, version: int = 0,
+                 numbered: bool = False, epoch: int = 0):
         super().__init__(model, tokenizer)
         cls = engine_class(inner)
         self.same_tokens_for_keys, self.returns_sampling_logprobs = cls.same_tokens_for_keys, cls.returns_sampling_logprobs
         self.own_kernels = cls.own_kernels
         self.world, self.max_restarts, self.call_timeout = world, max_restarts, call_timeout
+        self.start_timeout = start_timeout  # building a replica is a start: a fresh process imports and builds
         self.indices = my_workers(workers, world.rank, world.size)
         self.workers = {i: workers[i] for i in self.indices}
         self.device = next(model.parameters()).device
@@ -159,7 +161,7 @@ class ClusterEngine(RolloutEngine):
         self.restarted: set[tuple[int, int]] = set()  # (worker, pid of its new process) this rank saw
         self._recovery = threading.Lock()  # the producer's sampling and the trainer's publish may both find a death
         self.where = dict(zip(self.indices, ray.get([w.where.remote() for w in self.workers.values()],
-                                                    timeout=call_timeout)))
+                                                    timeout=start_timeout)))
         self._on_each({i: ("setup", (self.spec, self.whole_ref, version, epoch)) for i in self.indices})
         self.last_sync = {"bytes": 0, "seconds": 0.0}
 
@@ -169,7 +171,8 @@ class ClusterEngine(RolloutEngine):
         back (``_bring_back``) and asked again; one without a replica, or with older weights, is given the
         whole policy or the newest weights first. Each such recovery (a death during it too) is one try
         of ray_max_restarts + 2. Each call has a deadline (``call_deadline``: ray_call_timeout plus the share of
-        the ``tokens`` it samples); a worker past it is taken as hung: killed, restarted and asked again."""
+        the ``tokens`` it samples; setting up a replica: ray_start_timeout); a worker past it is taken as hung:
+        killed, restarted and asked again."""
         from ray.exceptions import GetTimeoutError, RayActorError
 
         out, todo = {}, dict(calls)
@@ -177,13 +180,17 @@ class ClusterEngine(RolloutEngine):
             refs = {i: getattr(self.workers[i], m).remote(*args) for i, (m, args) in todo.items()}
             t0 = time.monotonic()
             for i, ref in refs.items():
-                left = call_deadline(self.call_timeout, tokens=(tokens or {}).get(i, 0)) - (time.monotonic() - t0)
+                setup = todo[i][0] == "setup"
+                limit = self.start_timeout if setup else call_deadline(self.call_timeout, tokens=(tokens or {}).get(i, 0))
+                left = limit - (time.monotonic() - t0)
                 try:
                     try:
                         got = self._ray.get(ref, timeout=max(left, 0.0))
                     except GetTimeoutError:  # hung: Ray restarts it once killed
                         self._ray.kill(self.workers[i], no_restart=False)
-                        raise Hung(f"no answer within its deadline (ray_call_timeout={self.call_timeout:g})") from None
+                        field = f"ray_start_timeout={self.start_timeout:g}" if setup else \
+                            f"ray_call_timeout={self.call_timeout:g}"
+                        raise Hung(f"no answer within its deadline ({field})") from None
                     if got in (NO_REPLICA, STALE):
                         with self._recovery:
                             self._give_weights(i, whole=got == NO_REPLICA)
@@ -226,7 +233,7 @@ class ClusterEngine(RolloutEngine):
         latest, version = self.latest_ref, self.version  # read together: publish may replace them meanwhile
         if whole:
             self._ray.get(self.workers[i].setup.remote(self.spec, self.whole_ref, self.first_version, self.epoch),
-                          timeout=self.call_timeout)
+                          timeout=self.start_timeout)
         if latest is not None:
             self._ray.get(self.workers[i].load.remote(latest, version), timeout=self.call_timeout)
 

@@ -518,7 +518,7 @@ class Config:
     ray_call_timeout: float = 300.0
     """launcher=ray: seconds a call to a rollout or reward worker may take beyond its work's share (10 ms per token it is asked to sample); a worker past it is taken as hung: killed, restarted by Ray and asked again."""
     ray_start_timeout: float = 300.0
-    """launcher=ray: seconds to wait for the cluster to place every worker (the resources they reserve must exist)."""
+    """launcher=ray: seconds to wait for the cluster to place every worker (the resources they reserve must exist), and for a rollout worker to build its replica of the policy (at the start and after a restart)."""
 
     def __post_init__(self) -> None:
         self.task = mixture_text(self.task)  # a YAML list of sources: kept as its JSON text
