@@ -35,7 +35,7 @@ def test_notes_print_their_text_as_given(tmp_path, capsys, progress):
     opening one would raise and stop the run; a style colours it without adding text."""
     from grpo.infra.logger import RunLogger
 
-    logger = RunLogger(tmp_path, total_steps=1, tensorboard=False, progress=progress)
+    logger = RunLogger(tmp_path, total_steps=1, progress=progress)
     text = "reward 'x' failed on completion '[/x] [yellow]4[/yellow]'"
     logger.note(text, "yellow")
     logger.note("plain [bold]words")

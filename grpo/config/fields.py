@@ -476,7 +476,7 @@ class Config:
     log_completions_steps: int = 5
     """Write sample completions to samples.jsonl every this many steps (0 = never)."""
     report_to: str = "tensorboard"
-    """Extra metric sink beside metrics.jsonl: tensorboard, wandb (needs the wandb package) or none."""
+    """The experiment trackers that get every metrics line beside metrics.jsonl, a comma list of tensorboard, wandb, trackio and mlflow (each needs its package: pip install 'grpo[wandb]' and so on); all (every one installed) or none. A tracker that fails during the run is dropped with a warning; the run goes on."""
     progress: bool = True
     """Show the live progress bar."""
 

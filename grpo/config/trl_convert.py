@@ -229,12 +229,19 @@ def eval_strategy(raw, values):
 
 
 def report_to(raw, values):
+    """transformers' report_to (a name, a list, "all" or "none"): the trackers grpo has of those; "all":
+    every tracker installed here (grpo's own "all")."""
+    from grpo.infra.trackers import TRACKERS
+
     value = _load(raw)
-    names = value if isinstance(value, list) else [v.strip() for v in str(value).split(",")]
-    for wanted, ours in (("wandb", "wandb"), ("tensorboard", "tensorboard"), ("all", "tensorboard"), ("none", "none")):
-        if wanted in names:
-            return {"report_to": ours}
-    raise ConfigError(f"report_to: grpo reports to tensorboard, wandb or none, not {raw!r}")
+    names = [str(v).strip() for v in (value if isinstance(value, list) else str(value).split(","))]
+    if names in (["all"], ["none"]):
+        return {"report_to": names[0]}
+    unknown = [n for n in names if n and n not in TRACKERS]
+    if unknown:
+        raise ConfigError(f"report_to: grpo reports to {', '.join(TRACKERS)} (a comma list), all or none; "
+                          f"it has no {', '.join(map(repr, unknown))}")
+    return {"report_to": ",".join(n for n in names if n) or "none"}
 
 
 def resume(raw, values):

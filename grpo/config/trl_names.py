@@ -58,7 +58,7 @@ STEPS = "grpo counts training steps (each: sample, score, then num_iterations x 
 HUB = ignored("grpo never uploads; `grpo export RUN` writes a plain transformers folder")
 LOADER = ignored("grpo draws its prompts itself (an epoch-shuffled, keyed stream); no data loader")
 DISTRIBUTED = ignored("grpo runs under torchrun; distributed_strategy=ddp or fsdp2")
-LOGGING = ignored("grpo logs metrics.jsonl, tensorboard or wandb (report_to) every logging_steps")
+LOGGING = ignored("grpo logs metrics.jsonl and its trackers (report_to) every logging_steps")
 EVAL = ignored("grpo's evaluation is greedy accuracy and pass@k on the held-out prompts (eval_prompts)")
 NO_COMPILE = "grpo does not compile the model; its fast decode loop has kernels of its own (rollout_engine)"
 ENTROPY = "grpo holds the entropy in a band instead: entropy_target_band=[low, high] with entropy_target_knob=entropy_coef"
@@ -83,7 +83,7 @@ TRL_NAMES: dict[str, TrlName] = {
     "eval_steps": same("grpo evaluates the held-out prompts every this many steps; a value in (0, 1) is a share of "
                        "max_steps", cv.ratio_or_steps("eval_steps")),
     "resume_from_checkpoint": same("true is grpo's 'auto' (output_dir's latest checkpoint)", cv.resume),
-    "report_to": same("tensorboard, wandb or none; 'all' is tensorboard", cv.report_to),
+    "report_to": same("tensorboard, wandb, trackio, mlflow (a list or comma list), all or none", cv.report_to),
     "epsilon_high": same("with loss_type=cispo it is the cap on the importance weight, grpo's cispo_ratio_max",
                          cv.epsilon_high),
     # ---- mapped onto grpo's fields ----

@@ -20,7 +20,6 @@ from grpo.rollout.tuning import parse_override
 
 SCHEDULES = ("constant", "cosine", "linear")
 DTYPES = ("float32", "bfloat16", "float16")
-REPORT_TO = ("tensorboard", "wandb", "none")
 
 
 MICRO_BATCH_CAP = 8  # the derived micro-batch: the largest divisor of B * G up to this
@@ -39,6 +38,20 @@ def derived_micro_batch(prompts_per_step: int, num_generations: int) -> int:
 def _choice(key: str, value: str, valid) -> None:
     if value not in valid:
         raise ConfigError(f"{key}: {value!r} is not valid; choose one of {sorted(valid)}")
+
+
+def _validate_report_to(value: str) -> None:
+    """Each tracker report_to names is one grpo has, and its package is installed."""
+    from grpo.infra.trackers import TRACKERS, missing_package, tracker_names
+
+    names = tracker_names(value)
+    unknown = [n for n in names if n not in TRACKERS]
+    if unknown or len(set(names)) < len(names):
+        raise ConfigError(f"report_to: {value!r} is not valid; a comma list of {', '.join(TRACKERS)} (each once), "
+                          "all (every one installed) or none")
+    for name in names:
+        if reason := missing_package(name):
+            raise ConfigError(f"{reason}; or leave {name} out of report_to")
 
 
 def validate(c) -> None:
@@ -74,7 +87,7 @@ def _validate_choices(c) -> None:
     _choice("importance_sampling_level", c.importance_sampling_level, RATIO_LEVELS)
     _choice("lr_scheduler_type", c.lr_scheduler_type, SCHEDULES)
     _choice("dtype", c.dtype, DTYPES)
-    _choice("report_to", c.report_to, REPORT_TO)
+    _validate_report_to(c.report_to)
     _choice("distributed_strategy", c.distributed_strategy, ("ddp", "fsdp2"))
     _choice("rollout_engine", c.rollout_engine, ROLLOUT_ENGINES)
     reason = ROLLOUT_ENGINES[c.rollout_engine].unavailable_reason()
@@ -198,9 +211,6 @@ def _validate_stability(c) -> None:
     for key in ("consistency_steps", "kl_adapt_rate", "policy_filter_min_std", "overlong_penalty_coef", "kl_cov_coef"):
         if getattr(c, key) < 0:
             raise ConfigError(f"{key}: must be >= 0, got {getattr(c, key)}")
-    if c.report_to == "wandb" and importlib.util.find_spec("wandb") is None:
-        raise ConfigError("report_to: 'wandb' needs the wandb package, which is not installed "
-                          "(pip install wandb), or use report_to=tensorboard")
     if c.fuse_metric and c.fuse_min is None and c.fuse_max is None:
         raise ConfigError("fuse_metric: set fuse_min and/or fuse_max, the band the metric must stay in")
     if c.fuse_metric.startswith("consistency_") and not c.consistency_steps:

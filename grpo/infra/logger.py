@@ -1,8 +1,8 @@
-"""Run output: metrics.jsonl, samples.jsonl, TensorBoard or W&B, and a live rich progress bar."""
+"""Run output: metrics.jsonl, samples.jsonl, the trackers of report_to (infra/trackers.py), and a live rich
+progress bar."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from grpo.errors import CheckpointError
+from grpo.infra.trackers import Trackers
 
 HEADLINE = ("reward_mean", "accuracy", "kl", "clip_fraction", "completion_length_mean", "step_seconds")
 EVAL_COMPLETIONS = "eval_completions.jsonl"  # the periodic evaluation's completions (grpo.train.evals)
@@ -72,31 +73,16 @@ def trim_step_logs(run_dir: Path, step: int) -> list[str]:
 
 
 class RunLogger:
-    """Writes one JSON line per step (and to TensorBoard), sample completions, and the progress bar."""
+    """Writes one JSON line per step (and to every tracker of ``report_to``), sample completions, and the
+    progress bar."""
 
-    def __init__(self, run_dir: Path, *, total_steps: int, start_step: int = 0, tensorboard: bool = True,
-                 progress: bool = True, wandb_config: dict | None = None):
+    def __init__(self, run_dir: Path, *, total_steps: int, start_step: int = 0, report_to: tuple[str, ...] = (),
+                 params: dict | None = None, progress: bool = True):
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
         self.samples_path = run_dir / "samples.jsonl"
-        self.tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.tb = SummaryWriter(str(run_dir / "tensorboard"))
-            except ImportError:  # tensorboard is a dependency, but a user may have removed it
-                self.tb = None
-        self.wandb = None
-        if wandb_config is not None:  # report_to=wandb; the config check has made sure it is installed
-            try:
-                import wandb
-            except ImportError:
-                raise ImportError("report_to: wandb needs the wandb package (pip install wandb)") from None
-            run_id = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]  # a resumed run continues it
-            self.wandb = wandb.init(project="grpo", name=run_dir.name, dir=str(run_dir), config=wandb_config,
-                                    resume="allow", id=run_id)
-        self.progress = None
+        self.progress = None  # set below; a tracker's warning before then is printed plainly
+        self.trackers = Trackers(list(report_to), run_dir, params or {}, warn=lambda t: self.note(t, "yellow"))
         self.plain = None  # not a terminal: one whole line per step instead of a bar (a bar is cut to 80 columns)
         if progress and not sys.stdout.isatty():
             self.plain = _PlainProgress(total_steps, start_step)
@@ -113,12 +99,7 @@ class RunLogger:
         line = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(line) + "\n")
-        if self.tb is not None:
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                    self.tb.add_scalar(k, v, step)
-        if self.wandb is not None:
-            self.wandb.log({k: v for k, v in line.items() if k != "step" and isinstance(v, (int, float))}, step=step)
+        self.trackers.log(step, metrics)
         desc = "  ".join(f"{k.replace('completion_length_mean', 'len')}={metrics[k]:.3g}" for k in HEADLINE
                          if isinstance(metrics.get(k), (int, float)))
         if self.progress is not None:
@@ -144,11 +125,7 @@ class RunLogger:
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
-        if self.tb is not None:
-            self.tb.close()
-        if self.wandb is not None:
-            self.wandb.finish()
-            self.wandb = None
+        self.trackers.close()
 
 
 class _PlainProgress:

@@ -189,8 +189,8 @@ class SFTRun:
 
     def _train(self) -> dict:
         s, main = self.s, self.world.is_main
-        logger = (RunLogger(s.run_dir, total_steps=self.total_steps, start_step=self.step, tensorboard=s.tensorboard,
-                            progress=s.progress) if main else NullLogger())
+        logger = (RunLogger(s.run_dir, total_steps=self.total_steps, start_step=self.step, report_to=s.report_to,
+                            params=s.tracker_config, progress=s.progress) if main else NullLogger())
         truncated = sum(r.truncated for r in self.train_rows + self.eval_rows)
         result = {"train_rows": len(self.train_rows), "eval_rows": len(self.eval_rows), "steps": self.total_steps,
                   "truncated_rows": truncated, "eval_loss_before": self.eval_loss()}

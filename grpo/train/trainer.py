@@ -35,6 +35,7 @@ from grpo.eval.suites import evaluate_suites
 from grpo.infra.checkpoint import partial_folders, save_checkpoint
 from grpo.infra import distributed
 from grpo.infra.logger import NullLogger, RunLogger
+from grpo.infra.trackers import tracker_names
 from grpo.infra.timing import STAGES, StageTimer, stage_key
 from grpo.infra.runtime import import_from, keep_freed_memory, make_run_dir, seed_everything
 from grpo.infra.stop import StopFlag
@@ -341,9 +342,8 @@ class Trainer:
         self._last_eval = None  # (step, result) of the latest evaluation during training
         self.timer.take()  # stage seconds of collector or evaluation calls made before train()
         self.logger = RunLogger(self.run_dir, total_steps=cfg.max_steps, start_step=self.step,
-                                tensorboard=cfg.report_to == "tensorboard", progress=cfg.progress,
-                                wandb_config=cfg.to_dict() if cfg.report_to == "wandb" else None,
-                                ) if main else NullLogger()
+                                report_to=tuple(tracker_names(cfg.report_to)), params=cfg.to_dict(),
+                                progress=cfg.progress) if main else NullLogger()
         for p in partial_folders(self.run_dir):
             self.logger.note(f"ignoring {p}: a checkpoint write that did not finish", "yellow")
         eval_path = self.run_dir / "eval.json"
