@@ -47,14 +47,18 @@ class _SectionHelp(argparse.Action):
     """-h/--help [SECTION]: the options and every config key by section, or one section's keys."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from grpo.config.io import keys_help
+        from grpo.config.io import keys_help, recipes_help
         from grpo.config.sections import SECTIONS
 
         if values is None:
             parser.print_help()
             print("\nconfig keys by section (set as key=value; TRL's GRPOConfig names are read too, docs/guides/trl.md; "
-                  f"`{parser.prog} --help SECTION` prints one of: {', '.join(s.name for s in SECTIONS)}):\n")
+                  f"`{parser.prog} --help SECTION` prints one of: {', '.join(s.name for s in SECTIONS)}; "
+                  "`--help recipes` the published recipes):\n")
             print(keys_help())
+            parser.exit()
+        if values == "recipes":
+            print(recipes_help())
             parser.exit()
         try:
             print(keys_help(values))

@@ -229,14 +229,14 @@ def cli_page() -> str:
 # ---- configuration and metrics -----------------------------------------------------------------------
 
 def config_page() -> str:
-    from grpo.config.io import markdown_sections
+    from grpo.config.io import markdown_sections, recipes_help
 
     return "\n".join([GENERATED, "", "# Configuration", "",
                       "Every key can be set in a YAML file (`grpo train --config my.yaml`), on the command line "
                       "(`grpo train key=value ...`) or in `grpo.Config(...)` / `GRPOConfig(...)`. TRL's "
                       "GRPOConfig names are read too ([coming from TRL](../guides/trl.md)). The keys are grouped "
                       "by the part of grpo that reads them; `grpo train --help SECTION` prints one section.", "",
-                      markdown_sections()])
+                      markdown_sections(), recipes_help(markdown=True)])
 
 
 def metrics_page() -> str:

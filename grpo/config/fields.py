@@ -22,7 +22,8 @@ from typing import Any
 import yaml
 
 from grpo.config.parse import parse_value
-from grpo.config.presets import apply_generation_kwargs, apply_lr_preset, apply_monitor_preset, apply_task_preset
+from grpo.config.presets import (apply_generation_kwargs, apply_lr_preset, apply_monitor_preset, apply_recipe,
+                                 apply_task_preset)
 from grpo.config.validate import derived_micro_batch, validate
 from grpo.config.mixture_settings import apply_mixture_presets, validate_mixture
 from grpo.data.mixture import mixture_text
@@ -170,6 +171,8 @@ class Config:
     """Step reward for supervision=process: a built-in (arithmetic_steps) or a module:function returning [(score, end_char), ...] for a completion."""
 
     # ---- Advantages and loss ----
+    recipe: str = "none"
+    """A published recipe by name, setting its paper's objective (advantages, loss, clip, aggregation, KL, filters) where this config leaves a field at its default: deepseekmath_grpo, dapo, dr_grpo, gspo (the list and their sources: grpo train --help recipes)."""
     advantage_estimator: str = "grpo"
     """How rewards become advantages: grpo, dr_grpo, rloo, reinforce, mean_baseline, batch_std, or gae (PPO with a learned critic)."""
     scale_rewards_unbiased: bool = True
@@ -524,6 +527,7 @@ class Config:
         self.task = mixture_text(self.task)  # a YAML list of sources: kept as its JSON text
         _coerce_types(self)
         apply_task_preset(self)
+        apply_recipe(self)
         apply_mixture_presets(self)
         apply_monitor_preset(self)
         apply_lr_preset(self)

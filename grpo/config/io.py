@@ -95,6 +95,22 @@ def keys_help(only: str | None = None) -> str:
     return "\n".join(out).rstrip("\n")
 
 
+def recipes_help(markdown: bool = False) -> str:
+    """The published recipes ``recipe=NAME`` takes: each one's settings and its source (plain text for
+    ``grpo train --help recipes``, or the configuration reference's section)."""
+    from grpo.config.presets import RECIPES
+
+    out = ["## Recipes", "", "`recipe=NAME` sets a paper's objective where the config leaves a field at its "
+           "default (an explicit setting wins); `grpo train --help recipes`.", "",
+           "| recipe | sets | source |", "| --- | --- | --- |"] if markdown else \
+        ["recipe=NAME: a paper's objective, set where the config leaves a field at its default (an explicit "
+         "setting wins):", ""]
+    for e in RECIPES.entries():
+        sets = ", ".join(f"{k}={v}" for k, v in e.value.items()) or "(nothing)"
+        out.append(f"| `{e.name}` | {_cell(sets)} | {_cell(e.doc)} |" if markdown else f"  {e.name}: {sets}\n    {e.doc}\n")
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
 def markdown_sections() -> str:
     """The configuration reference's body: one table of keys, defaults and meanings per section,
     generated from ``SECTIONS`` and the field docstrings."""

@@ -38,6 +38,52 @@ LR_PRESETS.register("warmup100_cosine", {"learning_rate": 1.2e-6, "warmup_steps"
                         "at max_steps.")
 
 
+# Published recipes by name: the objective each paper trains with (how advantages, the loss, its clip and
+# aggregation, the KL term and the filters are computed). The papers' scale (model, learning rate, batch,
+# group size, lengths) belongs to their hardware and is listed in each entry's text, not set.
+RECIPES: Registry[dict] = Registry("recipe", field="recipe")
+RECIPES.register("none", {}, doc="No recipe: grpo's defaults.")
+RECIPES.register("deepseekmath_grpo", {
+    "advantage_estimator": "grpo", "policy_loss": "clip", "aggregation": "seq_mean_token_mean",
+    "importance_sampling_level": "token", "epsilon": 0.2, "beta": 0.04, "kl_estimator": "k3", "num_iterations": 1,
+}, doc="GRPO as DeepSeekMath trains with it (Shao et al. 2024, arXiv 2402.03300, section 4.1 and eq. 3): "
+       "group-normalised outcome advantages (mean and std of the group), PPO's clip at 0.2 on token ratios, "
+       "each completion's loss averaged over its tokens then over completions, the KL to the reference as its own "
+       "loss term with the unbiased k3 estimator and beta 0.04, one policy update per exploration stage. The "
+       "paper's scale: G = 64 samples a question, batch 1024, max length 1024, learning rate 1e-6.")
+RECIPES.register("dapo", {
+    "advantage_estimator": "grpo", "policy_loss": "clip", "aggregation": "token_mean", "epsilon": 0.2,
+    "epsilon_high": 0.28, "beta": 0.0, "dynamic_sampling": True, "overlong_buffer": "max_completion_length / 5",
+    "overlong_penalty_coef": 1.0,
+}, doc="DAPO (Yu et al. 2025, arXiv 2503.14476): clip-higher (epsilon 0.2 low, 0.28 high), dynamic sampling "
+       "(groups whose rewards are all equal are dropped and more are drawn), the token-level loss (every token of "
+       "the batch weighs the same), soft overlong punishment over the last fifth of the length (the paper's 4096 "
+       "of 20480 tokens), no KL term. The paper's scale: 512 prompts x 16 responses a step, 16 gradient updates a "
+       "step, learning rate 1e-6 with 20 warm-up steps, max length 20480.")
+RECIPES.register("dr_grpo", {
+    "advantage_estimator": "dr_grpo", "policy_loss": "clip", "aggregation": "seq_mean_token_sum_norm", "beta": 0.0,
+}, doc="Dr. GRPO (Liu et al. 2025, arXiv 2503.20783, 'GRPO done right'): the group's mean subtracted but no "
+       "division by its std, each completion's token sum divided by a fixed length (max_completion_length) "
+       "instead of its own length, so neither the question's difficulty nor the answer's length biases the "
+       "update; no KL term.")
+RECIPES.register("gspo", {
+    "advantage_estimator": "grpo", "policy_loss": "clip", "importance_sampling_level": "sequence",
+    "aggregation": "seq_mean_token_mean", "epsilon": 3e-4, "epsilon_high": 4e-4, "beta": 0.0, "mini_batches": 4,
+}, doc="GSPO (Zheng et al. 2025, arXiv 2507.18071, section 5.1 of v2): the importance ratio of a whole "
+       "sequence (the geometric mean of its token ratios) clipped to [1 - 3e-4, 1 + 4e-4], no KL term, each "
+       "step's batch split into 4 mini-batches (4 updates, so the later ones are off-policy and the ratio acts).")
+
+
+def apply_recipe(c) -> None:
+    """Fill the fields of ``c.recipe`` still at their defaults (an explicit setting wins); a value written
+    as "max_completion_length / 5" is that share of the run's completion length. An unknown recipe lists
+    the valid ones."""
+    values = dict(RECIPES[c.recipe])
+    if isinstance(values.get("overlong_buffer"), str):
+        values["overlong_buffer"] = max(1, c.max_completion_length // 5)
+    _fill_defaults(c, values)
+
+
 def _fill_defaults(c, values: dict) -> None:
     defaults = {f.name: f.default for f in fields(c)}
     for key, value in values.items():

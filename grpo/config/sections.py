@@ -40,7 +40,7 @@ SECTIONS: tuple[Section, ...] = (
         "rewards", "reward_weights", "reward_timeout", "reward_workers", "max_reward_failure_share", "reward_retries",
         "reward_concurrency", "reward_model", "reward_model_transform", "supervision", "step_reward")),
     Section("loss", "Advantages and loss", "advantages and the policy loss (grpo/core: advantages, policy_losses, token_masks)", (
-        "advantage_estimator", "scale_rewards_unbiased", "std_eps", "multi_objective_aggregation", "token_weight_gamma",
+        "recipe", "advantage_estimator", "scale_rewards_unbiased", "std_eps", "multi_objective_aggregation", "token_weight_gamma",
         "policy_loss", "epsilon", "epsilon_high", "dual_clip", "clip_delta", "importance_sampling_level", "aggregation",
         "entropy_coef", "cispo_ratio_max", "sapo_temperature_pos", "sapo_temperature_neg", "top_entropy_quantile",
         "off_policy_mask_threshold", "cov_mode", "cov_fraction", "kl_cov_coef")),
