@@ -148,7 +148,7 @@ def _train_args(run, tiny_model_dir, tiny_dataset, *extra) -> list[str]:
             "rewards=tests.rewards_for_tests:digit_share", f"bf16={TEST_BF16}", f"seed={TEST_SEED}", *extra]
 
 
-_CLOCK = ("seconds", "per_second")  # wall-clock metrics, the only ones a repeat may change
+_CLOCK = ("seconds", "per_second", "measured_on")  # wall-clock metrics and the time stamp: what a repeat may change
 
 
 def _no_clock(value):

@@ -123,19 +123,54 @@ def fallback_source(src: ServedSource, fallback: str) -> ServedSource:
     return ServedSource(other.name, other.weights, other.base, other.lora, src.system_prompt, src.max_prompt_length)
 
 
-def export(name: str, out: Path) -> Path:
-    """Write the model ``name`` names (a run: its newest checkpoint, adapters merged) as a plain
-    transformers folder: weights, config, tokenizer, and grpo_export.json saying where it came from."""
+EXPORT_FORMATS = ("transformers", "gguf")
+
+
+def export(name: str, out: Path, *, fmt: str = "transformers", quant: str = "f16", pre: str | None = None) -> Path:
+    """Write the model ``name`` names (a run: its newest checkpoint, adapters merged) into the folder ``out``
+    with a model card (README.md): as a plain transformers folder (weights, config, tokenizer, and
+    grpo_export.json saying where it came from), or as one GGUF file in ``quant`` with an Ollama Modelfile."""
+    from grpo.serve.card import model_card
+
+    if fmt not in EXPORT_FORMATS:
+        raise ConfigError(f"--format: {fmt!r} is not valid; choose one of {', '.join(EXPORT_FORMATS)}")
     src = source_of(name)
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"--out {out}: exists and is not empty")
     model, tok = load_policy(src)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    (out / EXPORT_FILE).write_text(json.dumps(
-        {"source": name, "checkpoint": src.weights, "base_model": src.base, "lora_merged": src.lora,
-         "system_prompt": src.system_prompt, "max_prompt_length": src.max_prompt_length, "rewards": src.rewards,
-         "probe_prompts": list(probe_prompts_of(src))},
-        indent=2) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    title = Path(src.run or src.name).name or "model"
+    if fmt == "gguf":
+        _export_gguf(model, tok, src, out / f"{title}-{quant}.gguf", quant=quant, pre=pre)
+    else:
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+        (out / EXPORT_FILE).write_text(json.dumps(
+            {"source": name, "checkpoint": src.weights, "base_model": src.base, "lora_merged": src.lora,
+             "system_prompt": src.system_prompt, "max_prompt_length": src.max_prompt_length, "rewards": src.rewards,
+             "probe_prompts": list(probe_prompts_of(src))},
+            indent=2) + "\n")
+    (out / "README.md").write_text(model_card(name=title, base=src.base, run=Path(src.run) if src.run else None,
+                                              settings=_run_settings(src), formats=[fmt],
+                                              extra_tags=("lora",) if src.lora else ()))
     return out
+
+
+def _export_gguf(model, tok, src: ServedSource, path: Path, *, quant: str, pre: str | None) -> None:
+    from grpo.serve.gguf_export import modelfile, write_gguf
+
+    written = write_gguf(model, tok, path, quant=quant, name=path.stem, pre=pre)
+    stop = tuple(t for t in (tok.eos_token,) if t)
+    (path.parent / "Modelfile").write_text(modelfile(path.name, system_prompt=src.system_prompt, stop=stop))
+    print(f"gguf: {path.name} ({quant}; pre-tokenizer {written.pre_tokenizer!r}, tensor types "
+          f"{sorted(set(written.tensor_types.values()))})")
+
+
+def _run_settings(src: ServedSource) -> dict | None:
+    """The run's whole config as a dict (None for a model that is not a run)."""
+    if src.run is None:
+        return None
+    from grpo.config.io import load_config
+
+    return load_config(Path(src.run) / "config.yaml").to_dict()

@@ -265,13 +265,19 @@ def serve_main(argv: list[str]) -> int:
 
 
 def export_main(argv: list[str]) -> int:
-    from grpo.serve.models import export
+    from grpo.serve.gguf_export import QUANTS
+    from grpo.serve.models import EXPORT_FORMATS, export
 
-    ap = argparse.ArgumentParser(prog="grpo export", description="Write a run's newest checkpoint as a plain "
-                                 "transformers model folder (LoRA adapters merged into the weights).")
+    ap = argparse.ArgumentParser(prog="grpo export", description="Write a run's newest checkpoint (LoRA adapters "
+                                 "merged into the weights) with a model card: a plain transformers model folder, or "
+                                 "one GGUF file for llama.cpp and Ollama with a Modelfile beside it.")
     ap.add_argument("model", metavar="RUN_OR_MODEL")
     ap.add_argument("--out", required=True, type=Path, help="folder to write (must not exist or be empty)")
+    ap.add_argument("--format", default="transformers", choices=EXPORT_FORMATS, help="transformers (default) or gguf")
+    ap.add_argument("--quant", default="f16", choices=QUANTS, help="--format gguf: the matrices' type (f16 default)")
+    ap.add_argument("--gguf-pre", default=None, help="--format gguf: llama.cpp's pre-tokenizer name (default: read "
+                    "from the tokenizer: smollm, gpt-2 or default)")
     args = ap.parse_args(argv)
-    out = export(args.model, args.out)
+    out = export(args.model, args.out, fmt=args.format, quant=args.quant, pre=args.gguf_pre)
     print(f"exported {args.model} to {out}")
     return 0

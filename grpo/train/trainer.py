@@ -35,6 +35,7 @@ from grpo.eval.suites import evaluate_suites
 from grpo.infra.checkpoint import partial_folders, save_checkpoint
 from grpo.infra import distributed
 from grpo.infra.logger import NullLogger, RunLogger
+from grpo.infra.machine import machine_record
 from grpo.infra.trackers import tracker_names
 from grpo.infra.timing import STAGES, StageTimer, stage_key
 from grpo.infra.runtime import import_from, keep_freed_memory, make_run_dir, seed_everything
@@ -368,6 +369,7 @@ class Trainer:
             self.logger.close()
             self.close()
         if main:
+            result["measured_on"] = machine_record()  # the model card states the evaluation's machine and date
             eval_path.write_text(json.dumps(result, indent=2))
         return result
 
