@@ -61,8 +61,8 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
     args.out.write_text(json.dumps({"cpu": cpu_line(), "commit": commit(), "steps": args.steps, "eval": args.eval,
                                     "runs": rows}, indent=1) + "\n")
-    print(f"\n| recipe | held-out accuracy before | after, per seed | after, mean | reward (last 5 steps) | "
-          f"clip fraction | seconds a run |\n|---|---|---|---|---|---|---|")
+    print("\n| recipe | held-out accuracy before | after, per seed | after, mean | reward (last 5 steps) | "
+          "clip fraction | seconds a run |\n|---|---|---|---|---|---|---|")
     for recipe in args.recipes:
         mine = [r for r in rows if r["recipe"] == recipe]
         after = [r["after"] for r in mine]

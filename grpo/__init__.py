@@ -1,13 +1,15 @@
 """grpo: Group Relative Policy Optimization for language models.
 
-The Python API (grpo.api), shaped as TRL's: ``from grpo import GRPOConfig, GRPOTrainer`` (``Config`` is
+The Python API (grpo.api), shaped as TRL's: ``from grpo import GRPOConfig, GRPOTrainer`` (and TRL's
+``AsyncGRPOConfig``, ``AsyncGRPOTrainer``: the same with asynchronous rollouts; ``Config`` is
 grpo's own name of the config); the command line: ``grpo train``. The loop itself is
 ``grpo.train.Trainer``.
 """
 
 __version__ = "0.1.0"
 
-_API = {"GRPOConfig": "grpo.api", "GRPOTrainer": "grpo.api", "Config": "grpo.config"}
+_API = {"GRPOConfig": "grpo.api", "GRPOTrainer": "grpo.api", "AsyncGRPOConfig": "grpo.api",
+        "AsyncGRPOTrainer": "grpo.api", "Config": "grpo.config"}
 __all__ = list(_API)
 
 

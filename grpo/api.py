@@ -39,6 +39,21 @@ def GRPOConfig(**kwargs) -> Config:  # noqa: N802 (TRL's name: it reads like TRL
     return config_from(kwargs, "GRPOConfig(...)")
 
 
+# what TRL's AsyncGRPOTrainer trains: asynchronous rollouts, the token-level clipped loss normalised by the
+# batch's tokens, no KL term (trl.experimental.async_grpo, TRL 1.16.0)
+ASYNC_DEFAULTS = {"async_rollouts": True, "aggregation": "token_mean", "beta": 0.0}
+
+
+def AsyncGRPOConfig(**kwargs) -> Config:  # noqa: N802 (TRL's name: it reads like TRL's class)
+    """``GRPOConfig`` with TRL's AsyncGRPOConfig names too (max_staleness, request_timeout, token_budget, ...)
+    and what its trainer trains where not given: async_rollouts, aggregation=token_mean, beta=0."""
+    given = dict(kwargs)
+    for key, value in ASYNC_DEFAULTS.items():
+        if key not in given and not (key == "aggregation" and "loss_type" in given):
+            given[key] = value
+    return config_from(given, "AsyncGRPOConfig(...)")
+
+
 def callable_name(fn: Callable) -> str | None:
     """``module:qualname`` when that path finds ``fn`` itself (a module-level function or class), else None."""
     import importlib
@@ -242,3 +257,23 @@ class GRPOTrainer:
         return export(str(self.run_dir), out)
 
 
+
+
+class AsyncGRPOTrainer(GRPOTrainer):
+    """TRL's ``AsyncGRPOTrainer`` name (trl.experimental.async_grpo): ``GRPOTrainer`` over a config with
+    asynchronous rollouts, ``AsyncGRPOConfig(...)`` by default (a ``GRPOConfig``/``Config`` given without them
+    gets async_rollouts=True). TRL's ``rollout_worker`` and ``weight_transfer`` hooks have no grpo
+    counterpart: grpo's producer and weight publishing are its own (docs/guides/async.md)."""
+
+    def __init__(self, model: str | None = None, reward_funcs=None, args: Config | None = None, train_dataset=None,
+                 processing_class=None, callbacks=None, optimizers=(None, None), peft_config=None, tools=None,
+                 environment_factory=None, rollout_worker=None, weight_transfer=None):
+        if rollout_worker is not None or weight_transfer is not None:
+            raise ConfigError("rollout_worker, weight_transfer: grpo's producer samples and publishes the weights "
+                              "itself (async_rollouts); leave them unset")
+        args = AsyncGRPOConfig() if args is None else args
+        if not args.async_rollouts:
+            args = dataclasses.replace(args, async_rollouts=True)
+        super().__init__(model, reward_funcs, args, train_dataset, processing_class=processing_class,
+                         callbacks=callbacks, optimizers=optimizers, peft_config=peft_config, tools=tools,
+                         environment_factory=environment_factory)

@@ -5,7 +5,9 @@ the generated table."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +26,54 @@ def _trl_fields() -> set[str]:
 def test_every_field_of_the_installed_trl_has_an_entry():
     missing = sorted(_trl_fields() - set(TRL_NAMES))
     assert not missing, f"TRL {trl.__version__}'s GRPOConfig fields without an entry in TRL_NAMES: {missing}"
+
+
+STORED = json.loads((Path(__file__).parent / "fixtures" / "trl" / "trl-1.16.0-fields.json").read_text())
+
+
+def test_every_field_of_the_stored_newest_trl_has_an_entry():
+    """TRL 1.16.0's GRPOConfig and AsyncGRPOConfig fields, stored (its source: the file's "source"), each have an
+    entry or are grpo's own field, whether or not TRL is installed here."""
+    assert STORED["version"] == "1.16.0" and len(STORED["GRPOConfig"]) > 150
+    assert not sorted(set(STORED["GRPOConfig"]) - set(TRL_NAMES))
+    assert not sorted(set(STORED["AsyncGRPOConfig"]) - set(TRL_NAMES) - FIELDS)
+
+
+def test_the_installed_trl_is_the_stored_version_or_its_fields_are_covered_too():
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    fields = {f.name for f in dataclasses.fields(AsyncGRPOConfig)}
+    assert not sorted(fields - set(TRL_NAMES) - FIELDS), f"TRL {trl.__version__}'s AsyncGRPOConfig"
+    if trl.__version__ == STORED["version"]:
+        assert _trl_fields() == set(STORED["GRPOConfig"]) and fields == set(STORED["AsyncGRPOConfig"])
+
+
+def test_async_grpo_config_is_what_trls_async_trainer_trains():
+    from grpo import AsyncGRPOConfig, GRPOConfig
+
+    cfg = AsyncGRPOConfig(max_staleness=2, request_timeout=30, token_budget=512)
+    assert (cfg.async_rollouts, cfg.max_staleness, cfg.aggregation, cfg.beta) == (True, 2, "token_mean", 0.0)
+    assert (cfg.vllm_server_request_timeout, cfg.max_tokens_per_forward) == (30, 512)
+    assert AsyncGRPOConfig(loss_type="dr_grpo", beta=0.04).aggregation == "seq_mean_token_sum_norm"
+    with pytest.raises(ConfigError, match="^weight_sync_steps: grpo publishes"):
+        AsyncGRPOConfig(weight_sync_steps=4)
+    assert not GRPOConfig().async_rollouts
+
+
+def test_async_grpo_trainer_trains_with_asynchronous_rollouts(tmp_path, tiny_model_dir, tiny_dataset):
+    from grpo import AsyncGRPOConfig, AsyncGRPOTrainer, GRPOConfig
+
+    common = dict(output_dir=str(tmp_path / "a"), max_steps=1, num_generations=2, prompts_per_step=2,
+                  max_completion_length=4, eval_prompts=0, progress=False, report_to="none", bf16=False)
+    trainer = AsyncGRPOTrainer(model=str(tiny_model_dir), reward_funcs=["numeric"],
+                               args=AsyncGRPOConfig(**common), train_dataset=str(tiny_dataset))
+    trainer.train()
+    metrics = [json.loads(l) for l in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 1 and "async/staleness_mean" in metrics[0]
+    plain = AsyncGRPOTrainer(model=str(tiny_model_dir), reward_funcs=["numeric"],
+                             args=GRPOConfig(**{**common, "output_dir": str(tmp_path / "b")}),
+                             train_dataset=str(tiny_dataset))
+    assert plain.trainer.cfg.async_rollouts
 
 
 def test_entries_name_grpo_fields():
@@ -94,6 +144,10 @@ def test_batch_arithmetic_matches_trls_own(kw):
     ({"sync_ref_model": True, "ref_model_mixup_alpha": 1.0, "ref_model_sync_steps": 5}, {"ref_reset_steps": 5}),
     ({"max_tool_calling_iterations": 2}, {"max_turns": 3}),
     ({"model_init_kwargs": {"torch_dtype": "bfloat16"}}, {"dtype": "bfloat16"}),
+    ({"loss_type": "bnpo"}, {"aggregation": "token_mean"}),
+    ({"loss_type": "luspo", "importance_sampling_level": "sequence"},
+     {"aggregation": "seq_mean_token_sum", "importance_sampling_level": "sequence"}),
+    ({"loss_type": "vespo", "vespo_k_pos": 1.5}, {"policy_loss": "vespo", "aggregation": "token_mean", "vespo_k_pos": 1.5}),
     ({"report_to": "all"}, {"report_to": "all"}),
     ({"report_to": ["tensorboard", "trackio"]}, {"report_to": "tensorboard,trackio"}),
     ({"report_to": "mlflow,wandb"}, {"report_to": "mlflow,wandb"}),
@@ -111,8 +165,7 @@ def test_mapped_and_accepted_values(given, want):
 @pytest.mark.parametrize("given, message", [
     ({"gradient_accumulation_steps": 2, "prompts_per_step": 4}, r"^gradient_accumulation_steps: sets prompts_per_step, "
                                                                 r"which is also given; give one of them$"),
-    ({"loss_type": "bnpo"}, r"^loss_type: bnpo normalises .*use loss_type=dapo"),
-    ({"loss_type": "vespo"}, r"^loss_type: 'vespo' has no grpo equivalent"),
+    ({"loss_type": "gspo"}, r"^loss_type: 'gspo' has no grpo equivalent"),
     ({"adam_epsilon": 1e-6}, r"^adam_epsilon: grpo's AdamW keeps torch's eps of 1e-8$"),
     ({"fp16": True}, r"^fp16: "),
     ({"sync_ref_model": True}, r"^sync_ref_model: .* ref_model_mixup_alpha=0.6 is not offered$"),

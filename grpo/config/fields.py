@@ -196,7 +196,7 @@ class Config:
     importance_sampling_level: str = "token"
     """Ratio per token (GRPO) or per sequence (GSPO)."""
     aggregation: str = "seq_mean_token_mean"
-    """Token-loss reduction: seq_mean_token_mean (GRPO), token_mean (DAPO), seq_mean_token_sum_norm (Dr.GRPO)."""
+    """Token-loss reduction: seq_mean_token_mean (GRPO), token_mean (DAPO), seq_mean_token_sum_norm (Dr.GRPO), seq_mean_token_sum (LUSPO: each sequence's token sum, averaged over sequences)."""
     entropy_coef: float = 0.0
     """Weight of an entropy bonus in the loss (0 = off)."""
     cispo_ratio_max: float = 5.0
@@ -205,6 +205,14 @@ class Config:
     """SAPO (arXiv 2511.20347): temperature of the soft gate on tokens with a positive advantage (TRL's default)."""
     sapo_temperature_neg: float = 1.05
     """SAPO: temperature of the soft gate on tokens with a non-positive advantage (larger: damped faster; TRL's default)."""
+    vespo_k_pos: float = 2.0
+    """policy_loss=vespo: k of the Gamma weight phi(w) = e^lambda w^k e^(-lambda w) on sequences with a non-negative advantage (TRL's default)."""
+    vespo_lambda_pos: float = 3.0
+    """policy_loss=vespo: lambda of the Gamma weight on sequences with a non-negative advantage (TRL's default)."""
+    vespo_k_neg: float = 3.0
+    """policy_loss=vespo: k of the Gamma weight on sequences with a negative advantage (TRL's default)."""
+    vespo_lambda_neg: float = 2.0
+    """policy_loss=vespo: lambda of the Gamma weight on sequences with a negative advantage (TRL's default)."""
     top_entropy_quantile: float = 1.0
     """High-entropy token training ('Beyond the 80/20 Rule', arXiv 2506.01939): only the top this share of tokens by entropy (ranked within each forward chunk) keeps its policy gradient; 0.2 in the paper, 1.0 = all tokens. Logged as entropy_mask_share."""
     off_policy_mask_threshold: float | None = None

@@ -42,7 +42,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("loss", "Advantages and loss", "advantages and the policy loss (grpo/core: advantages, policy_losses, token_masks)", (
         "recipe", "advantage_estimator", "scale_rewards_unbiased", "std_eps", "multi_objective_aggregation", "token_weight_gamma",
         "policy_loss", "epsilon", "epsilon_high", "dual_clip", "clip_delta", "importance_sampling_level", "aggregation",
-        "entropy_coef", "cispo_ratio_max", "sapo_temperature_pos", "sapo_temperature_neg", "top_entropy_quantile",
+        "entropy_coef", "cispo_ratio_max", "sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos",
+        "vespo_k_neg", "vespo_lambda_neg", "top_entropy_quantile",
         "off_policy_mask_threshold", "cov_mode", "cov_fraction", "kl_cov_coef")),
     Section("logic_consistency", "Logic-consistency regulariser", "the regulariser on sampled completions (train/logic_consistency.py, core/logic_consistency.py)", (
         "logic_consistency", "logic_consistency_coef", "logic_consistency_model")),

@@ -119,19 +119,21 @@ def batch(raw, values):
     return {"prompts_per_step": generation // group, "mini_batches": generation // per_step}
 
 
+# TRL's loss types (trl/trainer/grpo_trainer.py, 1.16.0). bnpo divides by the tokens of one micro-batch where
+# grpo's token_mean divides by the whole mini-batch's: equal where one micro-batch holds it, and unlike TRL's
+# independent of per_device_train_batch_size
 LOSS_TYPES = {"grpo": {"aggregation": "seq_mean_token_mean"}, "dr_grpo": {"aggregation": "seq_mean_token_sum_norm"},
+              "bnpo": {"aggregation": "token_mean"}, "luspo": {"aggregation": "seq_mean_token_sum"},
+              "vespo": {"policy_loss": "vespo", "aggregation": "token_mean"},
               "dapo": {"aggregation": "token_mean"}, "cispo": {"policy_loss": "cispo", "aggregation": "token_mean"},
               "sapo": {"policy_loss": "sapo", "aggregation": "seq_mean_token_mean"}}
 
 
 def loss_type(raw, values):
     kind = str(_load(raw))
-    if kind == "bnpo":
-        raise ConfigError("loss_type: bnpo normalises by the tokens of one micro-batch; grpo's token_mean normalises "
-                          "by the whole mini-batch's (use loss_type=dapo, i.e. aggregation=token_mean)")
     if kind not in LOSS_TYPES:
         raise ConfigError(f"loss_type: {kind!r} has no grpo equivalent; grpo offers {', '.join(LOSS_TYPES)} (its "
-                          f"policy losses: policy_loss=clip, cispo, sapo, gmpo; aggregations: aggregation=...)")
+                          f"policy losses: policy_loss=...; aggregations: aggregation=...)")
     return dict(LOSS_TYPES[kind])
 
 

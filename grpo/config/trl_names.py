@@ -1,5 +1,7 @@
 """TRL's GRPOConfig names read as grpo's: one entry per field of TRL's ``GRPOConfig`` (and of the
-``transformers.TrainingArguments`` it extends), plus names older TRL versions had.
+``transformers.TrainingArguments`` it extends) and of its experimental ``AsyncGRPOConfig``, plus names
+older TRL versions had. Checked against TRL 1.16.0 (tests/fixtures/trl/trl-1.16.0-fields.json, and the
+installed TRL).
 
 - ``same``: a grpo field of that name and meaning (grpo's default applies to what is not given);
   some also take TRL's extra value forms (a ratio for ``warmup_steps``, true for ``resume_from_checkpoint``).
@@ -62,7 +64,6 @@ LOGGING = ignored("grpo logs metrics.jsonl and its trackers (report_to) every lo
 EVAL = ignored("grpo's evaluation is greedy accuracy and pass@k on the held-out prompts (eval_prompts)")
 NO_COMPILE = "grpo does not compile the model; its fast decode loop has kernels of its own (rollout_engine)"
 ENTROPY = "grpo holds the entropy in a band instead: entropy_target_band=[low, high] with entropy_target_knob=entropy_coef"
-VESPO = "only for loss_type=vespo, which grpo does not offer"
 
 TRL_NAMES: dict[str, TrlName] = {
     # ---- the same field in grpo ----
@@ -95,7 +96,8 @@ TRL_NAMES: dict[str, TrlName] = {
     "generation_batch_size": mapped("prompts_per_step, mini_batches", cv.batch, "prompts per step = "
                                     "generation_batch_size / num_generations"),
     "loss_type": mapped("aggregation, policy_loss", cv.loss_type, "grpo: seq_mean_token_mean; dr_grpo: "
-                        "seq_mean_token_sum_norm; dapo: token_mean; cispo, sapo: policy_loss; bnpo, luspo, vespo refused"),
+                        "seq_mean_token_sum_norm; dapo: token_mean; bnpo: token_mean (normalised by the mini-batch's tokens, "
+                        "not each micro-batch's); luspo: seq_mean_token_sum; cispo, sapo, vespo: policy_loss"),
     "scale_rewards": mapped("advantage_estimator", cv.scale_rewards, "group (true): grpo; none (false): dr_grpo; "
                             "batch: batch_std"),
     "warmup_ratio": mapped("warmup_steps", cv.warmup_ratio, "warmup_steps = ceil(warmup_ratio x max_steps)"),
@@ -179,10 +181,10 @@ TRL_NAMES: dict[str, TrlName] = {
     "entropy_coef_max": refused(f"entropy_coef_max: {ENTROPY}", 1.0),
     "entropy_coef_delta": refused(f"entropy_coef_delta: {ENTROPY}", 0.005),
     "entropy_target": refused(f"entropy_target: {ENTROPY}", 0.2),
-    "vespo_k_pos": refused(f"vespo_k_pos: {VESPO}", 2.0),
-    "vespo_lambda_pos": refused(f"vespo_lambda_pos: {VESPO}", 3.0),
-    "vespo_k_neg": refused(f"vespo_k_neg: {VESPO}", 3.0),
-    "vespo_lambda_neg": refused(f"vespo_lambda_neg: {VESPO}", 2.0),
+    "vespo_k_pos": same(),
+    "vespo_lambda_pos": same(),
+    "vespo_k_neg": same(),
+    "vespo_lambda_neg": same(),
     # ---- ignored: TRL's and transformers' machinery ----
     # asked to upload, a run that silently does not would be found out only on the Hub: refused by name
     "push_to_hub": refused("push_to_hub: grpo does not upload; after the run, `grpo export RUN --out DIR` writes a plain "
@@ -223,6 +225,23 @@ TRL_NAMES: dict[str, TrlName] = {
     "use_transformers_continuous_batching": ignored("grpo samples with its own rollout engines (rollout_engine)"),
     "transformers_continuous_batching_config": ignored("grpo samples with its own rollout engines (rollout_engine)"),
     "use_transformers_paged": ignored("grpo samples with its own rollout engines (rollout_engine)"),
+    # ---- AsyncGRPOConfig's own fields (trl.experimental.async_grpo); grpo.AsyncGRPOConfig sets async_rollouts ----
+    "max_staleness": same("AsyncGRPOConfig: the optimizer steps a trained sample may lag (TRL's default 4)"),
+    "dtype": same("AsyncGRPOConfig: the policy's parameter dtype"),
+    "request_timeout": mapped("vllm_server_request_timeout", cv.renamed("vllm_server_request_timeout"),
+                              "AsyncGRPOConfig: the deadline of one request to the vLLM server"),
+    "weight_sync_steps": refused("weight_sync_steps: grpo publishes the new weights to the rollout engine after every "
+                                 "step; max_staleness bounds how far sampling may run ahead of them", 1),
+    "token_budget": mapped("max_tokens_per_forward", cv.renamed("max_tokens_per_forward"),
+                           "AsyncGRPOConfig: tokens of one forward/backward pass (grpo packs micro-batches to it)"),
+    "fork_threshold_tokens": ignored("AsyncGRPOConfig: grpo's multi-turn episodes keep the sampled tokens and never "
+                                     "re-tokenize a conversation, so there is no drift to realign"),
+    "max_inflight_tasks": ignored("AsyncGRPOConfig: grpo's producer draws whole steps ahead, at most max_staleness"),
+    "queue_maxsize": ignored("AsyncGRPOConfig: grpo's producer holds at most max_staleness steps' draws"),
+    "weight_sync_timeout": ignored("AsyncGRPOConfig: grpo's weight pushes have the engine's own deadlines "
+                                   "(vllm_server_timeout)"),
+    "heartbeat_stale_after_s": ignored("AsyncGRPOConfig: grpo's producer is a thread of the trainer (or its engine "
+                                       "process), whose death ends the run at once"),
 }
 
 

@@ -11,6 +11,7 @@ from grpo.core.metrics import (advantage_group_variance, clip_fractions, distinc
                                zero_variance_share)
 from grpo.core.objective import grpo_loss, policy_loss
 from grpo.core.distill import distill_loss, reverse_kl_tokens  # registers the "distill" policy loss
+from grpo.core.vespo import vespo_loss, vespo_weights  # registers the "vespo" policy loss
 from grpo.core.policy_losses import (POLICY_LOSSES, LossInputs, LossSettings, PolicyLoss, cispo_loss, clip_loss,
                                      get_policy_loss, gmpo_loss, sapo_loss)
 from grpo.core.stability import (COV_MODES, PF_MODES, REWARD_TRANSFORMS, high_covariance_tokens, informative_groups,
@@ -40,6 +41,6 @@ __all__ = [
     "token_weights", "weighted_advantages", "processed_logprobs", "processed_scores", "seen_tokens", "truncates",
     "bradley_terry_loss", "distillation_loss", "group_pairs", "head_scores", "pairwise_accuracy",
     "pointwise_accuracy", "pointwise_loss",
-    "distill_loss", "reverse_kl_tokens",
+    "distill_loss", "reverse_kl_tokens", "vespo_loss", "vespo_weights",
     "CORRECTION_LEVELS", "CORRECTION_MODES", "Correction", "correction_weights", "mismatch_kl",
 ]

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
-AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
+AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm", "seq_mean_token_sum")
 RATIO_LEVELS = ("token", "sequence")
 
 
@@ -226,6 +226,8 @@ def aggregate(loss_tok: Tensor, mask: Tensor, *, mode: str = "seq_mean_token_mea
     seq_mean_token_mean      1/N sum_i 1/|o_i| sum_t l_it   (DeepSeekMath / GRPO paper)
     token_mean               sum_it l_it / sum_i |o_i|      (DAPO: every token weighs the same)
     seq_mean_token_sum_norm  1/N sum_i sum_t l_it / L       (Dr.GRPO: L a fixed length, no length bias)
+    seq_mean_token_sum       1/N sum_i sum_t l_it           (LUSPO, TRL's loss_type="luspo": a sequence weighs
+                                                             by its length)
 
     ``norm_length`` is L (defaults to T). ``total`` replaces the denominator (N for the sequence
     modes, the token count for token_mean) with a global one, so micro-batches accumulate exactly to
@@ -239,6 +241,8 @@ def aggregate(loss_tok: Tensor, mask: Tensor, *, mode: str = "seq_mean_token_mea
         return num / den
     if mode == "seq_mean_token_mean":
         per_seq = (loss_tok * m).sum(1) / m.sum(1).clamp(min=1)  # [N]
+    elif mode == "seq_mean_token_sum":
+        per_seq = (loss_tok * m).sum(1)  # [N]
     else:
         length = loss_tok.shape[1] if norm_length is None else norm_length
         per_seq = (loss_tok * m).sum(1) / length  # [N]

@@ -65,7 +65,8 @@ class LossSettings:
     cispo_ratio_max: CISPO's cap on the importance weight; sapo_tau_pos, sapo_tau_neg: SAPO's gate
     temperatures; top_entropy_quantile, off_policy_mask_threshold: the token masks of
     core.token_masks, applied by core.policy_loss; distill_grpo_weight: the weight of GRPO's clipped
-    surrogate beside the reverse KL of the distill loss (core.distill).
+    surrogate beside the reverse KL of the distill loss (core.distill); vespo_k_pos, vespo_lambda_pos,
+    vespo_k_neg, vespo_lambda_neg: the Gamma weight's shape by the advantage's sign (core.vespo).
     """
 
     eps_low: float = 0.2
@@ -89,6 +90,10 @@ class LossSettings:
     top_entropy_quantile: float = 1.0
     off_policy_mask_threshold: float | None = None
     distill_grpo_weight: float = 0.0
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
 
 
 @dataclass(frozen=True)

@@ -115,7 +115,9 @@ def loss_settings(cfg: Config) -> core.LossSettings:
         cov_fraction=cfg.cov_fraction, kl_cov_coef=cfg.kl_cov_coef, clip_delta=cfg.clip_delta,
         cispo_ratio_max=cfg.cispo_ratio_max, sapo_tau_pos=cfg.sapo_temperature_pos,
         sapo_tau_neg=cfg.sapo_temperature_neg, top_entropy_quantile=cfg.top_entropy_quantile,
-        off_policy_mask_threshold=cfg.off_policy_mask_threshold, distill_grpo_weight=cfg.distill_grpo_weight)
+        off_policy_mask_threshold=cfg.off_policy_mask_threshold, distill_grpo_weight=cfg.distill_grpo_weight,
+        vespo_k_pos=cfg.vespo_k_pos, vespo_lambda_pos=cfg.vespo_lambda_pos, vespo_k_neg=cfg.vespo_k_neg,
+        vespo_lambda_neg=cfg.vespo_lambda_neg)
 
 
 def update_settings(cfg: Config) -> UpdateSettings:

@@ -32,7 +32,8 @@ def _equation_3(logp, old, ref, rewards, mask, eps_lo, eps_hi, beta, kl, agg, st
             count += 1
         tok_sum += s
         tok_count += count
-        per_seq.append(s / max(count, 1) if agg == "seq_mean_token_mean" else s / len(mask[i]))
+        per_seq.append(s / max(count, 1) if agg == "seq_mean_token_mean" else s if agg == "seq_mean_token_sum"
+                       else s / len(mask[i]))
     if agg == "token_mean":
         return tok_sum / max(tok_count, 1)
     return sum(per_seq) / len(per_seq)
@@ -82,8 +83,9 @@ def test_ratio_one_gradient_is_reinforce_gradient(b, g, t, agg, seed):
     loss, _ = grpo_loss(logp, logp.detach(), None, rewards, mask, kl_coef=0.0, aggregation=agg)
     grad = torch.autograd.grad(loss, logp)[0]
     adv = (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-6)
+    per_token = n if agg == "seq_mean_token_sum" else n * t  # a token's weight: 1/N summing, else 1/(N T)
     reinforce = torch.autograd.grad(
-        -(adv.reshape(n, 1) * logp).sum() / (n * t), logp)[0]  # all weights equal with a full mask
+        -(adv.reshape(n, 1) * logp).sum() / per_token, logp)[0]  # all weights equal with a full mask
     torch.testing.assert_close(grad, reinforce)
 
 
