@@ -28,8 +28,16 @@ from machine import commit, cpu_line  # noqa: E402
 
 LLAMA = r"""
 import json, sys
+import llama_cpp
 from llama_cpp import Llama
-path, prompts, max_new = sys.argv[1], json.load(open(sys.argv[2])), int(sys.argv[3])
+path, prompts, max_new, extra = sys.argv[1], json.load(open(sys.argv[2])), int(sys.argv[3]), sys.argv[4] == "1"
+defaults = llama_cpp.llama_model_default_params
+def params():  # use_extra_bufts: llama.cpp's repacked (and AMX) weight buffers for quantised matrices
+    p = defaults()
+    p.use_extra_bufts = extra
+    return p
+llama_cpp.llama_cpp.llama_model_default_params = params
+llama_cpp.llama_model_default_params = params
 llm = Llama(model_path=path, n_ctx=1024, n_threads=2, verbose=False, seed=0)
 out = []
 for text in prompts:
@@ -88,16 +96,22 @@ def main() -> None:
             export(str(args.run), out, fmt="gguf", quant=quant)
             (gguf,) = out.glob("*.gguf")
             (Path(tmp) / "prompts.json").write_text(json.dumps(prompts))
-            proc = subprocess.run([args.llama_python, "-c", LLAMA, str(gguf), str(Path(tmp) / "prompts.json"),
-                                   str(args.max_new_tokens)], capture_output=True, text=True)
+            note = ""
+            for extra in ("1", "0"):  # llama.cpp's defaults first; where they crash, without its extra buffers
+                proc = subprocess.run([args.llama_python, "-c", LLAMA, str(gguf), str(Path(tmp) / "prompts.json"),
+                                       str(args.max_new_tokens), extra], capture_output=True, text=True)
+                if proc.returncode == 0:
+                    break
+                note = (f" (llama.cpp's default load died with signal {-proc.returncode}; run with "
+                        "use_extra_bufts=false)" if proc.returncode < 0 else f" (exit {proc.returncode})")
             if proc.returncode != 0:
-                raise SystemExit(proc.stderr[-3000:])
+                raise SystemExit(f"llama.cpp failed on {gguf.name}{note}: {proc.stderr[-3000:]}")
             got = json.loads(proc.stdout.strip().splitlines()[-1])
             same_ids = sum(a["ids"] == b["ids"] for a, b in zip(ref, got))
             same_text = sum(a["text"].strip() == b["text"].strip() for a, b in zip(ref, got))
             same_num = sum(last_number(a["text"]) == last_number(b["text"]) for a, b in zip(ref, got))
             n = len(prompts)
-            print(f"| {quant} | {gguf.stat().st_size / 2**20:.0f} MiB | {same_ids}/{n} | {same_text}/{n} | "
+            print(f"| {quant}{note} | {gguf.stat().st_size / 2**20:.0f} MiB | {same_ids}/{n} | {same_text}/{n} | "
                   f"{same_num}/{n} |", flush=True)
             for a, b in zip(ref, got):
                 if a["text"].strip() != b["text"].strip():
