@@ -25,13 +25,13 @@ def _tracker_env(tmp: Path) -> dict:
             "MLFLOW_TRACKING_URI": f"file:{tmp / 'mlruns'}", "MLFLOW_ALLOW_FILE_STORE": "true"}
 
 
-def _wandb_history(run_dir: Path) -> dict[int, dict]:
-    """The history records of the run's offline W&B transaction log (wandb's LevelDB-style log of
-    protobuf Records: a 7-byte file header, then 32 KiB blocks of records with 7-byte headers)."""
+def _wandb_history(run_dir: Path) -> tuple[dict[int, dict], dict]:
+    """The history records and the config of the run's offline W&B transaction log (wandb's LevelDB-style
+    log of protobuf Records: a 7-byte file header, then 32 KiB blocks of records with 7-byte headers)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     (log,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-    data, pos, block, part, out = log.read_bytes(), 7, 32768, b"", {}
+    data, pos, block, part, out, config = log.read_bytes(), 7, 32768, b"", {}, {}
     assert data[:4] == b":W&B"
     while pos + 7 <= len(data):
         if block - pos % block < 7:  # a block's tail too short for a header is padding
@@ -43,10 +43,14 @@ def _wandb_history(run_dir: Path) -> dict[int, dict]:
             record = pb.Record()
             record.ParseFromString(part)
             part = b""
-            if record.WhichOneof("record_type") == "history":
+            kind = record.WhichOneof("record_type")
+            if kind in ("run", "config"):
+                config.update({i.key: json.loads(i.value_json) for i in getattr(record, kind).config.update}
+                              if kind == "run" else {i.key: json.loads(i.value_json) for i in record.config.update})
+            if kind == "history":
                 items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
                 out[record.history.step.num] = {k: v for k, v in items.items() if not k.startswith("_")}
-    return out
+    return out, config
 
 
 def _mlflow_history(tmp: Path, run_dir: Path, keys) -> dict[int, dict]:
@@ -100,7 +104,9 @@ def test_every_tracker_gets_the_same_metrics_at_the_same_steps(tmp_path, tiny_mo
     for key in acc.Tags()["scalars"]:
         for e in acc.Scalars(key):
             board.setdefault(e.step, {})[key] = e.value
-    histories = {"tensorboard": board, "wandb": _wandb_history(run), "mlflow": _mlflow_history(tmp_path, run, keys),
+    wandb_history, wandb_config = _wandb_history(run)
+    assert wandb_config["learning_rate"] == 0.001 and wandb_config["report_to"] == "tensorboard,wandb,trackio,mlflow"
+    histories = {"tensorboard": board, "wandb": wandb_history, "mlflow": _mlflow_history(tmp_path, run, keys),
                  "trackio": _trackio_history(tmp_path, run)}
     for name, got in histories.items():
         assert sorted(got) == [1, 2], (name, sorted(got))
