@@ -39,14 +39,14 @@ def GRPOConfig(**kwargs) -> Config:  # noqa: N802 (TRL's name: it reads like TRL
     return config_from(kwargs, "GRPOConfig(...)")
 
 
-# what TRL's AsyncGRPOTrainer trains: asynchronous rollouts, the token-level clipped loss normalised by the
-# batch's tokens, no KL term (trl.experimental.async_grpo, TRL 1.16.0)
-ASYNC_DEFAULTS = {"async_rollouts": True, "aggregation": "token_mean", "beta": 0.0}
+# what TRL's AsyncGRPOTrainer trains: asynchronous rollouts up to 4 steps stale, the token-level clipped loss
+# normalised by the batch's tokens, no KL term (trl.experimental.async_grpo, TRL 1.16.0)
+ASYNC_DEFAULTS = {"async_rollouts": True, "max_staleness": 4, "aggregation": "token_mean", "beta": 0.0}
 
 
 def AsyncGRPOConfig(**kwargs) -> Config:  # noqa: N802 (TRL's name: it reads like TRL's class)
     """``GRPOConfig`` with TRL's AsyncGRPOConfig names too (max_staleness, request_timeout, token_budget, ...)
-    and what its trainer trains where not given: async_rollouts, aggregation=token_mean, beta=0."""
+    and what its trainer trains where not given: async_rollouts, max_staleness=4, aggregation=token_mean, beta=0."""
     given = dict(kwargs)
     for key, value in ASYNC_DEFAULTS.items():
         if key not in given and not (key == "aggregation" and "loss_type" in given):

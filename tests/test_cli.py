@@ -24,8 +24,8 @@ def test_unknown_key_fails_before_model_load(capsys):
 
 def test_bad_value_lists_choices(capsys):
     assert main(["train", "aggregation=sum"]) == 2
-    assert ("aggregation: 'sum' is not valid; choose one of ['seq_mean_token_mean', 'seq_mean_token_sum_norm', "
-            "'token_mean']") in capsys.readouterr().err
+    assert ("aggregation: 'sum' is not valid; choose one of ['seq_mean_token_mean', 'seq_mean_token_sum', "
+            "'seq_mean_token_sum_norm', 'token_mean']") in capsys.readouterr().err
 
 
 def test_unknown_reward_is_one_line_error(capsys, tiny_dataset, tmp_path):

@@ -68,7 +68,7 @@ BAD_VALUE_MESSAGES = {
     "advantage_estimator=ppo2": "advantage_estimator: 'ppo2' is not valid; choose one of ['batch_std', 'dr_grpo', "
                                 "'gae', 'grpo', 'mean_baseline', 'reinforce', 'rloo']",
     "aggregation=sum": "aggregation: 'sum' is not valid; choose one of ['seq_mean_token_mean', "
-                       "'seq_mean_token_sum_norm', 'token_mean']",
+                       "'seq_mean_token_sum', 'seq_mean_token_sum_norm', 'token_mean']",
     "kl_estimator=k9": "kl_estimator: 'k9' is not valid; choose one of ['k1', 'k2', 'k3']",
     "temperature=0": "temperature: must be > 0, got 0.0",
     "per_device_train_batch_size=5": "per_device_train_batch_size: prompts_per_step * num_generations = 32 is not "

@@ -89,9 +89,10 @@ def test_the_model_card_is_hub_metadata_with_the_run_and_its_evaluation(trained,
     ev = json.loads((trained / "eval.json").read_text())
     assert f"| before training | {ev['before']['accuracy']:.3f} |" in card.text
     assert f"| after training | {ev['after']['accuracy']:.3f} |" in card.text
-    m = ev["measured_on"]
-    assert f"Measured on {m['cpu']} ({m['isa']}, {m['cores']} cores), torch {m['torch']}, {m['utc']} UTC." in card.text
-    assert "| `learning_rate` | `0.01` |" in card.text
+    m = ev["after"]["measured_on"]
+    assert f"| {m['cpu']} ({m['isa']}, {m['cores']} cores), torch {m['torch']}, {m['utc']} UTC |" in card.text
+    assert "| `learning_rate` | 0.01 |" in card.text
+    assert (out / "grpo_config.yaml").read_text() == (trained / "config.yaml").read_text()
 
 
 def test_the_card_names_hub_models_and_datasets_and_not_local_paths(tmp_path):
@@ -121,6 +122,12 @@ def test_query_and_key_rows_are_interleaved_per_head_and_f32_is_exact(smol_tiny,
     tok = AutoTokenizer.from_pretrained(smol_tiny)
     written = write_gguf(model, tok, tmp_path / "m.gguf", quant="f32")
     assert "output.weight" in written.tensor_types and set(written.tensor_types.values()) == {"F32"}
+    from gguf import GGUFReader, TokenType
+
+    types = GGUFReader(str(tmp_path / "m.gguf")).fields["tokenizer.ggml.token_type"].contents()
+    specials = [i for i, a in tok.added_tokens_decoder.items() if a.special]
+    assert len(specials) > 3 and all(types[i] == TokenType.CONTROL for i in specials)  # <repo_name> and the like too
+    assert types[tok.convert_tokens_to_ids("Ġthe")] == TokenType.NORMAL
     back = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf", dtype=torch.float32).eval()
     ids = tok(TEXTS[0], return_tensors="pt").input_ids
     assert torch.equal(_logits(model, ids), _logits(back, ids))
@@ -138,7 +145,18 @@ def test_pre_tokenizer_names_and_refusals(tiny_model_dir, tmp_path):
                                                     pre_tokenizers.ByteLevel(add_prefix_space=False)])
     assert pre_tokenizer_name(PreTrainedTokenizerFast(tokenizer_object=digits)) == "smollm"
     digits.pre_tokenizer = pre_tokenizers.Whitespace()
-    assert pre_tokenizer_name(PreTrainedTokenizerFast(tokenizer_object=digits)) == "default"
+    assert pre_tokenizer_name(PreTrainedTokenizerFast(tokenizer_object=digits)) is None
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     with pytest.raises(ConfigError, match="--quant: 'q4' is not valid"):
-        write_gguf(model, AutoTokenizer.from_pretrained(tiny_model_dir), tmp_path / "x.gguf", quant="q4")
+        write_gguf(model, tok, tmp_path / "x.gguf", quant="q4")
+    other = AutoTokenizer.from_pretrained(tiny_model_dir)
+    other.backend_tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()  # a split llama.cpp would not know
+    with pytest.raises(ConfigError, match="^--gguf-pre: the tokenizer's pre-tokenizer is neither"):
+        write_gguf(model, other, tmp_path / "y.gguf")
+    sentencepiece = Tokenizer(models.BPE(vocab={"a": 0, "<0x41>": 1}, merges=[], byte_fallback=True))
+    with pytest.raises(ConfigError, match="not byte-level BPE"):  # Llama 2's kind: llama.cpp's "llama" vocabulary
+        write_gguf(model, PreTrainedTokenizerFast(tokenizer_object=sentencepiece), tmp_path / "z.gguf", pre="gpt-2")
+    model.config.attention_bias = True
+    with pytest.raises(ConfigError, match="biases"):
+        write_gguf(model, tok, tmp_path / "w.gguf")

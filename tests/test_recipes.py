@@ -4,6 +4,7 @@ a step on the tiny model; `grpo train --help recipes` and the configuration refe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo.config import Config
+from grpo import GRPOConfig
+from grpo.config import Config, load_config
 from grpo.config.presets import RECIPES
 from grpo.errors import ConfigError
 from grpo.train.settings import loss_settings
@@ -40,8 +42,13 @@ def test_each_recipe_sets_its_papers_objective():
 
 def test_an_explicit_setting_wins_and_unknown_names_are_listed():
     c = Config(recipe="dapo", beta=0.01, epsilon_high=0.3, dynamic_sampling=False, overlong_buffer=3)
-    assert (c.beta, c.eps_high, c.overlong_buffer, c.aggregation) == (0.01, 0.3, 3, "token_mean")
-    assert c.dynamic_sampling  # False is the default, so it reads as left unset: the recipe's True applies
+    assert (c.beta, c.eps_high, c.overlong_buffer, c.aggregation, c.dynamic_sampling) == (0.01, 0.3, 3, "token_mean", False)
+    # a value equal to grpo's default, given, wins too: on the command line, in YAML, in GRPOConfig(...)
+    assert Config(recipe="dapo", beta=0.04).beta == 0.04
+    assert load_config(None, ["recipe=gspo", "epsilon=0.2"]).epsilon == 0.2
+    assert GRPOConfig(recipe="dapo", loss_type="grpo").aggregation == "seq_mean_token_mean"
+    rebuilt = dataclasses.replace(Config(recipe="dapo", beta=0.04), seed=5)  # every key given: nothing refilled
+    assert (rebuilt.beta, rebuilt.eps_high) == (0.04, 0.28)
     with pytest.raises(ConfigError, match=r"^recipe: unknown recipe 'ppo'; valid: none, deepseekmath_grpo, dapo"):
         Config(recipe="ppo")
     assert Config(recipe="none") == Config()

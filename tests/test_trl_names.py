@@ -55,6 +55,7 @@ def test_async_grpo_config_is_what_trls_async_trainer_trains():
     assert (cfg.async_rollouts, cfg.max_staleness, cfg.aggregation, cfg.beta) == (True, 2, "token_mean", 0.0)
     assert (cfg.vllm_server_request_timeout, cfg.max_tokens_per_forward) == (30, 512)
     assert AsyncGRPOConfig(loss_type="dr_grpo", beta=0.04).aggregation == "seq_mean_token_sum_norm"
+    assert AsyncGRPOConfig().max_staleness == 4  # TRL's AsyncGRPOConfig default
     with pytest.raises(ConfigError, match="^weight_sync_steps: grpo publishes"):
         AsyncGRPOConfig(weight_sync_steps=4)
     assert not GRPOConfig().async_rollouts

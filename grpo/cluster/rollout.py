@@ -181,7 +181,8 @@ class ClusterEngine(RolloutEngine):
             t0 = time.monotonic()
             for i, ref in refs.items():
                 setup = todo[i][0] == "setup"
-                limit = self.start_timeout if setup else call_deadline(self.call_timeout, tokens=(tokens or {}).get(i, 0))
+                share = (tokens or {}).get(i, 0)
+                limit = self.start_timeout if setup else call_deadline(self.call_timeout, tokens=share)
                 left = limit - (time.monotonic() - t0)
                 try:
                     try:

@@ -184,7 +184,7 @@ class Config:
     token_weight_gamma: float = 1.0
     """Multiply the advantage of identifier and operator tokens (names, keywords, '=', '+', ...) by this (2.0 is a choice for code); 1.0 = off."""
     policy_loss: str = "clip"
-    """Policy loss, an entry of grpo.core.POLICY_LOSSES: clip (PPO's clipped surrogate as in GRPO, DeepSeekMath eq. 3, with the clip range, dual clip, token or sequence (GSPO) ratio, KL and entropy terms and cov_mode below), cispo (MiniMax-M1's clipped importance weight, gradient through every token), sapo (a soft temperature gate in place of the clip) or gmpo (geometric mean of the token ratios, clipped in log space by epsilon / epsilon_high; the paper uses 0.4), or distill (on-policy distillation: the per-token reverse KL to `teacher` on the student's own samples, plus distill_grpo_weight x the clipped surrogate; grpo/core/distill.py)."""
+    """Policy loss, an entry of grpo.core.POLICY_LOSSES: clip (PPO's clipped surrogate as in GRPO, DeepSeekMath eq. 3, with the clip range, dual clip, token or sequence (GSPO) ratio, KL and entropy terms and cov_mode below), cispo (MiniMax-M1's clipped importance weight, gradient through every token), sapo (a soft temperature gate in place of the clip) or gmpo (geometric mean of the token ratios, clipped in log space by epsilon / epsilon_high; the paper uses 0.4), vespo (a smooth Gamma-shaped weight on each sequence's policy gradient in place of the clip: TRL's loss_type=vespo; grpo/core/vespo.py), or distill (on-policy distillation: the per-token reverse KL to `teacher` on the student's own samples, plus distill_grpo_weight x the clipped surrogate; grpo/core/distill.py)."""
     epsilon: float = 0.2
     """Lower clip range: the ratio is clipped below at 1 - epsilon."""
     epsilon_high: float | None = None
@@ -530,6 +530,13 @@ class Config:
     """launcher=ray: seconds a call to a rollout or reward worker may take beyond its work's share (10 ms per token it is asked to sample); a worker past it is taken as hung: killed, restarted by Ray and asked again."""
     ray_start_timeout: float = 300.0
     """launcher=ray: seconds to wait for the cluster to place every worker (the resources they reserve must exist), and for a rollout worker to build its replica of the policy (at the start and after a restart)."""
+
+    def __new__(cls, *args, **kwargs):
+        obj = super().__new__(cls)
+        # the keys the caller set (a rebuilt config, dataclasses.replace: every key): presets and recipes fill
+        # only the others, so an explicit value wins even where it equals the default
+        object.__setattr__(obj, "_given", frozenset(kwargs))
+        return obj
 
     def __post_init__(self) -> None:
         self.task = mixture_text(self.task)  # a YAML list of sources: kept as its JSON text

@@ -85,9 +85,12 @@ def apply_recipe(c) -> None:
 
 
 def _fill_defaults(c, values: dict) -> None:
+    """Set each of ``values`` on ``c`` where its caller did not set that key (Config records them) and the
+    field still holds its default (an earlier preset's value stays)."""
     defaults = {f.name: f.default for f in fields(c)}
+    given = getattr(c, "_given", frozenset())
     for key, value in values.items():
-        if getattr(c, key) == defaults[key]:
+        if key not in given and getattr(c, key) == defaults[key]:
             setattr(c, key, value)
 
 

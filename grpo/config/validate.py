@@ -244,6 +244,9 @@ def _validate_loss_variants(c) -> None:
         raise ConfigError(f"clip_delta: must be > 1 + epsilon_high = {1 + c.eps_high} (or null), got {c.clip_delta}")
     if c.cispo_ratio_max <= 0:
         raise ConfigError(f"cispo_ratio_max: must be > 0, got {c.cispo_ratio_max}")
+    for key in ("vespo_lambda_pos", "vespo_lambda_neg"):
+        if getattr(c, key) <= 0:
+            raise ConfigError(f"{key}: must be > 0 (the Gamma weight's rate), got {getattr(c, key)}")
     for key in ("sapo_temperature_pos", "sapo_temperature_neg"):
         if getattr(c, key) <= 0:
             raise ConfigError(f"{key}: must be > 0, got {getattr(c, key)}")

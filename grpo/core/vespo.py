@@ -32,16 +32,16 @@ LOG_W_MIN = math.log(1e-8)  # the clamp of log w below, as the reference impleme
 
 def vespo_weights(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, k_pos: float,
                   lambda_pos: float, k_neg: float, lambda_neg: float) -> Tensor:
-    """phi(w_i) per sequence, broadcast to its tokens [N, T] (no gradient). logp, old_logp, advantages,
-    mask: [N, T]; a sequence's sign is its first token's advantage sign (one advantage per sequence)."""
+    """phi(w_i) on each token [N, T] (no gradient): w_i the sequence's ratio, (k, lambda) by the sign of the
+    token's own advantage (a sequence-level advantage gives one phi per sequence, as TRL's). logp,
+    old_logp, advantages, mask: [N, T]."""
     with torch.no_grad():
         log_ratio = (logp - old_logp).clamp(-20.0, 20.0) * mask  # [N, T]
         log_w = log_ratio.sum(dim=1, keepdim=True).clamp(LOG_W_MIN, 20.0)  # [N, 1]
-        positive = advantages[:, :1] >= 0  # [N, 1]
-        k = torch.where(positive, k_pos, k_neg).to(logp.dtype)  # [N, 1]
-        lam = torch.where(positive, lambda_pos, lambda_neg).to(logp.dtype).clamp(min=1e-4)  # [N, 1]
-        phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(0.0, 0.0, 0.0)  # [N, 1]
-        return phi.expand_as(logp)  # [N, T]
+        positive = advantages >= 0  # [N, T]
+        k = torch.where(positive, k_pos, k_neg).to(logp.dtype)  # [N, T]
+        lam = torch.where(positive, lambda_pos, lambda_neg).to(logp.dtype).clamp(min=1e-4)  # [N, T]
+        return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(0.0, 0.0, 0.0)  # [N, T]
 
 
 def vespo_loss(inputs: LossInputs, settings: LossSettings) -> dict[str, Tensor]:

@@ -82,7 +82,8 @@ class RunLogger:
         self.metrics_path = run_dir / "metrics.jsonl"
         self.samples_path = run_dir / "samples.jsonl"
         self.progress = None  # set below; a tracker's warning before then is printed plainly
-        self.trackers = Trackers(list(report_to), run_dir, params or {}, warn=lambda t: self.note(t, "yellow"))
+        self.trackers = Trackers(list(report_to), run_dir, params or {}, start_step=start_step,
+                                 warn=lambda t: self.note(t, "yellow"))
         self.plain = None  # not a terminal: one whole line per step instead of a bar (a bar is cut to 80 columns)
         if progress and not sys.stdout.isatty():
             self.plain = _PlainProgress(total_steps, start_step)

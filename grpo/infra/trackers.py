@@ -5,6 +5,8 @@ Each entry of ``TRACKERS`` starts a tracker for one run folder and returns an ob
 step numbers (the lines of metrics.jsonl) and the run's whole config once. A resumed run continues the
 tracker run of its folder (one id per run folder). A tracker that raises once the run is under way is
 switched off with one warning; the run, metrics.jsonl and the other trackers go on (``Trackers``).
+A resumed run's TensorBoard events after its checkpoint are purged; W&B keeps the steps it had (it drops a
+step it has seen), MLflow and Trackio keep both values of a step logged again after a resume.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,12 +25,13 @@ from typing import Any, Callable
 from grpo.registry import Registry
 
 PROJECT = "grpo"  # the project / experiment a run goes to where the tracker's own variable names none
+PARAM_CHARS = 6000  # the longest parameter value MLflow stores
 
 
 @dataclass(frozen=True)
 class TrackerKind:
     """A registry entry: the package it needs, how to install it, and its start function
-    ``start(run_dir, run_id, params) -> object with log(step, metrics) and close()``."""
+    ``start(run_dir, run_id, params, start_step) -> object with log(step, metrics) and close()``."""
 
     module: str
     install: str
@@ -46,11 +50,18 @@ def numeric(metrics: dict) -> dict[str, float]:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
+def mlflow_key(name: str) -> str:
+    """A metric name in MLflow's alphabet (letters, digits, _ - . / space and colon): '@' as '_at_', any
+    other character as '_'."""
+    return re.sub(r"[^\w\-./ :]", "_", name.replace("@", "_at_"))
+
+
 class _TensorBoard:
-    def __init__(self, run_dir: Path, rid: str, params: dict):
+    def __init__(self, run_dir: Path, rid: str, params: dict, start_step: int = 0):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.w = SummaryWriter(str(run_dir / "tensorboard"))
+        # a resumed run: events after its checkpoint's step (written by the run that died) are purged
+        self.w = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
         self.w.add_text("config", "```json\n" + json.dumps(params, indent=1, default=str) + "\n```")
 
     def log(self, step: int, metrics: dict) -> None:
@@ -65,7 +76,7 @@ class _Wandb:
     """W&B (``WANDB_MODE=offline`` writes to the run folder's wandb/ without an account; ``wandb sync``
     uploads it later). Project: ``$WANDB_PROJECT`` or grpo."""
 
-    def __init__(self, run_dir: Path, rid: str, params: dict):
+    def __init__(self, run_dir: Path, rid: str, params: dict, start_step: int = 0):
         import wandb
 
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or PROJECT, name=run_dir.name,
@@ -83,7 +94,7 @@ class _Trackio:
     show`` opens the dashboard). Project: ``$TRACKIO_PROJECT`` or grpo; the run is named after its folder
     and id."""
 
-    def __init__(self, run_dir: Path, rid: str, params: dict):
+    def __init__(self, run_dir: Path, rid: str, params: dict, start_step: int = 0):
         import trackio
 
         self.run = trackio.init(project=os.environ.get("TRACKIO_PROJECT") or PROJECT,
@@ -97,11 +108,13 @@ class _Trackio:
 
 
 class _MLflow:
-    """MLflow through its client (no process-wide active run): ``$MLFLOW_TRACKING_URI`` (a ``file:`` folder,
-    a database or a server), experiment ``$MLFLOW_EXPERIMENT_NAME`` or grpo; the config as parameters
-    (nested values as JSON text); the run is found again by its ``grpo.run_id`` tag on resume."""
+    """MLflow through its client (no process-wide active run): ``$MLFLOW_TRACKING_URI`` (a server, a database,
+    a ``file:`` folder; unset: MLflow's default, ./mlflow.db), experiment ``$MLFLOW_EXPERIMENT_NAME`` or grpo;
+    the config as parameters (nested values as JSON text, each cut to MLflow's 6000 characters); metric names
+    in MLflow's alphabet (``eval/pass@k`` as ``eval/pass_at_k``); the run is found again by its
+    ``grpo.run_id`` tag on resume."""
 
-    def __init__(self, run_dir: Path, rid: str, params: dict):
+    def __init__(self, run_dir: Path, rid: str, params: dict, start_step: int = 0):
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
@@ -116,7 +129,7 @@ class _MLflow:
         else:
             self.run_id = self.client.create_run(exp_id, run_name=run_dir.name, tags={"grpo.run_id": rid,
                                                  "grpo.run_dir": str(run_dir.resolve())}).info.run_id
-            params = [Param(k, v if isinstance(v, str) else json.dumps(v, default=str)[:6000])
+            params = [Param(k, (v if isinstance(v, str) else json.dumps(v, default=str))[:PARAM_CHARS])
                       for k, v in sorted(params.items())]
             for i in range(0, len(params), 100):  # MLflow takes at most 100 parameters a call
                 self.client.log_batch(self.run_id, params=params[i:i + 100])
@@ -127,7 +140,7 @@ class _MLflow:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = [Metric(k, v, now, step) for k, v in numeric(metrics).items()]
+        batch = [Metric(mlflow_key(k), v, now, step) for k, v in numeric(metrics).items()]
         for i in range(0, len(batch), 1000):  # MLflow takes at most 1000 metrics a call
             self.client.log_batch(self.run_id, metrics=batch[i:i + 1000])
 
@@ -166,14 +179,16 @@ class Trackers:
     """The run's trackers: each started here (an error at the start stops the run before it trains,
     naming the tracker), then given every logged step; one that raises later is dropped with a warning."""
 
-    def __init__(self, names: list[str], run_dir: Path, params: dict, *, warn: Callable[[str], None] | None = None):
+    def __init__(self, names: list[str], run_dir: Path, params: dict, *, start_step: int = 0,
+                 warn: Callable[[str], None] | None = None):
         self.live: dict[str, Any] = {}
         self.warn = warn or (lambda text: warnings.warn(text, RuntimeWarning, stacklevel=4))
         rid = run_id(run_dir)
         for name in names:
             try:
-                self.live[name] = TRACKERS[name].start(run_dir, rid, params)
+                self.live[name] = TRACKERS[name].start(run_dir, rid, params, start_step)
             except ImportError as e:
+                self.close()
                 raise ImportError(missing_package(name) or f"report_to: {name}: {e}") from None
             except Exception as e:
                 self.close()

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 EMBEDDED_HUB_ID = {"embedded:SmolLM2-135M-Instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+CONFIG_COPY = "grpo_config.yaml"  # the run's config.yaml, copied beside the card
 HUB_REPO = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name: a name the Hub's metadata takes
 # the settings a reader needs to know what was optimised, in this order (the rest: config.yaml of the run)
 KEY_SETTINGS = ("recipe", "task", "rewards", "advantage_estimator", "policy_loss", "aggregation",
@@ -36,19 +37,29 @@ def _evaluation(run: Path | None) -> list[str]:
     if not rows:
         return ["No held-out evaluation was recorded for this model (eval_prompts=0)."]
     k = next((r.get("k") for _, r in rows if r.get("k")), 0)
-    head = "| | accuracy (greedy) |" + (f" pass@{k} |" if k else "") + " prompts | mean length (tokens) |"
-    out = [head, "|---|---|" + ("---|" if k else "") + "---|---|"]
+    head = "| | accuracy (greedy) |" + (f" pass@{k} |" if k else "") + " prompts | mean length (tokens) | measured on |"
+    out = [head, "|---|---|" + ("---|" if k else "") + "---|---|---|"]
     for when, r in rows:
         cells = [f"{when} training", f"{r.get('accuracy', float('nan')):.3f}"]
         if k:
             cells.append("" if r.get("pass@k") is None else f"{r['pass@k']:.3f}")
-        cells += [str(r.get("prompts_scored", r.get("n_prompts", ""))), f"{r.get('mean_length', float('nan')):.1f}"]
+        cells += [str(r.get("prompts_scored", r.get("n_prompts", ""))), f"{r.get('mean_length', float('nan')):.1f}",
+                  _machine(r.get("measured_on") or {})]
         out.append("| " + " | ".join(cells) + " |")
-    m = ev.get("measured_on") or {}
-    if m:
-        where = m.get("accelerator") or f"{m.get('cpu')} ({m.get('isa')}, {m.get('cores')} cores)"
-        out += ["", f"Measured on {where}, torch {m.get('torch')}, {m.get('utc')} UTC."]
     return out
+
+
+def _machine(m: dict) -> str:
+    """Where and when an evaluation ran: the accelerator or the CPU with its vector class, torch, UTC time."""
+    if not m:
+        return "not recorded"
+    where = m.get("accelerator") or f"{m.get('cpu')} ({m.get('isa')}, {m.get('cores')} cores)"
+    return _cell(f"{where}, torch {m.get('torch')}, {m.get('utc')} UTC")
+
+
+def _cell(text: str) -> str:
+    """Text safe inside a markdown table cell."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 def model_card(*, name: str, base: str, run: Path | None, settings: dict | None, formats: list[str],
@@ -69,8 +80,8 @@ def model_card(*, name: str, base: str, run: Path | None, settings: dict | None,
              "rewards, with the `grpo` library.", ""]
     if settings:
         lines += ["## Training", "", "| setting | value |", "|---|---|"]
-        lines += [f"| `{k}` | `{settings[k]}` |" for k in KEY_SETTINGS if k in settings and settings[k] not in ("", None)]
-        lines += ["", "The whole configuration is the run's `config.yaml`.", ""]
+        lines += [f"| `{k}` | {_cell(settings[k])} |" for k in KEY_SETTINGS if k in settings and settings[k] not in ("", None)]
+        lines += ["", f"The whole configuration is `{CONFIG_COPY}` beside this card.", ""]
     lines += ["## Evaluation on held-out prompts", "", *_evaluation(run), ""]
     lines += ["## Files", ""] + [f"- {f}" for f in _file_notes(formats)] + [""]
     return "\n".join(lines)

@@ -49,20 +49,20 @@ def interleave_heads(w: torch.Tensor, heads: int) -> torch.Tensor:
     return w.reshape(heads, 2, d // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def pre_tokenizer_name(tok) -> str:
+def pre_tokenizer_name(tok) -> str | None:
     """llama.cpp's name for the tokenizer's pre-tokenizer: digits split one by one before byte-level BPE
-    (SmolLM, StarCoder) is "smollm"; byte-level alone is "gpt-2"; anything else "default" (llama.cpp's
-    generic rule; ``--gguf-pre`` names another)."""
+    (SmolLM, StarCoder) is "smollm"; byte-level alone is "gpt-2"; None for any other (llama.cpp would split
+    the text by another rule than the model was trained with: ``--gguf-pre`` must name it)."""
     try:
         pre = json.loads(tok.backend_tokenizer.to_str()).get("pre_tokenizer") or {}
     except (AttributeError, ValueError):
-        return "default"
+        return None
     kinds = [p.get("type") for p in pre.get("pretokenizers", [pre])]
     if kinds == ["ByteLevel"]:
         return "gpt-2"
     if kinds == ["Digits", "ByteLevel"] and pre["pretokenizers"][0].get("individual_digits"):
         return "smollm"
-    return "default"
+    return None
 
 
 def _tokenizer(writer, tok, vocab_size: int, pre: str) -> None:
@@ -70,12 +70,13 @@ def _tokenizer(writer, tok, vocab_size: int, pre: str) -> None:
     import gguf
 
     state = json.loads(tok.backend_tokenizer.to_str())
-    if state.get("model", {}).get("type") != "BPE":
-        raise ConfigError(f"--format gguf: the tokenizer is {state.get('model', {}).get('type')}, not byte-level "
-                          "BPE; this export writes BPE tokenizers only")
+    model, decoder = state.get("model") or {}, state.get("decoder") or {}
+    if model.get("type") != "BPE" or model.get("byte_fallback") or decoder.get("type") != "ByteLevel":
+        raise ConfigError(f"--format gguf: the tokenizer is {model.get('type')} with a {decoder.get('type')} decoder, "
+                          "not byte-level BPE (GPT-2's, Llama 3's, SmolLM's, Qwen's); this export writes only those")
     by_id = {i: t for t, i in tok.get_vocab().items()}
-    special = set(tok.all_special_ids)
-    added = set(getattr(tok, "added_tokens_decoder", {}))  # ids of tokens added beside the BPE vocabulary
+    added = getattr(tok, "added_tokens_decoder", {})  # id -> AddedToken: tokens beside the BPE vocabulary
+    special = set(tok.all_special_ids) | {i for i, a in added.items() if getattr(a, "special", False)}
     tokens, types = [], []
     for i in range(vocab_size):
         if i not in by_id:
@@ -154,6 +155,14 @@ def write_gguf(model, tok, path: Path, *, quant: str = "f16", name: str = "", pr
     file_type = {"f16": gguf.LlamaFileType.MOSTLY_F16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
                  "f32": gguf.LlamaFileType.ALL_F32}[quant]
     pre = pre or pre_tokenizer_name(tok)
+    if pre is None:
+        raise ConfigError("--gguf-pre: the tokenizer's pre-tokenizer is neither GPT-2's byte-level split nor "
+                          "SmolLM's digits-then-byte-level; name llama.cpp's one for this model (e.g. llama-bpe for "
+                          "Llama 3, qwen2 for Qwen 2)")
+    biased = [k for k in ("attention_bias", "mlp_bias") if getattr(model.config, k, False)]
+    if biased:
+        raise ConfigError(f"--format gguf: the model has biases ({', '.join(biased)}), which this export does not "
+                          "write")
     writer = gguf.GGUFWriter(str(path), arch)
     _hyper_parameters(writer, model.config, name or path.stem, file_type)
     _tokenizer(writer, tok, model.config.vocab_size, pre)

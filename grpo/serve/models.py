@@ -4,6 +4,7 @@ adapters merged into the base weights) or any model ``grpo train`` accepts, and 
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,7 +131,7 @@ def export(name: str, out: Path, *, fmt: str = "transformers", quant: str = "f16
     """Write the model ``name`` names (a run: its newest checkpoint, adapters merged) into the folder ``out``
     with a model card (README.md): as a plain transformers folder (weights, config, tokenizer, and
     grpo_export.json saying where it came from), or as one GGUF file in ``quant`` with an Ollama Modelfile."""
-    from grpo.serve.card import model_card
+    from grpo.serve.card import CONFIG_COPY, model_card
 
     if fmt not in EXPORT_FORMATS:
         raise ConfigError(f"--format: {fmt!r} is not valid; choose one of {', '.join(EXPORT_FORMATS)}")
@@ -151,6 +152,8 @@ def export(name: str, out: Path, *, fmt: str = "transformers", quant: str = "f16
              "system_prompt": src.system_prompt, "max_prompt_length": src.max_prompt_length, "rewards": src.rewards,
              "probe_prompts": list(probe_prompts_of(src))},
             indent=2) + "\n")
+    if src.run is not None:
+        shutil.copyfile(Path(src.run) / "config.yaml", out / CONFIG_COPY)
     (out / "README.md").write_text(model_card(name=title, base=src.base, run=Path(src.run) if src.run else None,
                                               settings=_run_settings(src), formats=[fmt],
                                               extra_tags=("lora",) if src.lora else ()))

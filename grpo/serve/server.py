@@ -276,7 +276,7 @@ def export_main(argv: list[str]) -> int:
     ap.add_argument("--format", default="transformers", choices=EXPORT_FORMATS, help="transformers (default) or gguf")
     ap.add_argument("--quant", default="f16", choices=QUANTS, help="--format gguf: the matrices' type (f16 default)")
     ap.add_argument("--gguf-pre", default=None, help="--format gguf: llama.cpp's pre-tokenizer name (default: read "
-                    "from the tokenizer: smollm, gpt-2 or default)")
+                    "from the tokenizer: gpt-2 or smollm; another tokenizer needs it named)")
     args = ap.parse_args(argv)
     out = export(args.model, args.out, fmt=args.format, quant=args.quant, pre=args.gguf_pre)
     print(f"exported {args.model} to {out}")

@@ -355,7 +355,7 @@ class Trainer:
         try:
             if self.task.eval and "before" not in result:
                 self.logger.note(f"evaluating the untrained policy on {len(self.task.eval)} held-out prompts ...")
-                result["before"] = self.evaluate()
+                result["before"] = {**self.evaluate(), "measured_on": machine_record()}
                 if main:
                     eval_path.write_text(json.dumps(result, indent=2))
                 if not result["before"].get("interrupted"):  # else eval_notes said what it scored
@@ -369,7 +369,6 @@ class Trainer:
             self.logger.close()
             self.close()
         if main:
-            result["measured_on"] = machine_record()  # the model card states the evaluation's machine and date
             eval_path.write_text(json.dumps(result, indent=2))
         return result
 
@@ -404,7 +403,8 @@ class Trainer:
                              f"grpo train --resume {self.run_dir}")
         elif self.task.eval:  # an evaluation at the last step (eval_steps) already measured these weights
             last = self._last_eval
-            result["after"] = last[1] if last is not None and last[0] == self.step else self.evaluate()
+            after = last[1] if last is not None and last[0] == self.step else self.evaluate()
+            result["after"] = {**after, "measured_on": machine_record()}  # the model card states where and when
             if self.stop.signal is not None:  # during that evaluation: its partial result is marked
                 result["interrupted"] = self.stop.signal
 

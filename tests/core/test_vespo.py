@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from grpo.core import LossInputs, LossSettings, aggregate, get_policy_loss, vespo_weights
@@ -27,6 +28,31 @@ def test_the_gamma_weight_by_hand():
     assert torch.allclose(phi[1], torch.full((2,), 8 * math.exp(-2)), atol=1e-6)
     on = vespo_weights(old, old, adv, mask, k_pos=2.0, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0)
     assert torch.allclose(on, torch.ones_like(on))  # phi(1) = 1: on-policy it is the plain policy gradient
+
+
+def test_the_weight_is_trls_on_random_sequences():
+    """Against TRL's own get_gamma_weights (TRL 1.16.0, installed with the dev extra) on random batches with
+    one advantage per sequence of either sign, padding included."""
+    trl_trainer = pytest.importorskip("trl.trainer.grpo_trainer")
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        n, t = 6, 7
+        old = -torch.rand(n, t, generator=gen, dtype=torch.float64) * 3  # [N, T]
+        logp = old + torch.randn(n, t, generator=gen, dtype=torch.float64) * 0.3  # [N, T]
+        adv = torch.randn(n, 1, generator=gen, dtype=torch.float64).expand(n, t)  # [N, T]
+        mask = (torch.arange(t)[None, :] < torch.randint(1, t + 1, (n, 1), generator=gen)).to(torch.float64)
+        ours = vespo_weights(logp, old, adv, mask, k_pos=2.0, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0)
+        theirs = trl_trainer.GRPOTrainer.get_gamma_weights(advantages=adv[:, :1], log_ratio_per_token=logp - old,
+                                                           mask=mask, importance_sampling_ratio=None)  # [N, 1]
+        torch.testing.assert_close(ours, theirs.expand(n, t))
+
+
+def test_each_token_takes_the_shape_of_its_own_advantages_sign():
+    logp, old, _, mask = _two_sequences()
+    adv = torch.tensor([[0.0, -1.0], [-1.0, -1.0]])  # per-token advantages (process supervision, GAE)
+    phi = vespo_weights(logp, old, adv, mask, k_pos=2.0, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0)
+    assert math.isclose(float(phi[0, 0]), 4 * math.exp(-3), rel_tol=1e-6)  # A = 0 counts as non-negative
+    assert math.isclose(float(phi[0, 1]), 8 * math.exp(-2), rel_tol=1e-6)  # w = 2 under the negative shape
 
 
 def test_the_loss_is_the_weighted_policy_gradient_with_phi_detached():
