@@ -168,7 +168,7 @@ class Config:
     supervision: str = "outcome"
     """outcome: one reward per completion on all its tokens; process: `step_reward` scores each reasoning step and each token gets the normalized rewards of the steps ending at or after it (DeepSeekMath 4.1.3)."""
     step_reward: str = "arithmetic_steps"
-    """Step reward for supervision=process: a built-in (arithmetic_steps) or a module:function returning [(score, end_char), ...] for a completion."""
+    """Step reward for supervision=process: a built-in (arithmetic_steps), a learned process reward model (prm:<folder>: a causal LM scoring each step by its good/bad label word at a step tag, Math-Shepherd's form; grpo/rewards/prm.py), or a module:function returning [(score, end_char), ...] for a completion."""
 
     # ---- Advantages and loss ----
     recipe: str = "none"

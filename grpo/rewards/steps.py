@@ -62,7 +62,12 @@ STEP_REWARDS.register("arithmetic_steps", arithmetic_steps)
 
 
 def resolve_step_reward(name: str) -> StepRewardFn:
-    """A built-in step reward by name, or ``package.module:function``; errors list the built-ins."""
+    """A built-in step reward by name, a learned process reward model (``prm:<folder>``, rewards/prm.py), or
+    ``package.module:function``; errors list the built-ins."""
+    from grpo.rewards.prm import PREFIX, PRMScorer
+
+    if name.startswith(PREFIX):
+        return PRMScorer(name[len(PREFIX):])
     return resolve_named(name, STEP_REWARDS)
 
 

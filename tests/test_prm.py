@@ -1,0 +1,89 @@
+"""step_reward=prm:<folder>: a process reward model in Math-Shepherd's form scores each step by its label
+words' probabilities at the step's tag, and the score lands on the step's last token: the token advantages
+of a two-step completion equal the hand-computed ones."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from grpo import core
+from grpo.errors import ConfigError
+from grpo.rewards.prm import PRMScorer, PRMSpec, prm_input, split_steps
+from grpo.rewards.steps import resolve_step_reward, step_tensors
+from tests.conftest import build_tiny_model, build_tokenizer
+
+SPEC = PRMSpec(step_tag="#", good="+", bad="-", separator="\n")
+
+
+@pytest.fixture(scope="module")
+def prm_dir(tmp_path_factory):
+    """A tiny random Llama over the byte-level test tokenizer (every ASCII character one token) as a PRM."""
+    path = tmp_path_factory.mktemp("prm")
+    tok = build_tokenizer()
+    build_tiny_model(len(tok), seed=1, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id).save_pretrained(path)
+    tok.save_pretrained(path)
+    SPEC.write(path)
+    return path
+
+
+def test_steps_split_by_the_rule_with_their_end_offsets():
+    text = "2 + 3 = 5\n\n5 * 4 = 20\nSo 20. "
+    assert split_steps(text) == [("2 + 3 = 5", 9), ("5 * 4 = 20", 21), ("So 20.", 28)]
+    assert split_steps("a. b. c", ". ") == [("a", 1), ("b", 4), ("c", 7)]  # the separator is not kept
+
+
+def test_each_steps_score_is_the_good_words_share_at_its_tag(prm_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    scorer = resolve_step_reward(f"prm:{prm_dir}")
+    assert isinstance(scorer, PRMScorer) and scorer.spec == SPEC
+    completion = "2 + 3 = 5\n5 * 4 = 21"
+    got = scorer(completion, {"prompt": "What is (2 + 3) * 4?"})
+    # by hand: the model's logits at each '#' of "question step_1 #\nstep_2 #\n"
+    tok, model = AutoTokenizer.from_pretrained(prm_dir), AutoModelForCausalLM.from_pretrained(prm_dir).eval()
+    text = prm_input("What is (2 + 3) * 4?", ["2 + 3 = 5", "5 * 4 = 21"], SPEC)
+    assert text == "What is (2 + 3) * 4? 2 + 3 = 5 #\n5 * 4 = 21 #\n"
+    ids = tok(text, add_special_tokens=False).input_ids
+    tag, good, bad = (tok.convert_tokens_to_ids(c) for c in ("#", "+", "-"))
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0]
+    want = []
+    for pos in [i for i, t in enumerate(ids) if t == tag]:
+        g, b = float(logits[pos, good]), float(logits[pos, bad])
+        want.append(1 / (1 + math.exp(b - g)))
+    assert [e for _, e in got] == [9, 20] and len(want) == 2
+    assert all(math.isclose(a, w, rel_tol=1e-5) for (a, _), w in zip(got, want)), (got, want)
+
+
+def test_the_prm_scores_land_on_each_steps_last_token_and_make_the_advantages(prm_dir):
+    tok = build_tokenizer()
+    scorer = resolve_step_reward(f"prm:{prm_dir}")
+    texts = ["1 + 1 = 2\n2 + 2 = 4", "1 + 1 = 3\n3 + 3 = 6"]  # two completions of one prompt (G = 2)
+    ids = [tok(t, add_special_tokens=False).input_ids for t in texts]
+    t_max = max(map(len, ids))
+    completion_ids = torch.tensor([i + [tok.pad_token_id] * (t_max - len(i)) for i in ids])  # [N, T]
+    mask = torch.tensor([[1] * len(i) + [0] * (t_max - len(i)) for i in ids])  # [N, T]
+    sample = {"prompt": "What is 1 + 1, then doubled?"}
+    rewards, ends, problems = step_tensors(scorer, tok, completion_ids, mask, texts, [sample, sample])
+    assert not problems
+    assert ends.tolist() == [[8, len(ids[0]) - 1], [8, len(ids[1]) - 1]]  # byte-level: char 9 ends at token 8
+    r = [[s for s, _ in scorer(t, sample)] for t in texts]
+    assert torch.allclose(rewards, torch.tensor(r, dtype=torch.float64))
+    adv = core.process_advantages(rewards, ends, mask, group_size=2, std_eps=1e-6, unbiased_std=True)  # [N, T]
+    flat = torch.tensor(r, dtype=torch.float64).flatten()
+    norm = ((flat - flat.mean()) / (flat.std() + 1e-6)).reshape(2, 2)  # the group's four step rewards
+    for i in range(2):  # tokens of step 1 get both steps' normalized rewards, step 2's tokens only its own
+        assert torch.allclose(adv[i, :9].double(), (norm[i, 0] + norm[i, 1]).expand(9), atol=1e-5)
+        assert torch.allclose(adv[i, 9:len(ids[i])].double(), norm[i, 1].expand(len(ids[i]) - 9), atol=1e-5)
+
+
+def test_a_folder_that_is_no_prm_is_a_clear_error(tmp_path, prm_dir):
+    with pytest.raises(ConfigError, match="no model folder there"):
+        resolve_step_reward(f"prm:{tmp_path}")
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "prm.json").write_text('{"tag": "#"}')
+    with pytest.raises(ConfigError, match="not a PRM spec"):
+        resolve_step_reward(f"prm:{tmp_path}")
