@@ -66,13 +66,14 @@ def test_a_trained_run_exported_as_gguf_loads_back_in_transformers(trained, tmp_
     ref = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
     back = AutoModelForCausalLM.from_pretrained(out, gguf_file=file.name, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(ckpt)
-    back_tok = AutoTokenizer.from_pretrained(out, gguf_file=file.name)
+    # the tokenizer section is the same at every --quant: read back (a slow conversion) at f16 only
+    back_tok = AutoTokenizer.from_pretrained(out, gguf_file=file.name) if quant == "f16" else None
     for text in TEXTS:
         ids = tok(text, return_tensors="pt").input_ids
-        assert back_tok(text).input_ids == ids[0].tolist(), text
+        assert back_tok is None or back_tok(text).input_ids == ids[0].tolist(), text
         a, b = _logits(ref, ids), _logits(back, ids)
         assert (a - b).abs().max() <= tolerance * a.abs().max(), (quant, float((a - b).abs().max()))
-    assert back_tok.chat_template == tok.chat_template
+    assert back_tok is None or back_tok.chat_template == tok.chat_template
     modelfile = (out / "Modelfile").read_text()
     assert modelfile.startswith(f"FROM ./{file.name}\n") and 'PARAMETER stop "<|im_end|>"' in modelfile
 
