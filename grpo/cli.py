@@ -355,6 +355,14 @@ def _data(argv: list[str]) -> int:
     return data_main(argv)
 
 
+def _prm(argv: list[str]) -> int:
+    from grpo.commands.prm import main as prm_main
+
+    return prm_main(argv)
+
+
+COMMANDS.register("prm", _prm, doc="`grpo prm label` / `grpo prm train`: a process reward model from the policy's own "
+                  "step labels (Math-Shepherd), for step_reward=prm:FOLDER")
 COMMANDS.register("data", _data, doc="`grpo data filter`: problems with >= 3 logical steps, anchor answers by pairwise win rate (JSONL)")
 
 

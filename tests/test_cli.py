@@ -409,9 +409,9 @@ def test_commands_are_a_registry_an_unknown_one_lists_them(capsys):
 
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    assert all(f"  {name} " in out for name in COMMANDS) and len(COMMANDS) == 13
+    assert all(f"  {name} " in out for name in COMMANDS) and len(COMMANDS) == 14
     assert main(["nope"]) == 2
-    assert "unknown command 'nope'; valid: train, sft, eval, data, audit, compare, report, toy, control, export" in capsys.readouterr().err
+    assert "unknown command 'nope'; valid: train, sft, eval, prm, data, audit, compare, report, toy, control, export" in capsys.readouterr().err
     assert main(["control", "nope"]) == 2
     assert "unknown control command 'nope'; valid: train, compare" in capsys.readouterr().err
 

@@ -164,7 +164,7 @@ def test_cli_page_never_holds_a_key_from_the_environment(monkeypatch):
     assert "key-from-the-environment" not in cli_page()
 
 
-_COMMAND = re.compile(r"^(?:torchrun .*?-m grpo\.cli|python -m grpo\.cli|grpo) ((?:control |data )?[a-z-]+)(.*)$")
+_COMMAND = re.compile(r"^(?:torchrun .*?-m grpo\.cli|python -m grpo\.cli|grpo) ((?:control |data |prm )?[a-z-]+)(.*)$")
 
 
 def _documented_commands() -> list[tuple[str, str, str]]:

@@ -4,6 +4,7 @@ of a two-step completion equal the hand-computed ones."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -87,3 +88,83 @@ def test_a_folder_that_is_no_prm_is_a_clear_error(tmp_path, prm_dir):
     (tmp_path / "prm.json").write_text('{"tag": "#"}')
     with pytest.raises(ConfigError, match="not a PRM spec"):
         resolve_step_reward(f"prm:{tmp_path}")
+
+
+def test_a_steps_label_is_the_share_of_its_continuations_the_verifier_accepts(tiny_model_dir, tmp_path):
+    """`grpo prm label` on the tiny model (random text, split at its frequent U+FFFD so solutions have several
+    steps; verifier: has a digit). By hand: each continued step's soft label is the share of its recorded
+    continuations that, appended to the solution up to the step, hold a digit; the hard label is any; the
+    last step's label is the solution's own verdict; and a recorded continuation is what the model draws
+    from that prefix alone with the same key."""
+    from grpo.cli import main
+    from grpo.data import render_prompt
+    from grpo.rollout import make_engine
+    from grpo.rollout.engine import SamplingSettings
+    from grpo.rollout.keys import row_keys
+    from tests.rewards_for_tests import has_digit
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"What is {a} + 1?", "answer": str(a + 1)}) + "\n" for a in range(8)))
+    out = tmp_path / "labels.jsonl"
+    sep = "\ufffd"
+    assert main(["prm", "label", "--model", str(tiny_model_dir), "--task", str(data), "--out", str(out), "--prompts",
+                 "2", "--solutions", "2", "--continuations", "3", "--separator", sep, "--seed", "7",
+                 "rewards=tests.rewards_for_tests:has_digit", "max_completion_length=10", "temperature=1.0",
+                 "eval_prompts=2"]) == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    continued = [(r, k) for r in rows for k in range(len(r["steps"]) - 1)]
+    assert len(continued) >= 3, "too few continued steps for the check to say anything"
+    for r in rows:
+        assert r["soft"][-1] == float(has_digit(r["solution"], r)) == float(r["correct"])
+        assert r["hard"] == [float(v > 0) for v in r["soft"]]
+    for r, k in continued:
+        prefix = r["solution"][:r["solution"].index(r["steps"][k]) + len(r["steps"][k])] + sep
+        verdicts = [has_digit(prefix + c, r) >= 1.0 for c in r["continuations"][k]]
+        assert len(verdicts) == 3 and r["soft"][k] == sum(verdicts) / 3
+    assert any(0 < v < 1 for r, k in continued for v in [r["soft"][k]]) or len({r["soft"][k] for r, k in continued}) > 1
+    # the first continued step's first continuation, drawn again alone with its key
+    tok, model = AutoTokenizer.from_pretrained(tiny_model_dir), AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    engine = make_engine("hf", model, tok)
+    r, k = continued[0]
+    prefix = r["solution"][:r["solution"].index(r["steps"][k]) + len(r["steps"][k])] + sep
+    again = engine.generate([render_prompt(tok, r["prompt"], "") + prefix], group_size=1,
+                            sampling=SamplingSettings(max_new_tokens=10, temperature=1.0, max_prompt_length=512),
+                            keys=row_keys(7, 1, 0, 1))
+    assert engine.same_tokens_for_keys and again.texts[0] == r["continuations"][k][0]
+
+
+def test_grpo_prm_train_learns_the_labels_and_reports_the_heldout_step_accuracy(prm_dir, tmp_path):
+    """Steps saying 'yes' are labelled good and 'no' bad: trained on 48 solutions, the PRM's held-out step
+    accuracy (12 solutions) is high, and step_reward=prm: on its folder scores a 'yes' step above a 'no' one."""
+    from grpo.cli import main
+
+    rng = __import__("random").Random(0)
+    rows = []
+    for i in range(60):
+        words = [rng.choice(["yes", "no"]) for _ in range(rng.randint(2, 3))]
+        rows.append({"prompt": f"Q{i}?", "steps": [f"s {w}" for w in words], "soft": [float(w == "yes") for w in words]})
+    data = tmp_path / "labels.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "prm"
+    assert main(["prm", "train", "--data", str(data), "--model", str(prm_dir), "--out", str(out), "--epochs", "8",
+                 "--lr", "3e-3", "--heldout", "0.2", "--step-tag", "#", "--good", "+", "--bad", "-"]) == 0
+    result = json.loads((out / "prm_train.json").read_text())
+    assert result["heldout_solutions"] == 12 and result["loss_last"] < result["loss_first"]
+    assert result["step_accuracy_after"] >= 0.95, result
+    scorer = resolve_step_reward(f"prm:{out}")
+    (yes, _), (no, _) = scorer("s yes\ns no", {"prompt": "Q99?"})
+    assert yes > 0.8 and no < 0.2
+
+
+def test_a_run_with_process_supervision_by_the_prm(prm_dir, tmp_path, tiny_model_dir, tiny_dataset):
+    from grpo.train.trainer import Trainer
+    from tests.test_trainer import make_cfg
+
+    cfg = make_cfg(tmp_path, tiny_model_dir, tiny_dataset, supervision="process", step_reward=f"prm:{prm_dir}",
+                   eval_prompts=0, max_steps=1)
+    t = Trainer(cfg)
+    t.train()
+    line = json.loads((t.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert line["step_reward_failures"] == 0 and 0 < line["step_reward_mean"] < 1  # probabilities of the PRM
+    assert line["steps_per_completion"] >= 1 and math.isfinite(line["loss"])

@@ -1,0 +1,86 @@
+"""Automatic step labels for a process reward model, as Math-Shepherd makes them (Wang et al. 2024, arXiv
+2312.08935, section 3.3): a step is as good as the completions that reach the verified answer from it.
+
+For each prompt, ``solutions`` solutions are sampled from the policy and split into steps (prm.split_steps).
+From the end of each step but the last, ``continuations`` completions are sampled (the prompt, the solution
+up to that step and the separator, continued by the policy) and each whole solution is verified. A step's
+soft label is the share of its continuations the verifier accepts, its hard label whether any is; the
+last step's label is the solution's own verdict. Every draw is keyed (rollout.keys.row_keys with the given
+seed; steps 0 and 1 for solutions and continuations), so a labelling is repeated exactly by the same seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from grpo.rewards.prm import split_steps
+
+
+@dataclass(frozen=True)
+class LabelSettings:
+    """solutions: sampled per prompt; continuations: sampled from each step's end; separator: the step rule."""
+
+    solutions: int = 4
+    continuations: int = 4
+    separator: str = "\n"
+    seed: int = 0
+
+
+def _verdicts(texts: list[str], samples: list[dict], verifier) -> list[bool]:
+    """Whether the verifier gives each completion full credit (value >= 1; one it cannot score: False)."""
+    from grpo.rewards import score_completions
+    from grpo.rewards.verdict import first_applicable
+
+    res = score_completions(texts, samples, {"verifier": verifier})
+    return [bool(v >= 1.0) for v in first_applicable(res.per_reward, ["verifier"]).tolist()]
+
+
+def label_steps(engine, samples: list[dict], prompts: list[str], verifier, sampling, s: LabelSettings) -> list[dict]:
+    """One labelled solution per row with at least one step: {"prompt", "answer", "solution", "steps", "soft",
+    "hard", "correct", "continuations" (each continued step's draws)}. ``prompts``: each sample's rendered
+    prompt text; ``sampling``: the rollout SamplingSettings of every draw."""
+    from grpo.rollout.keys import row_keys
+
+    n = len(prompts) * s.solutions
+    sol = engine.generate(prompts, group_size=s.solutions, sampling=sampling, keys=row_keys(s.seed, 0, 0, n))
+    owners = [samples[i // s.solutions] for i in range(n)]
+    correct = _verdicts(sol.texts, owners, verifier)
+    starts, texts, split = [], [], []
+    for i, text in enumerate(sol.texts):
+        steps = split_steps(text, s.separator)
+        split.append(steps)
+        for _, end in steps[:-1]:  # every step but the last is continued
+            starts.append((i, text[:end] + s.separator))
+            texts.append(prompts[i // s.solutions] + text[:end] + s.separator)
+    shares: dict[tuple[int, int], float] = {}
+    drawn: dict[tuple[int, int], list[str]] = {}
+    if texts:
+        cont = engine.generate(texts, group_size=s.continuations, sampling=sampling,
+                               keys=row_keys(s.seed, 1, 0, len(texts) * s.continuations))
+        whole = [starts[j // s.continuations][1] + c for j, c in enumerate(cont.texts)]
+        ok = _verdicts(whole, [owners[starts[j // s.continuations][0]] for j in range(len(whole))], verifier)
+        step_of: dict[int, int] = {}
+        for j, (i, _) in enumerate(starts):
+            k = step_of[i] = step_of.get(i, -1) + 1
+            got = ok[j * s.continuations:(j + 1) * s.continuations]
+            shares[i, k] = sum(got) / len(got)
+            drawn[i, k] = cont.texts[j * s.continuations:(j + 1) * s.continuations]
+    rows = []
+    for i, steps in enumerate(split):
+        if not steps:
+            continue
+        soft = [shares[i, k] for k in range(len(steps) - 1)] + [float(correct[i])]
+        rows.append({"prompt": owners[i]["prompt"], "answer": owners[i].get("answer"),
+                     "solution": sol.texts[i], "steps": [t for t, _ in steps], "soft": soft,
+                     "hard": [float(v > 0) for v in soft], "correct": correct[i],
+                     "continuations": [drawn[i, k] for k in range(len(steps) - 1)]})
+    return rows
+
+
+def write_labels(rows: list[dict], path) -> None:
+    """The labelled solutions as JSONL (what `grpo prm train` reads)."""
+    import json
+    from pathlib import Path
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
