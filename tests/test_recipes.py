@@ -52,6 +52,9 @@ def test_an_explicit_setting_wins_and_unknown_names_are_listed():
     with pytest.raises(ConfigError, match=r"^recipe: unknown recipe 'ppo'; valid: none, deepseekmath_grpo, dapo"):
         Config(recipe="ppo")
     assert Config(recipe="none") == Config()
+    with pytest.raises(ConfigError, match=r"^mini_batches: 6 prompts per step cannot be split into 4 mini-batches "
+                                          r"\(recipe=gspo sets it\)"):
+        Config(recipe="gspo", prompts_per_step=6)
 
 
 @pytest.mark.parametrize("recipe", [r for r in RECIPES if r != "none"])

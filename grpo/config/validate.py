@@ -167,8 +167,11 @@ def _validate_batch_arithmetic(c) -> None:
                           f"multiple of {c.per_device_train_batch_size}; use one of {divisors(n)} (unset: "
                           f"{derived_micro_batch(c.prompts_per_step, c.num_generations)})")
     if c.prompts_per_step % c.mini_batches:
+        from grpo.config.presets import RECIPES
+
+        why = f" (recipe={c.recipe} sets it)" if "mini_batches" in RECIPES.get(c.recipe, {}) else ""
         raise ConfigError(f"mini_batches: {c.prompts_per_step} prompts per step cannot be split into "
-                          f"{c.mini_batches} mini-batches of whole groups; use one of {divisors(c.prompts_per_step)}, "
+                          f"{c.mini_batches} mini-batches{why} of whole groups; use one of {divisors(c.prompts_per_step)}, "
                           f"or prompts_per_step a multiple of {c.mini_batches}")
 
 
