@@ -204,8 +204,7 @@ def _sft_settings(cfg, run_dir: Path):
                        weight_decay=cfg.weight_decay, adam_beta1=cfg.adam_beta1, adam_beta2=cfg.adam_beta2,
                        max_grad_norm=cfg.max_grad_norm, seed=cfg.seed, save_steps=cfg.save_steps,
                        save_total_limit=cfg.save_total_limit, logging_steps=cfg.logging_steps,
-                       report_to=tuple(tracker_names(cfg.report_to)), tracker_config=cfg.to_dict(),
-                       progress=cfg.progress, packing=cfg.sft_packing,
+                       report_to=tuple(tracker_names(cfg.report_to)), progress=cfg.progress, packing=cfg.sft_packing,
                        resume_from_checkpoint=cfg.resume_from_checkpoint)
 
 

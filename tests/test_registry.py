@@ -67,7 +67,7 @@ REGISTRIES = {  # module -> the registries it defines: every extension point of 
     "grpo.rollout.engine": ["ROLLOUT_ENGINES"], "grpo.rollout.tuning": ["PRODUCTS"], "grpo.serve.engines": ["SERVE_ENGINES"],
     "grpo.serve.scheme": ["COMPLETENESS_CHECKS"], "grpo.agent.tools": ["BUILTIN_TOOLS"],
     "grpo.agent.formats": ["CALL_FORMATS"], "grpo.rewards.builtin": ["REWARDS"], "grpo.rewards.steps": ["STEP_REWARDS"],
-    "grpo.config.presets": ["MONITOR_PRESETS", "LR_PRESETS"], "grpo.data.tasks": ["TASKS"], "grpo.commands.compare": ["METHODS"],
+    "grpo.config.presets": ["MONITOR_PRESETS", "LR_PRESETS", "RECIPES"], "grpo.infra.trackers": ["TRACKERS"], "grpo.data.tasks": ["TASKS"], "grpo.commands.compare": ["METHODS"],
     "grpo.pathtracking.agents": ["AGENTS"], "grpo.pathtracking.references": ["REFERENCES"],
     "grpo.pathtracking.commands": ["SUBCOMMANDS"], "grpo.cli": ["COMMANDS"],
 }

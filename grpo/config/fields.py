@@ -539,6 +539,13 @@ class Config:
         return obj
 
     def __post_init__(self) -> None:
+        try:
+            self._resolve()
+        finally:  # the given keys matter only while the presets fill the others: not a field, not in vars()
+            self.__dict__.pop("_given", None)
+
+    def _resolve(self) -> None:
+        """Presets and recipes where the caller left a key, derived values, then validation."""
         self.task = mixture_text(self.task)  # a YAML list of sources: kept as its JSON text
         _coerce_types(self)
         apply_task_preset(self)

@@ -168,9 +168,10 @@ def tracker_names(report_to: str) -> list[str]:
 
 
 def missing_package(name: str) -> str | None:
-    """Why tracker ``name`` cannot start here (its package is not installed), or None."""
+    """Why tracker ``name`` cannot start here (its package is not installed), or None; tensorboard is a
+    dependency of grpo's, not looked for (a removed one is an ImportError naming it at the start)."""
     kind = TRACKERS[name]
-    if importlib.util.find_spec(kind.module) is None:
+    if name != "tensorboard" and importlib.util.find_spec(kind.module) is None:
         return f"report_to: {name} needs the {kind.module} package, which is not installed ({kind.install})"
     return None
 

@@ -48,6 +48,5 @@ class SFTSettings:
     save_total_limit: int = 0  # save_total_limit: keep the newest this many checkpoints (0: all)
     resume_from_checkpoint: str | None = None  # resume_from_checkpoint: 'auto', a run or checkpoint folder
     logging_steps: int = 1  # logging_steps: a metrics line every this many steps
-    report_to: tuple[str, ...] = ()  # report_to: the trackers (infra/trackers.py) that get each metrics line
-    tracker_config: dict | None = None  # the whole config, as each tracker records it once
+    report_to: tuple[str, ...] = ("tensorboard",)  # report_to: the trackers (infra/trackers.py) of each metrics line
     progress: bool = True  # progress: the live progress bar

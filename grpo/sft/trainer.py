@@ -190,7 +190,7 @@ class SFTRun:
     def _train(self) -> dict:
         s, main = self.s, self.world.is_main
         logger = (RunLogger(s.run_dir, total_steps=self.total_steps, start_step=self.step, report_to=s.report_to,
-                            params=s.tracker_config, progress=s.progress) if main else NullLogger())
+                            params=_run_config(s.run_dir), progress=s.progress) if main else NullLogger())
         truncated = sum(r.truncated for r in self.train_rows + self.eval_rows)
         result = {"train_rows": len(self.train_rows), "eval_rows": len(self.eval_rows), "steps": self.total_steps,
                   "truncated_rows": truncated, "eval_loss_before": self.eval_loss()}
@@ -220,3 +220,11 @@ class SFTRun:
             if main:
                 (s.run_dir / "sft.json").write_text(json.dumps(result, indent=2))
         return result
+
+
+def _run_config(run_dir: Path) -> dict:
+    """The run's config.yaml (written before the run starts), which each tracker records once; {} without it."""
+    import yaml
+
+    path = Path(run_dir) / "config.yaml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
