@@ -109,6 +109,8 @@ def test_the_card_names_hub_models_and_datasets_and_not_local_paths(tmp_path):
     card = ModelCard(text)
     assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct" and card.data.datasets == ["openai/gsm8k"]
     assert "gguf" in card.data.tags and "No held-out evaluation was recorded" in card.text
+    piped = model_card(name="m", base="b", run=None, settings={"rewards": "a|b", "task": "x\ny"}, formats=[])
+    assert "| `rewards` | a\\|b |" in piped and "| `task` | x y |" in piped  # a table cell stays one cell
 
 
 def test_query_and_key_rows_are_interleaved_per_head_and_f32_is_exact(smol_tiny, tmp_path):
