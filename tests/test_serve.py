@@ -423,7 +423,9 @@ def test_sigterm_drains_in_flight_requests():
         signal.signal(signal.SIGTERM, previous)
     assert results["first"].status_code == 200 and results["first"].json()["answered_by"] == "grpo"
     assert results["stream"][-1] == "data: [DONE]" and len(results["stream"]) >= 3  # the stream in flight finished
-    assert results["after"] in ("ConnectError", 503)
+    # After the drain: a 503 while uvicorn still listens, a refused connection once it has closed, or (a
+    # connection the kernel accepted as uvicorn closed its sockets) one closed without an answer.
+    assert results["after"] in ("ConnectError", 503, "RemoteProtocolError")
     assert not state.scheduler.thread.is_alive()
 
 
