@@ -19,6 +19,7 @@ def _label(argv: list[str]) -> int:
     from grpo.commands.prm_labels import LabelSettings, label_steps, write_labels
     from grpo.config.io import load_config
     from grpo.data import render_prompt
+    from grpo.errors import ConfigError
     from grpo.infra.runtime import import_from
     from grpo.models import load_models
     from grpo.rewards import resolve_reward
@@ -26,11 +27,13 @@ def _label(argv: list[str]) -> int:
     from grpo.train.settings import reward_options, sampling_settings, task_of
 
     ap = argparse.ArgumentParser(prog="grpo prm label", description="Math-Shepherd's automatic step labels from a "
-                                 "model's own solutions to a task's training prompts.")
+                                 "model's own solutions to a task's prompts.")
     ap.add_argument("--model", required=True, help="the policy: a hub id, model folder or run folder")
     ap.add_argument("--task", default="arithmetic", help="the task whose training prompts are solved (default arithmetic)")
     ap.add_argument("--out", required=True, type=Path, help="the JSONL to write")
-    ap.add_argument("--prompts", type=int, default=32, help="training prompts solved (default 32)")
+    ap.add_argument("--prompts", type=int, default=32, help="prompts solved, the split's first (default 32)")
+    ap.add_argument("--split", choices=("train", "eval"), default="train",
+                    help="the task's training prompts, or its held-out ones for a held-out labelled set (default train)")
     ap.add_argument("--solutions", type=int, default=4, help="solutions sampled per prompt (default 4)")
     ap.add_argument("--continuations", type=int, default=4, help="completions sampled from each step's end (default 4)")
     ap.add_argument("--separator", default="\n", help="what ends a step (default a newline)")
@@ -41,7 +44,9 @@ def _label(argv: list[str]) -> int:
     cfg = load_config(None, [f"model={args.model}", f"task={args.task}", *args.overrides])
     import_from(cfg.working_dir, os.getcwd())
     verifier = resolve_reward(cfg.reward_names[0], reward_options(cfg))
-    samples = list(task_of(cfg).train[:args.prompts])
+    samples = list(getattr(task_of(cfg), args.split)[:args.prompts])
+    if not samples:
+        raise ConfigError(f"--split {args.split}: the task {cfg.task!r} has no {args.split} prompts")
     models = load_models(cfg.model, dtype=cfg.dtype, need_reference=False, chat_template_kwargs=cfg.chat_template_kwargs)
     engine = make_engine("hf", models.policy, models.tokenizer)
     try:
