@@ -127,7 +127,8 @@ def main() -> None:
           + " | ".join(f"{base['per_100_tokens'][k]:.2f}" for k in kinds) + " |")
     for arm in args.arms:
         mine = [r for r in rows if r["arm"] == arm]
-        print(f"| {arm} | {' / '.join(f'{r['after']:.0%}' for r in mine)} | "
+        after = " / ".join(f"{r['after']:.0%}" for r in mine)
+        print(f"| {arm} | {after} | "
               f"{statistics.mean(r['after'] for r in mine):.1%} | "
               f"{statistics.mean(r['steps_per_completion'] for r in mine):.2f} | "
               f"{statistics.mean(r['audit_accuracy'] for r in mine):.0%} | "
