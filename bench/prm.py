@@ -54,7 +54,7 @@ def build_prm(root: Path, prompts: int) -> dict:
 
 
 def heldout_accuracy(prm: Path, heldout: Path) -> dict:
-    """The PRM's step predictions (p(good) > 0.5) against the continuation labels (soft > 0.5) and against
+    """The PRM's step predictions (p(good) > 0.5) against the continuation labels (soft >= 0.5) and against
     the rule on the steps it judges (the rule's step ending where the PRM's step ends)."""
     from grpo.rewards.prm import PRMScorer, split_steps
     from grpo.rewards.steps import arithmetic_steps
@@ -66,8 +66,8 @@ def heldout_accuracy(prm: Path, heldout: Path) -> dict:
         sample = {"prompt": row["prompt"], "answer": row["answer"]}
         steps = split_steps(row["solution"], scorer.spec.separator)
         pred = [p > 0.5 for p in scorer.scores(row["prompt"], [t for t, _ in steps])]
-        ms += [p == (y > 0.5) for p, y in zip(pred, row["soft"])]
-        good_ms += [y > 0.5 for y in row["soft"]]
+        ms += [p == (y >= 0.5) for p, y in zip(pred, row["soft"])]
+        good_ms += [y >= 0.5 for y in row["soft"]]
         judged = {end: score for score, end in arithmetic_steps(row["solution"], sample)}
         for p, (_, end) in zip(pred, steps):
             if end in judged:

@@ -1,5 +1,5 @@
 """`grpo prm label` and `grpo prm train`: a process reward model from the policy's own samples (Math-Shepherd's
-automatic step labels, commands/prm_labels.py) and its training (commands/prm_train.py); the folder it
+automatic step labels, train/prm_labels.py) and its training (commands/prm_train.py); the folder it
 writes is what ``step_reward=prm:FOLDER`` scores with (docs/guides/rewards.md: Process supervision)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ USAGE = ("usage: grpo prm {label,train} ...\n\n"
 
 
 def _label(argv: list[str]) -> int:
-    from grpo.commands.prm_labels import LabelSettings, label_steps, write_labels
+    from grpo.train.prm_labels import LabelSettings, label_steps, write_labels
     from grpo.config.io import load_config
     from grpo.data import render_prompt
     from grpo.errors import ConfigError

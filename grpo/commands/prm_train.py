@@ -2,10 +2,8 @@
 model reads ``question step_1 TAG\\n step_2 TAG\\n ...`` (prm.prm_input) and learns, at each tag, the step's
 label as the probability of the good word against the bad one (cross-entropy of the two-word softmax
 against the soft label, or the hard one). A held-out share of the solutions measures the step accuracy:
-a step predicted good (p > 0.5) where its label is good (> 0.5), and bad where bad. The folder written is
+a step predicted good (p > 0.5) where its label is good (>= 0.5), and bad where bad. The folder written is
 a model folder with prm.json, which ``step_reward=prm:FOLDER`` scores with.
-
-Dimension letters: S step tags in a batch.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from pathlib import Path
 import torch
 
 from grpo.errors import ConfigError, DataError
-from grpo.rewards.prm import PRMSpec, prm_input, question_text
+from grpo.rewards.prm import PRMSpec, label_ids, step_accuracy, step_loss
 
 
 @dataclass(frozen=True)
@@ -49,41 +47,11 @@ def read_labels(path: Path) -> list[dict]:
     return rows
 
 
-def _tag_logits(model, tok, rows: list[dict], spec: PRMSpec, ids: dict) -> tuple[torch.Tensor, list[int]]:
-    """The good/bad logits at every step tag of ``rows`` [S, 2] and the row each tag belongs to."""
-    texts = [prm_input(question_text(r), r["steps"], spec) for r in rows]
-    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    logits = model(input_ids=enc.input_ids, attention_mask=enc.attention_mask).logits  # [B, L, V]
-    at = (enc.input_ids == ids["tag"]) & enc.attention_mask.bool()  # [B, L]
-    pair = logits[at][:, [ids["good"], ids["bad"]]]  # [S, 2]
-    owner = at.nonzero()[:, 0].tolist()
-    return pair.float(), owner
-
-
-def _targets(rows: list[dict], key: str) -> torch.Tensor:
-    return torch.tensor([v for r in rows for v in r[key]], dtype=torch.float32)  # [S]
-
-
-def step_accuracy(model, tok, rows: list[dict], spec: PRMSpec, ids: dict) -> float:
-    """The share of steps whose predicted p(good) > 0.5 agrees with label > 0.5 (the soft label)."""
-    if not rows:
-        return float("nan")
-    with torch.no_grad():
-        pair, _ = _tag_logits(model, tok, rows, spec, ids)
-    p = pair.softmax(-1)[:, 0]  # [S]
-    return float(((p > 0.5) == (_targets(rows, "soft") > 0.5)).float().mean())
-
-
 def train_prm(model, tok, rows: list[dict], spec: PRMSpec, s: PRMTrainSettings) -> dict:
     """Train ``model`` in place on ``rows``; returns the held-out step accuracy before and after and the losses."""
     if s.label not in ("soft", "hard"):
         raise ConfigError(f"--label: {s.label!r} is not valid; choose soft or hard")
-    ids = {}
-    for name, word in (("tag", spec.step_tag), ("good", spec.good), ("bad", spec.bad)):
-        got = tok.encode(word, add_special_tokens=False)
-        if len(got) != 1:
-            raise ConfigError(f"prm.json: {name} {word!r} is {len(got)} tokens of the model's tokenizer; one needed")
-        ids[name] = got[0]
+    ids = label_ids(tok, spec)
     order = list(range(len(rows)))
     random.Random(s.seed).shuffle(order)
     cut = max(1, round(s.heldout * len(rows))) if s.heldout > 0 and len(rows) > 1 else 0
@@ -99,14 +67,11 @@ def train_prm(model, tok, rows: list[dict], spec: PRMSpec, s: PRMTrainSettings) 
     for _ in range(s.epochs):
         for b in torch.randperm(len(train), generator=gen).split(s.batch):
             batch = [train[i] for i in b.tolist()]
-            pair, _ = _tag_logits(model, tok, batch, spec, ids)
-            y = _targets(batch, s.label)  # [S]
-            logq = pair.log_softmax(-1)  # [S, 2]
-            loss = -(y * logq[:, 0] + (1 - y) * logq[:, 1]).mean()  # cross-entropy against the label
+            loss = step_loss(model, tok, batch, spec, ids, label=s.label)
             opt.zero_grad()
             loss.backward()
             opt.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
     model.eval()
     return {"train_solutions": len(train), "heldout_solutions": len(held), "heldout_steps": sum(len(r["steps"]) for r in held),
             "step_accuracy_before": before, "step_accuracy_after": step_accuracy(model, tok, held, spec, ids),

@@ -18,7 +18,7 @@ from grpo.core.stability import (COV_MODES, PF_MODES, REWARD_TRANSFORMS, high_co
                                  overlong_penalty, policy_filter, reward_cv, token_covariance, transform_scores)
 from grpo.core.token_masks import high_entropy_mask, off_policy_sequence_mask, policy_gradient_keep
 from grpo.core.reward_model import (bradley_terry_loss, distillation_loss, group_pairs, head_scores,
-                                    pairwise_accuracy, pointwise_accuracy, pointwise_loss)
+                                    label_word_margin, pairwise_accuracy, pointwise_accuracy, pointwise_loss)
 from grpo.core.token_weights import token_weights, weighted_advantages
 from grpo.core.sampling import processed_logprobs, processed_scores, seen_tokens, truncates
 from grpo.core.rollout_correction import (CORRECTION_LEVELS, CORRECTION_MODES, Correction, correction_weights,
@@ -40,7 +40,7 @@ __all__ = [
     "transform_scores",
     "token_weights", "weighted_advantages", "processed_logprobs", "processed_scores", "seen_tokens", "truncates",
     "bradley_terry_loss", "distillation_loss", "group_pairs", "head_scores", "pairwise_accuracy",
-    "pointwise_accuracy", "pointwise_loss",
+    "label_word_margin", "pointwise_accuracy", "pointwise_loss",
     "distill_loss", "reverse_kl_tokens", "vespo_loss", "vespo_weights",
     "CORRECTION_LEVELS", "CORRECTION_MODES", "Correction", "correction_weights", "mismatch_kl",
 ]

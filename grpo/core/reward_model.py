@@ -5,7 +5,11 @@ stronger teacher's soft targets).
 A reward model's score is a logit: > 0 means "good" (a one-label head's logit, or the difference of
 a two-label head's last and first logits). Labels are the verifier's rewards in [0, 1].
 
-Dimension letters: N examples, P pairs, L labels of a head, B groups, G group size.
+A process reward model (Math-Shepherd, arXiv 2312.08935) scores each step by its good and bad label
+words' logits at the step's tag: the margin log p(good) - log p(bad) is that step's score logit, and its
+sigmoid p(good) / (p(good) + p(bad)) the step reward; it trains with the same cross-entropy.
+
+Dimension letters: N examples, P pairs, L labels of a head, B groups, G group size, S step tags.
 """
 
 from __future__ import annotations
@@ -17,6 +21,11 @@ import torch.nn.functional as F
 def head_scores(logits: torch.Tensor) -> torch.Tensor:
     """Scores [N] from a head's logits [N, L]: the logit of a one-label head, else last minus first."""
     return logits[:, 0] if logits.shape[1] == 1 else logits[:, -1] - logits[:, 0]  # [N]
+
+
+def label_word_margin(pair: torch.Tensor) -> torch.Tensor:
+    """Step score logits [S] from a PRM's (good, bad) label-word logits [S, 2] at the step tags."""
+    return pair[:, 0] - pair[:, 1]  # [S]
 
 
 def pointwise_loss(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -44,34 +44,44 @@ def label_steps(engine, samples: list[dict], prompts: list[str], verifier, sampl
     n = len(prompts) * s.solutions
     sol = engine.generate(prompts, group_size=s.solutions, sampling=sampling, keys=row_keys(s.seed, 0, 0, n))
     owners = [samples[i // s.solutions] for i in range(n)]
-    correct = _verdicts(sol.texts, owners, verifier)
+    return label_solutions(engine, sol.texts, owners, [prompts[i // s.solutions] for i in range(n)], verifier,
+                           sampling, continuations=s.continuations, separator=s.separator, keys=(s.seed, 1))
+
+
+def label_solutions(engine, solutions: list[str], owners: list[dict], prompts: list[str], verifier, sampling, *,
+                    continuations: int, separator: str, keys: tuple[int, int]) -> list[dict]:
+    """Label given solutions (``owners``: each one's task row, ``prompts``: its rendered prompt) by continuations
+    from each step's end, drawn with row_keys(*keys, ...); the rows as ``label_steps`` returns them."""
+    from grpo.rollout.keys import row_keys
+
+    correct = _verdicts(solutions, owners, verifier)
     starts, texts, split = [], [], []
-    for i, text in enumerate(sol.texts):
-        steps = split_steps(text, s.separator)
+    for i, text in enumerate(solutions):
+        steps = split_steps(text, separator)
         split.append(steps)
         for _, end in steps[:-1]:  # every step but the last is continued
-            starts.append((i, text[:end] + s.separator))
-            texts.append(prompts[i // s.solutions] + text[:end] + s.separator)
+            starts.append((i, text[:end] + separator))
+            texts.append(prompts[i] + text[:end] + separator)
     shares: dict[tuple[int, int], float] = {}
     drawn: dict[tuple[int, int], list[str]] = {}
     if texts:
-        cont = engine.generate(texts, group_size=s.continuations, sampling=sampling,
-                               keys=row_keys(s.seed, 1, 0, len(texts) * s.continuations))
-        whole = [starts[j // s.continuations][1] + c for j, c in enumerate(cont.texts)]
-        ok = _verdicts(whole, [owners[starts[j // s.continuations][0]] for j in range(len(whole))], verifier)
+        cont = engine.generate(texts, group_size=continuations, sampling=sampling,
+                               keys=row_keys(*keys, 0, len(texts) * continuations))
+        whole = [starts[j // continuations][1] + c for j, c in enumerate(cont.texts)]
+        ok = _verdicts(whole, [owners[starts[j // continuations][0]] for j in range(len(whole))], verifier)
         step_of: dict[int, int] = {}
         for j, (i, _) in enumerate(starts):
             k = step_of[i] = step_of.get(i, -1) + 1
-            got = ok[j * s.continuations:(j + 1) * s.continuations]
+            got = ok[j * continuations:(j + 1) * continuations]
             shares[i, k] = sum(got) / len(got)
-            drawn[i, k] = cont.texts[j * s.continuations:(j + 1) * s.continuations]
+            drawn[i, k] = cont.texts[j * continuations:(j + 1) * continuations]
     rows = []
     for i, steps in enumerate(split):
         if not steps:
             continue
         soft = [shares[i, k] for k in range(len(steps) - 1)] + [float(correct[i])]
         rows.append({"prompt": owners[i]["prompt"], "answer": owners[i].get("answer"),
-                     "solution": sol.texts[i], "steps": [t for t, _ in steps], "soft": soft,
+                     "solution": solutions[i], "steps": [t for t, _ in steps], "soft": soft,
                      "hard": [float(v > 0) for v in soft], "correct": correct[i],
                      "continuations": [drawn[i, k] for k in range(len(steps) - 1)]})
     return rows
