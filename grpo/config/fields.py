@@ -366,27 +366,33 @@ class Config:
 
     # ---- Reward-model training ----
     reward_model_train_steps: int = 0
-    """Iterative GRPO with a learning reward model (DeepSeekMath's Algorithm 1, step 4, arXiv 2402.03300): at every iteration boundary (ref_reset_steps) the `reward_model` model takes this many optimizer steps on the iteration's completions labelled by `reward_model_verifier` (0 = the reward model stays frozen)."""
+    """Iterative GRPO with a learning reward model (DeepSeekMath's Algorithm 1, step 4, arXiv 2402.03300): at every iteration boundary (ref_reset_steps) the `reward_model` model takes this many optimizer steps on the iteration's completions labelled by `reward_model_verifier`, and with `step_reward=prm:<folder>` the process reward model takes this many on the iteration's completions step-labelled anew by the current policy (prm_label_*) (0 = both stay frozen)."""
     reward_model_verifier: str = "numeric"
     """Reward that labels the policy's completions for reward-model training (a built-in or module:function)."""
     reward_model_objective: str = "pointwise"
     """pointwise: cross-entropy of the score against the verifier's label; pairwise: Bradley-Terry on (better, worse) pairs within a group."""
     reward_model_replay: float = 0.1
-    """Share of each reward-model update batch drawn from earlier iterations' examples (the replay buffer; the seed: 10%)."""
+    """Share of each reward-model (or process reward model) update batch drawn from earlier iterations' examples (the replay buffer; DeepSeekMath: 10%)."""
     reward_model_buffer_size: int = 4096
-    """Most examples (completions) the replay buffer keeps; the oldest leave first."""
+    """Most examples (completions; for a process reward model, labelled solutions) the replay buffer keeps; the oldest leave first."""
     reward_model_batch_size: int = 16
-    """Examples (pointwise) or pairs (pairwise) per reward-model optimizer step."""
+    """Examples (pointwise) or pairs (pairwise) per reward-model optimizer step; labelled solutions per process-reward-model step."""
     reward_model_lr: float = 1e-5
     """AdamW learning rate of the reward model."""
     reward_model_heldout: int = 8
-    """The first this many groups sampled are a held-out labelled set (never trained on) for the logged accuracy before and after each update."""
+    """The first this many groups sampled (for a process reward model: labelled solutions) are a held-out labelled set (never trained on) for the logged accuracy (step accuracy) before and after each update."""
     reward_model_teacher: str = ""
     """Sequence-classification teacher (folder or hub id) whose logits are the reward model's soft targets instead of the verifier's labels (distillation); same head size as the reward model."""
     reward_model_distill_temperature: float = 1.0
     """Temperature T of the teacher distillation (loss scaled by T^2)."""
     reward_model_warmup_draws: int = 0
     """Before the policy's first step, sample this many draws (prompts_per_step prompts, num_generations completions each) from the initial policy, label them with `reward_model_verifier` and train the reward model on them (reward_model_train_steps optimizer steps), so the policy's first iteration is scored by a trained reward model, not a random head (DeepSeekMath's Algorithm 1 takes r_phi as a trained input). Its own prompt draw and sampling keys: the policy's prompts and samples are those of a run without it. The first reward_model_heldout groups are the held-out set, so it needs more than reward_model_heldout / prompts_per_step draws (0 = off)."""
+    prm_label_solutions: int = 16
+    """Process reward model trained during the run (reward_model_train_steps with step_reward=prm:<folder>): completions of the ended iteration labelled at each boundary, Math-Shepherd's way (arXiv 2312.08935), by continuations the current policy samples from each step's end."""
+    prm_label_continuations: int = 4
+    """Completions sampled from each step's end to label it (the share that `reward_model_verifier` gives full credit is the step's soft label)."""
+    prm_label: str = "soft"
+    """The PRM's training target: soft (the share of a step's continuations that reach the verified answer) or hard (1 if any does)."""
 
     # ---- Agent: tools and environments ----
     tools: str = ""

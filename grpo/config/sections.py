@@ -69,7 +69,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("reward_model_training", "Reward-model training", "the reward model that keeps learning (train/reward_model.py)", (
         "reward_model_train_steps", "reward_model_verifier", "reward_model_objective", "reward_model_replay",
         "reward_model_buffer_size", "reward_model_batch_size", "reward_model_lr", "reward_model_heldout",
-        "reward_model_teacher", "reward_model_distill_temperature", "reward_model_warmup_draws")),
+        "reward_model_teacher", "reward_model_distill_temperature", "reward_model_warmup_draws",
+        "prm_label_solutions", "prm_label_continuations", "prm_label")),
     Section("agent", "Agent: tools and environments", "multi-turn episodes (grpo/agent)", (
         "tools", "environment_factory", "environment_column", "agent", "agent_timeout", "max_turns", "tool_format", "tool_example_call",
         "tool_example_question", "tool_timeout")),

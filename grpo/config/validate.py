@@ -300,8 +300,12 @@ def _validate_reward_training(c) -> None:
     if c.reward_model_train_steps:
         if c.reward_model_train_steps < 0:
             raise ConfigError(f"reward_model_train_steps: must be >= 0, got {c.reward_model_train_steps}")
-        if not c.reward_model:
-            raise ConfigError("reward_model_train_steps: set reward_model to the sequence-classification model to train")
+        prm = c.supervision == "process" and c.step_reward.startswith("prm:")
+        if not c.reward_model and not prm:
+            raise ConfigError("reward_model_train_steps: set reward_model to the sequence-classification model to train, "
+                              "or supervision=process with step_reward=prm:<folder> (a process reward model)")
+        if prm:
+            _validate_prm_training(c)
         if not c.ref_reset_steps:
             raise ConfigError("reward_model_train_steps: the reward model trains at iteration boundaries; set "
                               "ref_reset_steps (the steps per iteration)")
@@ -320,9 +324,22 @@ def _validate_reward_training(c) -> None:
                           "reward_model_train_steps (its optimizer steps)")
 
 
+def _validate_prm_training(c) -> None:
+    _choice("prm_label", c.prm_label, ("soft", "hard"))
+    for key in ("prm_label_solutions", "prm_label_continuations"):
+        if getattr(c, key) < 1:
+            raise ConfigError(f"{key}: must be >= 1, got {getattr(c, key)}")
+    if c.async_rollouts:
+        raise ConfigError("reward_model_train_steps with step_reward=prm: labels steps with the policy's own engine at "
+                          "iteration boundaries; async_rollouts samples from it beside the trainer: set one")
+
+
 def _validate_reward_model_warmup(c) -> None:
     if c.reward_model_warmup_draws < 0:
         raise ConfigError(f"reward_model_warmup_draws: must be >= 0, got {c.reward_model_warmup_draws}")
+    if c.reward_model_warmup_draws and not c.reward_model:
+        raise ConfigError("reward_model_warmup_draws: the warm-up trains the reward_model (a sequence classifier); "
+                          "set reward_model")
     groups = c.reward_model_warmup_draws * c.prompts_per_step
     if c.reward_model_warmup_draws and groups <= c.reward_model_heldout:
         raise ConfigError(f"reward_model_warmup_draws: {c.reward_model_warmup_draws} draw(s) of prompts_per_step="

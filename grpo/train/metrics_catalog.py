@@ -268,6 +268,18 @@ METRICS: tuple[Metric, ...] = tuple(
         ("rm_heldout_ranking_after", "share", "the same after it"),
         ("rm_agreement_new", "share", "agreement with the verifier on the iteration's new samples"),
     ])
+    + _m("process-reward-model training", "reward_model_train_steps > 0 with step_reward=prm:, at each iteration "
+         "boundary", [
+        ("prm_iteration", "count", "iterations the process reward model has finished"),
+        ("prm_labelled_solutions", "solutions", "the ended iteration's completions labelled and trained on (held-out "
+         "ones aside)"),
+        ("prm_label_mean", "share", "mean soft label of the steps just labelled (their continuations' success share)"),
+        ("prm_loss", "loss", "the PRM's step cross-entropy, mean over the update's optimizer steps"),
+        ("prm_buffer_size", "solutions", "labelled solutions in the replay buffer"),
+        ("prm_replay_share", "share", "solutions of the update drawn from earlier iterations (the replay buffer)"),
+        ("prm_heldout_step_accuracy_before", "share", "held-out step accuracy of the PRM before the update"),
+        ("prm_heldout_step_accuracy_after", "share", "the same after it"),
+    ])
     + _m("reward-model training", "reward_model_warmup_draws > 0, first step", [
         ("rm_warmup_completions", "count", "completions the reward model trained on before the policy's first step"),
     ])

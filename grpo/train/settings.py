@@ -28,6 +28,7 @@ from grpo.train.knobs import KnobSettings
 from grpo.train.logic_consistency import LogicConsistencySettings
 from grpo.train.optim import Schedule
 from grpo.train.placement import PlacementSettings
+from grpo.train.process_reward import ProcessRewardTrainSettings
 from grpo.train.reward_model import RewardModelTrainSettings
 from grpo.train.sources import SamplerSettings, SourcesSettings
 from grpo.train.update import UpdateSettings
@@ -261,6 +262,18 @@ def reward_model_settings(cfg: Config) -> RewardModelTrainSettings:
         group_size=cfg.num_generations, seed=cfg.seed, reward_options=reward_options(cfg))
 
 
+def process_reward_settings(cfg: Config) -> ProcessRewardTrainSettings | None:
+    """The PRM trained during the run (reward_model_train_steps with step_reward=prm:<folder>), else None."""
+    if not (cfg.reward_model_train_steps and cfg.supervision == "process" and cfg.step_reward.startswith("prm:")):
+        return None
+    return ProcessRewardTrainSettings(
+        train_steps=cfg.reward_model_train_steps, batch_size=cfg.reward_model_batch_size, replay=cfg.reward_model_replay,
+        buffer_size=cfg.reward_model_buffer_size, learning_rate=cfg.reward_model_lr, heldout=cfg.reward_model_heldout,
+        verifier=cfg.reward_model_verifier, solutions=cfg.prm_label_solutions,
+        continuations=cfg.prm_label_continuations, label=cfg.prm_label, seed=cfg.seed,
+        reward_options=reward_options(cfg))
+
+
 def placement_settings(cfg: Config) -> PlacementSettings:
     return PlacementSettings(load_in_4bit=cfg.load_in_4bit, bf16=cfg.bf16, dtype=cfg.dtype,
                              shared_prefix=cfg.shared_prefix, gradient_checkpointing=cfg.gradient_checkpointing,
@@ -302,7 +315,8 @@ class RunSettings:
     agent: AgentSettings
     collect: CollectSettings
     asynchronous: AsyncSettings | None  # async_rollouts
-    reward_model: RewardModelTrainSettings | None  # reward_model_train_steps > 0
+    reward_model: RewardModelTrainSettings | None  # reward_model_train_steps > 0 with a reward_model
+    process_reward: ProcessRewardTrainSettings | None  # reward_model_train_steps > 0 with step_reward=prm:
     batch: BatchSettings
     logic_consistency: LogicConsistencySettings | None
     update: UpdateSettings
@@ -327,7 +341,8 @@ def run_settings(cfg: Config, *, cores: int, cpu_alone: bool = True) -> RunSetti
                               options=engine_options(cfg, cfg.rollout_engine),
                               process=engine_process_settings(cfg, cores, turns=turns)),
         agent=agent_settings(cfg), collect=collect_settings(cfg), asynchronous=async_settings(cfg, turns=turns),
-        reward_model=reward_model_settings(cfg) if cfg.reward_model_train_steps else None,
+        reward_model=reward_model_settings(cfg) if cfg.reward_model_train_steps and cfg.reward_model else None,
+        process_reward=process_reward_settings(cfg),
         batch=batch_settings(cfg), logic_consistency=consistency_settings(cfg), update=update_settings(cfg),
         eval=eval_settings(cfg), critic=critic_settings(cfg))
 

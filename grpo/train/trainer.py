@@ -17,6 +17,7 @@ from grpo.core.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import signal
@@ -28,6 +29,7 @@ import torch
 
 from grpo.config import Config
 from grpo.config.validate import validate_world
+from grpo.data import render_prompt
 from grpo.errors import DataError, EngineError, FuseError, RewardError
 from grpo.eval.probe import consistency, probe_prompts
 from grpo.eval.evaluate import Interrupt, evaluate
@@ -55,6 +57,7 @@ from grpo.train.evals import eval_notes, periodic_eval
 from grpo.train.knobs import Knobs
 from grpo.train.logic_consistency import make_consistency
 from grpo.train.placement import place_models
+from grpo.train.process_reward import ProcessRewardTrainer
 from grpo.train.reward_model import make_reward_model_trainer, warm_up
 from grpo.train.optim import epoch_steps
 from grpo.train.update import Updater
@@ -179,6 +182,9 @@ class Trainer:
         # seed 001 Algorithm 1 step 4: the reward model learns at iteration boundaries (train/reward_model.py)
         self.rm_trainer = (None if s.reward_model is None else
                            make_reward_model_trainer(s.reward_model, reward=self.rewards.reward_model(), world=world))
+        # the same step 4 for the process reward model of step_reward=prm: (train/process_reward.py)
+        self.prm_trainer = (None if s.process_reward is None else
+                            ProcessRewardTrainer(s.process_reward, step_reward, world=world))
         self.batches = BatchMaker(s.batch, world=world, forwards=forwards, policy=self.policy,
                                   reference=self.models.reference, critic=self.critic, step_reward=step_reward,
                                   tokenizer=self.tok, timer=self.timer,
@@ -215,17 +221,23 @@ class Trainer:
             parts["critic"] = self.critic
         if self.rm_trainer is not None:
             parts["reward_model_trainer"] = self.rm_trainer
+        if self.prm_trainer is not None:
+            parts["process_reward_trainer"] = self.prm_trainer
         return parts
 
     # ---- one step (Algorithm 1) ------------------------------------------------------------------
     def train_step(self) -> dict:
-        cfg, k = self.cfg, self.knobs
+        cfg, k, s_collect = self.cfg, self.knobs, self.settings.collect
         t0, cut_before, rm_metrics = time.perf_counter(), self.collector.prompts_truncated, {}
         if cfg.ref_reset_steps and self.step and self.step % cfg.ref_reset_steps == 0:
             reset_reference(self.models.reference, self.policy)
             self.ref_reset_at = self.step
             if self.rm_trainer is not None:  # the reward model learns from the iteration that ended
                 rm_metrics = self.rm_trainer.update()
+            if self.prm_trainer is not None:  # the PRM: that iteration's completions, labelled by this policy
+                rm_metrics.update(self.prm_trainer.update(
+                    self.engines.train, dataclasses.replace(s_collect.sampling, temperature=k.temperature),
+                    lambda row: render_prompt(self.tok, row["prompt"], s_collect.system_prompt)))
         if self.rm_trainer is not None and cfg.reward_model_warmup_draws and self.step == self.rm_trainer.iteration == 0:
             rm_metrics = warm_up(self.rm_trainer, self.collector, temperature=k.temperature)  # trained before use
         source = self.collector if self.async_rollouts is None else self.async_rollouts  # B queued groups
@@ -233,7 +245,9 @@ class Trainer:
         metrics = {**got.metrics, **k.values()}  # the knob values this step trains with
         if self.rm_trainer is not None:
             metrics.update(self.rm_trainer.observe(got.samples, got.rollout.texts))
-            metrics.update(rm_metrics)
+        if self.prm_trainer is not None:
+            self.prm_trainer.observe(got.samples, got.rollout.texts, group_size=s_collect.group_size)
+        metrics.update(rm_metrics)
         batch, batch_metrics = self.prepare(got.rollout, got.rewards, got.samples, per_reward=got.per_reward)
         metrics.update(batch_metrics)
         if self.async_rollouts is not None:  # tokens of older weights: pi_train / pi_version
