@@ -171,3 +171,12 @@ def last_number(completion: str, sample: dict) -> float:
 def answer_is_odd(completion: str, sample: dict) -> float:
     """1.0 on the rows whose answer is odd, whatever the completion: known pass rates per prompt."""
     return float(int(sample["answer"]) % 2)
+
+
+def steps_or_hang(completion: str, sample: dict) -> list:
+    """A step reward (arithmetic_steps) that hangs forever on the completion 'hang'."""
+    from grpo.rewards.steps import arithmetic_steps
+
+    while completion == "hang":
+        time.sleep(1)
+    return arithmetic_steps(completion, sample)

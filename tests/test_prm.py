@@ -168,3 +168,16 @@ def test_a_run_with_process_supervision_by_the_prm(prm_dir, tmp_path, tiny_model
     line = json.loads((t.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     assert line["step_reward_failures"] == 0 and 0 < line["step_reward_mean"] < 1  # probabilities of the PRM
     assert line["steps_per_completion"] >= 1 and math.isfinite(line["loss"])
+
+
+def test_the_prm_scores_a_batch_as_it_scores_each_completion(prm_dir):
+    """outcomes (the trainer's call: 16 solutions a forward, right-padded) equals one forward per completion,
+    for completions of different lengths and step counts, across a batch boundary."""
+    scorer = PRMScorer(str(prm_dir))
+    texts = ["a\nbb\nccc", "one step", "x\n\ny\nz\nw", "", "long " * 12 + "\nend"]
+    samples = [{"prompt": f"Q{i}?"} for i in range(len(texts))]
+    batched = scorer.outcomes(texts, samples, batch=2)
+    for text, sample, got in zip(texts, samples, batched):
+        alone = scorer(text, sample)
+        assert [e for _, e in got] == [e for _, e in alone]
+        assert [v for v, _ in got] == pytest.approx([v for v, _ in alone], abs=1e-5)

@@ -135,3 +135,32 @@ def test_the_last_step_reaches_the_eos_token():
     mask = torch.ones(1, len(ids), dtype=torch.long)
     rewards, ends, _ = step_tensors(arithmetic_steps, tok, torch.tensor([ids]), mask, [text], [{"answer": "2"}])
     assert ends.tolist() == [[9]]  # the EOS token's index, not 8
+
+
+def test_a_step_reward_past_reward_timeout_fails_its_completion_alone():
+    """Under reward_timeout a step reward found by name runs in worker processes, as rewards do: the call that
+    hangs is cut at the deadline and fails that completion (counted as a failure), the others keep the steps
+    the in-process call gives, and the pool is replaced so a later call scores."""
+    from grpo.rewards.reward import RewardOptions
+    from grpo.rewards.steps import StepRewardInWorkers, resolve_step_reward
+
+    tok = build_tokenizer()
+    fn = resolve_step_reward("tests.rewards_for_tests:steps_or_hang", RewardOptions(timeout=3.0, workers=1))
+    assert isinstance(fn, StepRewardInWorkers)
+    try:
+        texts = ["1 + 1 = 2\n2", "hang", "1 + 1 = 3\n2"]
+        enc = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+        t_max = max(map(len, enc))
+        ids = torch.tensor([e + [tok.pad_token_id] * (t_max - len(e)) for e in enc])  # [3, T]
+        mask = torch.tensor([[1] * len(e) + [0] * (t_max - len(e)) for e in enc])  # [3, T]
+        rewards, ends, problems = step_tensors(fn, tok, ids, mask, texts, [{"answer": "2"}] * 3)
+        here, here_ends, _ = step_tensors(arithmetic_steps, tok, ids[[0, 2]], mask[[0, 2]], [texts[0], texts[2]],
+                                          [{"answer": "2"}] * 2)
+        assert torch.equal(rewards[[0, 2]], here) and torch.equal(ends[[0, 2]], here_ends)
+        assert (ends[1] == -1).all() and len(problems) == 1 and "completion 1 (TimeoutError" in problems[0]
+        assert fn.runner.timeouts == 1
+        again, _, problems = step_tensors(fn, tok, ids[:1], mask[:1], texts[:1], [{"answer": "2"}])
+        assert not problems and torch.equal(again, here[:1])
+    finally:
+        fn.close()
+    assert not isinstance(resolve_step_reward("arithmetic_steps", RewardOptions(timeout=0.0)), StepRewardInWorkers)

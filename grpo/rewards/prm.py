@@ -183,7 +183,30 @@ class PRMScorer:
             margin = tag_margins(self.model, self.tok, [{"prompt": question, "steps": steps}], self.spec, self.ids)
         return torch.sigmoid(margin).tolist()
 
+    def outcomes(self, texts: list[str], samples: list[dict], *, batch: int = 16) -> list:
+        """Every completion's [(score, end_char)], ``batch`` solutions a forward (under the lock: a run that
+        trains the PRM updates it between steps); a batch that fails gives each of its rows the exception."""
+        self.loaded()
+        split = [self._steps(t) for t in texts]
+        rows = [{"prompt": question_text(x), "steps": [t for t, _ in st]} for x, st in zip(samples, split)]
+        out: list = []
+        for i in range(0, len(rows), batch):
+            try:
+                with self.lock, torch.no_grad():
+                    scores = torch.sigmoid(tag_margins(self.model, self.tok, rows[i:i + batch], self.spec,
+                                                       self.ids)).tolist()  # [S] over the batch's steps
+            except Exception as e:  # one batch's failure is its completions'
+                out += [e] * len(rows[i:i + batch])
+                continue
+            for st in split[i:i + batch]:
+                out.append([(v, end) for v, (_, end) in zip(scores, st)])
+                scores = scores[len(st):]
+        return out
+
+    def _steps(self, completion: str) -> list[tuple[str, int]]:
+        return split_steps(completion, self.spec.separator) or [(completion.strip(), len(completion.rstrip()))]
+
     def __call__(self, completion: str, sample: dict) -> list[tuple[float, int]]:
-        steps = split_steps(completion, self.spec.separator) or [(completion.strip(), len(completion.rstrip()))]
+        steps = self._steps(completion)
         got = self.scores(question_text(sample), [s for s, _ in steps])
         return [(score, end) for score, (_, end) in zip(got, steps)]

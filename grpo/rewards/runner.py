@@ -32,6 +32,12 @@ def _call(name: str, completion: str, sample: dict):
     return resolve_reward(name)(completion, sample)
 
 
+def _call_step(name: str, completion: str, sample: dict) -> list[tuple[float, int]]:
+    from grpo.rewards.steps import resolve_step_reward  # a step reward: [(score, end_char), ...]
+
+    return [(float(v), int(e)) for v, e in resolve_step_reward(name)(completion, sample)]
+
+
 def _warm(names: list[str]) -> None:
     for name in names:
         resolve_reward(name)
@@ -110,13 +116,18 @@ class RewardRunner:
         model, which scores with the model the trainer holds."""
         return [n for n in self.names if n not in self.given and not isinstance(self.fns[n].fn, RewardModelReward)]
 
-    def _run_in_workers(self, completions: list[str], samples: list[dict], names: list[str]) -> list:
+    def step_outcomes(self, name: str, completions: list[str], samples: list[dict]) -> list:
+        """A step reward's (``step_reward``, rewards/steps.py) outcome per completion, each call in the worker
+        processes under reward_timeout: its steps, or the exception that failed it."""
+        return self._run_in_workers(completions, samples, [name], call=_call_step)
+
+    def _run_in_workers(self, completions: list[str], samples: list[dict], names: list[str], *, call=_call) -> list:
         calls = [(n, c, s) for n in names for c, s in zip(completions, samples)]
         results: list = [None] * len(calls)
         i = 0
         while i < len(calls):
             self._pool = self._pool or self._new_pool()
-            futures = [self._pool.submit(_call, *call) for call in calls[i:]]
+            futures = [self._pool.submit(call, *args) for args in calls[i:]]
             for j, fut in enumerate(futures):
                 key = i + j
                 try:

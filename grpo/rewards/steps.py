@@ -1,7 +1,9 @@
 """Process supervision: step rewards, their mapping onto completion tokens, and the advantages.
 
 A step reward is ``fn(completion: str, sample: dict) -> list[(score, end_char)]``: one score per
-reasoning step and the character offset in the completion where that step ends (exclusive). The
+reasoning step and the character offset in the completion where that step ends (exclusive). One with an
+``outcomes(texts, samples)`` method scores a batch at once (the PRM) or in worker processes under a
+deadline (StepRewardInWorkers): each completion's steps, or the exception that failed it. The
 trainer (``supervision=process``) turns them into tensors with ``step_tensors`` and advantages with
 ``core.process_advantages`` (DeepSeekMath section 4.1.3): every token gets the sum of the
 group-normalized rewards of the steps that end at or after it.
@@ -61,14 +63,37 @@ STEP_REWARDS: Registry[StepRewardFn] = Registry("step reward", field="step_rewar
 STEP_REWARDS.register("arithmetic_steps", arithmetic_steps)
 
 
-def resolve_step_reward(name: str) -> StepRewardFn:
-    """A built-in step reward by name, a learned process reward model (``prm:<folder>``, rewards/prm.py), or
-    ``package.module:function``; errors list the built-ins."""
+class StepRewardInWorkers:
+    """A step reward found by name whose calls run in worker processes under ``reward_timeout``, as the
+    rewards' do (rewards/runner.py): a call past its deadline fails that completion alone, and the stuck
+    worker is replaced."""
+
+    def __init__(self, name: str, fn: StepRewardFn, options):
+        from grpo.rewards.runner import RewardRunner
+
+        self.name, self.fn = name, fn
+        self.runner = RewardRunner([], None, options)
+
+    def __call__(self, completion: str, sample: dict) -> list[tuple[float, int]]:
+        return self.fn(completion, sample)
+
+    def outcomes(self, texts: list[str], samples: list[dict]) -> list:
+        return self.runner.step_outcomes(self.name, texts, samples)
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def resolve_step_reward(name: str, options=None) -> StepRewardFn:
+    """A built-in step reward by name, a learned process reward model (``prm:<folder>``, rewards/prm.py: scored
+    here in batches, as the reward model is), or ``package.module:function``; errors list the built-ins. With
+    ``options`` (RewardOptions) whose timeout is > 0, a step reward of code runs in its worker processes."""
     from grpo.rewards.prm import PREFIX, PRMScorer
 
     if name.startswith(PREFIX):
         return PRMScorer(name[len(PREFIX):])
-    return resolve_named(name, STEP_REWARDS)
+    fn = resolve_named(name, STEP_REWARDS)
+    return StepRewardInWorkers(name, fn, options) if options is not None and options.timeout > 0 else fn
 
 
 def char_ends_to_tokens(tokenizer, ids: list[int], char_ends: list[int]) -> list[int]:
@@ -105,9 +130,13 @@ def step_tensors(fn: StepRewardFn, tokenizer, completion_ids: torch.Tensor, mask
     each one's tokens, a prefix mask; an empty row has no steps); a step reward that raises or returns a
     bad value leaves that completion without steps (listed in the messages)."""
     rows, problems = [], []
+    given = fn.outcomes(texts, samples) if hasattr(fn, "outcomes") else None  # batched, or in workers
     for i, (text, sample) in enumerate(zip(texts, samples)):
         try:
-            steps = [(float(s), int(e)) for s, e in fn(text, sample)]
+            got = fn(text, sample) if given is None else given[i]
+            if isinstance(got, BaseException):
+                raise got
+            steps = [(float(s), int(e)) for s, e in got]
             if not steps or not all(math.isfinite(s) for s, _ in steps):
                 raise ValueError(f"returned {steps!r:.80}")
             n_tok = int(mask[i].sum())

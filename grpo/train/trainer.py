@@ -121,7 +121,8 @@ class Trainer:
         self.cluster = cluster  # launcher=ray: the run's rollout and reward workers (grpo/cluster/launch.Workers)
         if cluster is not None:
             cluster.attach_rewards(self.rewards)
-        step_reward = resolve_step_reward(cfg.step_reward) if cfg.supervision == "process" else None
+        step_reward = (resolve_step_reward(cfg.step_reward, s.sources.reward_options)
+                       if cfg.supervision == "process" else None)
         if not self.task.train:
             raise DataError(f"task {cfg.task!r} has no training prompts")
         if cfg.num_train_epochs is not None:  # recorded in config.yaml as the run's max_steps alone: a resume's
@@ -462,6 +463,8 @@ class Trainer:
             self.async_rollouts.join()
         self.rewards.close()
         self.sources.close()
+        if hasattr(getattr(self, "batches", None), "step_reward") and hasattr(self.batches.step_reward, "close"):
+            self.batches.step_reward.close()
         if self.agent is not None:
             self.agent.close()
 
