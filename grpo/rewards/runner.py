@@ -32,12 +32,6 @@ def _call(name: str, completion: str, sample: dict):
     return resolve_reward(name)(completion, sample)
 
 
-def _call_step(name: str, completion: str, sample: dict) -> list[tuple[float, int]]:
-    from grpo.rewards.steps import resolve_step_reward  # a step reward: [(score, end_char), ...]
-
-    return [(float(v), int(e)) for v, e in resolve_step_reward(name)(completion, sample)]
-
-
 def _warm(names: list[str]) -> None:
     for name in names:
         resolve_reward(name)
@@ -116,12 +110,10 @@ class RewardRunner:
         model, which scores with the model the trainer holds."""
         return [n for n in self.names if n not in self.given and not isinstance(self.fns[n].fn, RewardModelReward)]
 
-    def step_outcomes(self, name: str, completions: list[str], samples: list[dict]) -> list:
-        """A step reward's (``step_reward``, rewards/steps.py) outcome per completion, each call in the worker
-        processes under reward_timeout: its steps, or the exception that failed it."""
-        return self._run_in_workers(completions, samples, [name], call=_call_step)
-
-    def _run_in_workers(self, completions: list[str], samples: list[dict], names: list[str], *, call=_call) -> list:
+    def run_in_workers(self, completions: list[str], samples: list[dict], names: list[str], *, call=_call) -> list:
+        """Each (name, completion, sample)'s ``call`` in the worker processes under the deadline: its value, or
+        the exception that failed it (``call``: a module-level function a worker imports; a step reward's
+        too, rewards/steps.py)."""
         calls = [(n, c, s) for n in names for c, s in zip(completions, samples)]
         results: list = [None] * len(calls)
         i = 0
@@ -174,7 +166,7 @@ class RewardRunner:
         if self.timeout <= 0 or not names:
             return {}
         rows = BatchInputs(completions, samples, episodes=extra["episodes"]).rows()  # what a worker's reward gets
-        results = self._run_in_workers(completions, rows, names)
+        results = self.run_in_workers(completions, rows, names)
         n = len(completions)
         return {name: results[k * n:(k + 1) * n] for k, name in enumerate(names)}
 

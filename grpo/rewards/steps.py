@@ -63,6 +63,10 @@ STEP_REWARDS: Registry[StepRewardFn] = Registry("step reward", field="step_rewar
 STEP_REWARDS.register("arithmetic_steps", arithmetic_steps)
 
 
+def _call_in_worker(name: str, completion: str, sample: dict) -> list[tuple[float, int]]:
+    return [(float(v), int(e)) for v, e in resolve_step_reward(name)(completion, sample)]
+
+
 class StepRewardInWorkers:
     """A step reward found by name whose calls run in worker processes under ``reward_timeout``, as the
     rewards' do (rewards/runner.py): a call past its deadline fails that completion alone, and the stuck
@@ -78,7 +82,7 @@ class StepRewardInWorkers:
         return self.fn(completion, sample)
 
     def outcomes(self, texts: list[str], samples: list[dict]) -> list:
-        return self.runner.step_outcomes(self.name, texts, samples)
+        return self.runner.run_in_workers(texts, samples, [self.name], call=_call_in_worker)
 
     def close(self) -> None:
         self.runner.close()
