@@ -53,29 +53,57 @@ def build_prm(root: Path, prompts: int) -> dict:
     return {"train": train, "heldout": held, "prm": prm, "report": json.loads((prm / "prm_train.json").read_text())}
 
 
+def auc(pos: list[float], neg: list[float]) -> float | None:
+    """The chance a good step scores above a bad one (ties count half): what a group-normalised step reward
+    uses of the scores, whatever their calibration."""
+    if not pos or not neg:
+        return None
+    return sum((p > n) + 0.5 * (p == n) for p in pos for n in neg) / (len(pos) * len(neg))
+
+
 def heldout_accuracy(prm: Path, heldout: Path) -> dict:
     """The PRM's step predictions (p(good) > 0.5) against the continuation labels (soft >= 0.5) and against
-    the rule on the steps it judges (the rule's step ending where the PRM's step ends)."""
+    the rule on the steps it judges (the rule's step ending where the PRM's step ends), with the AUC of
+    its scores against each and the share of steps labelled good (what always answering "good" scores)."""
     from grpo.rewards.prm import PRMScorer, split_steps
     from grpo.rewards.steps import arithmetic_steps
 
     scorer = PRMScorer(str(prm))
-    ms, rule, good_ms, good_rule = [], [], [], []
+    ms, rule = {True: [], False: []}, {True: [], False: []}  # label -> the PRM's scores of those steps
     for line in heldout.read_text().splitlines():
         row = json.loads(line)
-        sample = {"prompt": row["prompt"], "answer": row["answer"]}
         steps = split_steps(row["solution"], scorer.spec.separator)
-        pred = [p > 0.5 for p in scorer.scores(row["prompt"], [t for t, _ in steps])]
-        ms += [p == (y >= 0.5) for p, y in zip(pred, row["soft"])]
-        good_ms += [y >= 0.5 for y in row["soft"]]
-        judged = {end: score for score, end in arithmetic_steps(row["solution"], sample)}
-        for p, (_, end) in zip(pred, steps):
+        scores = scorer.scores(row["prompt"], [t for t, _ in steps])
+        for p, y in zip(scores, row["soft"]):
+            ms[y >= 0.5].append(p)
+        judged = {end: v for v, end in arithmetic_steps(row["solution"], {"prompt": row["prompt"], "answer": row["answer"]})}
+        for p, (_, end) in zip(scores, steps):
             if end in judged:
-                rule.append(p == (judged[end] >= 1.0))
-                good_rule.append(judged[end] >= 1.0)
-    share = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
-    return {"steps": len(ms), "vs_continuations": share(ms), "good_share_continuations": share(good_ms),
-            "rule_steps": len(rule), "vs_rule": share(rule), "good_share_rule": share(good_rule)}
+                rule[judged[end] >= 1.0].append(p)
+
+    def agree(by_label: dict) -> float | None:
+        n = len(by_label[True]) + len(by_label[False])
+        return (sum(p > 0.5 for p in by_label[True]) + sum(p <= 0.5 for p in by_label[False])) / n if n else None
+
+    return {"steps": len(ms[True]) + len(ms[False]), "vs_continuations": agree(ms),
+            "auc_continuations": auc(ms[True], ms[False]),
+            "good_share_continuations": len(ms[True]) / max(1, len(ms[True]) + len(ms[False])),
+            "rule_steps": len(rule[True]) + len(rule[False]), "vs_rule": agree(rule), "auc_rule": auc(rule[True], rule[False]),
+            "good_share_rule": len(rule[True]) / max(1, len(rule[True]) + len(rule[False]))}
+
+
+def base_prm(root: Path) -> Path:
+    """The untrained embedded model read as a PRM (its files linked, the default prm.json): the before."""
+    from grpo.models.loading import resolve_model_path
+    from grpo.rewards.prm import PRMSpec
+
+    out = root / "base-prm"
+    if not out.is_dir():
+        out.mkdir()
+        for f in Path(resolve_model_path(MODEL)).iterdir():
+            (out / f.name).symlink_to(f.resolve())
+        PRMSpec().write(out)
+    return out
 
 
 def train_run(arm: str, seed: int, steps: int, eval_prompts: int, root: Path, prm: Path) -> dict:
@@ -114,8 +142,9 @@ def main() -> None:
     print(f"cpu: {cpu_line()}; commit {commit()}; load average {os.getloadavg()[0]:.2f} at the start", flush=True)
     args.root.mkdir(parents=True, exist_ok=True)
     built = build_prm(args.root, args.label_prompts)
-    acc = heldout_accuracy(built["prm"], built["heldout"])
-    print(f"PRM: {json.dumps(built['report'])}\nheld-out step accuracy: {json.dumps(acc)}", flush=True)
+    acc = {"base": heldout_accuracy(base_prm(args.root), built["heldout"]),
+           "trained": heldout_accuracy(built["prm"], built["heldout"])}
+    print(f"PRM: {json.dumps(built['report'])}\nheld-out steps: {json.dumps(acc)}", flush=True)
     rows = [train_run(arm, seed, args.steps, args.eval, args.root, built["prm"].resolve())
             for seed in args.seeds for arm in args.arms]
     base = base_audit(args.root)
