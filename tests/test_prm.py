@@ -181,3 +181,28 @@ def test_the_prm_scores_a_batch_as_it_scores_each_completion(prm_dir):
         alone = scorer(text, sample)
         assert [e for _, e in got] == [e for _, e in alone]
         assert [v for v, _ in got] == pytest.approx([v for v, _ in alone], abs=1e-5)
+
+
+def test_a_tag_of_several_tokens_is_read_at_its_last_token_even_where_the_question_holds_it(prm_dir):
+    """step_tag 'ки' is four byte-level tokens of the test tokenizer (two per character) and the question holds
+    it too: each step's margin is read at the last byte of that step's own tag (by hand: the byte length of the
+    text up to the tag's last character, less one), not at the question's tag nor at the character's first byte."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo.rewards.prm import label_ids, tag_margins, tag_positions
+
+    spec = PRMSpec(step_tag="ки", good="+", bad="-")
+    tok, model = AutoTokenizer.from_pretrained(prm_dir), AutoModelForCausalLM.from_pretrained(prm_dir).eval()
+    question, steps = "Is ки a tag?", ["2 + 2 = 4", "so 4"]
+    text = prm_input(question, steps, spec)
+    assert text == "Is ки a tag? 2 + 2 = 4 ки\nso 4 ки\n"
+    chars = tag_positions(question, steps, spec)
+    assert chars == [24, 32] and all(text[c] == "и" and text[c + 1] == "\n" for c in chars)
+    at = [len(text[:c + 1].encode()) - 1 for c in chars]  # the last byte of each step's tag
+    ids = label_ids(tok, spec)
+    with torch.no_grad():
+        got = tag_margins(model, tok, [{"prompt": question, "steps": steps}], spec, ids)
+        logits = model(tok(text, return_tensors="pt", add_special_tokens=False).input_ids).logits[0]  # [L, V]
+    want = logits[at, ids["good"]] - logits[at, ids["bad"]]  # [2]
+    assert torch.allclose(got, want, atol=1e-5)
+    assert not torch.allclose(got, logits[[a - 1 for a in at], ids["good"]] - logits[[a - 1 for a in at], ids["bad"]])

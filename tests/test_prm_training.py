@@ -23,7 +23,7 @@ def _trainer(prm_dir, **kw):
     from grpo.train.process_reward import ProcessRewardTrainer, ProcessRewardTrainSettings
 
     s = dict(train_steps=3, batch_size=10, replay=0.1, buffer_size=100, learning_rate=1e-3, heldout=0,
-             verifier=VERIFIER, solutions=12, continuations=2, label="soft", seed=3,
+             verifier=VERIFIER, solutions=12, continuations=2, label="soft", rows_per_call=8, seed=3,
              reward_options=RewardOptions(timeout=0.0))
     return ProcessRewardTrainer(ProcessRewardTrainSettings(**{**s, **kw}), PRMScorer(str(prm_dir)))
 
@@ -47,10 +47,17 @@ def test_each_prm_update_replays_ten_percent_of_its_batch_from_earlier_iteration
     import grpo.train.process_reward as pr
     from grpo.data import render_prompt
 
-    batches = []
-    real = pr.step_loss
+    batches, labelled = [], []
+    real, real_label = pr.step_loss, pr.label_solutions
     monkeypatch.setattr(pr, "step_loss", lambda model, tok, batch, *a, **k: batches.append(batch) or
                         real(model, tok, batch, *a, **k))
+
+    def label(*a, **k):
+        rows = real_label(*a, **k)
+        labelled.extend(rows)
+        return rows
+
+    monkeypatch.setattr(pr, "label_solutions", label)
     engine, sampling, tok = _engine(tiny_model_dir)
     t = _trainer(prm_dir)
     samples = [{"prompt": f"What is {a} + 1?", "answer": str(a + 1)} for a in range(3)]
@@ -67,12 +74,33 @@ def test_each_prm_update_replays_ten_percent_of_its_batch_from_earlier_iteration
                for b in second)  # one of ten from iteration 0's buffered solutions
     assert metrics[0]["prm_replay_share"] == 0.0 and metrics[1]["prm_replay_share"] == pytest.approx(0.1)
     assert metrics[1]["prm_buffer_size"] == 24 and metrics[1]["prm_iteration"] == 2
-    for r in t.buffer:  # the labels: the share of each continued step's continuations holding a digit
+    assert len(labelled) == 24 and all("continuations" not in r for r in t.buffer)  # the texts stay out
+    for r in labelled:  # the labels: the share of each continued step's continuations holding a digit
         assert len(r["steps"]) == 3 and len(r["continuations"]) == 2
         for k, drawn in enumerate(r["continuations"]):
             prefix = "\n".join(r["steps"][:k + 1]) + "\n"
             assert r["soft"][k] == sum(any(c.isdigit() for c in prefix + d) for d in drawn) / 2
-    assert len({v for r in t.buffer for v in r["soft"][:2]}) > 1  # the continuations decided, not the prefix
+    assert len({v for r in labelled for v in r["soft"][:2]}) > 1  # the continuations decided, not the prefix
+
+
+def test_labels_drawn_a_few_rows_a_call_equal_those_drawn_at_once(tiny_model_dir):
+    """label_solutions splits the continuations over generate calls (rows_per_call); each row keeps its key, so
+    with an engine whose keys fix the tokens the labels and the continuations are those of one call."""
+    from grpo.data import render_prompt
+    from grpo.rewards import resolve_reward
+    from grpo.rewards.reward import RewardOptions
+    from grpo.train.prm_labels import label_solutions
+
+    engine, sampling, tok = _engine(tiny_model_dir)
+    owners = [{"prompt": f"What is {a} + 1?", "answer": str(a + 1)} for a in range(3)]
+    solutions = ["first\nsecond\nthird", "one\ntwo", "alone"]
+    prompts = [render_prompt(tok, o["prompt"], "") for o in owners]
+    verifier = resolve_reward(VERIFIER, RewardOptions(timeout=0.0))
+    got = {n: label_solutions(engine, solutions, owners, prompts, verifier, sampling, continuations=3, separator="\n",
+                              keys=(5, 2), rows_per_call=n) for n in (3, 1000)}
+    assert engine.same_tokens_for_keys and got[3] == got[1000]
+    drawn = [c for r in got[3] for step in r["continuations"] for c in step]
+    assert len(drawn) == 9 and len(set(drawn)) > 3  # 3 continued steps x 3 draws, each from its own key
 
 
 def test_a_run_retrains_its_prm_and_a_resume_continues_it_bit_exactly(prm_dir, tmp_path, tiny_model_dir,

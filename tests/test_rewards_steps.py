@@ -163,4 +163,6 @@ def test_a_step_reward_past_reward_timeout_fails_its_completion_alone():
         assert not problems and torch.equal(again, here[:1])
     finally:
         fn.close()
-    assert not isinstance(resolve_step_reward("arithmetic_steps", RewardOptions(timeout=0.0)), StepRewardInWorkers)
+    assert not isinstance(resolve_step_reward("arithmetic_steps", RewardOptions(timeout=3.0)), StepRewardInWorkers)
+    assert not isinstance(resolve_step_reward("tests.rewards_for_tests:steps_or_hang", RewardOptions(timeout=0.0)),
+                          StepRewardInWorkers)

@@ -300,7 +300,7 @@ def _validate_reward_training(c) -> None:
     if c.reward_model_train_steps:
         if c.reward_model_train_steps < 0:
             raise ConfigError(f"reward_model_train_steps: must be >= 0, got {c.reward_model_train_steps}")
-        prm = c.supervision == "process" and c.step_reward.startswith("prm:")
+        prm = trains_prm(c)
         if not c.reward_model and not prm:
             raise ConfigError("reward_model_train_steps: set reward_model to the sequence-classification model to train, "
                               "or supervision=process with step_reward=prm:<folder> (a process reward model)")
@@ -324,11 +324,23 @@ def _validate_reward_training(c) -> None:
                           "reward_model_train_steps (its optimizer steps)")
 
 
+def trains_prm(c) -> bool:
+    """Whether reward_model_train_steps trains a process reward model (step_reward=prm:<folder>)."""
+    from grpo.rewards.prm import PREFIX
+
+    return bool(c.reward_model_train_steps) and c.supervision == "process" and c.step_reward.startswith(PREFIX)
+
+
 def _validate_prm_training(c) -> None:
     _choice("prm_label", c.prm_label, ("soft", "hard"))
     for key in ("prm_label_solutions", "prm_label_continuations"):
         if getattr(c, key) < 1:
             raise ConfigError(f"{key}: must be >= 1, got {getattr(c, key)}")
+    if not c.reward_model:  # these shape the sequence classifier's training only
+        for key in ("reward_model_objective", "reward_model_teacher"):
+            if getattr(c, key) != getattr(type(c), key):
+                raise ConfigError(f"{key}: trains the sequence-classification reward_model; the process reward "
+                                  "model learns its step labels by cross-entropy (prm_label)")
     if c.async_rollouts:
         raise ConfigError("reward_model_train_steps with step_reward=prm: labels steps with the policy's own engine at "
                           "iteration boundaries; async_rollouts samples from it beside the trainer: set one")

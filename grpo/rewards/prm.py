@@ -157,7 +157,7 @@ class PRMScorer:
             raise ConfigError(f"step_reward: prm:{folder}: no model folder there (config.json missing)")
         self.spec = PRMSpec.read(self.folder)
         self.model = self.tok = None
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # scoring and training the model take turns
 
     def _load(self) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -166,7 +166,8 @@ class PRMScorer:
         if self.tok.pad_token is None:
             self.tok.pad_token = self.tok.eos_token
         self.tok.padding_side = "right"
-        self.model = AutoModelForCausalLM.from_pretrained(self.folder, dtype=torch.float32).eval()
+        device = "cuda" if torch.cuda.is_available() else "cpu"  # where the reward_model reward's model goes
+        self.model = AutoModelForCausalLM.from_pretrained(self.folder, dtype=torch.float32).to(device).eval()
         self.ids = label_ids(self.tok, self.spec, field=f"step_reward: prm:{self.folder}")
 
     def loaded(self) -> PRMScorer:

@@ -32,9 +32,11 @@ def _call(name: str, completion: str, sample: dict):
     return resolve_reward(name)(completion, sample)
 
 
-def _warm(names: list[str]) -> None:
+def _warm(names: list[str], extra: tuple = ()) -> None:
     for name in names:
         resolve_reward(name)
+    for fn, args in extra:  # what else the workers call, imported before the first deadline runs
+        fn(*args)
 
 
 class RewardRunner:
@@ -45,10 +47,11 @@ class RewardRunner:
     each runs."""
 
     def __init__(self, names: list[str], weights: list[float] | None, options: RewardOptions, *,
-                 given: dict | None = None):
+                 given: dict | None = None, warm: tuple = ()):
         self.names, self.weights, self.options = names, weights, options
         self.timeout, self.workers = options.timeout, options.workers
         self.given = dict(given or {})
+        self.warm = tuple(warm)  # (module-level fn, args) each new worker calls at start-up, outside the deadline
         # fail early, in this process, on a bad name; async and URL rewards keep their own deadline here
         self.fns: dict[str, Reward] = {n: user_reward(n, self.given[n], options) if n in self.given else
                                        resolve_reward(n, options) for n in names}
@@ -74,7 +77,7 @@ class RewardRunner:
         # start-up is waited for here, outside every reward's deadline, or a deadline shorter than the
         # start-up would fail every call and kill every new pool, for ever
         try:
-            for fut in [pool.submit(_warm, self._worker_names) for _ in range(self.workers)]:
+            for fut in [pool.submit(_warm, self._worker_names, self.warm) for _ in range(self.workers)]:
                 fut.result(timeout=STARTUP_TIMEOUT)
         except BaseException as e:  # a worker that hangs, dies or fails while importing: the pool goes too
             self._pool = pool

@@ -76,7 +76,7 @@ class StepRewardInWorkers:
         from grpo.rewards.runner import RewardRunner
 
         self.name, self.fn = name, fn
-        self.runner = RewardRunner([], None, options)
+        self.runner = RewardRunner([], None, options, warm=((resolve_step_reward, (name,)),))
 
     def __call__(self, completion: str, sample: dict) -> list[tuple[float, int]]:
         return self.fn(completion, sample)
@@ -91,13 +91,15 @@ class StepRewardInWorkers:
 def resolve_step_reward(name: str, options=None) -> StepRewardFn:
     """A built-in step reward by name, a learned process reward model (``prm:<folder>``, rewards/prm.py: scored
     here in batches, as the reward model is), or ``package.module:function``; errors list the built-ins. With
-    ``options`` (RewardOptions) whose timeout is > 0, a step reward of code runs in its worker processes."""
+    ``options`` (RewardOptions) whose timeout is > 0, a ``module:function`` runs in worker processes."""
     from grpo.rewards.prm import PREFIX, PRMScorer
 
     if name.startswith(PREFIX):
         return PRMScorer(name[len(PREFIX):])
     fn = resolve_named(name, STEP_REWARDS)
-    return StepRewardInWorkers(name, fn, options) if options is not None and options.timeout > 0 else fn
+    if name in STEP_REWARDS or options is None or options.timeout <= 0:  # a built-in is ours: it cannot hang
+        return fn
+    return StepRewardInWorkers(name, fn, options)
 
 
 def char_ends_to_tokens(tokenizer, ids: list[int], char_ends: list[int]) -> list[int]:

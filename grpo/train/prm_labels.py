@@ -49,9 +49,10 @@ def label_steps(engine, samples: list[dict], prompts: list[str], verifier, sampl
 
 
 def label_solutions(engine, solutions: list[str], owners: list[dict], prompts: list[str], verifier, sampling, *,
-                    continuations: int, separator: str, keys: tuple[int, int]) -> list[dict]:
+                    continuations: int, separator: str, keys: tuple[int, int], rows_per_call: int = 64) -> list[dict]:
     """Label given solutions (``owners``: each one's task row, ``prompts``: its rendered prompt) by continuations
-    from each step's end, drawn with row_keys(*keys, ...); the rows as ``label_steps`` returns them."""
+    from each step's end, drawn with row_keys(*keys, ...) (at most ``rows_per_call`` a generate call; an engine whose
+    keys fix each row's tokens draws the same whatever the split); the rows as ``label_steps`` returns them."""
     from grpo.rollout.keys import row_keys
 
     correct = _verdicts(solutions, owners, verifier)
@@ -65,16 +66,18 @@ def label_solutions(engine, solutions: list[str], owners: list[dict], prompts: l
     shares: dict[tuple[int, int], float] = {}
     drawn: dict[tuple[int, int], list[str]] = {}
     if texts:
-        cont = engine.generate(texts, group_size=continuations, sampling=sampling,
-                               keys=row_keys(*keys, 0, len(texts) * continuations))
-        whole = [starts[j // continuations][1] + c for j, c in enumerate(cont.texts)]
+        per = max(1, rows_per_call // continuations)  # contexts a call
+        drawn_texts = [t for a in range(0, len(texts), per) for t in engine.generate(
+            texts[a:a + per], group_size=continuations, sampling=sampling,
+            keys=row_keys(*keys, a * continuations, len(texts[a:a + per]) * continuations)).texts]
+        whole = [starts[j // continuations][1] + c for j, c in enumerate(drawn_texts)]
         ok = _verdicts(whole, [owners[starts[j // continuations][0]] for j in range(len(whole))], verifier)
         step_of: dict[int, int] = {}
         for j, (i, _) in enumerate(starts):
             k = step_of[i] = step_of.get(i, -1) + 1
             got = ok[j * continuations:(j + 1) * continuations]
             shares[i, k] = sum(got) / len(got)
-            drawn[i, k] = cont.texts[j * continuations:(j + 1) * continuations]
+            drawn[i, k] = drawn_texts[j * continuations:(j + 1) * continuations]
     rows = []
     for i, steps in enumerate(split):
         if not steps:

@@ -51,6 +51,7 @@ class ProcessRewardTrainSettings:
     solutions: int  # prm_label_solutions: completions labelled at each boundary
     continuations: int  # prm_label_continuations: completions sampled from each step's end
     label: str  # prm_label: soft (the share) or hard (any)
+    rows_per_call: int  # prompts_per_step x num_generations: the most continuations one generate call samples
     seed: int  # seed
     reward_options: RewardOptions  # how the verifier is resolved
 
@@ -77,11 +78,13 @@ class ProcessRewardTrainer:
             self.kept += [(part_samples[i // group_size], t) for i, t in enumerate(part_texts)]
 
     def update(self, engine, sampling, render) -> dict:
-        """Label some of the iteration's completions with the current policy (``engine`` with ``sampling``;
-        ``render(row)``: a row's prompt text), train with replay; the metrics. Under the scorer's lock."""
+        """Label some of the iteration's completions with the current policy (``engine`` with ``sampling``, whose
+        max_prompt_length must hold a prompt and a whole solution; ``render(row)``: a row's prompt text), train
+        with replay; the metrics. Training holds the scorer's lock."""
         chosen = self.rng.sample(self.kept, min(self.settings.solutions, len(self.kept)))
-        rows = self._label(chosen, engine, sampling, render) if self.world.rank == 0 else None
-        rows = distributed.broadcast_object(rows, self.world)
+        # every process samples alike (an engine synced across processes needs each one's generate calls)
+        # and all keep the first's labels, so every process trains the same PRM on the same rows
+        rows = distributed.broadcast_object(self._label(chosen, engine, sampling, render), self.world)
         room = max(0, self.settings.heldout - len(self.heldout))
         self.heldout += rows[:room]
         new = rows[room:]
@@ -92,7 +95,8 @@ class ProcessRewardTrainer:
         s = self.settings
         return label_solutions(engine, [t for _, t in chosen], [r for r, _ in chosen], [render(r) for r, _ in chosen],
                                self.verifier, sampling, continuations=s.continuations,
-                               separator=self.scorer.spec.separator, keys=(s.seed + LABEL_SEED, self.iteration))
+                               separator=self.scorer.spec.separator, keys=(s.seed + LABEL_SEED, self.iteration),
+                               rows_per_call=s.rows_per_call)
 
     def _train(self, new: list[dict], labels: list[float]) -> dict:
         s, sc = self.settings, self.scorer
@@ -111,7 +115,8 @@ class ProcessRewardTrainer:
                 losses.append(float(loss.detach()))
                 replayed, seen = replayed + n_old, seen + len(batch)
             sc.model.eval()
-        self.buffer = (self.buffer + [dict(r, iteration=self.iteration) for r in new])[-s.buffer_size:]
+        kept = [{k: v for k, v in r.items() if k != "continuations"} for r in new]  # the texts: not trained on
+        self.buffer = (self.buffer + [dict(r, iteration=self.iteration) for r in kept])[-s.buffer_size:]
         self.kept = []
         self.iteration += 1
         metrics.update(prm_heldout_step_accuracy_after=self._accuracy(),

@@ -15,6 +15,7 @@ from grpo.agent import AgentSettings
 from grpo.config import Config
 from grpo.config.mixture_settings import eval_task_specs, mixture_of, source_specs
 from grpo.config.judge import judge_settings
+from grpo.config.validate import trains_prm
 from grpo.data.tasks import Task, TaskLoading, load_task
 from grpo.eval.evaluate import EvalSettings
 from grpo.rewards.reward import RewardOptions
@@ -264,13 +265,14 @@ def reward_model_settings(cfg: Config) -> RewardModelTrainSettings:
 
 def process_reward_settings(cfg: Config) -> ProcessRewardTrainSettings | None:
     """The PRM trained during the run (reward_model_train_steps with step_reward=prm:<folder>), else None."""
-    if not (cfg.reward_model_train_steps and cfg.supervision == "process" and cfg.step_reward.startswith("prm:")):
+    if not trains_prm(cfg):
         return None
     return ProcessRewardTrainSettings(
         train_steps=cfg.reward_model_train_steps, batch_size=cfg.reward_model_batch_size, replay=cfg.reward_model_replay,
         buffer_size=cfg.reward_model_buffer_size, learning_rate=cfg.reward_model_lr, heldout=cfg.reward_model_heldout,
         verifier=cfg.reward_model_verifier, solutions=cfg.prm_label_solutions,
-        continuations=cfg.prm_label_continuations, label=cfg.prm_label, seed=cfg.seed,
+        continuations=cfg.prm_label_continuations, label=cfg.prm_label,
+        rows_per_call=cfg.prompts_per_step * cfg.num_generations, seed=cfg.seed,
         reward_options=reward_options(cfg))
 
 
