@@ -8,8 +8,9 @@ on the embedded model and the arithmetic task (whose steps the rule `arithmetic_
 3. The PRM's held-out step accuracy against the continuation labels and against the rule's labels of the
    same steps (a step the rule judges: a line with an equation, or the final one), with the share of
    steps labelled good (what always answering "good" scores).
-4. Training runs: supervision=outcome (the task's rewards), supervision=process with the rule, and with
-   the PRM, --steps steps, --seeds seeds each; greedy held-out accuracy before and after, and the defect
+4. Training runs: supervision=outcome (the task's rewards), supervision=process with the rule, with the
+   PRM, and with the PRM retrained during the run (relabelled by the policy every 5 steps, which also resets
+   the KL reference there), --steps steps, --seeds seeds each; greedy held-out accuracy before and after, and the defect
    densities of `grpo audit` on 50 held-out problems for each trained model (and the base once).
 
 Prints markdown tables with the CPU and the commit; every number goes to --out.
@@ -32,7 +33,10 @@ from machine import commit, cpu_line  # noqa: E402
 
 MODEL = "embedded:SmolLM2-135M-Instruct"
 ARMS = {"outcome": [], "rule": ["supervision=process", "step_reward=arithmetic_steps"],
-        "prm": ["supervision=process", "step_reward=prm:{prm}"]}
+        "prm": ["supervision=process", "step_reward=prm:{prm}"],
+        # the same PRM relabelled by the policy and retrained with 10% replay every 5 steps (Algorithm 1)
+        "prm_retrained": ["supervision=process", "step_reward=prm:{prm}", "ref_reset_steps=5",
+                          "reward_model_train_steps=8", "reward_model_batch_size=8", "prm_label_solutions=16"]}
 
 
 def grpo(*args: str) -> None:
