@@ -11,7 +11,7 @@ import pytest
 from grpo.config import Config
 from grpo.train.metrics_catalog import METRICS, lookup
 from grpo.train.trainer import Trainer
-from tests.conftest import TEST_SEED, build_tiny_reward_model
+from tests.conftest import TEST_SEED, build_tiny_model, build_tiny_reward_model, build_tokenizer
 
 DIGITS = "tests.rewards_for_tests:digit_share"
 RUNS = {
@@ -31,6 +31,9 @@ RUNS = {
     "reward_model_training": dict(rewards="reward_model", reward_model_train_steps=1, ref_reset_steps=1,
                                   reward_model_heldout=3, reward_model_verifier="tests.rewards_for_tests:odd_length",
                                   reward_model_warmup_draws=2, reward_model_transform="sigmoid", max_steps=2),
+    "prm_training": dict(supervision="process", step_reward="prm:{prm}", reward_model_train_steps=1, ref_reset_steps=1,
+                         reward_model_heldout=1, prm_label_solutions=3, prm_label_continuations=2,
+                         reward_model_verifier=DIGITS, max_steps=2),
     "tools": dict(task="calculator", tools="builtin:calculator", max_turns=2, max_completion_length=12,
                   eval_prompts=1, eval_max_new_tokens=12, rollout_engine="hf", eval_steps=1),
     "mixture": dict(task="arithmetic:0.5,calculator:0.5", max_turns=2, eval_prompts=1, eval_steps=1,
@@ -53,6 +56,17 @@ NOT_EXERCISED = {"resample_rounds", "resampled_completions", "invalid_after_resa
                  *(m.key for m in METRICS if m.key.startswith(("async/", "cluster/")))}
 
 
+def build_tiny_prm(path):
+    """A tiny random Llama over the byte-level test tokenizer, read as a PRM (tag '#', words '+' and '-')."""
+    from grpo.rewards.prm import PRMSpec
+
+    tok = build_tokenizer()
+    build_tiny_model(len(tok), seed=1, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id).save_pretrained(path)
+    tok.save_pretrained(path)
+    PRMSpec(step_tag="#", good="+", bad="-").write(path)
+    return path
+
+
 @pytest.fixture(scope="module")
 def logged_keys(tmp_path_factory, tiny_model_dir):
     """{run name: the keys of its metrics.jsonl}."""
@@ -61,8 +75,10 @@ def logged_keys(tmp_path_factory, tiny_model_dir):
     data.write_text("".join(json.dumps({"prompt": f"What is {a} + {b}?", "answer": str(a + b)}) + "\n"
                             for a in range(1, 7) for b in range(1, 5)))
     rm = build_tiny_reward_model(base / "rm")
+    prm = build_tiny_prm(base / "prm")
     out = {}
     for name, extra in RUNS.items():
+        extra = {k: v.format(prm=prm) if isinstance(v, str) else v for k, v in extra.items()}
         cfg = Config(**{**dict(model=str(tiny_model_dir), task=str(data), max_steps=1, num_generations=4,
                                prompts_per_step=2, max_completion_length=8, eval_prompts=0, eval_max_new_tokens=6,
                                eval_pass_k=2, eval_pass_prompts=1, rewards=DIGITS, learning_rate=1e-2,
