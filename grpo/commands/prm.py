@@ -5,7 +5,6 @@ writes is what ``step_reward=prm:FOLDER`` scores with (docs/guides/rewards.md: P
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 from pathlib import Path
@@ -52,9 +51,7 @@ def _label(argv: list[str]) -> int:
     engine = make_engine("hf", models.policy, models.tokenizer)
     try:
         prompts = [render_prompt(models.tokenizer, r["prompt"], cfg.system_prompt) for r in samples]
-        sampling = sampling_settings(cfg)  # a continuation's context: the prompt and up to a whole solution
-        sampling = dataclasses.replace(sampling, max_prompt_length=sampling.max_prompt_length + sampling.max_new_tokens)
-        rows = label_steps(engine, samples, prompts, verifier, sampling,
+        rows = label_steps(engine, samples, prompts, verifier, sampling_settings(cfg),
                            LabelSettings(args.solutions, args.continuations, args.separator, args.seed))
     finally:
         engine.close()

@@ -56,9 +56,6 @@ def train_prm(model, tok, rows: list[dict], spec: PRMSpec, s: PRMTrainSettings) 
     random.Random(s.seed).shuffle(order)
     cut = max(1, round(s.heldout * len(rows))) if s.heldout > 0 and len(rows) > 1 else 0
     held, train = [rows[i] for i in order[:cut]], [rows[i] for i in order[cut:]]
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    tok.padding_side = "right"
     model.eval()
     before = step_accuracy(model, tok, held, spec, ids)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=s.lr)

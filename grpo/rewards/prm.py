@@ -93,11 +93,15 @@ def tag_positions(question: str, steps: list[str], spec: PRMSpec) -> list[int]:
 
 
 def label_ids(tok, spec: PRMSpec, *, field: str = "prm.json") -> dict[str, int]:
-    """The token ids of the two label words (each must be one token of ``tok``); the tag may be any text."""
+    """The token ids of the two label words (each must be one token of ``tok``; the tag may be any text), with
+    ``tok`` set to pad batches of solutions on the right."""
     if not spec.step_tag or not spec.separator:
         raise ConfigError(f"{field}: step_tag and separator must not be empty")
     if not getattr(tok, "is_fast", False):
         raise ConfigError(f"{field}: a PRM finds its step tags by character offsets: it needs a fast tokenizer")
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "right"
     ids = {}
     for name, word in (("good", spec.good), ("bad", spec.bad)):
         got = tok.encode(word, add_special_tokens=False)
@@ -111,12 +115,13 @@ def tag_margins(model, tok, rows: list[dict], spec: PRMSpec, ids: dict) -> torch
     """The step score logits [S] at every step tag of ``rows`` (``prompt`` and ``steps`` each), in order, read
     at the token holding each tag's last character (a tag of several tokens ends there); with gradient if
     enabled."""
-    texts = [prm_input(question_text(r), r["steps"], spec) for r in rows]
+    questions = [question_text(r) for r in rows]
+    texts = [prm_input(q, r["steps"], spec) for q, r in zip(questions, rows)]
     enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False, return_offsets_mapping=True)
     offsets = enc.pop("offset_mapping")  # [B, L, 2]
     at_row, at_token = [], []
-    for b, r in enumerate(rows):
-        for c in tag_positions(question_text(r), r["steps"], spec):
+    for b, (q, r) in enumerate(zip(questions, rows)):
+        for c in tag_positions(q, r["steps"], spec):
             hit = ((offsets[b, :, 0] <= c) & (offsets[b, :, 1] > c)).nonzero().flatten()
             if hit.numel() == 0:
                 raise ValueError(f"no token holds the step tag at character {c} of solution {b}")
@@ -163,9 +168,6 @@ class PRMScorer:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.tok = AutoTokenizer.from_pretrained(self.folder)  # a folder grpo prm train wrote (rewards sit below models)
-        if self.tok.pad_token is None:
-            self.tok.pad_token = self.tok.eos_token
-        self.tok.padding_side = "right"
         device = "cuda" if torch.cuda.is_available() else "cpu"  # where the reward_model reward's model goes
         self.model = AutoModelForCausalLM.from_pretrained(self.folder, dtype=torch.float32).to(device).eval()
         self.ids = label_ids(self.tok, self.spec, field=f"step_reward: prm:{self.folder}")

@@ -11,6 +11,7 @@ seed; steps 0 and 1 for solutions and continuations), so a labelling is repeated
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from grpo.rewards.prm import split_steps
@@ -55,6 +56,8 @@ def label_solutions(engine, solutions: list[str], owners: list[dict], prompts: l
     keys fix each row's tokens draws the same whatever the split); the rows as ``label_steps`` returns them."""
     from grpo.rollout.keys import row_keys
 
+    # a context is a prompt and up to a whole solution: room for both, so no context loses its question
+    sampling = dataclasses.replace(sampling, max_prompt_length=sampling.max_prompt_length + sampling.max_new_tokens)
     correct = _verdicts(solutions, owners, verifier)
     starts, texts, split = [], [], []
     for i, text in enumerate(solutions):

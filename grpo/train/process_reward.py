@@ -32,7 +32,7 @@ from grpo.rewards import resolve_reward
 from grpo.rewards.prm import PRMScorer, step_accuracy, step_loss
 from grpo.rewards.reward import RewardOptions
 from grpo.train.prm_labels import label_solutions
-from grpo.train.reward_model import replay_count
+from grpo.train.reward_model import draw, replay_count
 
 LABEL_SEED = 7_368_787  # the continuations' sampling keys: apart from the run's own (seed)
 
@@ -78,9 +78,8 @@ class ProcessRewardTrainer:
             self.kept += [(part_samples[i // group_size], t) for i, t in enumerate(part_texts)]
 
     def update(self, engine, sampling, render) -> dict:
-        """Label some of the iteration's completions with the current policy (``engine`` with ``sampling``, whose
-        max_prompt_length must hold a prompt and a whole solution; ``render(row)``: a row's prompt text), train
-        with replay; the metrics. Training holds the scorer's lock."""
+        """Label some of the iteration's completions with the current policy (``engine`` with ``sampling``;
+        ``render(row)``: a row's prompt text), train with replay; the metrics. Training holds the scorer's lock."""
         chosen = self.rng.sample(self.kept, min(self.settings.solutions, len(self.kept)))
         # every process samples alike (an engine synced across processes needs each one's generate calls)
         # and all keep the first's labels, so every process trains the same PRM on the same rows
@@ -107,7 +106,7 @@ class ProcessRewardTrainer:
             sc.model.train()
             for _ in range(s.train_steps):
                 n_old = replay_count(s.batch_size, fraction=s.replay, have_old=bool(self.buffer))
-                batch = self._draw(new, s.batch_size - n_old) + self._draw(self.buffer, n_old)
+                batch = draw(self.rng, new, s.batch_size - n_old) + draw(self.rng, self.buffer, n_old)
                 loss = step_loss(sc.model, sc.tok, batch, sc.spec, sc.ids, label=s.label)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -131,12 +130,6 @@ class ProcessRewardTrainer:
         sc = self.scorer
         sc.model.eval()
         return step_accuracy(sc.model, sc.tok, self.heldout, sc.spec, sc.ids)
-
-    def _draw(self, pool: list, n: int) -> list:
-        """``n`` items of ``pool`` drawn without replacement (with it when the pool is smaller)."""
-        if n <= 0 or not pool:
-            return []
-        return self.rng.sample(pool, n) if n <= len(pool) else [self.rng.choice(pool) for _ in range(n)]
 
     def state_dict(self) -> dict:
         return {"model": {k: v.detach().cpu().clone() for k, v in self.scorer.model.state_dict().items()},

@@ -52,6 +52,13 @@ def replay_count(batch_size: int, *, fraction: float, have_old: bool) -> int:
     return min(batch_size - 1, round(fraction * batch_size)) if have_old and fraction > 0 else 0
 
 
+def draw(rng: random.Random, pool: list, n: int) -> list:
+    """``n`` items of ``pool`` drawn without replacement (with it when the pool is smaller)."""
+    if n <= 0 or not pool:
+        return []
+    return rng.sample(pool, n) if n <= len(pool) else [rng.choice(pool) for _ in range(n)]
+
+
 @dataclass(frozen=True)
 class RewardModelTrainSettings:
     """What the reward model's training reads; each field is the Config field named in its comment."""
@@ -186,7 +193,7 @@ class RewardModelTrainer:
             self.scorer.model.train()
             for _ in range(s.train_steps):
                 n_old = replay_count(s.batch_size, fraction=s.replay, have_old=bool(old))
-                batch = self._draw(new, s.batch_size - n_old) + self._draw(old, n_old)
+                batch = draw(self.rng, new, s.batch_size - n_old) + draw(self.rng, old, n_old)
                 losses.append(self._step(batch))
                 replayed, seen = replayed + n_old, seen + len(batch)
             self.scorer.model.eval()
@@ -199,12 +206,6 @@ class RewardModelTrainer:
                        rm_replay_share=replayed / seen if seen else 0.0, rm_buffer_size=len(self.buffer),
                        rm_buffer_age_mean=sum(ages) / len(ages) if ages else 0.0, rm_iteration=self.iteration)
         return {k: v for k, v in metrics.items() if v is not None}
-
-    def _draw(self, pool: list, n: int) -> list:
-        """``n`` items of ``pool`` drawn without replacement (with it when the pool is smaller)."""
-        if n <= 0 or not pool:
-            return []
-        return self.rng.sample(pool, n) if n <= len(pool) else [self.rng.choice(pool) for _ in range(n)]
 
     def _step(self, batch: list) -> float:
         pairwise = self.settings.objective == "pairwise"

@@ -236,10 +236,8 @@ class Trainer:
             if self.rm_trainer is not None:  # the reward model learns from the iteration that ended
                 rm_metrics = self.rm_trainer.update()
             if self.prm_trainer is not None:  # the PRM: that iteration's completions, labelled by this policy
-                sampling = s_collect.sampling  # a context is a prompt and up to a whole solution
-                rm_metrics.update(self.prm_trainer.update(self.engines.train, dataclasses.replace(
-                    sampling, temperature=k.temperature,
-                    max_prompt_length=sampling.max_prompt_length + sampling.max_new_tokens),
+                rm_metrics.update(self.prm_trainer.update(
+                    self.engines.train, dataclasses.replace(s_collect.sampling, temperature=k.temperature),
                     lambda row: render_prompt(self.tok, row["prompt"], s_collect.system_prompt)))
         if self.rm_trainer is not None and cfg.reward_model_warmup_draws and self.step == self.rm_trainer.iteration == 0:
             rm_metrics = warm_up(self.rm_trainer, self.collector, temperature=k.temperature)  # trained before use
@@ -465,8 +463,9 @@ class Trainer:
             self.async_rollouts.join()
         self.rewards.close()
         self.sources.close()
-        if hasattr(getattr(self, "batches", None), "step_reward") and hasattr(self.batches.step_reward, "close"):
-            self.batches.step_reward.close()
+        step_reward = self.batches.step_reward if hasattr(self, "batches") else None
+        if hasattr(step_reward, "close"):  # a step reward's worker processes
+            step_reward.close()
         if self.agent is not None:
             self.agent.close()
 
